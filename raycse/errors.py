@@ -1,0 +1,22 @@
+"""User-facing errors.
+
+Anything a user can fix (a bad path, an out-of-range knob, an empty corpus) raises
+:class:`RaycseError` with one line that names the problem and the fix. The CLI prints
+that line and exits non-zero; bugs keep their traceback.
+"""
+
+
+class RaycseError(Exception):
+    """A problem with the user's input, with a one-line message saying how to fix it."""
+
+
+class ConfigError(RaycseError, ValueError):
+    """An invalid configuration value, unknown key or malformed YAML."""
+
+
+class DataError(RaycseError):
+    """A corpus or evaluation file that cannot be used."""
+
+
+class ModelError(RaycseError):
+    """A model that cannot be found or loaded."""

@@ -1,0 +1,192 @@
+"""STS evaluation in the SentEval layout: STS12-16 ("all" setting), STS-B test, SICK-R test.
+
+Score = Spearman x100 of the cosine similarity of the two sentence vectors against the gold
+scores, no trained regressor. STS12-16 use the "all" setting of SimCSE's evaluation: one
+Spearman over the concatenation of every subset of the year; pairs whose gold line is empty
+are skipped (as SentEval does).
+
+Speed: every unique sentence of all requested tasks is embedded once, in batches sorted by
+length (``Encoder.encode``), then pairs are scored by lookup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Optional, Sequence
+
+import numpy as np
+from scipy.stats import spearmanr
+
+from raycse.errors import DataError
+
+# Task -> (directory or file under the SentEval data root, subsets for the STS years).
+STS_YEARS = {
+    "STS12": ("STS/STS12-en-test", ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"]),
+    "STS13": ("STS/STS13-en-test", ["FNWN", "headlines", "OnWN"]),
+    "STS14": ("STS/STS14-en-test", ["deft-forum", "deft-news", "headlines", "images", "OnWN", "tweet-news"]),
+    "STS15": ("STS/STS15-en-test", ["answers-forums", "answers-students", "belief", "headlines", "images"]),
+    "STS16": ("STS/STS16-en-test", ["answer-answer", "headlines", "plagiarism", "postediting", "question-question"]),
+}
+STSB_TEST = "STS/STSBenchmark/sts-test.csv"
+SICK_TEST = "SICK/SICK_test_annotated.txt"
+TASKS = list(STS_YEARS) + ["STSBenchmark", "SICKRelatedness"]
+ALIASES = {"STSB": "STSBenchmark", "STS-B": "STSBenchmark", "SICK-R": "SICKRelatedness", "SICKR": "SICKRelatedness",
+           "SICK": "SICKRelatedness"}
+SENTEVAL_HINT = ("get the data with SentEval's data/downstream/get_transfer_data.bash "
+                 "(github.com/facebookresearch/SentEval) and pass its data/downstream directory")
+
+EmbedFn = Callable[[Sequence[str]], np.ndarray]
+
+
+@dataclass
+class STSData:
+    """Sentence pairs with gold scores (one task)."""
+
+    name: str
+    sent1: list[str]
+    sent2: list[str]
+    gold: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.gold)
+
+
+def canonical_task(name: str) -> str:
+    name = ALIASES.get(name.upper(), ALIASES.get(name, name))
+    for task in TASKS:
+        if task.lower() == name.lower():
+            return task
+    raise DataError(f"unknown STS task '{name}'; choose from {', '.join(TASKS)} (aliases: STSB, SICK-R)")
+
+
+def _read_lines(path: Path) -> list[str]:
+    if not path.is_file():
+        raise DataError(f"missing evaluation file {path}; {SENTEVAL_HINT}")
+    return path.read_bytes().decode("utf-8", errors="replace").splitlines()
+
+
+def read_sts_year(root: Path, task: str) -> STSData:
+    """One STS12-16 year: STS.input.<subset>.txt (s1<TAB>s2) + STS.gs.<subset>.txt (score or empty)."""
+    rel, subsets = STS_YEARS[task]
+    folder = Path(root) / rel
+    s1, s2, gold = [], [], []
+    for subset in subsets:
+        pairs = _read_lines(folder / f"STS.input.{subset}.txt")
+        scores = _read_lines(folder / f"STS.gs.{subset}.txt")
+        if len(pairs) != len(scores):
+            raise DataError(f"{folder}/STS.*.{subset}.txt: {len(pairs)} pairs but {len(scores)} gold lines")
+        for lineno, (pair, score) in enumerate(zip(pairs, scores), start=1):
+            if not score.strip():
+                continue  # SentEval skips pairs without a gold score
+            cols = pair.split("\t")
+            if len(cols) < 2:
+                raise DataError(f"{folder}/STS.input.{subset}.txt:{lineno}: expected two tab-separated sentences")
+            s1.append(cols[0])
+            s2.append(cols[1])
+            gold.append(float(score))
+    return STSData(task, s1, s2, np.asarray(gold, dtype=np.float64))
+
+
+def read_stsb(path: str | Path, name: str = "STSBenchmark") -> STSData:
+    """STS Benchmark csv: tab-separated, no quoting; genre, file, year, id, score, s1, s2[, extra...]."""
+    s1, s2, gold = [], [], []
+    for lineno, line in enumerate(_read_lines(Path(path)), start=1):
+        if not line.strip():
+            continue
+        cols = line.split("\t")
+        if len(cols) < 7:
+            raise DataError(f"{path}:{lineno}: expected >= 7 tab-separated columns (STS Benchmark format), got {len(cols)}")
+        try:
+            score = float(cols[4])
+        except ValueError:
+            raise DataError(f"{path}:{lineno}: score column is not a number: {cols[4]!r}") from None
+        s1.append(cols[5])
+        s2.append(cols[6])
+        gold.append(score)
+    if not gold:
+        raise DataError(f"{path} holds no sentence pairs")
+    return STSData(name, s1, s2, np.asarray(gold))
+
+
+def read_sick(path: str | Path) -> STSData:
+    """SICK_test_annotated.txt: header, then pair_ID, sentence_A, sentence_B, relatedness_score, ..."""
+    lines = _read_lines(Path(path))
+    s1, s2, gold = [], [], []
+    for lineno, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        cols = line.split("\t")
+        if len(cols) < 4:
+            raise DataError(f"{path}:{lineno}: expected >= 4 tab-separated columns (SICK format)")
+        s1.append(cols[1])
+        s2.append(cols[2])
+        gold.append(float(cols[3]))
+    return STSData("SICKRelatedness", s1, s2, np.asarray(gold))
+
+
+def load_task(senteval_dir: str | Path, task: str) -> STSData:
+    root = Path(senteval_dir)
+    if not root.is_dir():
+        raise DataError(f"SentEval directory not found: {root}; {SENTEVAL_HINT}")
+    task = canonical_task(task)
+    if task in STS_YEARS:
+        return read_sts_year(root, task)
+    if task == "STSBenchmark":
+        return read_stsb(root / STSB_TEST)
+    return read_sick(root / SICK_TEST)
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a / np.clip(np.linalg.norm(a, axis=1, keepdims=True), 1e-12, None)
+    b = b / np.clip(np.linalg.norm(b, axis=1, keepdims=True), 1e-12, None)
+    return np.sum(a * b, axis=1)
+
+
+def spearman100(pred: np.ndarray, gold: np.ndarray) -> float:
+    return float(spearmanr(pred, gold).statistic * 100.0)
+
+
+def embed_unique(embed: EmbedFn, datasets: Iterable[STSData]) -> dict[str, np.ndarray]:
+    """Embed every distinct sentence of all datasets exactly once."""
+    unique = sorted({s for d in datasets for s in (*d.sent1, *d.sent2)})
+    vectors = embed(unique)
+    return {s: vectors[i] for i, s in enumerate(unique)}
+
+
+def similarities(data: STSData, table: dict[str, np.ndarray]) -> np.ndarray:
+    a = np.stack([table[s] for s in data.sent1])
+    b = np.stack([table[s] for s in data.sent2])
+    return cosine_rows(a, b)
+
+
+def evaluate_datasets(embed: EmbedFn, datasets: Sequence[STSData]) -> dict[str, float]:
+    """Spearman x100 per dataset plus their mean ("avg")."""
+    datasets = list(datasets)
+    table = embed_unique(embed, datasets)
+    scores = {d.name: spearman100(similarities(d, table), d.gold) for d in datasets}
+    if len(scores) > 1:
+        scores["avg"] = float(np.mean(list(scores.values())))
+    return scores
+
+
+def evaluate_senteval(embed: EmbedFn, senteval_dir: str | Path, tasks: Optional[Sequence[str]] = None) -> dict[str, float]:
+    names = [canonical_task(t) for t in (tasks or TASKS)]
+    return evaluate_datasets(embed, [load_task(senteval_dir, t) for t in names])
+
+
+def naive_evaluate(embed: EmbedFn, datasets: Sequence[STSData], batch_size: int = 128) -> dict[str, float]:
+    """The baseline the fast path is benchmarked against: every pair embedded in file order."""
+    scores = {}
+    for d in datasets:
+        sims = []
+        for s in range(0, len(d), batch_size):
+            sims.append(cosine_rows(embed(d.sent1[s:s + batch_size]), embed(d.sent2[s:s + batch_size])))
+        scores[d.name] = spearman100(np.concatenate(sims), d.gold)
+    return scores
+
+
+def format_table(scores: dict[str, float]) -> str:
+    names = list(scores)
+    width = max(len(n) for n in names)
+    return "\n".join(f"{n:<{width}}  {scores[n]:6.2f}" for n in names)

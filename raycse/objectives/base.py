@@ -1,0 +1,68 @@
+"""What an objective is: a small ``nn.Module`` that turns a batch of texts into a loss.
+
+An objective owns three things:
+- ``Params``: a dataclass of its knobs, validated with clear errors (``validate``);
+- ``collate(texts, tokenizer, max_length)``: builds the tensors of its views on the CPU
+  (in the data loader, not the hot path);
+- ``forward(encoder, batch)``: runs the encoder and returns :class:`LossOutput`; the maths
+  lives in ``loss(...)`` on plain tensors so it can be tested against its formula.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from raycse.errors import ConfigError
+
+
+@dataclass
+class LossOutput:
+    loss: Tensor
+    metrics: dict = field(default_factory=dict)
+
+
+@dataclass
+class Params:
+    def validate(self) -> None:  # pragma: no cover - overridden
+        pass
+
+
+def positive(key: str, value: float, hint: str = "") -> None:
+    if not value > 0:
+        raise ConfigError(f"objective.{key} must be > 0, got {value}{hint}")
+
+
+class Objective(nn.Module):
+    name: ClassVar[str]
+    Params: ClassVar[type[Params]]
+
+    def __init__(self, params: Params):
+        super().__init__()
+        self.params = params
+
+    def collate(self, texts: list[str], tokenizer, max_length: int) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def forward(self, encoder: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
+        raise NotImplementedError
+
+    @staticmethod
+    def tokenize(texts: list[str], tokenizer, max_length: int) -> dict[str, Tensor]:
+        """Pad to the longest in the batch; truncate (never fail) at ``max_length``."""
+        enc = tokenizer(
+            texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt"
+        )
+        return {k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+
+    @staticmethod
+    def batch_size_of(batch: dict[str, Tensor]) -> int:
+        return int(next(iter(batch.values())).shape[0])
+
+
+def stack_twice(batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    """(n, L) -> (2n, L): both dropout views in one encoder call, with identical padding."""
+    return {k: torch.cat([v, v], dim=0) for k, v in batch.items()}

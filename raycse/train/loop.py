@@ -1,0 +1,180 @@
+"""The per-worker training loop that Ray Train runs on every worker.
+
+Kept free of argument parsing: it receives a validated :class:`~raycse.config.RunConfig` as a
+dict plus object-store references to the data, builds encoder + objective, and reports metrics
+with a checkpoint every ``eval.eval_steps`` steps (rank 0 scores STS-B dev).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import nn
+
+from raycse.config import RunConfig
+from raycse.data.batches import steps_per_epoch, worker_batches
+from raycse.encoder import Encoder
+from raycse.objectives import registry
+from raycse.objectives.base import LossOutput, Objective
+from raycse.train.runtime import autocast, resolve_precision, seed_everything
+
+SCORE_METRIC = "stsb_dev_spearman"
+
+
+class TrainModule(nn.Module):
+    """Encoder + objective as one module, so DDP sees every trainable parameter (heads, tau)."""
+
+    def __init__(self, encoder: Encoder, objective: Objective):
+        super().__init__()
+        self.encoder = encoder
+        self.objective = objective
+
+    def forward(self, batch: dict) -> LossOutput:
+        return self.objective(self.encoder, batch)
+
+
+def build_module(run: RunConfig) -> TrainModule:
+    encoder = Encoder.from_pretrained(run.model.name_or_path, pooling=run.model.pooling,
+                                      mlp_head=run.model.resolved_mlp_head)
+    objective = registry.build(run.objective.name, run.objective.params)
+    return TrainModule(encoder, objective)
+
+
+def build_optimizer(module: nn.Module, run: RunConfig, total_steps: int):
+    """AdamW (no decay on biases and norms) + linear warm-up then linear decay to 0."""
+    decay, no_decay = [], []
+    for name, p in module.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
+    groups = [{"params": decay, "weight_decay": run.train.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=run.train.lr)
+    warmup = int(round(run.train.warmup_ratio * total_steps))
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def move(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+def unwrap(module: nn.Module) -> TrainModule:
+    return module.module if hasattr(module, "module") else module
+
+
+def train_loop_per_worker(config: dict) -> None:
+    import ray
+    import ray.train
+    import ray.train.torch
+
+    run = RunConfig.from_dict(config["run"])
+    ctx = ray.train.get_context()
+    rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
+    torch.set_num_threads(max(1, int(config.get("threads", 1))))
+    # Same init everywhere (DDP also broadcasts rank 0's weights); different dropout masks per rank.
+    seed_everything(run.train.seed)
+    module = build_module(run)
+    seed_everything(run.train.seed + 1000 * rank)
+    module = ray.train.torch.prepare_model(module)
+    device = ray.train.torch.get_device()
+    core = unwrap(module)
+    tokenizer = core.encoder.tokenizer
+
+    texts = ray.get(config["texts"])
+    dev = ray.get(config["dev"]) if config.get("dev") is not None else None
+    spe = steps_per_epoch(len(texts), run.train.batch_size, world_size)
+    total = spe * run.train.epochs
+    if run.train.max_steps:
+        total = min(total, run.train.max_steps)
+    opt, sched = build_optimizer(module, run, total)
+    dtype = resolve_precision(run.train.precision, device)
+    scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
+
+    def evaluate() -> Optional[float]:
+        if dev is None or rank != 0:
+            return None
+        from raycse.evaluation.sts import evaluate_datasets
+
+        was = core.training
+        scores = evaluate_datasets(lambda xs: core.encoder.encode(xs, batch_size=run.eval.batch_size), [dev])
+        core.train(was)
+        return scores[dev.name]
+
+    def report(step: int, epoch: int, extra: dict) -> None:
+        metrics = {"step": step, "epoch": epoch, **extra}
+        if rank != 0:
+            ray.train.report(metrics)
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            core.encoder.save(tmp)
+            (Path(tmp) / "train_state.json").write_text(json.dumps(metrics))
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+
+    initial = evaluate()
+    if rank == 0:
+        print(f"[raycse] {world_size} worker(s), {len(texts)} sentences, {spe} steps/epoch, {total} steps, "
+              f"global batch {run.train.batch_size * world_size}, precision {dtype or 'fp32'}, "
+              f"threads {torch.get_num_threads()}" + (f", STS-B dev before: {initial:.2f}" if initial is not None else ""),
+              flush=True)
+    module.train()
+    step, window, history = 0, [], []
+    train_time, sentences = 0.0, 0
+    eval_every = run.eval.eval_steps
+    for epoch in range(run.train.epochs):
+        for idx in worker_batches(len(texts), run.train.batch_size, world_size, rank, run.train.seed, epoch):
+            if step >= total:
+                break
+            t0 = time.perf_counter()
+            batch = move(core.objective.collate([texts[i] for i in idx], tokenizer, run.model.max_length), device)
+            with autocast(device, dtype):
+                out = module(batch)
+            loss = out.loss
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.unscale_(opt)
+            else:
+                loss.backward()
+            if run.train.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(module.parameters(), run.train.max_grad_norm)
+            if scaler is not None:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                raise FloatingPointError(f"loss became {value} at step {step}; lower train.lr or use precision fp32")
+            window.append(value)
+            train_time += time.perf_counter() - t0
+            sentences += len(idx) * world_size
+            if rank == 0 and (step % run.train.log_steps == 0 or step == total):
+                print(f"[raycse] step {step}/{total} ({100 * step / total:.0f}%) epoch {epoch} "
+                      f"loss {sum(window[-run.train.log_steps:]) / len(window[-run.train.log_steps:]):.4f} "
+                      f"lr {sched.get_last_lr()[0]:.2e} {sentences / max(train_time, 1e-9):.1f} sent/s", flush=True)
+            if step % eval_every == 0 or step == total:
+                history.append(sum(window) / len(window))
+                window = []
+                extra = {"loss": history[-1], "loss_history": list(history),
+                         "train_sentences_per_s": sentences / max(train_time, 1e-9),
+                         "train_seconds": train_time, "total_steps": total}
+                score = evaluate()
+                if score is not None:
+                    extra[SCORE_METRIC] = score
+                    extra[SCORE_METRIC + "_initial"] = initial
+                    print(f"[raycse] step {step}: STS-B dev Spearman {score:.2f}", flush=True)
+                report(step, epoch, extra)

@@ -1,0 +1,66 @@
+"""Process-level runtime: connecting to Ray, threads, devices and precision."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Optional
+
+import torch
+
+
+def ensure_ray(num_cpus: Optional[int] = None) -> None:
+    """Connect to the cluster in RAY_ADDRESS if set (``ray job submit``), else start a local one."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
+        return
+    # A private local cluster; its dashboard (needed by Train's state queries) listens on 127.0.0.1 only.
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=num_cpus, dashboard_host="127.0.0.1", log_to_driver=True,
+             object_store_memory=int(os.environ.get("RAYCSE_OBJECT_STORE_BYTES", 1 << 30)))
+
+
+def cluster_cpus() -> int:
+    import ray
+
+    return int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
+
+
+def cpu_supports_bf16() -> bool:
+    check = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool((check and check()) or (amx and amx()))
+
+
+def resolve_precision(precision: str, device: torch.device) -> Optional[torch.dtype]:
+    """The autocast dtype for a precision setting (None = plain fp32)."""
+    if precision == "fp32":
+        return None
+    if precision == "bf16":
+        return torch.bfloat16
+    if precision == "fp16":
+        return torch.float16 if device.type == "cuda" else torch.bfloat16
+    # auto
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if cpu_supports_bf16() else None
+
+
+def autocast(device: torch.device, dtype: Optional[torch.dtype]):
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)

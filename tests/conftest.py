@@ -1,0 +1,88 @@
+"""Shared fixtures: a tiny random BERT built from a config, small corpora, one Ray cluster."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+WORDS = (
+    "the a of and to in is was for on with as by at from that this it an be are were his her their "
+    "city river music film game team school church war king queen party state north south east west "
+    "year time world people book song album league club station road bridge island village county "
+    "born died played built made known called named used became won lost founded opened closed "
+    "first second new old small large early late great major local national public private former "
+    "red blue green black white gold stone water fire light dark summer winter spring autumn"
+).split()
+
+
+def make_tiny_model(path: Path, dropout: float = 0.1, seed: int = 0) -> Path:
+    """A 2-layer, 32-wide BERT with random weights and a vocab written here: offline, seconds."""
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(WORDS)) + list("abcdefghijklmnopqrstuvwxyz.,")
+    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tokenizer = BertTokenizerFast(vocab_file=str(path / "vocab.txt"), do_lower_case=True)
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=dropout,
+                        attention_probs_dropout_prob=dropout)
+    BertModel(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def make_sentences(n: int, seed: int = 0, min_len: int = 4, max_len: int = 14) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(min_len, max_len))) for _ in range(n)]
+
+
+def write_stsb(path: Path, n: int = 40, seed: int = 1) -> Path:
+    rng = random.Random(seed)
+    sents = make_sentences(2 * n, seed=seed)
+    rows = [f"main-news\tfile\t2012\t{i:04d}\t{rng.uniform(0, 5):.3f}\t{sents[2 * i]}\t{sents[2 * i + 1]}"
+            for i in range(n)]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_bert"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_no_dropout(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_bert_nodrop"), dropout=0.0)
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    p = tmp_path / "corpus.txt"
+    p.write_text("\n".join(make_sentences(256)) + "\n")
+    return p
+
+
+@pytest.fixture
+def stsb_dev(tmp_path) -> Path:
+    return write_stsb(tmp_path / "sts-dev.csv")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray for the session: 4 logical CPUs on 2 cores so a 2-worker run schedules."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, object_store_memory=512 * 2**20, dashboard_host="127.0.0.1",
+                 log_to_driver=True, configure_logging=False)
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,97 @@
+"""Config validation and corpus cleaning: every bad input is one clear error."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from raycse.config import RunConfig, load_yaml, set_dotted
+from raycse.data.corpus import read_corpus
+from raycse.errors import ConfigError, DataError
+
+
+def test_yaml_round_trip_and_overrides(tmp_path):
+    p = tmp_path / "run.yaml"
+    p.write_text("model: {pooling: cls, max_length: 48}\nobjective: {name: simcse, temperature: 0.1}\n"
+                 "train: {lr: 1e-5, batch_size: 8}\n")
+    run = RunConfig.from_dict(load_yaml(p)).validate()
+    assert run.model.pooling == "cls" and run.model.resolved_mlp_head == "train_only"
+    assert run.objective.params == {"temperature": 0.1}
+    assert run.train.lr == 1e-5 and run.train.batch_size == 8
+    set_dotted(run, "train.batch_size", "16")
+    set_dotted(run, "objective.temperature", "0.02")
+    assert run.train.batch_size == 16 and run.objective.params["temperature"] == 0.02
+
+
+@pytest.mark.parametrize("text, match", [
+    ("train: {lrr: 1}\n", "unknown config key 'train.lrr'"),
+    ("trainer: {lr: 1}\n", "unknown config key 'trainer'"),
+    ("train: {lr: 0}\n", "train.lr must be > 0"),
+    ("train: {lr: -1e-5}\n", "train.lr must be > 0"),
+    ("train: {batch_size: 1}\n", "batch_size must be >= 2"),
+    ("objective: {temperature: 0}\n", "temperature must be > 0"),
+    ("objective: {temperature: -0.5}\n", "temperature must be > 0"),
+    ("model: {pooling: max}\n", "model.pooling must be one of"),
+    ("train: {batch_size: many}\n", "train.batch_size must be int"),
+    ("train: [1, 2]\n", "must be a mapping"),
+])
+def test_bad_yaml_values(tmp_path, text, match):
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        RunConfig.from_dict(load_yaml(p)).validate()
+
+
+def test_malformed_yaml_names_the_line(tmp_path):
+    p = tmp_path / "broken.yaml"
+    p.write_text("train:\n  lr: 1e-5\n  batch_size: [64\n")
+    with pytest.raises(ConfigError, match=r"malformed YAML in .*broken.yaml at line \d+"):
+        load_yaml(p)
+
+
+def test_text_corpus_cleaning_counts_everything(tmp_path):
+    p = tmp_path / "c.txt"
+    long_line = "word " * 5000
+    p.write_bytes(b"first sentence\n\n   \nbad \xff\xfe bytes here\n" + long_line.encode() + b"\nfirst sentence\n")
+    texts, stats = read_corpus(str(p), max_chars=100, dedup=True)
+    assert texts[0] == "first sentence"
+    assert "\ufffd" in texts[1]
+    assert len(texts[2]) == 100
+    assert stats.lines_read == 6 and stats.empty_dropped == 2 and stats.decode_replaced == 1
+    assert stats.truncated == 1 and stats.duplicates_dropped == 1 and stats.kept == 3
+
+
+def test_decode_error_policy_reports_line_number(tmp_path):
+    p = tmp_path / "c.txt"
+    p.write_bytes(b"ok\nstill ok\nbroken \xc3\x28 here\n")
+    with pytest.raises(DataError, match=r"c.txt:3: undecodable bytes"):
+        read_corpus(str(p), on_decode_error="error")
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n   \n\t\n"])
+def test_empty_corpus_is_refused(tmp_path, content):
+    p = tmp_path / "empty.txt"
+    p.write_bytes(content)
+    with pytest.raises(DataError, match="no usable text"):
+        read_corpus(str(p))
+
+
+def test_missing_corpus(tmp_path):
+    with pytest.raises(DataError, match="corpus file not found"):
+        read_corpus(str(tmp_path / "nope.txt"))
+
+
+def test_jsonl_and_parquet_columns(tmp_path):
+    j = tmp_path / "c.jsonl"
+    j.write_text("\n".join(json.dumps({"sentence": s, "id": i}) for i, s in enumerate(["a b", "", "c d"])) + "\n")
+    texts, stats = read_corpus(str(j), text_column="sentence")
+    assert texts == ["a b", "c d"] and stats.empty_dropped == 1
+    with pytest.raises(DataError, match="no field 'text'"):
+        read_corpus(str(j))
+    q = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"body": ["x y", None, "z"]}), q)
+    texts, _ = read_corpus(str(q), text_column="body")
+    assert texts == ["x y", "z"]
+    with pytest.raises(DataError, match="column 'text' not found"):
+        read_corpus(str(q))
