@@ -115,6 +115,11 @@ class Encoder(nn.Module):
         if pooling == "cls_before_pooler" and mlp_head == "always":
             raise ModelError("pooling cls_before_pooler never uses the MLP head: choose mlp_head none or train_only")
         self.backbone = backbone
+        # The HF pooler head (BERT's dense+tanh) never feeds a raycse embedding. Left trainable it
+        # gets no gradient, and DDP then silently skips the all-reduce of its whole gradient bucket.
+        hf_pooler = getattr(backbone, "pooler", None)
+        if isinstance(hf_pooler, nn.Module):
+            hf_pooler.requires_grad_(False)
         self.tokenizer = tokenizer
         self.pooler = Pooler(pooling)
         self.mlp_mode = mlp_head

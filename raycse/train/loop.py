@@ -70,6 +70,14 @@ def move(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
+def check_gradients_reach_all(module: nn.Module) -> None:
+    """Every trainable parameter must get a gradient, or DDP silently stops syncing its bucket."""
+    missing = [n for n, p in module.named_parameters() if p.requires_grad and p.grad is None]
+    if missing:
+        raise RuntimeError(f"trainable parameters received no gradient: {', '.join(missing[:5])}"
+                           f"{' ...' if len(missing) > 5 else ''}; freeze them (requires_grad_(False))")
+
+
 def unwrap(module: nn.Module) -> TrainModule:
     return module.module if hasattr(module, "module") else module
 
@@ -154,6 +162,8 @@ def train_loop_per_worker(config: dict) -> None:
             else:
                 opt.step()
             sched.step()
+            if step == 0:
+                check_gradients_reach_all(core)
             opt.zero_grad(set_to_none=True)
             step += 1
             value = float(loss.detach())

@@ -1,0 +1,78 @@
+"""End to end: `raycse train` on the tiny model through Ray with 2 workers, and bad inputs."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from raycse.cli import main
+
+
+def _train_args(model, corpus, out, dev, *extra):
+    return ["train", "--model", str(model), "--corpus", str(corpus), "--output", str(out), "--stsb-dev", str(dev),
+            "--num-workers", "2", "--cpus-per-worker", "1", "--batch-size", "16", "--lr", "5e-4",
+            "--max-length", "16", "--eval-steps", "4", "--log-steps", "4", "--epochs", "3", "--max-steps", "16", *extra]
+
+
+def test_train_two_workers_loss_goes_down_and_model_reloads(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path, capsys):
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel
+
+    from raycse.encoder import Encoder
+
+    out = tmp_path / "run"
+    assert main(_train_args(tiny_model, corpus, out, stsb_dev, "--pooling", "cls")) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    history = metrics["last"]["loss_history"]
+    assert len(history) == 4 and history[-1] < history[0]
+    assert metrics["last"]["step"] == 16 and "stsb_dev_spearman" in metrics["best"]
+    assert metrics["corpus"]["kept"] == 256
+    model_dir = out / "model"
+    AutoModel.from_pretrained(model_dir)
+    sentences = ["the city river", "a small village was built"]
+    ours = Encoder.from_pretrained(str(model_dir)).encode(sentences)
+    theirs = SentenceTransformer(str(model_dir), device="cpu").encode(sentences)
+    np.testing.assert_allclose(theirs, ours, atol=1e-5)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".run.partial")]
+
+
+def _expect_error(capsys, argv, match, out_dir):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("raycse: error:"), err
+    assert match in err[0], err[0]
+    assert not out_dir.exists()
+    assert not [p for p in out_dir.parent.iterdir() if ".partial-" in p.name]
+
+
+def test_bad_inputs_fail_fast_with_one_line(tiny_model, corpus, stsb_dev, tmp_path, capsys):
+    out = tmp_path / "out"
+    args = lambda *a: _train_args(tiny_model, corpus, out, stsb_dev, *a)  # noqa: E731
+    _expect_error(capsys, ["train", "--model", str(tmp_path / "missing"), "--corpus", str(corpus), "--output", str(out)],
+                  "model path does not exist", out)
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n  \n\n")
+    _expect_error(capsys, ["train", "--model", str(tiny_model), "--corpus", str(blank), "--output", str(out)],
+                  "no usable text", out)
+    _expect_error(capsys, args("--temperature", "0"), "temperature must be > 0", out)
+    _expect_error(capsys, args("--lr", "-1"), "train.lr must be > 0", out)
+    _expect_error(capsys, args("--batch-size", "1"), "batch_size must be >= 2", out)
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("train:\n  learning_rate: 1e-5\n")
+    _expect_error(capsys, args("--config", str(cfg)), "unknown config key 'train.learning_rate'", out)
+    cfg.write_text("train: {lr: 1e-5\n")
+    _expect_error(capsys, args("--config", str(cfg)), "malformed YAML", out)
+    cfg.write_text("objective: {name: simcse, temperature: -1}\n")
+    _expect_error(capsys, args("--config", str(cfg)), "temperature must be > 0", out)
+    _expect_error(capsys, args("--batch-size", "512"), "fewer than one global batch", out)
+
+
+def test_cli_process_exit_code_and_help(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "raycse", "train", "--corpus", str(tmp_path / "none.txt"),
+                        "--model", "default", "--output", str(tmp_path / "o")], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip() == f"raycse: error: corpus file not found: {tmp_path / 'none.txt'}"
+    h = subprocess.run([sys.executable, "-m", "raycse", "train", "--help"], capture_output=True, text=True)
+    for flag in ("--num-workers", "--use-gpu", "--eval-steps", "--pooling", "--temperature", "--set", "--config"):
+        assert flag in h.stdout
