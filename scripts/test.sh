@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Install (idempotent) and run the test suite: offline, tiny random BERT, real Ray.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec .venv/bin/python -m pytest -q tests "$@"
