@@ -40,6 +40,8 @@ TRAIN_FLAGS = [
     ("--precision", "train.precision", str, "auto | fp32 | bf16 | fp16 (auto: bf16 on GPUs and bf16-capable CPUs)"),
     ("--seed", "train.seed", int, "random seed; the same seed reproduces the run (default 42)"),
     ("--log-steps", "train.log_steps", int, "print progress every N steps (default 10)"),
+    ("--length-buckets", "train.length_buckets", int,
+     "encode each batch as N length-sorted sub-batches to skip padding (same loss; default 2)"),
     ("--eval-steps", "eval.eval_steps", int, "score STS-B dev and checkpoint every N steps (default 125)"),
     ("--stsb-dev", "eval.stsb_dev", str, "STS-B dev csv for model selection, or 'none' (default: ../shared/data/...)"),
     ("--output", "output_dir", str, "where the model, metrics.json and config.yaml go (default outputs/run)"),

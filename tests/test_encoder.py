@@ -82,3 +82,18 @@ def test_missing_model_names_the_offline_alternative(tmp_path):
 def test_embedded_default_resolves_offline():
     path = resolve_model("default")
     assert path.endswith("model") and resolve_model("sentence-transformers/all-MiniLM-L6-v2") == path
+
+
+def test_length_buckets_give_the_same_embeddings_and_gradients(tiny_model_no_dropout):
+    enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="mean").train()
+    batch = enc.tokenize(["the city", "a small village was built on the river", "king", "the old stone bridge",
+                          "north", "summer music festival in the large city"])
+    results = []
+    for buckets in (1, 3):
+        enc.length_buckets = buckets
+        enc.zero_grad()
+        z = enc(**batch)
+        z.pow(2).sum().backward()
+        results.append((z.detach(), enc.backbone.embeddings.word_embeddings.weight.grad.clone()))
+    torch.testing.assert_close(results[0][0], results[1][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(results[0][1], results[1][1], atol=1e-5, rtol=1e-5)

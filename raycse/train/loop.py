@@ -8,6 +8,7 @@ with a checkpoint every ``eval.eval_steps`` steps (rank 0 scores STS-B dev).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import tempfile
 import time
@@ -25,6 +26,8 @@ from raycse.objectives.base import LossOutput, Objective
 from raycse.train.runtime import autocast, resolve_precision, seed_everything
 
 SCORE_METRIC = "stsb_dev_spearman"
+# Workers log instead of print: Ray Train V2 patches print() into its logger and would echo each line twice.
+log = logging.getLogger("raycse.train")
 
 
 class TrainModule(nn.Module):
@@ -42,6 +45,7 @@ class TrainModule(nn.Module):
 def build_module(run: RunConfig) -> TrainModule:
     encoder = Encoder.from_pretrained(run.model.name_or_path, pooling=run.model.pooling,
                                       mlp_head=run.model.resolved_mlp_head)
+    encoder.length_buckets = run.train.length_buckets
     objective = registry.build(run.objective.name, run.objective.params)
     return TrainModule(encoder, objective)
 
@@ -131,11 +135,11 @@ def train_loop_per_worker(config: dict) -> None:
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
     initial = evaluate()
+    log.setLevel(logging.INFO)
     if rank == 0:
-        print(f"[raycse] {world_size} worker(s), {len(texts)} sentences, {spe} steps/epoch, {total} steps, "
+        log.info(f"[raycse] {world_size} worker(s), {len(texts)} sentences, {spe} steps/epoch, {total} steps, "
               f"global batch {run.train.batch_size * world_size}, precision {dtype or 'fp32'}, "
-              f"threads {torch.get_num_threads()}" + (f", STS-B dev before: {initial:.2f}" if initial is not None else ""),
-              flush=True)
+              f"threads {torch.get_num_threads()}" + (f", STS-B dev before: {initial:.2f}" if initial is not None else ""))
     module.train()
     step, window, history = 0, [], []
     train_time, sentences = 0.0, 0
@@ -173,9 +177,9 @@ def train_loop_per_worker(config: dict) -> None:
             train_time += time.perf_counter() - t0
             sentences += len(idx) * world_size
             if rank == 0 and (step % run.train.log_steps == 0 or step == total):
-                print(f"[raycse] step {step}/{total} ({100 * step / total:.0f}%) epoch {epoch} "
+                log.info(f"[raycse] step {step}/{total} ({100 * step / total:.0f}%) epoch {epoch} "
                       f"loss {sum(window[-run.train.log_steps:]) / len(window[-run.train.log_steps:]):.4f} "
-                      f"lr {sched.get_last_lr()[0]:.2e} {sentences / max(train_time, 1e-9):.1f} sent/s", flush=True)
+                      f"lr {sched.get_last_lr()[0]:.2e} {sentences / max(train_time, 1e-9):.1f} sent/s")
             if step % eval_every == 0 or step == total:
                 history.append(sum(window) / len(window))
                 window = []
@@ -186,5 +190,5 @@ def train_loop_per_worker(config: dict) -> None:
                 if score is not None:
                     extra[SCORE_METRIC] = score
                     extra[SCORE_METRIC + "_initial"] = initial
-                    print(f"[raycse] step {step}: STS-B dev Spearman {score:.2f}", flush=True)
+                    log.info(f"[raycse] step {step}: STS-B dev Spearman {score:.2f}")
                 report(step, epoch, extra)

@@ -1,0 +1,46 @@
+"""STS evaluation speed: raycse's evaluator (unique sentences once, length-sorted batches) vs a naive
+loop (every pair embedded in file order, batch 128), same model, same data, same process.
+
+    python benchmarks/eval_speed.py [--repeat 2]
+
+Data: STS-B dev + STS-B train from ../shared (7,249 pairs); the SentEval test sets are not shipped
+here, and the work per pair is the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from common import STSB_DEV, STSB_TRAIN, machine
+from raycse.encoder import Encoder
+from raycse.evaluation.sts import evaluate_datasets, naive_evaluate, read_stsb
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--repeat", type=int, default=1)
+    args = ap.parse_args()
+    data = [read_stsb(STSB_DEV, "stsb_dev"), read_stsb(STSB_TRAIN, "stsb_train")]
+    enc = Encoder.from_pretrained(args.model)
+    print(f"# {machine()}; model {args.model}; {sum(len(d) for d in data)} pairs, "
+          f"{len({s for d in data for s in d.sent1 + d.sent2})} unique sentences")
+    enc.encode(["warm up"] * 8)
+    best = {}
+    for name, fn in (("naive", lambda: naive_evaluate(lambda xs: enc.encode(xs, batch_size=len(xs)), data, 128)),
+                     ("raycse", lambda: evaluate_datasets(lambda xs: enc.encode(xs, batch_size=128), data))):
+        for _ in range(args.repeat):
+            t = time.perf_counter()
+            scores = fn()
+            dt = time.perf_counter() - t
+            best[name] = min(dt, best.get(name, float("inf")))
+        print(f"{name:7s} {best[name]:7.1f} s   " + "  ".join(f"{k} {v:.2f}" for k, v in scores.items() if k != "avg"))
+    print(f"speed-up raycse vs naive: {best['naive'] / best['raycse']:.2f}x")
+
+
+if __name__ == "__main__":
+    with torch.inference_mode():
+        main()
