@@ -37,6 +37,9 @@ def run_raycse(texts_path: str, n: int, args, precision: str, out: str) -> dict:
     run.eval.eval_steps = 10**9  # only before training and at the end
     run.output_dir = out
     m = train(run, overwrite=True).metrics["last"]
+    import ray
+
+    ray.shutdown()  # no idle Ray daemons competing with the peer for the 2 cores
     return {"sent_per_s": m["train_sentences_per_s"], "before": m["stsb_dev_spearman_initial"],
             "after": m["stsb_dev_spearman"], "train_s": m["train_seconds"]}
 

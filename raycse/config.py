@@ -22,7 +22,7 @@ from raycse.errors import ConfigError
 POOLINGS = ("cls", "cls_before_pooler", "mean")
 MLP_MODES = ("auto", "train_only", "always", "none")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-CORPUS_FORMATS = ("auto", "text", "jsonl", "parquet")
+CORPUS_FORMATS = ("auto", "text", "jsonl", "parquet", "csv", "tsv", "stsb")
 DECODE_POLICIES = ("replace", "error")
 
 
@@ -54,9 +54,20 @@ class ModelConfig:
 class DataConfig:
     """Where the training text comes from and how it is cleaned."""
 
+    @property
+    def is_pairs(self) -> bool:
+        return bool(self.pair_column) or self.format == "stsb"
+
     corpus: Optional[str] = None
+    # auto: by suffix (.txt text, .jsonl, .parquet, .csv/.tsv with a header); stsb: the headerless STS
+    # Benchmark TSV (genre, file, year, id, score 0-5, s1, s2), read as scored pairs.
     format: str = "auto"
     text_column: str = "text"
+    # Pairs (q, a[, score]) for pair objectives (bsc): the second text column and an optional label/score.
+    pair_column: Optional[str] = None
+    label_column: Optional[str] = None
+    # Scores are divided by this to land in [0, 1] (5 for 0-5 STS scores; stsb sets it itself).
+    score_scale: float = 1.0
     # Characters kept per line before tokenization; tokens are truncated to model.max_length anyway,
     # so this only bounds memory on pathological lines.
     max_chars: int = 20000
@@ -68,6 +79,10 @@ class DataConfig:
         _choice("data.format", self.format, CORPUS_FORMATS)
         _choice("data.on_decode_error", self.on_decode_error, DECODE_POLICIES)
         _at_least("data.max_chars", self.max_chars, 1)
+        if not self.score_scale > 0:
+            raise ConfigError(f"data.score_scale must be > 0, got {self.score_scale}")
+        if self.label_column and not self.pair_column and self.format != "stsb":
+            raise ConfigError("data.label_column needs data.pair_column (labels belong to pairs)")
         if self.max_sentences is not None:
             _at_least("data.max_sentences", self.max_sentences, 1)
 

@@ -76,3 +76,38 @@ def test_cli_process_exit_code_and_help(tmp_path):
     h = subprocess.run([sys.executable, "-m", "raycse", "train", "--help"], capture_output=True, text=True)
     for flag in ("--num-workers", "--use-gpu", "--eval-steps", "--pooling", "--temperature", "--set", "--config"):
         assert flag in h.stdout
+
+
+def test_bsc_on_scored_pairs_and_sgopt_train_end_to_end(ray_cluster, tiny_model, stsb_dev, tmp_path):
+    from conftest import make_sentences, write_stsb
+
+    pairs = write_stsb(tmp_path / "sts-train.csv", n=128, seed=5)  # headerless STS-B TSV, scores 0-5
+    out = tmp_path / "bsc"
+    assert main(_train_args(tiny_model, pairs, out, stsb_dev, "--objective", "bsc", "--format", "stsb",
+                            "--set", "objective.mu=0.5", "--set", "objective.trainable_temperature=true",
+                            "--batch-size", "8")) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["last"]["step"] == 16 and m["corpus"]["kept"] == 128
+    assert m["last"]["loss_history"][-1] < m["last"]["loss_history"][0]
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(make_sentences(128, seed=9)) + "\n")
+    out = tmp_path / "sgopt"
+    assert main(_train_args(tiny_model, corpus, out, stsb_dev, "--objective", "sgopt", "--num-workers", "1",
+                            "--cpus-per-worker", "2", "--set", "objective.proj_hidden=64",
+                            "--set", "objective.temperature=0.1", "--pooling", "cls_before_pooler")) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["last"]["step"] == 16
+    assert m["last"]["loss_history"][-1] < m["last"]["loss_history"][0]
+    import safetensors.torch
+
+    saved = safetensors.torch.load_file(str(out / "model" / "model.safetensors"))
+    assert not any("frozen" in k or "head" in k for k in saved)
+
+
+def test_objective_and_data_mismatch_is_clear(tiny_model, corpus, stsb_dev, tmp_path, capsys):
+    out = tmp_path / "o"
+    _expect_error(capsys, _train_args(tiny_model, corpus, out, stsb_dev, "--objective", "simcse", "--format", "stsb"),
+                  "trains on single sentences", out)
+    _expect_error(capsys, _train_args(tiny_model, corpus, out, stsb_dev, "--objective", "bsc",
+                                      "--set", "objective.mu=1.5"), "mu must be in [0, 1]", out)

@@ -39,10 +39,19 @@ def positive(key: str, value: float, hint: str = "") -> None:
 class Objective(nn.Module):
     name: ClassVar[str]
     Params: ClassVar[type[Params]]
+    # What the data must hold: "single" sentences and/or "pairs" (q, a, score-or-None).
+    accepts: ClassVar[tuple[str, ...]] = ("single",)
 
     def __init__(self, params: Params):
         super().__init__()
         self.params = params
+
+    def setup(self, encoder: nn.Module) -> None:
+        """Hook run once with the encoder before DDP wrapping (frozen copies, extra heads)."""
+
+    def custom_lr(self) -> dict[str, float]:
+        """Learning rates for this objective's own parameters, by name (e.g. a trainable temperature)."""
+        return {}
 
     def collate(self, texts: list[str], tokenizer, max_length: int) -> dict[str, Tensor]:
         raise NotImplementedError

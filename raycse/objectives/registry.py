@@ -17,7 +17,7 @@ def register(cls):
 
 def _load_builtin() -> None:
     # Imported for their @register side effect.
-    from raycse.objectives import simcse  # noqa: F401
+    from raycse.objectives import bsc, sgopt, simcse  # noqa: F401
 
 
 def names() -> list[str]:

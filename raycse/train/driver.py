@@ -19,7 +19,8 @@ import yaml
 
 from raycse.config import RunConfig
 from raycse.data.batches import steps_per_epoch
-from raycse.data.corpus import read_corpus
+from raycse.data.corpus import read_corpus, read_pairs
+from raycse.objectives import registry
 from raycse.encoder import resolve_model
 from raycse.errors import ConfigError, DataError
 from raycse.evaluation.sts import read_stsb
@@ -43,6 +44,21 @@ def _prepare_output(out: Path, overwrite: bool) -> Path:
     return staging
 
 
+def load_examples(run: RunConfig):
+    """Sentences or (q, a, score) pairs, as the data config says and the objective accepts."""
+    d = run.data
+    accepts = registry.get(run.objective.name).accepts
+    if d.is_pairs:
+        if "pairs" not in accepts:
+            raise ConfigError(f"objective '{run.objective.name}' trains on single sentences; drop data.pair_column "
+                              f"(or choose a pair objective: bsc)")
+        return read_pairs(d.corpus, d.format, d.text_column, d.pair_column, d.label_column, d.score_scale,
+                          d.max_chars, d.on_decode_error, d.max_sentences)
+    if "single" not in accepts:
+        raise ConfigError(f"objective '{run.objective.name}' needs pairs: set data.pair_column (and label_column)")
+    return read_corpus(d.corpus, d.format, d.text_column, d.max_chars, d.on_decode_error, d.dedup, d.max_sentences)
+
+
 def train(run: RunConfig, overwrite: bool = False) -> TrainResult:
     """Train ``run`` on Ray Train and return where the best model was saved."""
     import ray
@@ -53,14 +69,14 @@ def train(run: RunConfig, overwrite: bool = False) -> TrainResult:
     if not run.data.corpus:
         raise ConfigError("no corpus given: pass --corpus FILE (text, .jsonl or .parquet) or set data.corpus")
     resolve_model(run.model.name_or_path)  # fail before Ray starts
+    examples, stats = load_examples(run)
     d = run.data
-    texts, stats = read_corpus(d.corpus, d.format, d.text_column, d.max_chars, d.on_decode_error, d.dedup, d.max_sentences)
     print(f"[raycse] corpus {d.corpus}: {stats.summary()}", flush=True)
     if stats.decode_replaced:
         print(f"[raycse] warning: {stats.decode_replaced} line(s) had undecodable bytes, replaced with U+FFFD "
               f"(set data.on_decode_error: error to refuse them)", flush=True)
-    if steps_per_epoch(len(texts), run.train.batch_size, run.train.num_workers) == 0:
-        raise DataError(f"corpus has {len(texts)} usable sentences, fewer than one global batch "
+    if steps_per_epoch(len(examples), run.train.batch_size, run.train.num_workers) == 0:
+        raise DataError(f"corpus has {len(examples)} usable examples, fewer than one global batch "
                         f"({run.train.batch_size} x {run.train.num_workers} workers); lower --batch-size or add text")
     dev_path = run.eval.resolved_stsb_dev()
     dev = read_stsb(dev_path, name="stsb_dev") if dev_path else None
@@ -76,7 +92,7 @@ def train(run: RunConfig, overwrite: bool = False) -> TrainResult:
         threads = max(1, int(cpus))
         trainer = TorchTrainer(
             train_loop_per_worker,
-            train_loop_config={"run": run.to_dict(), "texts": ray.put(texts),
+            train_loop_config={"run": run.to_dict(), "examples": ray.put(examples),
                                "dev": ray.put(dev) if dev is not None else None, "threads": threads},
             scaling_config=ScalingConfig(num_workers=run.train.num_workers, use_gpu=run.train.use_gpu,
                                          resources_per_worker={"CPU": cpus}),
@@ -100,7 +116,7 @@ def train(run: RunConfig, overwrite: bool = False) -> TrainResult:
             shutil.copytree(ckpt, staging / "model")
         (staging / "model" / "train_state.json").unlink(missing_ok=True)
         summary = {"best": best_metrics, "last": result.metrics, "corpus": stats.__dict__,
-                   "num_sentences": len(texts)}
+                   "num_examples": len(examples)}
         (staging / "metrics.json").write_text(json.dumps(summary, indent=2, default=str))
         (staging / "config.yaml").write_text(yaml.safe_dump(run.to_dict(), sort_keys=False))
         shutil.rmtree(staging / "ray", ignore_errors=True)

@@ -47,18 +47,24 @@ def build_module(run: RunConfig) -> TrainModule:
                                       mlp_head=run.model.resolved_mlp_head)
     encoder.length_buckets = run.train.length_buckets
     objective = registry.build(run.objective.name, run.objective.params)
+    objective.setup(encoder)
     return TrainModule(encoder, objective)
 
 
 def build_optimizer(module: nn.Module, run: RunConfig, total_steps: int):
-    """AdamW (no decay on biases and norms) + linear warm-up then linear decay to 0."""
-    decay, no_decay = [], []
-    for name, p in module.named_parameters():
+    """AdamW (no decay on biases and norms; objective knobs like a trainable temperature at their own
+    learning rate) + linear warm-up then linear decay to 0."""
+    custom = {f"objective.{k}": v for k, v in unwrap(module).objective.custom_lr().items()}
+    decay, no_decay, groups = [], [], []
+    for name, p in unwrap(module).named_parameters():
         if not p.requires_grad:
             continue
-        (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
-    groups = [{"params": decay, "weight_decay": run.train.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+        if name in custom:
+            groups.append({"params": [p], "weight_decay": 0.0, "lr": custom[name]})
+        else:
+            (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
+    groups += [{"params": decay, "weight_decay": run.train.weight_decay},
+               {"params": no_decay, "weight_decay": 0.0}]
     opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=run.train.lr)
     warmup = int(round(run.train.warmup_ratio * total_steps))
 
@@ -80,6 +86,16 @@ def check_gradients_reach_all(module: nn.Module) -> None:
     if missing:
         raise RuntimeError(f"trainable parameters received no gradient: {', '.join(missing[:5])}"
                            f"{' ...' if len(missing) > 5 else ''}; freeze them (requires_grad_(False))")
+
+
+def peak_memory(device: torch.device) -> dict:
+    """Peak resident memory of this worker (and of its GPU, when there is one), in MB."""
+    import resource
+
+    out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if device.type == "cuda":
+        out["peak_gpu_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return out
 
 
 def unwrap(module: nn.Module) -> TrainModule:
@@ -104,9 +120,9 @@ def train_loop_per_worker(config: dict) -> None:
     core = unwrap(module)
     tokenizer = core.encoder.tokenizer
 
-    texts = ray.get(config["texts"])
+    examples = ray.get(config["examples"])  # sentences, or (q, a, score) pairs
     dev = ray.get(config["dev"]) if config.get("dev") is not None else None
-    spe = steps_per_epoch(len(texts), run.train.batch_size, world_size)
+    spe = steps_per_epoch(len(examples), run.train.batch_size, world_size)
     total = spe * run.train.epochs
     if run.train.max_steps:
         total = min(total, run.train.max_steps)
@@ -137,7 +153,7 @@ def train_loop_per_worker(config: dict) -> None:
     initial = evaluate()
     log.setLevel(logging.INFO)
     if rank == 0:
-        log.info(f"[raycse] {world_size} worker(s), {len(texts)} sentences, {spe} steps/epoch, {total} steps, "
+        log.info(f"[raycse] {world_size} worker(s), {len(examples)} examples, {spe} steps/epoch, {total} steps, "
               f"global batch {run.train.batch_size * world_size}, precision {dtype or 'fp32'}, "
               f"threads {torch.get_num_threads()}" + (f", STS-B dev before: {initial:.2f}" if initial is not None else ""))
     module.train()
@@ -145,11 +161,11 @@ def train_loop_per_worker(config: dict) -> None:
     train_time, sentences = 0.0, 0
     eval_every = run.eval.eval_steps
     for epoch in range(run.train.epochs):
-        for idx in worker_batches(len(texts), run.train.batch_size, world_size, rank, run.train.seed, epoch):
+        for idx in worker_batches(len(examples), run.train.batch_size, world_size, rank, run.train.seed, epoch):
             if step >= total:
                 break
             t0 = time.perf_counter()
-            batch = move(core.objective.collate([texts[i] for i in idx], tokenizer, run.model.max_length), device)
+            batch = move(core.objective.collate([examples[i] for i in idx], tokenizer, run.model.max_length), device)
             with autocast(device, dtype):
                 out = module(batch)
             loss = out.loss
@@ -185,7 +201,8 @@ def train_loop_per_worker(config: dict) -> None:
                 window = []
                 extra = {"loss": history[-1], "loss_history": list(history),
                          "train_sentences_per_s": sentences / max(train_time, 1e-9),
-                         "train_seconds": train_time, "total_steps": total}
+                         "train_seconds": train_time, "total_steps": total, **peak_memory(device),
+                         **{f"last_{k}": v for k, v in out.metrics.items()}}
                 score = evaluate()
                 if score is not None:
                     extra[SCORE_METRIC] = score

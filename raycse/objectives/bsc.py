@@ -1,0 +1,163 @@
+"""BSC: symmetric batch-softmax contrastive loss on pairs (Chernyavskiy et al., 2021).
+
+For a batch of pairs (q_i, a_i) with labels y_i and similarities S = norm(Q) norm(A)^T / tau:
+
+    L0 = (1/n) sum_i y_i * ( -1/|P_i| sum_{j in P_i} log softmax_j(S_i.) )     rows: q_i over all a_j
+    L1 = (1/n) sum_i y_i * ( -1/|P_i| sum_{j in P_i} log softmax_j(S^T_i.) )   rows: a_i over all q_j
+    L_BSC = L0 + L1
+
+P_i = { j : q_j is the same text as q_i (and y_j = 1 for L0) }: duplicated anchors are positives of
+each other (SupCon form); without duplicates P_i = {i}. A labeled negative (y_i = 0) keeps its
+a_i / q_i in every denominator but contributes no positive term, and still counts in the mean
+over all n rows (as the authors' code does).
+
+Normalization: ``l2`` (cosine; tau ~ 0.1), ``coord`` (each coordinate divided by its range over the
+batch, no centering; tau ~ 1-3) or ``none``. Temperature fixed, or trainable as a scale (init 1.0,
+logits = S * scale) with its own learning rate. Combo with regression on scored data:
+
+    L = mu * L_BSC + (1 - mu) * mean_i (cos(q_i, a_i) - t_i)^2,   t_i = score_i normalized to [0, 1]
+
+Unsupervised, (s, s) pairs with two dropout views make it a symmetric SimCSE. Across workers the
+candidates (A for L0, Q for L1) are gathered with gradients, like SimCSE's.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from raycse.errors import ConfigError
+from raycse.objectives.base import LossOutput, Objective, Params, positive
+from raycse.objectives.contrastive import gather, local_offset, world
+from raycse.objectives.registry import register
+
+NORMALIZATIONS = ("l2", "coord", "none")
+
+
+@dataclass
+class BSCParams(Params):
+    temperature: float = 0.1
+    normalization: str = "l2"
+    trainable_temperature: bool = False
+    temperature_lr: float = 1e-3
+    mu: float = 1.0  # weight of the BSC part; 1 - mu goes to the MSE on scores
+    threshold: float = 0.5  # normalized score > threshold counts as a positive pair
+
+    def validate(self) -> None:
+        positive("temperature", self.temperature)
+        positive("temperature_lr", self.temperature_lr)
+        if self.normalization not in NORMALIZATIONS:
+            raise ConfigError(f"objective.normalization must be one of {', '.join(NORMALIZATIONS)}, got {self.normalization!r}")
+        if not 0.0 <= self.mu <= 1.0:
+            raise ConfigError(f"objective.mu must be in [0, 1] (weight of BSC vs MSE), got {self.mu}")
+        if not 0.0 <= self.threshold < 1.0:
+            raise ConfigError(f"objective.threshold must be in [0, 1) on the normalized score, got {self.threshold}")
+
+
+def text_key(text: str) -> int:
+    """A stable id of a text, so duplicated anchors can be found on any worker."""
+    return zlib.crc32(text.encode("utf-8")) & 0x7FFFFFFF
+
+
+def gather_no_grad(x: Tensor) -> Tensor:
+    _, size = world()
+    if size == 1:
+        return x
+    import torch.distributed as dist
+
+    out = [torch.empty_like(x) for _ in range(size)]
+    dist.all_gather(out, x.contiguous())
+    return torch.cat(out)
+
+
+def coord_normalize(x: Tensor, batch: Tensor) -> Tensor:
+    """Divide each coordinate by its range over ``batch`` (the global batch), without centering."""
+    span = (batch.max(0).values - batch.min(0).values).clamp(min=1e-6)
+    return x / span
+
+
+def supcon_rows(logits: Tensor, pos: Tensor, row_weight: Tensor) -> Tensor:
+    """(1/n) sum_i w_i * mean_{j in P_i} -log softmax(logits_i)_j; rows with no positive count as 0."""
+    logp = logits.log_softmax(dim=1)
+    count = pos.sum(1)
+    per_row = -(logp * pos).sum(1) / count.clamp(min=1)
+    weight = row_weight * (count > 0)
+    return (per_row * weight).sum() / logits.shape[0]
+
+
+@register
+class BSC(Objective):
+    name = "bsc"
+    Params = BSCParams
+    accepts = ("single", "pairs")
+
+    def __init__(self, params: BSCParams):
+        super().__init__(params)
+        self.scale = nn.Parameter(torch.ones(())) if params.trainable_temperature else None
+
+    def custom_lr(self) -> dict:
+        return {"scale": self.params.temperature_lr} if self.scale is not None else {}
+
+    def collate(self, examples, tokenizer, max_length):
+        if isinstance(examples[0], str):  # unsupervised: (s, s) with two dropout views
+            q = a = list(examples)
+            scores = [1.0] * len(examples)
+            has_score = False
+        else:
+            q = [e[0] for e in examples]
+            a = [e[1] for e in examples]
+            scores = [1.0 if e[2] is None else float(e[2]) for e in examples]
+            has_score = any(e[2] is not None for e in examples)
+        if self.params.mu < 1.0 and not has_score:
+            raise ConfigError("objective.mu < 1 needs scored pairs (data.label_column); set mu: 1.0 for unscored data")
+        enc = self.tokenize(q + a, tokenizer, max_length)
+        enc["score"] = torch.tensor(scores, dtype=torch.float32)
+        enc["q_key"] = torch.tensor([text_key(t) for t in q], dtype=torch.long)
+        return enc
+
+    def effective_scale(self) -> Tensor | float:
+        return self.scale if self.scale is not None else 1.0
+
+    def normalize(self, local: Tensor, gathered: Tensor) -> tuple[Tensor, Tensor]:
+        if self.params.normalization == "l2":
+            return F.normalize(local, dim=-1), F.normalize(gathered, dim=-1)
+        if self.params.normalization == "coord":
+            return coord_normalize(local, gathered), coord_normalize(gathered, gathered)
+        return local, gathered
+
+    def loss(self, q: Tensor, a: Tensor, score: Tensor, q_key: Tensor) -> tuple[Tensor, dict]:
+        """BSC (+ MSE) on local q, a (n, d); candidates gathered from all workers."""
+        q, a = q.float(), a.float()
+        n = q.shape[0]
+        label = (score > self.params.threshold).float()
+        q_all, a_all = gather(q), gather(a)
+        key_all = gather_no_grad(q_key)
+        label_all = gather_no_grad(label)
+        q_n, q_all_n = self.normalize(q, q_all)
+        a_n, a_all_n = self.normalize(a, a_all)
+        factor = self.effective_scale() / self.params.temperature
+        same = (q_key[:, None] == key_all[None, :]).float()  # (n, N) duplicated anchors
+        own = torch.zeros_like(same)
+        own[torch.arange(n), torch.arange(n) + local_offset(n)] = 1.0
+        pos = torch.maximum(same, own)
+        l0 = supcon_rows(q_n @ a_all_n.T * factor, pos * label_all[None, :], label)
+        l1 = supcon_rows(a_n @ q_all_n.T * factor, pos, label)
+        bsc = l0 + l1
+        metrics = {"bsc": float(bsc.detach())}
+        mu = self.params.mu
+        if mu >= 1.0:
+            return bsc, metrics
+        mse = (F.cosine_similarity(q, a, dim=-1) - score).pow(2).mean()
+        metrics["mse"] = float(mse.detach())
+        return mu * bsc + (1 - mu) * mse, metrics
+
+    def forward(self, encoder, batch) -> LossOutput:
+        n = batch["score"].shape[0]
+        z = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    token_type_ids=batch.get("token_type_ids"))
+        loss, metrics = self.loss(z[:n], z[n:], batch["score"], batch["q_key"])
+        return LossOutput(loss, metrics)

@@ -1,0 +1,141 @@
+"""SG-OPT: self-guided contrastive learning (Kim et al., 2021), loss L_opt3.
+
+A frozen copy F of the encoder provides the views: for each layer k in the chosen range
+(0 = embedding output) the pooled hidden states h_ik of sentence i. The trained copy T (its
+embedding layer frozen) gives c_i. Both go through one shared projection head f (Linear(d, 4096),
+GELU, Linear(4096, d)) and, with e(u, v) = exp(sim(f(u), f(v)) / tau),
+
+    L_opt3 = 1/(b(l+1)) sum_i sum_k -log e(c_i, h_ik) / ( e(c_i, h_ik) + sum_{m != i} sum_n e(c_i, h_mn) )
+    L = L_opt3 + lambda * sum_params ||theta_T - theta_F||^2
+
+No c-c and no h-h terms; the negatives of anchor i (every view of every other sentence, gathered
+from all workers) are shared by its l+1 positives.
+
+Choices, deliberate: F runs in eval mode (no dropout) under ``torch.no_grad`` so its forward stores
+no activations (the authors' code leaves F in train mode by accident); c_i uses the encoder's
+pooling (the paper's [CLS]: ``--pooling cls_before_pooler``); only T is saved, F and f are dropped.
+Memory: F is a second full copy of the weights (all-MiniLM-L6-v2: 22.7M params = 91 MB in fp32;
+BERT-base: 440 MB) with no gradients or optimizer state, plus f (2 x d x 4096 params).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from raycse.errors import ConfigError
+from raycse.objectives.base import LossOutput, Objective, Params, positive
+from raycse.objectives.contrastive import cosine_logits, gather, local_offset
+from raycse.objectives.registry import register
+
+LAYER_POOLINGS = ("max", "mean")
+
+
+@dataclass
+class SGOPTParams(Params):
+    temperature: float = 0.01
+    lam: float = 0.1  # weight of the regularizer sum ||theta_T - theta_F||^2 ("lambda")
+    layer_pooling: str = "mean"
+    layer_start: int = 0  # 0 = the embedding output
+    layer_end: Optional[int] = None  # inclusive; None = the last layer
+    proj_hidden: int = 4096
+
+    def validate(self) -> None:
+        positive("temperature", self.temperature, " (SG-OPT uses 0.01)")
+        if self.lam < 0:
+            raise ConfigError(f"objective.lam must be >= 0, got {self.lam}")
+        if self.layer_pooling not in LAYER_POOLINGS:
+            raise ConfigError(f"objective.layer_pooling must be one of {', '.join(LAYER_POOLINGS)}, got {self.layer_pooling!r}")
+        if self.layer_start < 0 or (self.layer_end is not None and self.layer_end < self.layer_start):
+            raise ConfigError(f"objective layer range [{self.layer_start}, {self.layer_end}] is empty or negative")
+        if self.proj_hidden < 1:
+            raise ConfigError(f"objective.proj_hidden must be >= 1, got {self.proj_hidden}")
+
+
+def pool_layers(hidden_states: tuple[Tensor, ...], mask: Tensor, how: str) -> Tensor:
+    """(b, L, d) per layer -> (b, layers, d) by masked mean or max over tokens."""
+    h = torch.stack(hidden_states, dim=1)  # (b, layers, t, d)
+    m = mask[:, None, :, None].to(h.dtype)
+    if how == "mean":
+        return (h * m).sum(2) / m.sum(2).clamp(min=1e-9)
+    return h.masked_fill(m == 0, torch.finfo(h.dtype).min).max(2).values
+
+
+class ProjectionHead(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+@register
+class SGOPT(Objective):
+    name = "sgopt"
+    Params = SGOPTParams
+
+    def __init__(self, params: SGOPTParams):
+        super().__init__(params)
+        self.frozen: Optional[nn.Module] = None
+        self.head: Optional[ProjectionHead] = None
+
+    def setup(self, encoder) -> None:
+        """Copy the encoder's backbone into F (frozen) and freeze T's embedding layer."""
+        self.frozen = copy.deepcopy(encoder.backbone).eval()
+        self.frozen.requires_grad_(False)
+        embeddings = getattr(encoder.backbone, "embeddings", None)
+        if embeddings is None:
+            raise ConfigError("sgopt needs a backbone with an .embeddings module (BERT-style encoders)")
+        embeddings.requires_grad_(False)
+        self.head = ProjectionHead(encoder.hidden_size, self.params.proj_hidden)
+        n_layers = int(encoder.backbone.config.num_hidden_layers)
+        end = self.params.layer_end if self.params.layer_end is not None else n_layers
+        if end > n_layers:
+            raise ConfigError(f"objective.layer_end={end} but the model has {n_layers} layers (0..{n_layers})")
+        self.layers = slice(self.params.layer_start, end + 1)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if self.frozen is not None:
+            self.frozen.eval()  # F never uses dropout
+        return self
+
+    def collate(self, texts, tokenizer, max_length):
+        return self.tokenize(texts, tokenizer, max_length)
+
+    def views(self, batch: dict) -> Tensor:
+        with torch.no_grad():
+            out = self.frozen(**batch, output_hidden_states=True)
+        return pool_layers(out.hidden_states[self.layers], batch["attention_mask"], self.params.layer_pooling)
+
+    def loss(self, c: Tensor, h: Tensor) -> Tensor:
+        """L_opt3 for c (b, d) and views h (b, l+1, d), with the projection head applied here."""
+        b, views, _ = h.shape
+        fc = self.head(c.float())
+        fh = gather(self.head(h.float()).reshape(b * views, -1))  # (B*(l+1), d), rank-major
+        logits = cosine_logits(fc, fh, self.params.temperature).view(b, -1, views)  # (b, B, l+1)
+        own = torch.arange(b, device=c.device) + local_offset(b)
+        pos = logits[torch.arange(b), own]  # (b, l+1): s(c_i, h_ik)
+        others = logits.clone()
+        others[torch.arange(b), own] = float("-inf")
+        neg = torch.logsumexp(others.flatten(1), dim=1, keepdim=True)  # log sum_{m != i, n} e(c_i, h_mn)
+        return (torch.logaddexp(pos, neg) - pos).mean()
+
+    def regularizer(self, encoder) -> Tensor:
+        total = 0.0
+        for p_t, p_f in zip(encoder.backbone.parameters(), self.frozen.parameters()):
+            if p_t.requires_grad:
+                total = total + (p_t - p_f).pow(2).sum()
+        return total
+
+    def forward(self, encoder, batch) -> LossOutput:
+        c = encoder(**batch)
+        opt3 = self.loss(c, self.views(batch))
+        reg = self.regularizer(encoder) if self.params.lam > 0 else torch.zeros((), device=c.device)
+        return LossOutput(opt3 + self.params.lam * reg, {"opt3": float(opt3.detach()), "reg": float(reg.detach())})

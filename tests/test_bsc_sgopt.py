@@ -1,0 +1,188 @@
+"""BSC and SG-OPT against plain re-implementations of their formulas on small tensors."""
+
+import math
+
+import pytest
+import torch
+
+from raycse.errors import ConfigError
+from raycse.objectives import registry
+from raycse.objectives.bsc import text_key
+
+
+# ---------------------------------------------------------------------------------------- BSC
+def plain_bsc(q, a, y, keys, tau, norm="l2"):
+    """Two-direction log-softmax with label mask and duplicate anchors, written with Python loops."""
+    n, d = len(q), len(q[0])
+
+    def l2(v):
+        s = math.sqrt(sum(x * x for x in v))
+        return [x / s for x in v]
+
+    if norm == "l2":
+        qn, an = [l2(v) for v in q], [l2(v) for v in a]
+    elif norm == "coord":
+        def coord(m):
+            spans = [max(r[k] for r in m) - min(r[k] for r in m) for k in range(d)]
+            return [[r[k] / spans[k] for k in range(d)] for r in m]
+        qn, an = coord(q), coord(a)
+    else:
+        qn, an = q, a
+    dot = lambda u, v: sum(x * w for x, w in zip(u, v))  # noqa: E731
+
+    def direction(rows, cols, col_label_matters):
+        total = 0.0
+        for i in range(n):
+            if not y[i]:
+                continue
+            logits = [dot(rows[i], cols[j]) / tau for j in range(n)]
+            lse = math.log(sum(math.exp(s) for s in logits))
+            pos = [j for j in range(n) if (keys[j] == keys[i] or j == i) and (y[j] or not col_label_matters)]
+            total += -sum(logits[j] - lse for j in pos) / len(pos)
+        return total / n
+
+    return direction(qn, an, True) + direction(an, qn, False)
+
+
+def _bsc(**kw):
+    return registry.build("bsc", kw)
+
+
+@pytest.mark.parametrize("norm, tau", [("l2", 0.1), ("coord", 2.0), ("none", 1.0)])
+def test_bsc_matches_plain_two_direction_softmax(norm, tau):
+    torch.manual_seed(0)
+    q, a = torch.randn(5, 4), torch.randn(5, 4)
+    score = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0])  # two labeled negatives
+    keys = torch.arange(5)
+    got = _bsc(temperature=tau, normalization=norm).loss(q, a, score, keys)[0].item()
+    want = plain_bsc(q.tolist(), a.tolist(), [1, 0, 1, 1, 0], keys.tolist(), tau, norm)
+    assert got == pytest.approx(want, rel=1e-5)
+
+
+def test_bsc_duplicate_anchors_are_positives_of_each_other():
+    torch.manual_seed(1)
+    q, a = torch.randn(4, 3), torch.randn(4, 3)
+    q[2] = q[0] + 0.3 * torch.randn(3)  # the same question twice (another dropout view)
+    keys = torch.tensor([text_key("q0"), text_key("q1"), text_key("q0"), text_key("q3")])
+    score = torch.ones(4)
+    obj = _bsc(temperature=0.1)
+    got = obj.loss(q, a, score, keys)[0].item()
+    want = plain_bsc(q.tolist(), a.tolist(), [1] * 4, keys.tolist(), 0.1)
+    assert got == pytest.approx(want, rel=1e-5)
+    # ... and that differs from treating them as negatives
+    assert got != pytest.approx(obj.loss(q, a, score, torch.arange(4))[0].item(), rel=1e-3)
+
+
+def test_bsc_combo_with_mse_on_scores():
+    torch.manual_seed(2)
+    q, a = torch.randn(3, 4), torch.randn(3, 4)
+    score = torch.tensor([0.9, 0.2, 0.7])
+    obj = _bsc(temperature=0.1, mu=0.5, threshold=0.5)
+    got = obj.loss(q, a, score, torch.arange(3))[0].item()
+    bsc = plain_bsc(q.tolist(), a.tolist(), [1, 0, 1], [0, 1, 2], 0.1)
+    mse = sum((torch.cosine_similarity(q[i], a[i], dim=0).item() - score[i].item()) ** 2 for i in range(3)) / 3
+    assert got == pytest.approx(0.5 * bsc + 0.5 * mse, rel=1e-5)
+
+
+def test_bsc_trainable_temperature_gets_a_gradient_and_moves():
+    torch.manual_seed(3)
+    obj = _bsc(temperature=0.5, trainable_temperature=True, temperature_lr=0.1)
+    assert obj.custom_lr() == {"scale": 0.1}
+    q, a = torch.randn(6, 4), torch.randn(6, 4)
+    a = q + 0.1 * a  # positives are close: a sharper softmax lowers the loss
+    opt = torch.optim.SGD(obj.parameters(), lr=0.1)
+    loss, _ = obj.loss(q, a, torch.ones(6), torch.arange(6))
+    loss.backward()
+    assert obj.scale.grad is not None and obj.scale.grad.abs().item() > 0
+    opt.step()
+    assert obj.scale.item() != 1.0
+
+
+def test_bsc_knob_validation():
+    for bad, match in (({"mu": 1.5}, "mu must be in"), ({"normalization": "zscore"}, "normalization must be one of"),
+                       ({"temperature": 0}, "temperature must be > 0"), ({"threshold": 1.0}, "threshold")):
+        with pytest.raises(ConfigError, match=match):
+            _bsc(**bad)
+
+
+# ---------------------------------------------------------------------------------------- SG-OPT
+def plain_opt3(fc, fh, tau):
+    """L_opt3 with loops over (i, k): -log e(c_i,h_ik) / (e(c_i,h_ik) + sum_{m!=i} sum_n e(c_i,h_mn))."""
+    b, views = len(fh), len(fh[0])
+
+    def e(u, v):
+        cos = sum(x * y for x, y in zip(u, v)) / (math.sqrt(sum(x * x for x in u)) * math.sqrt(sum(y * y for y in v)))
+        return math.exp(cos / tau)
+
+    total = 0.0
+    for i in range(b):
+        neg = sum(e(fc[i], fh[m][n]) for m in range(b) if m != i for n in range(views))
+        for k in range(views):
+            p = e(fc[i], fh[i][k])
+            total += -math.log(p / (p + neg))
+    return total / (b * views)
+
+
+@pytest.fixture
+def sgopt(tiny_model_no_dropout):
+    from raycse.encoder import Encoder
+
+    enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="cls_before_pooler")
+    obj = registry.build("sgopt", {"temperature": 0.1, "lam": 0.1, "proj_hidden": 16})
+    obj.setup(enc)
+    return enc, obj
+
+
+def test_sgopt_loss_matches_plain_loop(sgopt):
+    _, obj = sgopt
+    torch.manual_seed(4)
+    c, h = torch.randn(3, 32), torch.randn(3, 4, 32)
+    got = obj.loss(c, h).item()
+    with torch.no_grad():
+        want = plain_opt3(obj.head(c).tolist(), obj.head(h).tolist(), 0.1)
+    assert got == pytest.approx(want, rel=1e-5)
+
+
+def test_sgopt_views_cover_every_layer_and_pool(sgopt):
+    enc, obj = sgopt
+    batch = enc.tokenize(["the city river", "a king"])
+    h = obj.views(batch)
+    assert h.shape == (2, 3, 32)  # embedding output + 2 layers
+    with torch.no_grad():
+        hs = obj.frozen(**batch, output_hidden_states=True).hidden_states
+    m = batch["attention_mask"][1].bool()
+    assert torch.allclose(h[1, 2], hs[2][1][m].mean(0), atol=1e-6)
+
+
+def test_sgopt_regularizer_zero_at_start_frozen_copy_never_changes(sgopt):
+    from raycse.train.loop import TrainModule
+
+    enc, obj = sgopt
+    module = TrainModule(enc, obj).train()
+    assert obj.regularizer(enc).item() == 0.0
+    assert not obj.frozen.training and not any(p.requires_grad for p in obj.frozen.parameters())
+    assert not any(p.requires_grad for p in enc.backbone.embeddings.parameters())
+    before = [p.clone() for p in obj.frozen.parameters()]
+    opt = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=1e-2)
+    batch = obj.collate(["the city river", "a small king", "summer music", "old stone bridge"], enc.tokenizer, 16)
+    for _ in range(2):
+        out = module(batch)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad()
+    assert all(torch.equal(a, b) for a, b in zip(before, obj.frozen.parameters()))
+    assert obj.regularizer(enc).item() > 0
+    # only T is saved: the frozen copy and the projection head are not part of the encoder
+    assert not any(k.startswith(("frozen", "head")) for k in enc.state_dict())
+
+
+def test_sgopt_knob_validation(tiny_model_no_dropout):
+    from raycse.encoder import Encoder
+
+    with pytest.raises(ConfigError, match="layer_pooling"):
+        registry.build("sgopt", {"layer_pooling": "sum"})
+    with pytest.raises(ConfigError, match="lam must be >= 0"):
+        registry.build("sgopt", {"lam": -1})
+    obj = registry.build("sgopt", {"layer_end": 9})
+    with pytest.raises(ConfigError, match="has 2 layers"):
+        obj.setup(Encoder.from_pretrained(str(tiny_model_no_dropout)))
