@@ -49,8 +49,8 @@ def main() -> None:
     print(f"{'objective':10s} {'dev before':>10s} {'dev after':>10s} {'sent/s':>8s} {'peak RSS MB':>12s}")
     for name, m in rows.items():
         print(f"{name:10s} {m['stsb_dev_spearman_initial']:10.2f} {m['stsb_dev_spearman']:10.2f} "
-              f"{m['train_sentences_per_s']:8.1f} {m['peak_rss_mb']:12.0f}")
-    print(f"SG-OPT/SimCSE throughput: {rows['SG-OPT']['train_sentences_per_s'] / rows['SimCSE']['train_sentences_per_s']:.2f}x, "
+              f"{m['train_examples_per_s']:8.1f} {m['peak_rss_mb']:12.0f}")
+    print(f"SG-OPT/SimCSE throughput: {rows['SG-OPT']['train_examples_per_s'] / rows['SimCSE']['train_examples_per_s']:.2f}x, "
           f"peak memory: {rows['SG-OPT']['peak_rss_mb'] / rows['SimCSE']['peak_rss_mb']:.2f}x")
 
 

@@ -186,3 +186,17 @@ def test_sgopt_knob_validation(tiny_model_no_dropout):
     obj = registry.build("sgopt", {"layer_end": 9})
     with pytest.raises(ConfigError, match="has 2 layers"):
         obj.setup(Encoder.from_pretrained(str(tiny_model_no_dropout)))
+
+
+def test_bsc_unsupervised_sentences_become_symmetric_simcse(tiny_model):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    obj = _bsc(temperature=0.05)
+    batch = obj.collate(["the city", "a king", "the city"], tok, 16)
+    n = 3
+    assert torch.equal(batch["input_ids"][:n], batch["input_ids"][n:])  # (s, s): two dropout views
+    assert batch["score"].tolist() == [1.0, 1.0, 1.0]
+    assert batch["q_key"][0] == batch["q_key"][2] != batch["q_key"][1]  # duplicates found by text
+    with pytest.raises(ConfigError, match="mu < 1 needs scored pairs"):
+        _bsc(mu=0.5).collate(["a", "b"], tok, 16)

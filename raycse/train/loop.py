@@ -158,7 +158,7 @@ def train_loop_per_worker(config: dict) -> None:
               f"threads {torch.get_num_threads()}" + (f", STS-B dev before: {initial:.2f}" if initial is not None else ""))
     module.train()
     step, window, history = 0, [], []
-    train_time, sentences = 0.0, 0
+    train_time, seen = 0.0, 0  # examples (sentences or pairs) over all workers
     eval_every = run.eval.eval_steps
     for epoch in range(run.train.epochs):
         for idx in worker_batches(len(examples), run.train.batch_size, world_size, rank, run.train.seed, epoch):
@@ -191,16 +191,16 @@ def train_loop_per_worker(config: dict) -> None:
                 raise FloatingPointError(f"loss became {value} at step {step}; lower train.lr or use precision fp32")
             window.append(value)
             train_time += time.perf_counter() - t0
-            sentences += len(idx) * world_size
+            seen += len(idx) * world_size
             if rank == 0 and (step % run.train.log_steps == 0 or step == total):
                 log.info(f"[raycse] step {step}/{total} ({100 * step / total:.0f}%) epoch {epoch} "
                       f"loss {sum(window[-run.train.log_steps:]) / len(window[-run.train.log_steps:]):.4f} "
-                      f"lr {sched.get_last_lr()[0]:.2e} {sentences / max(train_time, 1e-9):.1f} sent/s")
+                      f"lr {sched.get_last_lr()[0]:.2e} {seen / max(train_time, 1e-9):.1f} examples/s")
             if step % eval_every == 0 or step == total:
                 history.append(sum(window) / len(window))
                 window = []
                 extra = {"loss": history[-1], "loss_history": list(history),
-                         "train_sentences_per_s": sentences / max(train_time, 1e-9),
+                         "train_examples_per_s": seen / max(train_time, 1e-9),
                          "train_seconds": train_time, "total_steps": total, **peak_memory(device),
                          **{f"last_{k}": v for k, v in out.metrics.items()}}
                 score = evaluate()
