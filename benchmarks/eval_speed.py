@@ -30,15 +30,19 @@ def main() -> None:
           f"{len({s for d in data for s in d.sent1 + d.sent2})} unique sentences")
     enc.encode(["warm up"] * 8)
     best = {}
-    for name, fn in (("naive", lambda: naive_evaluate(lambda xs: enc.encode(xs, batch_size=len(xs)), data, 128)),
-                     ("raycse", lambda: evaluate_datasets(lambda xs: enc.encode(xs, batch_size=128), data))):
-        for _ in range(args.repeat):
-            t = time.perf_counter()
-            scores = fn()
-            dt = time.perf_counter() - t
-            best[name] = min(dt, best.get(name, float("inf")))
-        print(f"{name:7s} {best[name]:7.1f} s   " + "  ".join(f"{k} {v:.2f}" for k, v in scores.items() if k != "avg"))
-    print(f"speed-up raycse vs naive: {best['naive'] / best['raycse']:.2f}x")
+    for prec, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
+        naive = lambda: naive_evaluate(  # noqa: E731
+            lambda xs: enc.encode(xs, batch_size=len(xs), autocast_dtype=dtype), data, 128)
+        fast = lambda: evaluate_datasets(lambda xs: enc.encode(xs, batch_size=128, autocast_dtype=dtype), data)  # noqa: E731
+        for name, fn in ((f"naive {prec}", naive), (f"raycse {prec}", fast)):
+            for _ in range(args.repeat):
+                t = time.perf_counter()
+                scores = fn()
+                best[name] = min(time.perf_counter() - t, best.get(name, float("inf")))
+            print(f"{name:12s} {best[name]:7.1f} s   " + "  ".join(f"{k} {v:.2f}" for k, v in scores.items() if k != "avg"))
+    for prec in ("fp32", "bf16"):
+        print(f"speed-up raycse {prec} vs naive {prec}: {best[f'naive {prec}'] / best[f'raycse {prec}']:.2f}x")
+    print(f"speed-up raycse bf16 vs naive fp32: {best['naive fp32'] / best['raycse bf16']:.2f}x")
 
 
 if __name__ == "__main__":

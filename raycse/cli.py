@@ -85,6 +85,9 @@ def _eval_parser(sub) -> None:
     p.add_argument("--pooling", default=None, help="override the model's pooling: cls | cls_before_pooler | mean")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--max-length", type=int, default=None, help="token limit (default: the model's max_seq_length)")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "auto", "bf16"],
+                   help="fp32 (exact, the published convention) or bf16 autocast (auto: where the CPU/GPU supports "
+                        "it; about 2x faster on CPUs with AVX512-BF16, Spearman within ~0.1)")
     p.add_argument("--json", dest="json_out", default=None, help="also write the scores to this JSON file")
 
 
@@ -145,11 +148,15 @@ def cmd_eval(args) -> int:
         datasets += [load_task(args.senteval_dir, canonical_task(t)) for t in (args.tasks or TASKS)]
     if args.stsb_dev:
         datasets.append(read_stsb(args.stsb_dev, name="STSB-dev"))
+    from raycse.train.runtime import resolve_precision
+
     encoder = Encoder.from_pretrained(args.model, pooling=args.pooling)
+    dtype = resolve_precision(args.precision, encoder.device)
     print(f"[raycse] {args.model}: pooling {encoder.pooler.kind}, "
           f"{sum(len(d) for d in datasets)} pairs in {len(datasets)} task(s)", file=sys.stderr)
     scores = evaluate_datasets(
-        lambda xs: encoder.encode(xs, batch_size=args.batch_size, max_length=args.max_length, progress=True), datasets)
+        lambda xs: encoder.encode(xs, batch_size=args.batch_size, max_length=args.max_length, progress=True,
+                                  autocast_dtype=dtype), datasets)
     print(format_table(scores))
     if args.json_out:
         with open(args.json_out, "w") as fh:
