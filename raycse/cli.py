@@ -88,6 +88,9 @@ def _eval_parser(sub) -> None:
     p.add_argument("--precision", default="fp32", choices=["fp32", "auto", "bf16"],
                    help="fp32 (exact, the published convention) or bf16 autocast (auto: where the CPU/GPU supports "
                         "it; about 2x faster on CPUs with AVX512-BF16, Spearman within ~0.1)")
+    p.add_argument("--length-attack", nargs="+", type=int, default=None, metavar="M",
+                   help="also run the elongation attack: repeat each side of every pair M times (capped to fit "
+                        "--max-length) and report Spearman and the mean cosine shift per M, e.g. 1 2 4 8")
     p.add_argument("--json", dest="json_out", default=None, help="also write the scores to this JSON file")
 
 
@@ -158,9 +161,20 @@ def cmd_eval(args) -> int:
         lambda xs: encoder.encode(xs, batch_size=args.batch_size, max_length=args.max_length, progress=True,
                                   autocast_dtype=dtype), datasets)
     print(format_table(scores))
+    result = {"scores": scores}
+    if args.length_attack:
+        from raycse.evaluation.length_attack import format_rows, length_attack
+
+        if min(args.length_attack) < 1:
+            raise RaycseError("--length-attack values must be >= 1")
+        rows = length_attack(lambda xs: encoder.encode(xs, batch_size=args.batch_size, max_length=args.max_length,
+                                                       autocast_dtype=dtype), datasets, args.length_attack,
+                             encoder.tokenizer, args.max_length or encoder.max_seq_length)
+        print(format_rows(rows))
+        result["length_attack"] = rows
     if args.json_out:
         with open(args.json_out, "w") as fh:
-            json.dump(scores, fh, indent=2)
+            json.dump(result, fh, indent=2)
     return 0
 
 

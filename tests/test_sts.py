@@ -1,5 +1,6 @@
 """STS readers and scorer on small SentEval-layout fixtures with independently computed Spearman."""
 
+import json
 import math
 import random
 from pathlib import Path
@@ -163,3 +164,23 @@ def test_eval_cli_prints_the_seven_tasks_and_mean(senteval, tiny_model, capsys, 
     assert main(["eval", str(tiny_model), "--senteval-dir", str(root), "--tasks", "STS12", "SICK-R"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert [l.split()[0] for l in lines] == ["STS12", "SICKRelatedness", "avg"]
+
+
+def test_length_attack_cli_reports_spearman_and_shift(tiny_model, stsb_dev, capsys, tmp_path):
+    from raycse.encoder import Encoder
+    from raycse.evaluation.length_attack import length_attack, repeat_within
+    from raycse.evaluation.sts import read_stsb
+
+    enc = Encoder.from_pretrained(str(tiny_model))
+    dev = read_stsb(stsb_dev, "dev")
+    rows = length_attack(lambda xs: enc.encode(xs), [dev], [1, 3], enc.tokenizer, 40)
+    assert rows[0]["m"] == 1 and rows[0]["mean_shift"] == pytest.approx(0.0, abs=1e-5)
+    assert rows[0]["spearman"] == pytest.approx(evaluate_datasets(lambda xs: enc.encode(xs), [dev])["dev"], abs=1e-6)
+    # repetition stays within the max length
+    mapping = repeat_within(["a b c d e"], 100, {"a b c d e": 5}, 40)
+    assert mapping["a b c d e"].count("a") == 7  # (40 - 2) // 5
+    out = tmp_path / "la.json"
+    assert main(["eval", str(tiny_model), "--stsb-dev", str(stsb_dev), "--length-attack", "1", "2",
+                 "--max-length", "64", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "mean cos shift" in printed and len(json.loads(out.read_text())["length_attack"]) == 2

@@ -111,3 +111,18 @@ def test_objective_and_data_mismatch_is_clear(tiny_model, corpus, stsb_dev, tmp_
                   "trains on single sentences", out)
     _expect_error(capsys, _train_args(tiny_model, corpus, out, stsb_dev, "--objective", "bsc",
                                       "--set", "objective.mu=1.5"), "mu must be in [0, 1]", out)
+
+
+@pytest.mark.parametrize("objective, extra", [
+    ("hicl", ["--set", "objective.slice_length=4", "--set", "objective.alpha=0.2", "--set", "objective.beta=0.01",
+              "--max-length", "32"]),
+    ("laser", ["--num-workers", "1", "--cpus-per-worker", "2", "--max-length", "48", "--lr", "2e-3", "--eval-steps", "8"]),
+    ("compcse", ["--num-workers", "1", "--cpus-per-worker", "2", "--pooling", "cls",
+                 "--set", "objective.d0=16"]),
+])
+def test_view_objectives_train_end_to_end(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path, objective, extra):
+    out = tmp_path / objective
+    assert main(_train_args(tiny_model, corpus, out, stsb_dev, "--objective", objective, *extra)) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["last"]["step"] == 16
+    assert m["last"]["loss_history"][-1] < m["last"]["loss_history"][0]

@@ -79,7 +79,8 @@ def info_nce(
         candidates = gather(candidates)
     logits = cosine_logits(anchors, candidates, temperature)
     if targets is None:
-        targets = torch.arange(anchors.shape[0], device=anchors.device) + local_offset(local_m)
+        offset = local_offset(local_m) if gather_candidates else 0
+        targets = torch.arange(anchors.shape[0], device=anchors.device) + offset
     if exclude is not None:
         logits = logits.masked_fill(exclude, float("-inf"))
     return F.cross_entropy(logits, targets)

@@ -17,7 +17,7 @@ def register(cls):
 
 def _load_builtin() -> None:
     # Imported for their @register side effect.
-    from raycse.objectives import bsc, sgopt, simcse  # noqa: F401
+    from raycse.objectives import bsc, compcse, hicl, laser, sgopt, simcse  # noqa: F401
 
 
 def names() -> list[str]:
@@ -35,7 +35,8 @@ def get(name: str):
 def knobs(name: str) -> dict[str, typing.Any]:
     """The objective's knob names and defaults."""
     cls = get(name)
-    return {f.name: f.default for f in dataclasses.fields(cls.Params)}
+    return {f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default
+            for f in dataclasses.fields(cls.Params)}
 
 
 def build_params(name: str, raw: dict | None):

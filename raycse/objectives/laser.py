@@ -1,0 +1,93 @@
+"""LA(SER)^3: length-agnostic sentence embeddings by self-reference (Xu et al., 2023).
+
+Elongation = copy-and-concat: the text's tokens repeated m times, m drawn per input uniformly from
+[1, floor(max_len / len)] so the result fits the max length (``m_mode: random``), or a fixed m
+capped the same way (``fixed``).
+
+    self-reference : anchor = the text,                    positive = its elongated copy
+    intra-reference: anchor = the first sentence, elongated, positive = the rest of the document
+    L = mean_i CE(sim(anchor_i, positive_j) / tau, target = i)      (in-batch negatives, gathered)
+
+For intra-reference each corpus line is a document, split into sentences at . ! ? followed by space.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from raycse.errors import ConfigError
+from raycse.objectives.base import LossOutput, Objective, Params, positive
+from raycse.objectives.contrastive import info_nce
+from raycse.objectives.registry import register
+from raycse.views import elongate, random_repeats, special_ids
+
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def split_document(doc: str) -> tuple[str, str]:
+    """(first sentence, rest); a one-sentence document is its own rest."""
+    parts = SENTENCE_END.split(doc.strip(), maxsplit=1)
+    return (parts[0], parts[1]) if len(parts) == 2 and parts[1].strip() else (parts[0], parts[0])
+
+
+@dataclass
+class LaserParams(Params):
+    mode: str = "self"  # self | intra
+    m_mode: str = "random"  # random | fixed
+    m: int = 2  # the fixed m
+    elongation_max_length: Optional[int] = None  # None: model.max_length
+    temperature: float = 0.05
+
+    def validate(self) -> None:
+        if self.mode not in ("self", "intra"):
+            raise ConfigError(f"objective.mode must be self or intra, got {self.mode!r}")
+        if self.m_mode not in ("random", "fixed"):
+            raise ConfigError(f"objective.m_mode must be random or fixed, got {self.m_mode!r}")
+        if self.m < 1:
+            raise ConfigError(f"objective.m must be >= 1, got {self.m}")
+        if self.elongation_max_length is not None and self.elongation_max_length < 3:
+            raise ConfigError(f"objective.elongation_max_length must be >= 3, got {self.elongation_max_length}")
+        positive("temperature", self.temperature, " (LA(SER)^3 uses 0.05)")
+
+
+@register
+class Laser(Objective):
+    name = "laser"
+    Params = LaserParams
+
+    def collate(self, texts, tokenizer, max_length):
+        p = self.params
+        limit = p.elongation_max_length or max_length
+        ids = special_ids(tokenizer)
+        if p.mode == "self":
+            anchor = self.tokenize(texts, tokenizer, max_length)
+            to_elongate, positive_batch = anchor, None
+        else:
+            first, rest = zip(*(split_document(t) for t in texts))
+            to_elongate = self.tokenize(list(first), tokenizer, max_length)
+            positive_batch = self.tokenize(list(rest), tokenizer, max_length)
+        if p.m_mode == "random":
+            m = random_repeats(to_elongate["attention_mask"], limit)
+        else:
+            m = torch.full((len(texts),), p.m, dtype=torch.long)
+        long, used = elongate(to_elongate["input_ids"], to_elongate["attention_mask"], m, limit, ids)
+        if p.mode == "self":
+            out = {**{f"a_{k}": v for k, v in anchor.items() if k != "token_type_ids"},
+                   **{f"p_{k}": v for k, v in long.items()}}
+        else:
+            out = {**{f"a_{k}": v for k, v in long.items()},
+                   **{f"p_{k}": v for k, v in positive_batch.items() if k != "token_type_ids"}}
+        out["m"] = used
+        return out
+
+    def loss(self, anchor, positive):
+        return info_nce(anchor, positive, self.params.temperature)
+
+    def forward(self, encoder, batch) -> LossOutput:
+        a = encoder(input_ids=batch["a_input_ids"], attention_mask=batch["a_attention_mask"])
+        p = encoder(input_ids=batch["p_input_ids"], attention_mask=batch["p_attention_mask"])
+        return LossOutput(self.loss(a, p), {"mean_m": float(batch["m"].float().mean())})

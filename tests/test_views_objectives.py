@@ -1,0 +1,130 @@
+"""HiCL, LA(SER)^3 and CompCSE against plain computations of their formulas."""
+
+import math
+
+import pytest
+import torch
+
+from raycse.errors import ConfigError
+from raycse.objectives import registry
+from raycse.objectives.contrastive import cosine_logits
+from raycse.objectives.laser import split_document
+
+
+def plain_masked_nce(z1, z2, owner, tau):
+    """Loop form of HiCL's local loss: denominator = own second view + other sequences' segments."""
+    logits = cosine_logits(z1, z2, tau)
+    total = 0.0
+    for i in range(len(owner)):
+        keep = [j for j in range(len(owner)) if j == i or owner[j] != owner[i]]
+        total += -(logits[i, i].item() - math.log(sum(math.exp(logits[i, j].item()) for j in keep)))
+    return total / len(owner)
+
+
+def test_hicl_local_loss_masks_same_sequence_segments():
+    torch.manual_seed(0)
+    z1, z2 = torch.randn(5, 4), torch.randn(5, 4)
+    owner = torch.tensor([0, 0, 0, 1, 2])
+    obj = registry.build("hicl", {"alpha": 0.1, "temperature": 0.1})
+    assert obj.local_loss(z1, z2, owner).item() == pytest.approx(plain_masked_nce(z1, z2, owner.tolist(), 0.1), rel=1e-5)
+
+
+def test_hicl_entailment_loss_targets_own_sequence():
+    torch.manual_seed(1)
+    z, h = torch.randn(4, 3), torch.randn(2, 3)
+    owner = torch.tensor([0, 0, 1, 1])
+    obj = registry.build("hicl", {"alpha": 0.1, "beta": 1e-4, "temperature": 0.5})
+    logits = cosine_logits(z, h, 0.5)
+    want = sum(-(logits[k, owner[k]].item() - math.log(sum(math.exp(x) for x in logits[k].tolist())))
+               for k in range(4)) / 4
+    assert obj.entailment_loss(z, h, owner).item() == pytest.approx(want, rel=1e-5)
+
+
+def test_hicl_alpha_zero_equals_base_when_every_sequence_fits_one_segment(tiny_model_no_dropout):
+    from raycse.encoder import Encoder
+
+    enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="mean").train()
+    texts = ["the city river was built", "a king", "summer music festival in the large old city", "north"]
+    hicl = registry.build("hicl", {"alpha": 0.0, "slice_length": 64})
+    hicl.setup(enc)
+    simcse = registry.build("simcse", {})
+    batch = simcse.collate(texts, enc.tokenizer, 64)
+    assert hicl(enc, batch).loss.item() == pytest.approx(simcse(enc, batch).loss.item(), abs=1e-5)
+
+
+def test_hicl_slices_long_sequences_and_pools_weighted(tiny_model_no_dropout):
+    from raycse.encoder import Encoder
+    from raycse.objectives.hicl import SegmentedEncoder
+    from raycse.views import special_ids
+
+    enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="mean").eval()
+    long_text = " ".join(["river city music"] * 10)  # 30 tokens -> segments of 8: 8, 8, 8, 6
+    batch = enc.tokenize([long_text, "a king"], max_length=64)
+    proxy = SegmentedEncoder(enc, 8, True, special_ids(enc.tokenizer))
+    with torch.no_grad():
+        h = proxy(**batch)
+        pieces, z, _, _ = proxy.calls[0]
+    assert pieces.length.tolist() == [8, 8, 8, 6, 2]
+    want = (z[:4] * torch.tensor([8.0, 8, 8, 6])[:, None]).sum(0) / 30
+    assert torch.allclose(h[0], want, atol=1e-6) and torch.allclose(h[1], z[4], atol=1e-6)
+
+
+def test_hicl_knobs():
+    with pytest.raises(ConfigError, match="alpha \\+ beta <= 1"):
+        registry.build("hicl", {"alpha": 0.8, "beta": 0.3})
+    with pytest.raises(ConfigError, match="slice_length must be >= 1"):
+        registry.build("hicl", {"slice_length": 0})
+    with pytest.raises(ConfigError, match="no knob"):
+        registry.build("hicl", {"base": "simcse", "base_params": {"alpha": 1}})
+    assert registry.build("hicl", {"base": "bsc", "base_params": {"mu": 1.0}}).accepts == ("single", "pairs")
+
+
+def test_laser_self_reference_batch_and_loss(tiny_model):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    obj = registry.build("laser", {"m_mode": "fixed", "m": 3})
+    batch = obj.collate(["the city", "a small king was born"], tok, 16)
+    assert batch["m"].tolist() == [3, 2]  # 5 tokens x 3 would not fit 14 content slots
+    assert batch["p_attention_mask"].sum(1).tolist() == [2 * 3 + 2, 5 * 2 + 2]
+    assert (batch["p_attention_mask"].sum(1) <= 16).all()
+    torch.manual_seed(0)
+    a, p = torch.randn(3, 4), torch.randn(3, 4)
+    logits = cosine_logits(a, p, 0.05)
+    want = sum(-(logits[i, i].item() - math.log(sum(math.exp(x) for x in logits[i].tolist()))) for i in range(3)) / 3
+    assert obj.loss(a, p).item() == pytest.approx(want, rel=1e-5)
+
+
+def test_laser_intra_reference_splits_documents(tiny_model):
+    from transformers import AutoTokenizer
+
+    assert split_document("The city was built. It grew fast! Then it fell.") == ("The city was built.", "It grew fast! Then it fell.")
+    assert split_document("One sentence only") == ("One sentence only", "One sentence only")
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    obj = registry.build("laser", {"mode": "intra"})
+    batch = obj.collate(["the city. a king was born. north", "music"], tok, 32)
+    assert batch["p_attention_mask"][0].sum() == len(tok("a king was born. north")["input_ids"])
+
+
+def test_compcse_positive_is_composed_halves(tiny_model_no_dropout):
+    from raycse.encoder import Encoder
+
+    enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="cls", mlp_head="train_only").train()
+    obj = registry.build("compcse", {"compose": "concat", "d0": 16, "temperature": 0.1})
+    obj.setup(enc)
+    texts = ["the city river was built", "a king", "summer music festival"]
+    batch = obj.collate(texts, enc.tokenizer, 32)
+    assert batch["input_ids"].shape[0] == 9
+    got = obj(enc, batch).loss
+    # second, plain computation: encode sentence and halves separately, compose, head, first d0 coordinates
+    halves_text = [("the city river", "was built"), ("a", "king"), ("summer music", "festival")]
+    with torch.no_grad():
+        cls = lambda xs: enc.backbone(**enc.tokenize(xs)).last_hidden_state[:, 0]  # noqa: E731
+        z = enc.mlp(cls(texts))
+        left, right = cls([h[0] for h in halves_text]), cls([h[1] for h in halves_text])
+        pos = enc.mlp(torch.cat([left[:, :16], right[:, 16:]], 1))
+        logits = cosine_logits(z[:, :16], pos[:, :16], 0.1)
+    want = sum(-(logits[i, i].item() - math.log(sum(math.exp(x) for x in logits[i].tolist()))) for i in range(3)) / 3
+    assert got.item() == pytest.approx(want, rel=1e-4)
+    with pytest.raises(ConfigError, match="exceeds the hidden size"):
+        registry.build("compcse", {"d0": 64}).setup(enc)
