@@ -95,3 +95,10 @@ def test_jsonl_and_parquet_columns(tmp_path):
     assert texts == ["x y", "z"]
     with pytest.raises(DataError, match="column 'text' not found"):
         read_corpus(str(q))
+
+
+def test_every_shipped_config_validates():
+    from pathlib import Path
+
+    for path in sorted((Path(__file__).parents[1] / "configs").glob("*.yaml")):
+        RunConfig.from_dict(load_yaml(path)).validate()

@@ -128,3 +128,20 @@ def test_compcse_positive_is_composed_halves(tiny_model_no_dropout):
     assert got.item() == pytest.approx(want, rel=1e-4)
     with pytest.raises(ConfigError, match="exceeds the hidden size"):
         registry.build("compcse", {"d0": 64}).setup(enc)
+
+
+@pytest.mark.parametrize("base, params, examples", [
+    ("bsc", {"mu": 0.5}, [("the city river", "a river city", 0.9), ("a king", "north road", 0.1),
+                          ("summer music festival in the city", "music in summer", 0.7)]),
+    ("laser", {"m_mode": "fixed", "m": 2}, ["the city river was built", "a king", "summer music festival"]),
+])
+def test_hicl_wraps_other_bases_without_a_new_class(tiny_model, base, params, examples):
+    from raycse.encoder import Encoder
+
+    enc = Encoder.from_pretrained(str(tiny_model), pooling="mean").train()
+    obj = registry.build("hicl", {"base": base, "base_params": params, "alpha": 0.1, "beta": 0.01, "slice_length": 2})
+    obj.setup(enc)
+    out = obj(enc, obj.collate(examples, enc.tokenizer, 32))
+    assert torch.isfinite(out.loss) and {"global", "local", "entailment"} <= set(out.metrics)
+    out.loss.backward()
+    assert enc.backbone.encoder.layer[0].output.dense.weight.grad is not None
