@@ -24,3 +24,22 @@ def first_sentences(n: int, path: Path = WIKI) -> list[str]:
 
     texts, _ = read_corpus(str(path), max_sentences=n)
     return texts
+
+
+def train_run(out: str, settings: dict):
+    """Train raycse with ``settings`` (dotted config keys), scoring STS-B dev only before and after, then
+    stop Ray so that whatever runs next in this process has the cores to itself."""
+    import ray
+
+    from raycse.config import RunConfig, set_dotted
+    from raycse.train.driver import train
+
+    cfg = RunConfig()
+    cfg.eval.stsb_dev = str(STSB_DEV)
+    cfg.eval.eval_steps = 10**9
+    for key, value in settings.items():
+        set_dotted(cfg, key, value, _from_yaml=True)
+    cfg.output_dir = out
+    result = train(cfg, overwrite=True)
+    ray.shutdown()
+    return result

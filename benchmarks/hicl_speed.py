@@ -12,10 +12,7 @@ import argparse
 import json
 import tempfile
 
-import ray
-
-from common import WIKI, machine
-from raycse.config import RunConfig
+from common import WIKI, machine, train_run
 from raycse.encoder import Encoder
 
 
@@ -37,21 +34,9 @@ def make_documents(n: int, low: int = 300, high: int = 500) -> list[str]:
 
 
 def run(objective: str, params: dict, corpus: str, args, out: str) -> dict:
-    from raycse.train.driver import train
-
-    cfg = RunConfig()
-    cfg.data.corpus = corpus
-    cfg.objective.name = objective
-    cfg.objective.params = params
-    cfg.model.max_length = 512
-    cfg.train.batch_size = args.batch_size
-    cfg.train.max_steps = args.steps
-    cfg.train.log_steps = 1
-    cfg.eval.stsb_dev = "none"
-    cfg.output_dir = out
-    m = train(cfg, overwrite=True).metrics["last"]
-    ray.shutdown()
-    return m
+    return train_run(out, {"data.corpus": corpus, "objective.name": objective, "objective.params": params,
+                           "model.max_length": 512, "train.batch_size": args.batch_size, "train.max_steps": args.steps,
+                           "train.log_steps": 1, "eval.stsb_dev": "none"}).metrics["last"]
 
 
 def main() -> None:

@@ -9,30 +9,13 @@ from __future__ import annotations
 import argparse
 import tempfile
 
-import ray
-
-from common import STSB_DEV, WIKI, machine
-from raycse.config import RunConfig
+from common import WIKI, machine, train_run
 
 
 def run(objective: str, params: dict, args, out: str) -> dict:
-    from raycse.train.driver import train
-
-    cfg = RunConfig()
-    cfg.data.corpus = str(WIKI)
-    cfg.data.max_sentences = args.sentences
-    cfg.objective.name = objective
-    cfg.objective.params = params
-    cfg.model.max_length = 32
-    cfg.train.batch_size = args.batch_size
-    cfg.train.lr = args.lr
-    cfg.train.log_steps = 25
-    cfg.eval.stsb_dev = str(STSB_DEV)
-    cfg.eval.eval_steps = 10**9
-    cfg.output_dir = out
-    m = train(cfg, overwrite=True).metrics["last"]
-    ray.shutdown()
-    return m
+    return train_run(out, {"data.corpus": str(WIKI), "data.max_sentences": args.sentences, "objective.name": objective,
+                           "objective.params": params, "model.max_length": 32, "train.batch_size": args.batch_size,
+                           "train.lr": args.lr, "train.log_steps": 25}).metrics["last"]
 
 
 def main() -> None:

@@ -15,31 +15,14 @@ import json
 import tempfile
 import time
 
-from common import STSB_DEV, WIKI, first_sentences, machine
-from raycse.config import RunConfig
+from common import STSB_DEV, WIKI, first_sentences, machine, train_run
 from raycse.evaluation.sts import evaluate_datasets, read_stsb
 
 
-def run_raycse(texts_path: str, n: int, args, precision: str, out: str) -> dict:
-    from raycse.train.driver import train
-
-    run = RunConfig()
-    run.data.corpus = texts_path
-    run.data.max_sentences = n
-    run.model.max_length = args.max_length
-    run.objective.params = {"temperature": 0.05}
-    run.train.batch_size = args.batch_size
-    run.train.lr = args.lr
-    run.train.precision = precision
-    run.train.num_workers = 1
-    run.train.log_steps = 16
-    run.eval.stsb_dev = str(STSB_DEV)
-    run.eval.eval_steps = 10**9  # only before training and at the end
-    run.output_dir = out
-    m = train(run, overwrite=True).metrics["last"]
-    import ray
-
-    ray.shutdown()  # no idle Ray daemons competing with the peer for the 2 cores
+def run_raycse(n: int, args, precision: str, out: str) -> dict:
+    m = train_run(out, {"data.corpus": str(WIKI), "data.max_sentences": n, "model.max_length": args.max_length,
+                        "objective.params": {"temperature": 0.05}, "train.batch_size": args.batch_size,
+                        "train.lr": args.lr, "train.precision": precision, "train.log_steps": 16}).metrics["last"]
     return {"sent_per_s": m["train_examples_per_s"], "before": m["stsb_dev_spearman_initial"],
             "after": m["stsb_dev_spearman"], "train_s": m["train_seconds"]}
 
@@ -91,7 +74,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for precision in args.precision:
-            ours = run_raycse(str(WIKI), args.sentences, args, precision, f"{tmp}/raycse-{precision}")
+            ours = run_raycse(args.sentences, args, precision, f"{tmp}/raycse-{precision}")
             peer = run_peer(texts, args, precision, dev)
             rows.append({"precision": precision, "raycse": ours, "peer": peer,
                          "ratio": ours["sent_per_s"] / peer["sent_per_s"]})

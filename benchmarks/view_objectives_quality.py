@@ -10,11 +10,9 @@ from __future__ import annotations
 import argparse
 import tempfile
 
-import ray
 import torch
 
-from common import STSB_DEV, WIKI, machine
-from raycse.config import RunConfig
+from common import STSB_DEV, WIKI, machine, train_run
 from raycse.encoder import Encoder
 from raycse.evaluation.length_attack import length_attack
 from raycse.evaluation.sts import read_stsb
@@ -28,23 +26,10 @@ RUNS = {
 
 
 def train_one(objective: str, params: dict, args, out: str) -> dict:
-    from raycse.train.driver import train
-
-    cfg = RunConfig()
-    cfg.data.corpus = str(WIKI)
-    cfg.data.max_sentences = args.sentences
-    cfg.objective.name = objective
-    cfg.objective.params = params
-    cfg.model.max_length = args.max_length
-    cfg.train.batch_size = 64
-    cfg.train.lr = 3e-5
-    cfg.train.seed = 42
-    cfg.train.log_steps = 50
-    cfg.eval.stsb_dev = str(STSB_DEV)
-    cfg.eval.eval_steps = 10**9
-    cfg.output_dir = out
-    result = train(cfg, overwrite=True)
-    ray.shutdown()
+    result = train_run(out, {"data.corpus": str(WIKI), "data.max_sentences": args.sentences,
+                             "objective.name": objective, "objective.params": params,
+                             "model.max_length": args.max_length, "train.batch_size": 64, "train.lr": 3e-5,
+                             "train.seed": 42, "train.log_steps": 50})
     return {"metrics": result.metrics["last"], "model": str(result.model_dir)}
 
 

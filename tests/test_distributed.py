@@ -1,9 +1,7 @@
 """2 workers x batch b == 1 worker x batch 2b: same loss and gradients (gathered negatives with grad)."""
 
-import json
 import sys
 
-import numpy as np
 import pytest
 import torch
 
