@@ -112,6 +112,8 @@ class TrainConfig:
     epochs: int = 1
     max_steps: Optional[int] = None
     lr: float = 3e-5
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999  # SG-OPT's paper uses 0.9
     weight_decay: float = 0.0
     warmup_ratio: float = 0.0
     max_grad_norm: float = 1.0
@@ -136,6 +138,9 @@ class TrainConfig:
             _at_least("train.max_steps", self.max_steps, 1)
         if not self.lr > 0:
             raise ConfigError(f"train.lr must be > 0, got {self.lr} (SimCSE uses 3e-5)")
+        for key in ("adam_beta1", "adam_beta2"):
+            if not 0 <= getattr(self, key) < 1:
+                raise ConfigError(f"train.{key} must be in [0, 1), got {getattr(self, key)}")
         if self.weight_decay < 0:
             raise ConfigError(f"train.weight_decay must be >= 0, got {self.weight_decay}")
         if not 0 <= self.warmup_ratio < 1:

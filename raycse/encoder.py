@@ -125,7 +125,7 @@ class Encoder(nn.Module):
         self.mlp_mode = mlp_head
         self.mlp = MLPHead(self.hidden_size) if mlp_head in ("train_only", "always") else None
         self.max_seq_length = max_seq_length or _default_max_length(backbone, tokenizer)
-        # >1: encode a training batch as that many length-sorted sub-batches (see _forward_bucketed);
+        # >1: encode a training batch as that many length-sorted sub-batches (see _pooled_bucketed);
         # inference needs none: ``encode`` already sorts whole lists by length.
         self.length_buckets = 1
 
@@ -180,19 +180,23 @@ class Encoder(nn.Module):
             kwargs["token_type_ids"] = token_type_ids
         return self.backbone(**kwargs, output_hidden_states=output_hidden_states)
 
-    def pool(self, hidden: Tensor, attention_mask: Tensor) -> Tensor:
-        z = self.pooler(hidden, attention_mask)
+    def head(self, z: Tensor) -> Tensor:
+        """The MLP head where it applies (training, or always), else identity."""
         return self.mlp(z) if self.uses_mlp() else z
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Optional[Tensor] = None) -> Tensor:
+        return self.head(self.pooled(input_ids, attention_mask, token_type_ids))
+
+    def pooled(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Optional[Tensor] = None) -> Tensor:
+        """Pooled vectors before the MLP head (objectives that compose vectors first, like CompCSE)."""
         if (self.training and self.length_buckets > 1 and input_ids.shape[0] >= 2 * self.length_buckets
                 and getattr(self.tokenizer, "padding_side", "right") == "right"):
-            return self._forward_bucketed(input_ids, attention_mask, token_type_ids)
+            return self._pooled_bucketed(input_ids, attention_mask, token_type_ids)
         out = self.hidden_states(input_ids, attention_mask, token_type_ids)
-        return self.pool(out.last_hidden_state, attention_mask)
+        return self.pooler(out.last_hidden_state, attention_mask)
 
-    def _forward_bucketed(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Optional[Tensor]) -> Tensor:
-        """Same embeddings, less padding: sort rows by length, cut into ``length_buckets`` sub-batches,
+    def _pooled_bucketed(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Optional[Tensor]) -> Tensor:
+        """Same vectors, less padding: sort rows by length, cut into ``length_buckets`` sub-batches,
         trim each to its own longest row, encode them separately and restore the row order.
 
         A batch padded to its longest sentence wastes about a third of its tokens on wiki text at
@@ -207,7 +211,7 @@ class Encoder(nn.Module):
             mask = attention_mask[idx, :width]
             out = self.hidden_states(input_ids[idx, :width], mask,
                                      None if token_type_ids is None else token_type_ids[idx, :width])
-            parts.append(self.pool(out.last_hidden_state, mask))
+            parts.append(self.pooler(out.last_hidden_state, mask))
         z = torch.cat(parts)
         return torch.empty_like(z).index_copy(0, order, z)
 

@@ -81,10 +81,7 @@ class CompCSE(Objective):
 
     def forward(self, encoder, batch) -> LossOutput:
         n = batch["input_ids"].shape[0] // 3
-        out = encoder.hidden_states(batch["input_ids"], batch["attention_mask"])
-        raw = encoder.pooler(out.last_hidden_state, batch["attention_mask"])
+        raw = encoder.pooled(batch["input_ids"], batch["attention_mask"])
         z, left, right = raw[:n], raw[n:2 * n], raw[2 * n:]
-        pos = compose(left, right, self.params.compose)
-        if encoder.uses_mlp():  # the head goes on the sentence and on the composed halves
-            z, pos = encoder.mlp(z), encoder.mlp(pos)
-        return LossOutput(self.loss(z, pos))
+        # the head goes on the sentence and on the composed halves
+        return LossOutput(self.loss(encoder.head(z), encoder.head(compose(left, right, self.params.compose))))

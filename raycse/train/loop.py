@@ -65,7 +65,8 @@ def build_optimizer(module: nn.Module, run: RunConfig, total_steps: int):
             (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
     groups += [{"params": decay, "weight_decay": run.train.weight_decay},
                {"params": no_decay, "weight_decay": 0.0}]
-    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=run.train.lr)
+    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=run.train.lr,
+                            betas=(run.train.adam_beta1, run.train.adam_beta2))
     warmup = int(round(run.train.warmup_ratio * total_steps))
 
     def factor(step: int) -> float:
