@@ -23,7 +23,7 @@ from raycse.data.batches import steps_per_epoch, worker_batches
 from raycse.encoder import Encoder
 from raycse.objectives import registry
 from raycse.objectives.base import LossOutput, Objective
-from raycse.train.runtime import autocast, resolve_precision, seed_everything
+from raycse.train.runtime import autocast, release_freed_memory, resolve_precision, seed_everything
 
 SCORE_METRIC = "stsb_dev_spearman"
 # Workers log instead of print: Ray Train V2 patches print() into its logger and would echo each line twice.
@@ -139,6 +139,7 @@ def train_loop_per_worker(config: dict) -> None:
         was = core.training
         scores = evaluate_datasets(lambda xs: core.encoder.encode(xs, batch_size=run.eval.batch_size), [dev])
         core.train(was)
+        release_freed_memory()
         return scores[dev.name]
 
     def report(step: int, epoch: int, extra: dict) -> None:

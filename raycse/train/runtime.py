@@ -64,3 +64,18 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
+
+
+def release_freed_memory() -> None:
+    """Return freed heap memory to the OS (glibc ``malloc_trim``); a no-op elsewhere.
+
+    Why: after an evaluation pass (large batches up to the model's max length) glibc keeps the
+    freed memory fragmented, and the training steps that follow ran at 74.8 instead of 88.1
+    sentences/s (all-MiniLM-L6-v2, bf16, 2 cores) until it was trimmed.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
