@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from raycse.errors import ConfigError
 from raycse.objectives.base import LossOutput, Objective, Params, positive
-from raycse.objectives.contrastive import gather, local_offset, world
+from raycse.objectives.contrastive import gather, gather_no_grad, local_offset
 from raycse.objectives.registry import register
 
 NORMALIZATIONS = ("l2", "coord", "none")
@@ -61,17 +61,6 @@ class BSCParams(Params):
 def text_key(text: str) -> int:
     """A stable id of a text, so duplicated anchors can be found on any worker."""
     return zlib.crc32(text.encode("utf-8")) & 0x7FFFFFFF
-
-
-def gather_no_grad(x: Tensor) -> Tensor:
-    _, size = world()
-    if size == 1:
-        return x
-    import torch.distributed as dist
-
-    out = [torch.empty_like(x) for _ in range(size)]
-    dist.all_gather(out, x.contiguous())
-    return torch.cat(out)
 
 
 def coord_normalize(x: Tensor, batch: Tensor) -> Tensor:

@@ -43,6 +43,16 @@ def gather(x: Tensor) -> Tensor:
     return torch.cat(all_gather(x.contiguous()), dim=0)
 
 
+def gather_no_grad(x: Tensor) -> Tensor:
+    """Concatenate ``x`` (labels, ids) from every worker, rank-major, without autograd."""
+    _, size = world()
+    if size == 1:
+        return x
+    out = [torch.empty_like(x) for _ in range(size)]
+    dist.all_gather(out, x.contiguous())
+    return torch.cat(out)
+
+
 def local_offset(local_n: int) -> int:
     """Index of this worker's first row in a gathered (rank-major) tensor."""
     rank, _ = world()

@@ -136,9 +136,8 @@ def train_loop_per_worker(config: dict) -> None:
             return None
         from raycse.evaluation.sts import evaluate_datasets
 
-        was = core.training
+        # encode() switches the encoder to eval mode and back by itself
         scores = evaluate_datasets(lambda xs: core.encoder.encode(xs, batch_size=run.eval.batch_size), [dev])
-        core.train(was)
         release_freed_memory()
         return scores[dev.name]
 
