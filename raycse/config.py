@@ -22,7 +22,9 @@ from raycse.errors import ConfigError
 POOLINGS = ("cls", "cls_before_pooler", "mean")
 MLP_MODES = ("auto", "train_only", "always", "none")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-CORPUS_FORMATS = ("auto", "text", "jsonl", "parquet", "csv", "tsv", "stsb")
+CORPUS_FORMATS = ("auto", "text", "jsonl", "parquet", "csv", "tsv", "stsb", "hf")
+GROUPINGS = ("random", "knn", "shingle", "cluster")
+KNN_SEARCH = ("auto", "exact", "ivf")
 DECODE_POLICIES = ("replace", "error")
 
 
@@ -58,6 +60,8 @@ class DataConfig:
     def is_pairs(self) -> bool:
         return bool(self.pair_column) or self.format == "stsb"
 
+    # A file, a glob, a directory, several of them comma-separated, a URI Ray reads (s3://, gs://),
+    # or with format hf a Hugging Face dataset NAME[:CONFIG].
     corpus: Optional[str] = None
     # auto: by suffix (.txt text, .jsonl, .parquet, .csv/.tsv with a header); stsb: the headerless STS
     # Benchmark TSV (genre, file, year, id, score 0-5, s1, s2), read as scored pairs.
@@ -74,6 +78,7 @@ class DataConfig:
     on_decode_error: str = "replace"
     max_sentences: Optional[int] = None
     dedup: bool = False
+    split: str = "train"  # Hugging Face split (format hf)
 
     def validate(self) -> None:
         _choice("data.format", self.format, CORPUS_FORMATS)
@@ -85,6 +90,48 @@ class DataConfig:
             raise ConfigError("data.label_column needs data.pair_column (labels belong to pairs)")
         if self.max_sentences is not None:
             _at_least("data.max_sentences", self.max_sentences, 1)
+
+
+@dataclass
+class GroupingConfig:
+    """How examples are grouped into batches (hard in-batch negatives); see raycse.grouping."""
+
+    # random: a seeded permutation; knn: example-based groups of nearest neighbours (BSC);
+    # shingle: groups sharing a random content word; cluster: groups of one k-means cluster.
+    strategy: str = "random"
+    group_size: int = 8  # s: examples per group (the BSC authors use 7-10)
+    neighbours: int = 64  # n: candidates searched per example (knn)
+    # exact flat search up to this many examples, IVF above (auto); or force exact / ivf.
+    search: str = "auto"
+    exact_threshold: int = 50000
+    nlist: Optional[int] = None  # IVF lists (default ~4 sqrt(N))
+    nprobe: int = 16
+    shards: int = 1  # database shards searched in parallel Ray tasks, merged per query
+    recall_sample: int = 1000  # queries checked against exact search when the search is approximate
+    clusters: Optional[int] = None  # k-means k for cluster (default N / (4 group_size))
+    regroup_every_epoch: bool = True  # re-embed with the current model before each epoch (knn, cluster)
+    embed_actors: int = 1  # actor pool size for embedding (one GPU each with train.use_gpu)
+    embed_batch_size: int = 256
+
+    def validate(self) -> None:
+        _choice("grouping.strategy", self.strategy, GROUPINGS)
+        _choice("grouping.search", self.search, KNN_SEARCH)
+        _at_least("grouping.group_size", self.group_size, 2)
+        _at_least("grouping.neighbours", self.neighbours, 1)
+        _at_least("grouping.exact_threshold", self.exact_threshold, 1)
+        if self.nlist is not None:
+            _at_least("grouping.nlist", self.nlist, 1)
+        _at_least("grouping.nprobe", self.nprobe, 1)
+        _at_least("grouping.shards", self.shards, 1)
+        _at_least("grouping.recall_sample", self.recall_sample, 0)
+        if self.clusters is not None:
+            _at_least("grouping.clusters", self.clusters, 1)
+        _at_least("grouping.embed_actors", self.embed_actors, 1)
+        _at_least("grouping.embed_batch_size", self.embed_batch_size, 1)
+
+    @property
+    def needs_embeddings(self) -> bool:
+        return self.strategy in ("knn", "cluster")
 
 
 @dataclass
@@ -124,6 +171,11 @@ class TrainConfig:
     # Encode each training batch as this many length-sorted sub-batches, each padded only to its own
     # longest row: the same loss with ~25% fewer padded tokens (BENCHMARKS.md). 1 = one padded call.
     length_buckets: int = 2
+    # Save a resumable checkpoint (model, optimizer, scheduler, RNG, step) every N steps; None:
+    # at every evaluation. A run restarted after a failure continues from the latest one.
+    checkpoint_steps: Optional[int] = None
+    # Times a run restarts from its latest checkpoint after a worker dies (Ray Train FailureConfig).
+    max_failures: int = 0
 
     def validate(self) -> None:
         _at_least("train.num_workers", self.num_workers, 1)
@@ -150,6 +202,10 @@ class TrainConfig:
         _choice("train.precision", self.precision, PRECISIONS)
         _at_least("train.log_steps", self.log_steps, 1)
         _at_least("train.length_buckets", self.length_buckets, 1)
+        if self.checkpoint_steps is not None:
+            _at_least("train.checkpoint_steps", self.checkpoint_steps, 1)
+        if self.max_failures < -1:
+            raise ConfigError(f"train.max_failures must be >= 0 (or -1: retry forever), got {self.max_failures}")
 
 
 @dataclass
@@ -179,14 +235,18 @@ class EvalConfig:
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    grouping: GroupingConfig = field(default_factory=GroupingConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     output_dir: str = "outputs/run"
 
     def validate(self) -> "RunConfig":
-        for section in (self.model, self.data, self.objective, self.train, self.eval):
+        for section in (self.model, self.data, self.grouping, self.objective, self.train, self.eval):
             section.validate()
+        if self.grouping.strategy != "random" and self.grouping.group_size > self.train.batch_size:
+            raise ConfigError(f"grouping.group_size ({self.grouping.group_size}) must be <= train.batch_size "
+                              f"({self.train.batch_size}): a group has to fit in one batch")
         if not self.output_dir:
             raise ConfigError("output_dir must be a non-empty path")
         return self

@@ -9,6 +9,8 @@ refused with the line number (``error``). Every drop is counted in :class:`Corpu
 from __future__ import annotations
 
 import csv
+import hashlib
+import io
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,13 +45,18 @@ def detect_format(path: Path, fmt: str = "auto") -> str:
     return "text"
 
 
-def _records(path: Path, fmt: str, columns: list[str], on_decode_error: str, stats: CorpusStats) -> Iterator[list]:
-    """Rows of the named columns from JSONL, Parquet or CSV/TSV with a header (None where empty)."""
+def _records(path: Path, fmt: str, columns: list[str], on_decode_error: str, stats: CorpusStats,
+             data: Optional[bytes] = None) -> Iterator[list]:
+    """Rows of the named columns from JSONL, Parquet or CSV/TSV with a header (None where empty).
+
+    ``data``: the file's bytes when they were already read (Ray Data hands files over as bytes);
+    ``path`` then only names the file in messages.
+    """
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
         try:
-            table = pq.read_table(path)
+            table = pq.read_table(io.BytesIO(data) if data is not None else path)
         except Exception as exc:
             raise DataError(f"cannot read Parquet file {path}: {str(exc).splitlines()[0]}") from None
         missing = [c for c in columns if c not in table.column_names]
@@ -60,7 +67,7 @@ def _records(path: Path, fmt: str, columns: list[str], on_decode_error: str, sta
             yield list(row)
         return
     header = None
-    for lineno, line in _decoded_lines(path, on_decode_error, stats):
+    for lineno, line in _decoded_lines(path, on_decode_error, stats, data):
         if fmt == "jsonl":
             if not line.strip():
                 yield [None] * len(columns)
@@ -86,8 +93,9 @@ def _records(path: Path, fmt: str, columns: list[str], on_decode_error: str, sta
         yield [cells[header.index(c)] if header.index(c) < len(cells) else None for c in columns]
 
 
-def _decoded_lines(path: Path, on_decode_error: str, stats: CorpusStats) -> Iterator[tuple[int, str]]:
-    with open(path, "rb") as fh:
+def _decoded_lines(path: Path, on_decode_error: str, stats: CorpusStats,
+                   data: Optional[bytes] = None) -> Iterator[tuple[int, str]]:
+    with (io.BytesIO(data) if data is not None else open(path, "rb")) as fh:
         for lineno, raw in enumerate(fh, start=1):
             stats.lines_read += 1
             try:
@@ -100,55 +108,130 @@ def _decoded_lines(path: Path, on_decode_error: str, stats: CorpusStats) -> Iter
                 yield lineno, raw.decode("utf-8", errors="replace")
 
 
-def _raw_texts(path: Path, fmt: str, column: str, on_decode_error: str, stats: CorpusStats) -> Iterator[str]:
+def _raw_texts(path: Path, fmt: str, column: str, on_decode_error: str, stats: CorpusStats,
+               data: Optional[bytes] = None) -> Iterator[str]:
     if fmt == "text":
-        for _, line in _decoded_lines(path, on_decode_error, stats):
+        for _, line in _decoded_lines(path, on_decode_error, stats, data):
             yield line
         return
-    for (value,) in _records(path, fmt, [column], on_decode_error, stats):
+    for (value,) in _records(path, fmt, [column], on_decode_error, stats, data):
         yield "" if value is None else str(value)
 
 
-def iter_corpus(path: str, fmt: str = "auto", text_column: str = "text", max_chars: int = 20000,
-                on_decode_error: str = "replace", dedup: bool = False,
-                stats: Optional[CorpusStats] = None) -> Iterator[str]:
-    """Yield cleaned texts; ``stats`` (if given) counts what was dropped or changed."""
+def text_key(text: str) -> int:
+    """A stable 63-bit hash of a text (Python's hash() is salted per process; workers must agree)."""
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little") >> 1
+
+
+def file_examples(path: str, fmt: str, columns: "ExampleColumns", max_chars: int, on_decode_error: str,
+                  stats: CorpusStats, data: Optional[bytes] = None) -> Iterator:
+    """Cleaned examples of one file: texts, or (q, a, score-or-None) pairs when ``columns.pairs``.
+
+    Strips, drops empty rows (a pair with an empty side), caps characters, parses scores; every
+    drop or change is counted in ``stats``. Deduplication is the caller's (it spans files).
+    """
+    p = Path(path)
+    fmt = detect_format(p, fmt)
+    if not columns.pairs:
+        for raw in _raw_texts(p, fmt, columns.text, on_decode_error, stats, data):
+            text = _capped(raw.strip(), max_chars, stats)
+            if not text:
+                stats.empty_dropped += 1
+                continue
+            stats.kept += 1
+            yield text
+        return
+    score_scale = columns.score_scale
+    if fmt == "stsb":
+        rows = _stsb_rows(p, on_decode_error, stats, data)
+        score_scale = 5.0
+    elif fmt == "text":
+        raise DataError(f"{path}: pairs need a JSONL, Parquet, CSV/TSV (with a header) or stsb file, not plain text")
+    else:
+        cols = [columns.text, columns.pair] + ([columns.label] if columns.label else [])
+        rows = _records(p, fmt, cols, on_decode_error, stats, data)
+    for lineno, row in enumerate(rows, start=1):
+        pair = clean_pair(row, max_chars, score_scale, f"{path}: row {lineno}", stats)
+        if pair is not None:
+            yield pair
+
+
+def _capped(text: str, max_chars: int, stats: CorpusStats) -> str:
+    if len(text) > max_chars:
+        stats.truncated += 1
+        return text[:max_chars]
+    return text
+
+
+def clean_pair(row, max_chars: int, score_scale: float, where: str, stats: CorpusStats) -> Optional["Pair"]:
+    """(q, a[, label]) raw cells -> (q, a, score / score_scale or None); None (counted) if a side is empty."""
+    q = "" if row[0] is None else str(row[0]).strip()
+    a = "" if row[1] is None else str(row[1]).strip()
+    if not q or not a:
+        stats.empty_dropped += 1
+        return None
+    if len(q) > max_chars or len(a) > max_chars:
+        q, a = q[:max_chars], a[:max_chars]
+        stats.truncated += 1
+    score = None
+    if len(row) > 2 and row[2] is not None and str(row[2]).strip() != "":
+        try:
+            score = float(row[2]) / score_scale
+        except ValueError:
+            raise DataError(f"{where}: label {row[2]!r} is not a number; fix it or drop the label column") from None
+        if score != score:  # NaN: no label
+            score = None
+    stats.kept += 1
+    return q, a, score
+
+
+@dataclass
+class ExampleColumns:
+    """Which columns hold the example: a text, or a pair (text, pair[, label]) scaled to [0, 1]."""
+
+    text: str = "text"
+    pair: Optional[str] = None
+    label: Optional[str] = None
+    score_scale: float = 1.0
+    stsb: bool = False
+
+    @property
+    def pairs(self) -> bool:
+        return bool(self.pair) or self.stsb
+
+
+def read_examples(path: str, fmt: str = "auto", columns: Optional[ExampleColumns] = None, max_chars: int = 20000,
+                  on_decode_error: str = "replace", dedup: bool = False,
+                  max_examples: Optional[int] = None) -> tuple[list, CorpusStats]:
+    """All cleaned examples of one local file, in file order (the in-memory reader)."""
+    columns = columns or ExampleColumns(stsb=fmt == "stsb")
     p = Path(path)
     if not p.is_file():
-        raise DataError(f"corpus file not found: {path}")
-    stats = stats if stats is not None else CorpusStats()
+        raise DataError(f"{'pair' if columns.pairs else 'corpus'} file not found: {path}")
+    stats = CorpusStats()
+    out: list = []
     seen: set[int] = set()
-    for text in _raw_texts(p, detect_format(p, fmt), text_column, on_decode_error, stats):
-        text = text.strip()
-        if not text:
-            stats.empty_dropped += 1
-            continue
-        if len(text) > max_chars:
-            text = text[:max_chars]
-            stats.truncated += 1
+    for ex in file_examples(path, fmt, columns, max_chars, on_decode_error, stats):
         if dedup:
-            key = hash(text)
+            key = text_key(ex if isinstance(ex, str) else ex[0] + "\t" + ex[1])
             if key in seen:
                 stats.duplicates_dropped += 1
+                stats.kept -= 1
                 continue
             seen.add(key)
-        stats.kept += 1
-        yield text
+        out.append(ex)
+        if max_examples is not None and len(out) >= max_examples:
+            break
+    if not out:
+        raise DataError(f"{path} has no usable {'pairs' if columns.pairs else 'text'} after cleaning "
+                        f"({stats.summary()}); give a file with at least one non-empty line")
+    return out, stats
 
 
 def read_corpus(path: str, fmt: str = "auto", text_column: str = "text", max_chars: int = 20000,
                 on_decode_error: str = "replace", dedup: bool = False,
                 max_sentences: Optional[int] = None) -> tuple[list[str], CorpusStats]:
-    stats = CorpusStats()
-    texts: list[str] = []
-    for text in iter_corpus(path, fmt, text_column, max_chars, on_decode_error, dedup, stats):
-        texts.append(text)
-        if max_sentences is not None and len(texts) >= max_sentences:
-            break
-    if not texts:
-        raise DataError(f"corpus {path} has no usable text after cleaning ({stats.summary()}); "
-                        f"give a file with at least one non-empty line")
-    return texts, stats
+    return read_examples(path, fmt, ExampleColumns(text=text_column), max_chars, on_decode_error, dedup, max_sentences)
 
 
 Pair = tuple[str, str, Optional[float]]
@@ -158,46 +241,14 @@ def read_pairs(path: str, fmt: str = "auto", text_column: str = "text", pair_col
                label_column: Optional[str] = None, score_scale: float = 1.0, max_chars: int = 20000,
                on_decode_error: str = "replace", max_examples: Optional[int] = None) -> tuple[list[Pair], CorpusStats]:
     """(q, a, score in [0, 1] or None) pairs; rows with an empty side are dropped and counted."""
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"pair file not found: {path}")
-    fmt = detect_format(p, fmt)
-    stats = CorpusStats()
-    if fmt == "stsb":
-        rows = _stsb_rows(p, on_decode_error, stats)
-        score_scale = 5.0
-    elif fmt == "text":
-        raise DataError(f"{path}: pairs need a JSONL, Parquet, CSV/TSV (with a header) or stsb file, not plain text")
-    else:
-        cols = [text_column, pair_column] + ([label_column] if label_column else [])
-        rows = _records(p, fmt, cols, on_decode_error, stats)
-    pairs: list[Pair] = []
-    for lineno, row in enumerate(rows, start=1):
-        q = "" if row[0] is None else str(row[0]).strip()
-        a = "" if row[1] is None else str(row[1]).strip()
-        if not q or not a:
-            stats.empty_dropped += 1
-            continue
-        if len(q) > max_chars or len(a) > max_chars:
-            q, a = q[:max_chars], a[:max_chars]
-            stats.truncated += 1
-        score = None
-        if len(row) > 2 and row[2] is not None and str(row[2]).strip() != "":
-            try:
-                score = float(row[2]) / score_scale
-            except ValueError:
-                raise DataError(f"{path}: row {lineno}: label {row[2]!r} is not a number") from None
-        pairs.append((q, a, score))
-        stats.kept += 1
-        if max_examples is not None and len(pairs) >= max_examples:
-            break
-    if not pairs:
-        raise DataError(f"{path} has no usable pairs after cleaning ({stats.summary()})")
-    return pairs, stats
+    columns = ExampleColumns(text_column, pair_column, label_column, score_scale, stsb=fmt == "stsb")
+    if not columns.pairs:
+        raise DataError("pairs need a second text column (data.pair_column) or format stsb")
+    return read_examples(path, fmt, columns, max_chars, on_decode_error, False, max_examples)
 
 
-def _stsb_rows(path: Path, on_decode_error: str, stats: CorpusStats) -> Iterator[list]:
-    for lineno, line in _decoded_lines(path, on_decode_error, stats):
+def _stsb_rows(path: Path, on_decode_error: str, stats: CorpusStats, data: Optional[bytes] = None) -> Iterator[list]:
+    for lineno, line in _decoded_lines(path, on_decode_error, stats, data):
         if not line.strip():
             yield [None, None]
             continue

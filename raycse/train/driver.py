@@ -1,4 +1,11 @@
-"""The Ray Train driver: validate everything, run ``TorchTrainer.fit``, publish the best model.
+"""The Ray Train driver: validate, read the corpus, lay out batches, run ``TorchTrainer.fit``, publish.
+
+Data path: the corpus is read and cleaned by Ray Data (:mod:`raycse.data.dataset`), grouped and
+packed into one row per worker batch (:mod:`raycse.grouping`), and handed to the workers as one
+ordered dataset per rank. Strategies that group by the model's embeddings (knn, cluster) with
+``grouping.regroup_every_epoch`` run one ``fit`` per epoch: after each epoch the corpus is
+re-embedded with the latest checkpoint and the next fit resumes from it (same run name and
+storage, so Ray Train hands the checkpoint back to the workers).
 
 The output directory appears only when a run succeeds: everything is written to a hidden
 staging directory beside it and renamed at the end, so a failed or interrupted run never
@@ -7,6 +14,7 @@ leaves a half-written model behind.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -18,14 +26,13 @@ from typing import Optional
 import yaml
 
 from raycse.config import RunConfig
-from raycse.data.batches import steps_per_epoch
-from raycse.data.corpus import read_corpus, read_pairs
-from raycse.objectives import registry
 from raycse.encoder import resolve_model
 from raycse.errors import ConfigError, DataError
 from raycse.evaluation.sts import read_stsb
+from raycse.objectives import registry
+from raycse.train import checkpoint as ckpt
 from raycse.train.loop import SCORE_METRIC, train_loop_per_worker
-from raycse.train.runtime import cluster_cpus, ensure_ray
+from raycse.train.runtime import cluster_cpus, ensure_ray, quiet_ray_data
 
 
 @dataclass
@@ -44,79 +51,123 @@ def _prepare_output(out: Path, overwrite: bool) -> Path:
     return staging
 
 
-def load_examples(run: RunConfig):
-    """Sentences or (q, a, score) pairs, as the data config says and the objective accepts."""
-    d = run.data
+def check_data_fits_objective(run: RunConfig) -> None:
     accepts = registry.get(run.objective.name).accepts
-    if d.is_pairs:
-        if "pairs" not in accepts:
-            raise ConfigError(f"objective '{run.objective.name}' trains on single sentences; drop data.pair_column "
-                              f"(or choose a pair objective: bsc)")
-        return read_pairs(d.corpus, d.format, d.text_column, d.pair_column, d.label_column, d.score_scale,
-                          d.max_chars, d.on_decode_error, d.max_sentences)
-    if "single" not in accepts:
+    if run.data.is_pairs and "pairs" not in accepts:
+        raise ConfigError(f"objective '{run.objective.name}' trains on single sentences; drop data.pair_column "
+                          f"(or choose a pair objective: bsc)")
+    if not run.data.is_pairs and "single" not in accepts:
         raise ConfigError(f"objective '{run.objective.name}' needs pairs: set data.pair_column (and label_column)")
-    return read_corpus(d.corpus, d.format, d.text_column, d.max_chars, d.on_decode_error, d.dedup, d.max_sentences)
 
 
-def train(run: RunConfig, overwrite: bool = False) -> TrainResult:
-    """Train ``run`` on Ray Train and return where the best model was saved."""
+def plan_phases(run: RunConfig, steps_per_epoch: int, total: int) -> list[list[int]]:
+    """Epochs per ``fit``: one fit per epoch when the grouping re-embeds with the current model."""
+    epochs = [e for e in range(run.train.epochs) if e * steps_per_epoch < total]
+    if run.grouping.needs_embeddings and run.grouping.regroup_every_epoch:
+        return [[e] for e in epochs]
+    return [epochs]
+
+
+def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] = None,
+          run_name: str = "train") -> TrainResult:
+    """Train ``run`` on Ray Train and return where the best model was saved.
+
+    ``storage_path``: where Ray Train keeps checkpoints (default: inside the staging directory,
+    removed on success); a fixed path plus ``run_name`` lets a restarted driver resume.
+    """
     import ray
-    from ray.train import CheckpointConfig, RunConfig as TrainRunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig as TrainRunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
+
+    from raycse.data.dataset import load_corpus, resolve_sources
+    from raycse.grouping import epoch_batches
+    from raycse.grouping.batches import concat_epochs
+    from raycse.grouping.embed import embed_corpus
 
     run.validate()
     if not run.data.corpus:
         raise ConfigError("no corpus given: pass --corpus FILE (text, .jsonl or .parquet) or set data.corpus")
-    resolve_model(run.model.name_or_path)  # fail before Ray starts
-    examples, stats = load_examples(run)
-    d = run.data
-    print(f"[raycse] corpus {d.corpus}: {stats.summary()}", flush=True)
-    if stats.decode_replaced:
-        print(f"[raycse] warning: {stats.decode_replaced} line(s) had undecodable bytes, replaced with U+FFFD "
-              f"(set data.on_decode_error: error to refuse them)", flush=True)
-    if steps_per_epoch(len(examples), run.train.batch_size, run.train.num_workers) == 0:
-        raise DataError(f"corpus has {len(examples)} usable examples, fewer than one global batch "
-                        f"({run.train.batch_size} x {run.train.num_workers} workers); lower --batch-size or add text")
+    check_data_fits_objective(run)
+    if run.data.format != "hf":
+        resolve_sources(run.data.corpus)  # a missing file fails before Ray starts
+    model_path = resolve_model(run.model.name_or_path)  # fail before Ray starts
     dev_path = run.eval.resolved_stsb_dev()
     dev = read_stsb(dev_path, name="stsb_dev") if dev_path else None
-    if dev is None:
-        print("[raycse] no STS-B dev file found: training without evaluation, keeping the last checkpoint "
-              "(set eval.stsb_dev / --stsb-dev)", flush=True)
-
     out = Path(run.output_dir).resolve()
     staging = _prepare_output(out, overwrite)
     try:
         ensure_ray()
-        cpus = run.train.cpus_per_worker or max(1, cluster_cpus() // run.train.num_workers)
-        threads = max(1, int(cpus))
-        trainer = TorchTrainer(
-            train_loop_per_worker,
-            train_loop_config={"run": run.to_dict(), "examples": ray.put(examples),
-                               "dev": ray.put(dev) if dev is not None else None, "threads": threads},
-            scaling_config=ScalingConfig(num_workers=run.train.num_workers, use_gpu=run.train.use_gpu,
-                                         resources_per_worker={"CPU": cpus}),
-            run_config=TrainRunConfig(
-                name="train", storage_path=str(staging / "ray"),
-                checkpoint_config=CheckpointConfig(
-                    num_to_keep=1, checkpoint_score_attribute=SCORE_METRIC if dev is not None else None,
-                    checkpoint_score_order="max"),
-            ),
-        )
-        result = trainer.fit()
-        if result.error:
-            raise result.error
-        best = result.checkpoint
-        best_metrics = dict(result.metrics or {})
+        quiet_ray_data()
+        corpus = load_corpus(run.data, run.train.seed)
+        stats = corpus.stats
+        print(f"[raycse] corpus {run.data.corpus}: {stats.summary()}", flush=True)
+        if stats.decode_replaced:
+            print(f"[raycse] warning: {stats.decode_replaced} line(s) had undecodable bytes, replaced with U+FFFD "
+                  f"(set data.on_decode_error: error to refuse them)", flush=True)
+        t = run.train
+        spe = (corpus.num_examples // t.batch_size) // t.num_workers
+        if spe == 0:
+            raise DataError(f"corpus has {corpus.num_examples} usable examples, fewer than one global batch "
+                            f"({t.batch_size} x {t.num_workers} workers); lower --batch-size or add text")
+        total = min(spe * t.epochs, t.max_steps or spe * t.epochs)
+        if dev is None:
+            print("[raycse] no STS-B dev file found: training without evaluation, keeping the last checkpoint "
+                  "(set eval.stsb_dev / --stsb-dev)", flush=True)
+        cpus = t.cpus_per_worker or max(1, cluster_cpus() // t.num_workers)
+        storage = storage_path or str(staging / "ray")
+        dev_ref = ray.put(dev) if dev is not None else None
+        grouping_log: list[dict] = []
+        latest = None
+        for phase in plan_phases(run, spe, total):
+            embed_from = model_path
+            if latest is not None:
+                embed_from = str(Path(latest.path) / ckpt.MODEL_DIR)
+            vectors = functools.lru_cache(maxsize=1)(
+                lambda p=embed_from: embed_corpus(corpus, p, run.model.max_length, run.grouping.embed_actors,
+                                                  run.grouping.embed_batch_size, t.use_gpu, t.precision))
+            per_epoch = []
+            for epoch in phase:
+                first = epoch * spe
+                eb = epoch_batches(corpus, run.grouping, t.batch_size, t.num_workers, t.seed, epoch, first,
+                                   vectors=vectors, max_steps=total - first)
+                grouping_log.append({"epoch": epoch, **eb.info})
+                if run.grouping.strategy != "random":
+                    print(f"[raycse] epoch {epoch}: {run.grouping.strategy} grouping: {eb.info['groups']} groups, "
+                          f"mean size {eb.info['mean_group_size']:.2f}, {eb.info['split_groups']} split"
+                          + (f", kNN {eb.info['knn_method']} recall {eb.info['knn_recall']:.3f}"
+                             if eb.info.get("knn_recall") is not None else ""), flush=True)
+                per_epoch.append(eb.datasets)
+            per_rank = concat_epochs(per_epoch)
+            phase_end = min(total, (phase[-1] + 1) * spe)
+            trainer = TorchTrainer(
+                train_loop_per_worker,
+                train_loop_config={"run": run.to_dict(), "dev": dev_ref, "threads": max(1, int(cpus)),
+                                   "total_steps": total, "phase_end": phase_end},
+                scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu,
+                                             resources_per_worker={"CPU": cpus}),
+                datasets=per_rank,
+                dataset_config=_dataset_config(),
+                run_config=TrainRunConfig(
+                    name=run_name, storage_path=storage,
+                    failure_config=FailureConfig(max_failures=t.max_failures),
+                    checkpoint_config=CheckpointConfig(
+                        num_to_keep=1, checkpoint_score_attribute=SCORE_METRIC if dev is not None else None,
+                        checkpoint_score_order="max"),
+                ),
+            )
+            result = trainer.fit()
+            if result.error:
+                raise result.error
+            latest = result.checkpoint
+        best, best_metrics = latest, dict(result.metrics or {})
         if dev is not None and result.best_checkpoints:
             best, best_metrics = max(result.best_checkpoints, key=lambda cm: cm[1].get(SCORE_METRIC, float("-inf")))
         if best is None:
             raise RuntimeError("training finished without a checkpoint")
-        with best.as_directory() as ckpt:
-            shutil.copytree(ckpt, staging / "model")
-        (staging / "model" / "train_state.json").unlink(missing_ok=True)
+        with best.as_directory() as d:
+            shutil.copytree(Path(d) / ckpt.MODEL_DIR, staging / "model")
         summary = {"best": best_metrics, "last": result.metrics, "corpus": stats.__dict__,
-                   "num_examples": len(examples)}
+                   "num_examples": corpus.num_examples, "steps_per_epoch": spe, "grouping": grouping_log}
         (staging / "metrics.json").write_text(json.dumps(summary, indent=2, default=str))
         (staging / "config.yaml").write_text(yaml.safe_dump(run.to_dict(), sort_keys=False))
         shutil.rmtree(staging / "ray", ignore_errors=True)
@@ -129,5 +180,14 @@ def train(run: RunConfig, overwrite: bool = False) -> TrainResult:
     return TrainResult(out, out / "model", summary)
 
 
+def _dataset_config():
+    """Every worker reads its own rank's dataset whole and in order (no splitting, no reordering)."""
+    from ray.data import ExecutionOptions
+    from ray.train import DataConfig
+
+    return DataConfig(datasets_to_split=[], execution_options=ExecutionOptions(preserve_order=True))
+
+
 def best_score(metrics: dict) -> Optional[float]:
     return (metrics.get("best") or {}).get(SCORE_METRIC)
+

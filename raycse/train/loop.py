@@ -7,7 +7,6 @@ with a checkpoint every ``eval.eval_steps`` steps (rank 0 scores STS-B dev).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import tempfile
@@ -19,11 +18,11 @@ import torch
 from torch import nn
 
 from raycse.config import RunConfig
-from raycse.data.batches import steps_per_epoch, worker_batches
 from raycse.encoder import Encoder
 from raycse.objectives import registry
 from raycse.objectives.base import LossOutput, Objective
-from raycse.train.runtime import autocast, release_freed_memory, resolve_precision, seed_everything
+from raycse.train import checkpoint as ckpt
+from raycse.train.runtime import autocast, quiet_ray_data, release_freed_memory, resolve_precision, seed_everything
 
 SCORE_METRIC = "stsb_dev_spearman"
 # Workers log instead of print: Ray Train V2 patches print() into its logger and would echo each line twice.
@@ -103,12 +102,22 @@ def unwrap(module: nn.Module) -> TrainModule:
     return module.module if hasattr(module, "module") else module
 
 
+def row_examples(row: dict) -> list:
+    """One dataset row (a whole batch) -> the examples the objective collates: texts or pairs."""
+    texts = list(row["text"])
+    if "pair" not in row:
+        return texts
+    scores = [None if s is None or s != s else float(s) for s in row["score"]]
+    return list(zip(texts, list(row["pair"]), scores))
+
+
 def train_loop_per_worker(config: dict) -> None:
     import ray
     import ray.train
     import ray.train.torch
 
     run = RunConfig.from_dict(config["run"])
+    quiet_ray_data()
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(max(1, int(config.get("threads", 1))))
@@ -121,15 +130,22 @@ def train_loop_per_worker(config: dict) -> None:
     core = unwrap(module)
     tokenizer = core.encoder.tokenizer
 
-    examples = ray.get(config["examples"])  # sentences, or (q, a, score) pairs
     dev = ray.get(config["dev"]) if config.get("dev") is not None else None
-    spe = steps_per_epoch(len(examples), run.train.batch_size, world_size)
-    total = spe * run.train.epochs
-    if run.train.max_steps:
-        total = min(total, run.train.max_steps)
+    total, phase_end = int(config["total_steps"]), int(config["phase_end"])
     opt, sched = build_optimizer(module, run, total)
     dtype = resolve_precision(run.train.precision, device)
     scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
+
+    step, history, initial = 0, [], None
+    resumed = ray.train.get_checkpoint()
+    if resumed is not None:
+        with resumed.as_directory() as d:
+            problem = ckpt.verify(Path(d))
+            if problem is None:
+                state = ckpt.load(Path(d), core, opt, sched, rank)
+                step, history, initial = int(state["step"]), list(state["loss_history"]), state.get("initial")
+            else:
+                log.warning(f"[raycse] skipping checkpoint {resumed.path}: {problem}; starting from step 0")
 
     def evaluate() -> Optional[float]:
         if dev is None or rank != 0:
@@ -141,72 +157,82 @@ def train_loop_per_worker(config: dict) -> None:
         release_freed_memory()
         return scores[dev.name]
 
-    def report(step: int, epoch: int, extra: dict) -> None:
-        metrics = {"step": step, "epoch": epoch, **extra}
-        if rank != 0:
-            ray.train.report(metrics)
-            return
+    def report(metrics: dict) -> None:
         with tempfile.TemporaryDirectory() as tmp:
-            core.encoder.save(tmp)
-            (Path(tmp) / "train_state.json").write_text(json.dumps(metrics))
+            if rank == 0:
+                ckpt.write(Path(tmp), core, opt, sched, {**metrics, "initial": initial})
+            ckpt.write_rng(Path(tmp), rank)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
-    initial = evaluate()
+    if step == 0:
+        initial = evaluate()
     log.setLevel(logging.INFO)
     if rank == 0:
-        log.info(f"[raycse] {world_size} worker(s), {len(examples)} examples, {spe} steps/epoch, {total} steps, "
-              f"global batch {run.train.batch_size * world_size}, precision {dtype or 'fp32'}, "
-              f"threads {torch.get_num_threads()}" + (f", STS-B dev before: {initial:.2f}" if initial is not None else ""))
+        log.info(f"[raycse] {world_size} worker(s), steps {step}..{phase_end} of {total}, "
+                 f"global batch {run.train.batch_size * world_size}, precision {dtype or 'fp32'}, "
+                 f"threads {torch.get_num_threads()}" + (", resumed" if step else "")
+                 + (f", STS-B dev before: {initial:.2f}" if initial is not None and step == 0 else ""))
     module.train()
-    step, window, history = 0, [], []
-    train_time, seen = 0.0, 0  # examples (sentences or pairs) over all workers
+    window = []
+    train_time, seen = 0.0, 0  # examples (sentences or pairs) over all workers, this phase
     eval_every = run.eval.eval_steps
-    for epoch in range(run.train.epochs):
-        for idx in worker_batches(len(examples), run.train.batch_size, world_size, rank, run.train.seed, epoch):
-            if step >= total:
-                break
-            t0 = time.perf_counter()
-            batch = move(core.objective.collate([examples[i] for i in idx], tokenizer, run.model.max_length), device)
-            with autocast(device, dtype):
-                out = module(batch)
-            loss = out.loss
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.unscale_(opt)
-            else:
-                loss.backward()
-            if run.train.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(module.parameters(), run.train.max_grad_norm)
-            if scaler is not None:
-                scaler.step(opt)
-                scaler.update()
-            else:
-                opt.step()
-            sched.step()
-            if step == 0:
-                check_gradients_reach_all(core)
-            opt.zero_grad(set_to_none=True)
-            step += 1
-            value = float(loss.detach())
-            if not math.isfinite(value):
-                raise FloatingPointError(f"loss became {value} at step {step}; lower train.lr or use precision fp32")
-            window.append(value)
-            train_time += time.perf_counter() - t0
-            seen += len(idx) * world_size
-            if rank == 0 and (step % run.train.log_steps == 0 or step == total):
-                log.info(f"[raycse] step {step}/{total} ({100 * step / total:.0f}%) epoch {epoch} "
-                      f"loss {sum(window[-run.train.log_steps:]) / len(window[-run.train.log_steps:]):.4f} "
-                      f"lr {sched.get_last_lr()[0]:.2e} {seen / max(train_time, 1e-9):.1f} examples/s")
-            if step % eval_every == 0 or step == total:
+    ckpt_every = run.train.checkpoint_steps or eval_every
+    for row in ray.train.get_dataset_shard(f"rank{rank}").iter_rows():
+        if int(row["step"]) < step:
+            continue  # done before the checkpoint this run resumed from
+        if step >= phase_end:
+            break
+        if int(row["step"]) != step:
+            raise RuntimeError(f"rank {rank} expected the batch of step {step}, got step {row['step']}")
+        epoch = int(row["epoch"])
+        t0 = time.perf_counter()
+        examples = row_examples(row)
+        batch = move(core.objective.collate(examples, tokenizer, run.model.max_length), device)
+        with autocast(device, dtype):
+            out = module(batch)
+        loss = out.loss
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+        else:
+            loss.backward()
+        if run.train.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(module.parameters(), run.train.max_grad_norm)
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        sched.step()
+        if step == 0:
+            check_gradients_reach_all(core)
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise FloatingPointError(f"loss became {value} at step {step}; lower train.lr or use precision fp32")
+        window.append(value)
+        train_time += time.perf_counter() - t0
+        seen += len(examples) * world_size
+        if rank == 0 and (step % run.train.log_steps == 0 or step == total):
+            recent = window[-run.train.log_steps:]
+            log.info(f"[raycse] step {step}/{total} ({100 * step / total:.0f}%) epoch {epoch} "
+                     f"loss {sum(recent) / len(recent):.4f} lr {sched.get_last_lr()[0]:.2e} "
+                     f"{seen / max(train_time, 1e-9):.1f} examples/s")
+        scored = step % eval_every == 0 or step == total
+        if scored or step % ckpt_every == 0 or step == phase_end:
+            if window:
                 history.append(sum(window) / len(window))
                 window = []
-                extra = {"loss": history[-1], "loss_history": list(history),
-                         "train_examples_per_s": seen / max(train_time, 1e-9),
-                         "train_seconds": train_time, "total_steps": total, **peak_memory(device),
-                         **{f"last_{k}": v for k, v in out.metrics.items()}}
-                score = evaluate()
-                if score is not None:
-                    extra[SCORE_METRIC] = score
-                    extra[SCORE_METRIC + "_initial"] = initial
-                    log.info(f"[raycse] step {step}: STS-B dev Spearman {score:.2f}")
-                report(step, epoch, extra)
+            extra = {"step": step, "epoch": epoch, "loss": history[-1], "loss_history": list(history),
+                     "train_examples_per_s": seen / max(train_time, 1e-9), "train_seconds": train_time,
+                     "total_steps": total, **peak_memory(device),
+                     **{f"last_{k}": v for k, v in out.metrics.items()}}
+            score = evaluate() if scored else None
+            if score is not None:
+                extra[SCORE_METRIC] = score
+                extra[SCORE_METRIC + "_initial"] = initial
+                log.info(f"[raycse] step {step}: STS-B dev Spearman {score:.2f}")
+            elif rank == 0 and dev is not None:
+                extra[SCORE_METRIC] = float("-inf")  # a resume point, not a candidate for best model
+            report(extra)

@@ -79,3 +79,10 @@ def release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+def quiet_ray_data() -> None:
+    """Ray Data logs every execution plan at INFO on the driver; keep warnings, show progress bars."""
+    import logging
+
+    logging.getLogger("ray.data").setLevel(logging.WARNING)

@@ -1,0 +1,296 @@
+"""Corpora as Ray Datasets: streaming reads, cleaning with counts, seeded pre-shuffle, row ids.
+
+Sources: local files and globs (``data/*.txt``), several paths separated by commas, any URI
+that Ray's readers support (``s3://bucket/prefix/``, ``gs://...``), and Hugging Face datasets
+(``data.format: hf``, ``data.corpus: NAME`` or ``NAME:CONFIG``, split ``data.split``).
+
+Pipeline, all of it in Ray tasks (nothing is collected on the driver but counts and 8-byte
+hashes):
+
+1. read, files in a seeded random order (``shuffle=FileShuffleConfig(seed)``);
+2. parse and clean each file (or Parquet/HF batch) with the same code as the in-memory reader
+   (:func:`raycse.data.corpus.file_examples`), emitting one extra *stats row* per file/batch so
+   the drop counts travel with the data;
+3. randomize the block order (seeded), then in one task per block: shuffle the block's rows
+   (seeded), sum and remove the stats rows;
+4. optional global deduplication by text hash (first occurrence in the shuffled order wins);
+5. ``data.max_sentences`` keeps the first N rows of the shuffled order;
+6. number the rows ``_id`` = 0..N-1 so that grouping can refer to them.
+
+The result is a :class:`Corpus`: a materialized, block-distributed Ray Dataset with columns
+``_id``, ``text`` (and ``pair``, ``score`` for pairs) plus the counts of what was dropped.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass, fields
+from typing import Optional
+
+import numpy as np
+
+from raycse.data.corpus import CorpusStats, ExampleColumns, detect_format, file_examples, text_key
+from raycse.errors import DataError
+
+STAT_COLUMNS = {f.name: "_n_" + f.name for f in fields(CorpusStats)}
+
+
+@dataclass
+class Corpus:
+    dataset: "object"  # ray.data.MaterializedDataset with _id, text[, pair, score]
+    num_examples: int
+    stats: CorpusStats
+    pairs: bool
+
+
+def columns_of(d) -> ExampleColumns:
+    return ExampleColumns(d.text_column, d.pair_column, d.label_column, d.score_scale, stsb=d.format == "stsb")
+
+
+# --------------------------------------------------------------------------------------- sources
+def resolve_sources(spec: str) -> list[str]:
+    """Comma-separated paths; local globs expanded (sorted), URIs passed to Ray as they are."""
+    out: list[str] = []
+    for part in [s.strip() for s in str(spec).split(",") if s.strip()]:
+        if "://" in part:
+            out.append(part)
+            continue
+        part = os.path.expanduser(part)
+        if any(ch in part for ch in "*?["):
+            matches = sorted(p for p in glob.glob(part, recursive=True) if os.path.isfile(p))
+            if not matches:
+                raise DataError(f"no corpus file matches {part}; check the pattern (globs: *, ?, **)")
+            out.extend(matches)
+        elif os.path.isdir(part):
+            found = sorted(os.path.join(r, f) for r, _, fs in os.walk(part) for f in fs if not f.startswith("."))
+            if not found:
+                raise DataError(f"corpus directory {part} has no files")
+            out.extend(found)
+        elif os.path.isfile(part):
+            out.append(part)
+        else:
+            raise DataError(f"corpus file not found: {part}")
+    if not out:
+        raise DataError("no corpus given: pass --corpus FILE[,FILE...] (text, .jsonl, .parquet, globs or s3:// URIs)")
+    return out
+
+
+def _file_shuffle(seed: int):
+    from ray.data import FileShuffleConfig
+
+    return FileShuffleConfig(seed=seed)
+
+
+# --------------------------------------------------------------------------------------- parsing
+def _rows_to_table(examples: list, pairs: bool, stats: CorpusStats):
+    """Examples + one stats row (text null) -> an Arrow table."""
+    import pyarrow as pa
+
+    n = len(examples)
+    cols: dict = {}
+    if pairs:
+        cols["text"] = [e[0] for e in examples] + [None]
+        cols["pair"] = [e[1] for e in examples] + [None]
+        cols["score"] = pa.array([e[2] for e in examples] + [None], type=pa.float64())
+    else:
+        cols["text"] = list(examples) + [None]
+    for name, col in STAT_COLUMNS.items():
+        cols[col] = pa.array([0] * n + [getattr(stats, name)], type=pa.int64())
+    return pa.table(cols)
+
+
+class ParseFiles:
+    """map_batches over ``read_binary_files`` rows (one file each): parse + clean with the shared code."""
+
+    def __init__(self, fmt: str, columns: ExampleColumns, max_chars: int, on_decode_error: str):
+        self.fmt, self.columns, self.max_chars, self.on_decode_error = fmt, columns, max_chars, on_decode_error
+
+    def __call__(self, batch: dict):
+        import pyarrow as pa
+
+        tables = []
+        for data, path in zip(batch["bytes"], batch["path"]):
+            stats = CorpusStats()
+            examples = list(file_examples(str(path), self.fmt, self.columns, self.max_chars, self.on_decode_error,
+                                          stats, data=bytes(data)))
+            tables.append(_rows_to_table(examples, self.columns.pairs, stats))
+        return pa.concat_tables(tables)
+
+
+class CleanColumns:
+    """map_batches over native Parquet / HF rows: the same cleaning as for files."""
+
+    def __init__(self, columns: ExampleColumns, max_chars: int):
+        self.columns, self.max_chars = columns, max_chars
+
+    def __call__(self, batch: dict):
+        from raycse.data.corpus import _capped, clean_pair
+
+        stats = CorpusStats(lines_read=len(batch[self.columns.text]))
+        examples = []
+        if self.columns.pairs:
+            cells = [batch[self.columns.text], batch[self.columns.pair]]
+            if self.columns.label:
+                cells.append(batch[self.columns.label])
+            for i, row in enumerate(zip(*cells)):
+                pair = clean_pair([None if v is None else v for v in row], self.max_chars, self.columns.score_scale,
+                                  f"row {i}", stats)
+                if pair is not None:
+                    examples.append(pair)
+        else:
+            for raw in batch[self.columns.text]:
+                text = _capped("" if raw is None else str(raw).strip(), self.max_chars, stats)
+                if not text:
+                    stats.empty_dropped += 1
+                    continue
+                stats.kept += 1
+                examples.append(text)
+        return _rows_to_table(examples, self.columns.pairs, stats)
+
+
+def _check_columns(present: list[str], wanted: list[str], where: str) -> None:
+    missing = [c for c in wanted if c not in present]
+    if missing:
+        raise DataError(f"column '{missing[0]}' not found in {where}; columns: {', '.join(present)}"
+                        f" (set data.text_column / pair_column / label_column)")
+
+
+def raw_dataset(d, seed: int):
+    """The lazily read, parsed and cleaned (but not yet shuffled or numbered) dataset."""
+    import ray.data
+
+    columns = columns_of(d)
+    wanted = [columns.text] + ([columns.pair] if columns.pair else []) + ([columns.label] if columns.label else [])
+    if d.format == "hf":
+        name, _, config = str(d.corpus).partition(":")
+        try:
+            import datasets
+
+            hf = datasets.load_dataset(name, config or None, split=d.split)
+        except Exception as exc:
+            reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+            raise DataError(f"cannot load Hugging Face dataset '{d.corpus}' split '{d.split}' ({reason}); offline, "
+                            f"save it elsewhere as Parquet/JSONL and pass that file with --corpus") from None
+        _check_columns(list(hf.column_names), wanted, f"Hugging Face dataset {d.corpus}")
+        ds = ray.data.from_huggingface(hf.select_columns(wanted))
+        return ds.map_batches(CleanColumns(columns, d.max_chars), batch_format="numpy", zero_copy_batch=False)
+    paths = resolve_sources(d.corpus)
+    fmt = d.format if d.format != "auto" else detect_format(_pathlike(paths[0]))
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        if "://" not in paths[0]:
+            try:
+                present = pq.read_schema(paths[0]).names
+            except Exception as exc:
+                raise DataError(f"cannot read Parquet file {paths[0]}: {str(exc).splitlines()[0]}") from None
+            _check_columns(present, wanted, paths[0])
+        ds = ray.data.read_parquet(paths, columns=wanted, shuffle=_file_shuffle(seed))
+        return ds.map_batches(CleanColumns(columns, d.max_chars), batch_format="numpy", zero_copy_batch=False)
+    ds = ray.data.read_binary_files(paths, include_paths=True, shuffle=_file_shuffle(seed))
+    return ds.map_batches(ParseFiles(fmt, columns, d.max_chars, d.on_decode_error), batch_size=1,
+                          batch_format="numpy", zero_copy_batch=False)
+
+
+def _pathlike(path: str):
+    from pathlib import Path
+
+    return Path(path.split("://", 1)[-1])
+
+
+# --------------------------------------------------------------------------------------- block tasks
+def _finish_block(table, seed: int, block: int):
+    """Sum and drop the stats rows, shuffle the block (seeded), hash texts for deduplication."""
+    import pyarrow.compute as pc
+
+    totals = {name: int(pc.sum(table[col]).as_py() or 0) for name, col in STAT_COLUMNS.items()}
+    table = table.filter(pc.is_valid(table["text"])).drop_columns(list(STAT_COLUMNS.values()))
+    perm = np.random.default_rng([seed, block]).permutation(table.num_rows)
+    table = table.take(perm)
+    texts = table["text"].to_pylist()
+    if "pair" in table.column_names:
+        texts = [f"{t}\t{p}" for t, p in zip(texts, table["pair"].to_pylist())]
+    hashes = np.fromiter((text_key(t) for t in texts), dtype=np.int64, count=len(texts))
+    return table, (totals, hashes)
+
+
+def _select_and_number(table, keep: Optional[np.ndarray], first_id: int):
+    import pyarrow as pa
+
+    if keep is not None:
+        table = table.filter(pa.array(keep))
+    ids = pa.array(np.arange(first_id, first_id + table.num_rows, dtype=np.int64))
+    return table.add_column(0, "_id", ids)
+
+
+def load_corpus(d, seed: int, dedup: Optional[bool] = None) -> Corpus:
+    """Read, clean, pre-shuffle and number a corpus as a distributed Ray Dataset (see the module doc)."""
+    import ray
+
+    dedup = d.dedup if dedup is None else dedup
+    ds = raw_dataset(d, seed).randomize_block_order(seed=seed)
+    finish = ray.remote(num_returns=2)(_finish_block)
+    number = ray.remote(_select_and_number)
+    with ray_data_errors():
+        blocks = ds.to_arrow_refs()
+        parts = [finish.remote(ref, seed, i) for i, ref in enumerate(blocks)]
+        meta = ray.get([p[1] for p in parts])
+    stats = CorpusStats()
+    for totals, _ in meta:
+        for k, v in totals.items():
+            setattr(stats, k, getattr(stats, k) + v)
+    hashes = [h for _, h in meta]
+    keeps: list[Optional[np.ndarray]] = [None] * len(parts)
+    if dedup and hashes:
+        flat = np.concatenate(hashes)
+        first = np.zeros(len(flat), dtype=bool)
+        first[np.unique(flat, return_index=True)[1]] = True
+        stats.duplicates_dropped = int(len(flat) - first.sum())
+        stats.kept -= stats.duplicates_dropped
+        bounds = np.cumsum([0] + [len(h) for h in hashes])
+        keeps = [first[bounds[i]:bounds[i + 1]] for i in range(len(parts))]
+    counts = [len(h) if k is None else int(k.sum()) for h, k in zip(hashes, keeps)]
+    if d.max_sentences is not None:  # the first N of the shuffled order
+        budget = d.max_sentences
+        for i, c in enumerate(counts):
+            take = min(c, budget)
+            if take < c:
+                mask = keeps[i] if keeps[i] is not None else np.ones(len(hashes[i]), dtype=bool)
+                idx = np.flatnonzero(mask)
+                mask = np.zeros_like(mask)
+                mask[idx[:take]] = True
+                keeps[i], counts[i] = mask, take
+            budget -= take
+    total = int(sum(counts))
+    if total == 0:
+        raise DataError(f"corpus {d.corpus} has no usable {'pairs' if d.is_pairs else 'text'} after cleaning "
+                        f"({stats.summary()}); give a file with at least one non-empty line")
+    offsets = np.cumsum([0] + counts[:-1])
+    refs = [number.remote(p[0], k, int(o)) for p, k, o in zip(parts, keeps, offsets)]
+    dataset = ray.data.from_arrow_refs(refs)
+    return Corpus(dataset, total, stats, d.is_pairs)
+
+
+class ray_data_errors:
+    """Turn a DataError raised inside a Ray task back into itself (one clean line, not a traceback)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is None:
+            return False
+        cause = exc
+        for _ in range(8):  # RayTaskError -> cause chains
+            if isinstance(cause, DataError):
+                raise DataError(str(cause)) from None
+            nxt = getattr(cause, "cause", None) or cause.__cause__
+            if nxt is None or nxt is cause:
+                break
+            cause = nxt
+        text = str(exc)
+        if "DataError" in text:
+            line = next((ln for ln in text.splitlines() if "DataError:" in ln), text.splitlines()[-1])
+            raise DataError(line.split("DataError:", 1)[-1].strip()) from None
+        return False

@@ -1,0 +1,106 @@
+"""Grouping strategies: which examples share a batch (papers.md section 6, BSC).
+
+Each strategy returns a *group order* for one epoch: ``order`` (every row id once) and
+``sizes`` (consecutive group lengths in ``order``). :mod:`raycse.grouping.batches` packs the
+groups into batches without splitting them.
+
+- ``random``: a seeded permutation, groups of one.
+- ``knn``: example-based shuffling over faiss neighbours of the current model's embeddings.
+- ``shingle``: key = one random content word of the example; sort by key, cut groups of s,
+  shuffle the groups.
+- ``cluster``: key = faiss k-means cluster of the embedding; same cut and shuffle.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+from raycse.grouping import knn as knn_search
+
+STOPWORDS = frozenset("""a about above after again against all also am an and any are as at be because been before
+being below between both but by can could did do does doing down during each few for from further had has have
+having he her here hers herself him himself his how i if in into is it its itself just me more most my myself no nor
+not now of off on once only or other our ours ourselves out over own same she should so some such than that the
+their theirs them themselves then there these they this those through to too under until up very was we were what
+when where which while who whom why will with would you your yours yourself yourselves one two three first
+new may many most much""".split())
+WORD = re.compile(r"[^\W\d_]+", re.UNICODE)
+
+
+@dataclass
+class GroupOrder:
+    order: np.ndarray  # row ids, each once
+    sizes: np.ndarray  # group lengths, summing to len(order)
+    info: dict = field(default_factory=dict)
+
+    def groups(self) -> list[np.ndarray]:
+        return np.split(self.order, np.cumsum(self.sizes)[:-1])
+
+
+def epoch_rng(seed: int, epoch: int, salt: int = 0) -> np.random.Generator:
+    return np.random.default_rng([seed, epoch, salt])
+
+
+def random_order(n: int, seed: int, epoch: int) -> GroupOrder:
+    return GroupOrder(epoch_rng(seed, epoch).permutation(n), np.ones(n, dtype=np.int64))
+
+
+def knn_order(vectors: np.ndarray, cfg, seed: int, epoch: int) -> GroupOrder:
+    res = knn_search.search(vectors, cfg.neighbours, cfg.search, cfg.exact_threshold, cfg.nlist, cfg.nprobe,
+                            cfg.shards, cfg.recall_sample, seed=seed + epoch)
+    groups = knn_search.greedy_groups(res.neighbours, cfg.group_size, epoch_rng(seed, epoch, 1))
+    info = {"knn_method": res.method, "knn_seconds": res.seconds, "knn_recall": res.recall}
+    return GroupOrder(np.concatenate(groups), np.array([len(g) for g in groups], dtype=np.int64), info)
+
+
+def keyed_order(keys: np.ndarray, group_size: int, rng: np.random.Generator) -> GroupOrder:
+    """Sort by key (random tie-break), cut into groups of ``group_size``, shuffle the groups."""
+    n = len(keys)
+    order = np.lexsort((rng.random(n), keys))
+    starts = np.arange(0, n, group_size)
+    sizes = np.minimum(group_size, n - starts)
+    perm = rng.permutation(len(starts))
+    order = np.concatenate([order[starts[g]:starts[g] + sizes[g]] for g in perm]) if n else order
+    return GroupOrder(order, sizes[perm])
+
+
+def shingle_key(text: str, seed: int, epoch: int, row_id: int) -> int:
+    """Hash of one random content word of ``text`` (a random, unique key when it has none)."""
+    from raycse.data.corpus import text_key
+
+    words = [w for w in WORD.findall(text.lower()) if len(w) > 2 and w not in STOPWORDS]
+    rng = np.random.default_rng([seed, epoch, row_id])
+    if not words:
+        return int(rng.integers(1 << 62)) | (1 << 62)  # its own group: no shared word to group by
+    return text_key(words[int(rng.integers(len(words)))])
+
+
+def cluster_keys(vectors: np.ndarray, k: Optional[int], group_size: int, seed: int) -> np.ndarray:
+    import faiss
+
+    x = knn_search.normalize(vectors)
+    n = len(x)
+    k = int(min(n, k or max(1, min(4096, n // (4 * group_size)))))
+    km = faiss.Kmeans(x.shape[1], k, niter=20, seed=seed, spherical=True, max_points_per_centroid=256)
+    km.train(x)
+    _, assign = km.index.search(x, 1)
+    return assign[:, 0].astype(np.int64)
+
+
+def group_order(cfg, n: int, seed: int, epoch: int, vectors: Optional[Callable[[], np.ndarray]] = None,
+                shingles: Optional[Callable[[], np.ndarray]] = None) -> GroupOrder:
+    """The group order of one epoch for ``cfg.strategy``; embeddings/keys are computed on demand."""
+    if cfg.strategy == "random":
+        return random_order(n, seed, epoch)
+    if cfg.strategy == "knn":
+        return knn_order(vectors(), cfg, seed, epoch)
+    if cfg.strategy == "cluster":
+        return keyed_order(cluster_keys(vectors(), cfg.clusters, cfg.group_size, seed + epoch), cfg.group_size,
+                           epoch_rng(seed, epoch, 2))
+    if cfg.strategy == "shingle":
+        return keyed_order(shingles(), cfg.group_size, epoch_rng(seed, epoch, 3))
+    raise ValueError(f"unknown grouping strategy {cfg.strategy}")

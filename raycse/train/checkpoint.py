@@ -1,0 +1,101 @@
+"""Training checkpoints: what a run needs to continue exactly where it stopped.
+
+Layout of one checkpoint directory (Ray Train merges the files every worker reports):
+
+    model/                 the encoder as a loadable HF + sentence-transformers directory (export)
+    state/module.safetensors   every tensor of encoder + objective (heads, tau, SG-OPT's frozen copy)
+    state/optim.pt         optimizer + LR scheduler state dicts (tensors and numbers only)
+    state/train.json       step, epoch, loss history, scores
+    state/rng_rank{r}.pt   each worker's torch RNG state (dropout masks continue, not repeat)
+    state/MANIFEST.json    sizes and BLAKE2 digests of rank 0's files, written last
+
+Safety: weights are safetensors; ``optim.pt`` and the RNG files load with
+``torch.load(weights_only=True)``, which refuses to unpickle arbitrary objects. A checkpoint
+whose manifest is missing or does not match its files (a copy cut short) is rejected with a
+warning instead of being loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+MODEL_DIR, STATE_DIR, MANIFEST = "model", "state", "MANIFEST.json"
+log = logging.getLogger("raycse.train")
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write(root: Path, module, optimizer, scheduler, state: dict) -> None:
+    """Rank 0's part: model export, full module tensors, optimizer/scheduler, counters, manifest."""
+    from safetensors.torch import save_model
+
+    module.encoder.save(root / MODEL_DIR)
+    sdir = root / STATE_DIR
+    sdir.mkdir(parents=True, exist_ok=True)
+    save_model(module, str(sdir / "module.safetensors"))
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, sdir / "optim.pt")
+    (sdir / "train.json").write_text(json.dumps(state, default=float))
+    files = [p for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST and "rng_rank" not in p.name]
+    manifest = {str(p.relative_to(root)): {"bytes": p.stat().st_size, "blake2b": _digest(p)} for p in files}
+    (sdir / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def write_rng(root: Path, rank: int) -> None:
+    sdir = root / STATE_DIR
+    sdir.mkdir(parents=True, exist_ok=True)
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    torch.save(state, sdir / f"rng_rank{rank}.pt")
+
+
+def verify(root: Path) -> Optional[str]:
+    """None if the checkpoint is whole, else what is wrong with it."""
+    mpath = root / STATE_DIR / MANIFEST
+    if not mpath.is_file():
+        return "no manifest (the checkpoint was not finished)"
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (ValueError, OSError) as exc:
+        return f"unreadable manifest ({exc})"
+    for rel, meta in manifest.items():
+        p = root / rel
+        if not p.is_file():
+            return f"{rel} is missing"
+        if p.stat().st_size != meta["bytes"]:
+            return f"{rel} has {p.stat().st_size} bytes, expected {meta['bytes']}"
+        if _digest(p) != meta["blake2b"]:
+            return f"{rel} does not match its digest"
+    return None
+
+
+def load(root: Path, module, optimizer, scheduler, rank: int) -> dict:
+    """Restore module tensors, optimizer, scheduler and this rank's RNG; return the counters."""
+    from safetensors.torch import load_model
+
+    sdir = root / STATE_DIR
+    load_model(module, str(sdir / "module.safetensors"))
+    opt = torch.load(sdir / "optim.pt", weights_only=True, map_location="cpu")
+    optimizer.load_state_dict(opt["optimizer"])
+    scheduler.load_state_dict(opt["scheduler"])
+    rng = sdir / f"rng_rank{rank}.pt"
+    if rng.is_file():
+        state = torch.load(rng, weights_only=True)
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state(state["cuda"])
+    else:
+        log.warning(f"[raycse] checkpoint has no RNG state for rank {rank}; continuing with a fresh seed")
+    return json.loads((sdir / "train.json").read_text())
