@@ -176,6 +176,8 @@ class TrainConfig:
     checkpoint_steps: Optional[int] = None
     # Times a run restarts from its latest checkpoint after a worker dies (Ray Train FailureConfig).
     max_failures: int = 0
+    # Write every batch each worker trains on to DIR/rank{r}.jsonl (to inspect batch composition).
+    record_batches: Optional[str] = None
 
     def validate(self) -> None:
         _at_least("train.num_workers", self.num_workers, 1)

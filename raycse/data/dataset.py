@@ -189,7 +189,8 @@ def raw_dataset(d, seed: int):
         ds = ray.data.read_parquet(paths, columns=wanted, shuffle=_file_shuffle(seed))
         return ds.map_batches(CleanColumns(columns, d.max_chars), batch_format="numpy", zero_copy_batch=False)
     ds = ray.data.read_binary_files(paths, include_paths=True, shuffle=_file_shuffle(seed))
-    return ds.map_batches(ParseFiles(fmt, columns, d.max_chars, d.on_decode_error), batch_size=1,
+    # format auto: each file by its own suffix (a .txt and a .jsonl can be read together)
+    return ds.map_batches(ParseFiles(d.format, columns, d.max_chars, d.on_decode_error), batch_size=1,
                           batch_format="numpy", zero_copy_batch=False)
 
 

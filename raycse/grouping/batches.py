@@ -1,8 +1,9 @@
 """From a group order to the rows the train workers read: one row = one worker's batch.
 
-Packing (:func:`pack`): groups are laid into batches of exactly ``batch_size`` examples in
-order; a group that does not fit the room left looks ahead (up to 64 groups) for one that does,
-and is split only when none does (counted). Consecutive batches form a step: batch ``b`` goes
+Packing (:func:`pack`): groups are laid, in order, into the first of the last 64 open batches
+with room for them (first fit), else into a new batch. Batches left short at the end are topped
+up from the last short ones, which splits only those donors' groups (counted; none when the
+group size divides the batch size and all groups are full). Consecutive batches form a step: batch ``b`` goes
 to worker ``b % world_size`` at step ``b // world_size``. Only whole steps are kept, so every
 worker runs the same number of steps (no DDP hang) and at most one global batch minus one
 example is left out per epoch (the final partial step).
@@ -15,7 +16,6 @@ intact: a row-per-sentence dataset is re-blocked and mixed on its way to the wor
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,29 +36,45 @@ class Packing:
 
 
 def pack(order: GroupOrder, batch_size: int, world_size: int) -> Packing:
-    pending = deque(order.groups())
-    batches, cur, split = [], [], 0
-    while pending:
-        group = pending.popleft()
-        room = batch_size - len(cur)
-        if len(group) > room:
-            for j in range(min(LOOKAHEAD, len(pending))):
-                if len(pending[j]) <= room:
-                    pending.appendleft(group)
-                    group = pending[j + 1]
-                    del pending[j + 1]
-                    break
-            else:
-                pending.appendleft(group[room:])
-                group = group[:room]
-                split += 1
-        cur.extend(group.tolist())
-        if len(cur) == batch_size:
-            batches.append(cur)
-            cur = []
-    usable = (len(batches) // world_size) * world_size
-    arr = np.asarray(batches[:usable], dtype=np.int64).reshape(usable, batch_size)
-    return Packing(arr, split, len(order.order) - arr.size)
+    groups = order.groups()
+    bins: list[list[int]] = []
+    open_bins: list[int] = []  # bins with room left, oldest first
+    for g in groups:
+        g = g.tolist()
+        while len(g) > batch_size:  # cannot happen with validated configs; keep it total anyway
+            bins.append(g[:batch_size])
+            g = g[batch_size:]
+        for k in open_bins[-LOOKAHEAD:]:
+            if batch_size - len(bins[k]) >= len(g):
+                bins[k].extend(g)
+                if len(bins[k]) == batch_size:
+                    open_bins.remove(k)
+                break
+        else:
+            bins.append(g)
+            if len(g) < batch_size:
+                open_bins.append(len(bins) - 1)
+    # Bins nobody could fill: top them up from the last ones (splitting only those donors' groups).
+    partial = [k for k in range(len(bins)) if len(bins[k]) < batch_size]
+    i, j = 0, len(partial) - 1
+    while i < j:
+        need = batch_size - len(bins[partial[i]])
+        donor = bins[partial[j]]
+        moved = donor[-need:]
+        del donor[-need:]
+        bins[partial[i]].extend(moved)
+        if len(bins[partial[i]]) == batch_size:
+            i += 1
+        if not donor:
+            j -= 1
+    full = [b for b in bins if len(b) == batch_size]
+    usable = (len(full) // world_size) * world_size
+    arr = np.asarray(full[:usable], dtype=np.int64).reshape(usable, batch_size)
+    batch_of = np.full(len(order.order), -1, dtype=np.int64)
+    if arr.size:
+        batch_of[arr.reshape(-1)] = np.repeat(np.arange(usable), batch_size)
+    split = sum(len(set(batch_of[g].tolist()) - {-1}) > 1 for g in groups if len(g) > 1)
+    return Packing(arr, int(split), len(order.order) - arr.size)
 
 
 class _Tag:

@@ -7,6 +7,7 @@ with a checkpoint every ``eval.eval_steps`` steps (rank 0 scores STS-B dev).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import tempfile
@@ -111,6 +112,12 @@ def row_examples(row: dict) -> list:
     return list(zip(texts, list(row["pair"]), scores))
 
 
+def record_batch(directory: Path, rank: int, step: int, epoch: int, examples: list) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / f"rank{rank}.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"step": step, "epoch": epoch, "examples": examples}) + "\n")
+
+
 def train_loop_per_worker(config: dict) -> None:
     import ray
     import ray.train
@@ -187,6 +194,8 @@ def train_loop_per_worker(config: dict) -> None:
         epoch = int(row["epoch"])
         t0 = time.perf_counter()
         examples = row_examples(row)
+        if run.train.record_batches:
+            record_batch(Path(run.train.record_batches), rank, step, epoch, examples)
         batch = move(core.objective.collate(examples, tokenizer, run.model.max_length), device)
         with autocast(device, dtype):
             out = module(batch)
