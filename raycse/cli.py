@@ -3,6 +3,9 @@
     raycse train  --corpus FILE [--config run.yaml] [flags]   fine-tune on Ray Train
     raycse eval   MODEL --senteval-dir DIR [--tasks ...]         STS12-16, STS-B, SICK-R
     raycse objectives                                           list objectives and knobs
+    raycse tune   --space search_spaces/NAME.yaml [--seeds 3]    Ray Tune + Optuna search across seeds
+    raycse tune   --resume EXP_DIR                              continue an interrupted search
+    raycse analyze EXP_DIR [--export-best PATH]                 table, best config, PNG plots
 
 Flags override the YAML config; ``--set section.key=value`` reaches any config key.
 User errors print one line ``raycse: error: ...`` and exit 2.
@@ -94,6 +97,51 @@ def _eval_parser(sub) -> None:
     p.add_argument("--json", dest="json_out", default=None, help="also write the scores to this JSON file")
 
 
+def _tune_parser(sub) -> None:
+    p = sub.add_parser(
+        "tune", help="search hyperparameters with Ray Tune + Optuna, each configuration over k seeds",
+        description="Ray Tune with the Optuna searcher (TPE, seeded) and ASHA early stopping. Every configuration "
+                    "is trained with --seeds seeds that advance together rung by rung; Tune sees their mean, std "
+                    "and worst STS-B dev Spearman and optimises --target. Space files: search_spaces/*.yaml "
+                    "(fixed run settings + knobs with ranges). Results go to STORAGE_PATH/NAME; analyse them "
+                    "with 'raycse analyze'.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--space", help="search space YAML (see search_spaces/)")
+    p.add_argument("--resume", metavar="EXP_DIR", help="continue this interrupted experiment instead")
+    p.add_argument("--num-samples", type=int, default=8, help="configurations to try")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per configuration (0..k-1)")
+    p.add_argument("--rungs", type=int, default=3,
+                   help="reports per trial (at 1/R, 2/R, ... of its steps); ASHA stops trials between rungs")
+    p.add_argument("--target", default="mean", help="optimised score over seeds: mean, or mean-Kstd (e.g. mean-1std)")
+    p.add_argument("--searcher", default="optuna", choices=["optuna", "random"], help="optuna: TPE; random: baseline")
+    p.add_argument("--scheduler", default="asha", choices=["asha", "none"], help="early stopping between rungs")
+    p.add_argument("--grace-period", type=int, default=1, help="rungs every trial runs before ASHA may stop it")
+    p.add_argument("--reduction-factor", type=int, default=2, help="ASHA keeps 1/F of trials at each rung")
+    p.add_argument("--search-seed", type=int, default=0, help="seed of the searcher (TPE / random sampler)")
+    p.add_argument("--concurrent", type=int, default=None, help="trials at once (default: as many as the CPUs fit)")
+    p.add_argument("--storage-path", default="outputs/tune", help="where experiments are written (path or URI)")
+    p.add_argument("--name", default=None, help="experiment name (default SPACE-DATE-TIME)")
+    p.add_argument("--learn-from-truncated", action="store_true",
+                   help="let Optuna treat an early-stopped trial's last value as final (default: it is PRUNED)")
+    p.add_argument("--no-preflight", dest="preflight", action="store_false",
+                   help="skip the check that one trial fits the cluster (autoscaling clusters)")
+
+
+def _analyze_parser(sub) -> None:
+    p = sub.add_parser(
+        "analyze", help="table, best configuration and PNG plots of a tune experiment",
+        description="Prints every trial (knobs, mean +- std over seeds, worst, per-seed scores, status) and the best "
+                    "configuration; writes optimization_history.png, param_importances.png, score_vs_knobs.png and "
+                    "seed_spread.png.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("exp_dir", help="experiment directory printed by 'raycse tune'")
+    p.add_argument("--plot-dir", default=None, help="where the PNGs go (default EXP_DIR/plots)")
+    p.add_argument("--no-plots", dest="plots", action="store_false")
+    p.add_argument("--top", type=int, default=5, help="configurations in the per-seed spread plot")
+    p.add_argument("--export-best", default=None, metavar="PATH",
+                   help="copy the best configuration's best-seed model here (loadable by transformers and ST)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="raycse", description="Contrastive sentence-embedding training and tuning on Ray.")
@@ -101,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     _train_parser(sub)
     _eval_parser(sub)
     sub.add_parser("objectives", help="list the objectives and their knobs with defaults")
+    _tune_parser(sub)
+    _analyze_parser(sub)
     return parser
 
 
@@ -187,9 +237,48 @@ def cmd_objectives(_args) -> int:
     return 0
 
 
+def cmd_tune(args) -> int:
+    from raycse.analysis import analyze
+    from raycse.tune import TuneSettings, resume, tune_search
+
+    if bool(args.space) == bool(args.resume):
+        raise RaycseError("give exactly one of --space FILE (a new search) or --resume EXP_DIR")
+    if args.resume:
+        exp, _ = resume(args.resume)
+    else:
+        if args.seeds < 1:
+            raise RaycseError(f"--seeds must be >= 1, got {args.seeds}")
+        settings = TuneSettings(space=args.space, num_samples=args.num_samples, seeds=list(range(args.seeds)),
+                                rungs=args.rungs, target=args.target, searcher=args.searcher,
+                                scheduler=args.scheduler, grace_period=args.grace_period,
+                                reduction_factor=args.reduction_factor, search_seed=args.search_seed,
+                                concurrent=args.concurrent, learn_from_truncated=args.learn_from_truncated,
+                                preflight=args.preflight)
+        exp, _ = tune_search(settings, args.storage_path, args.name)
+    report = analyze(str(exp), plots=False)
+    print(report.table)
+    print(report.best_text)
+    print(f"[raycse] experiment: {exp}  (plots: raycse analyze {exp})")
+    return 0
+
+
+def cmd_analyze(args) -> int:
+    from raycse.analysis import analyze
+
+    report = analyze(args.exp_dir, plots=args.plots, plot_dir=args.plot_dir, export_best=args.export_best, top=args.top)
+    print(report.table)
+    print(report.best_text)
+    for p in report.plots:
+        print(f"[raycse] wrote {p}")
+    if report.exported:
+        print(f"[raycse] best model exported to {report.exported}")
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    handler = {"train": cmd_train, "eval": cmd_eval, "objectives": cmd_objectives}[args.command]
+    handler = {"train": cmd_train, "eval": cmd_eval, "objectives": cmd_objectives, "tune": cmd_tune,
+               "analyze": cmd_analyze}[args.command]
     try:
         return handler(args)
     except RaycseError as exc:

@@ -231,8 +231,9 @@ def load_corpus(d, seed: int, dedup: Optional[bool] = None) -> Corpus:
 
     dedup = d.dedup if dedup is None else dedup
     ds = raw_dataset(d, seed).randomize_block_order(seed=seed)
-    finish = ray.remote(num_returns=2)(_finish_block)
-    number = ray.remote(_select_and_number)
+    # DEFAULT scheduling: inside a Tune trial, tasks would otherwise be pinned to the trial's tiny bundle
+    finish = ray.remote(num_returns=2, scheduling_strategy="DEFAULT")(_finish_block)
+    number = ray.remote(scheduling_strategy="DEFAULT")(_select_and_number)
     with ray_data_errors():
         blocks = ds.to_arrow_refs()
         parts = [finish.remote(ref, seed, i) for i, ref in enumerate(blocks)]

@@ -34,8 +34,11 @@ def epoch_batches(corpus, grouping, batch_size: int, world_size: int, seed: int,
     ``vectors``: returns the corpus embeddings by row id (knn, cluster), e.g. :func:`embed_corpus`
     with the current model.
     """
+    import time
+
     from raycse.grouping.embed import shingle_keys
 
+    t0 = time.perf_counter()
     order = group_order(grouping, corpus.num_examples, seed, epoch, vectors=vectors,
                         shingles=lambda: shingle_keys(corpus, seed, epoch))
     packing = pack(order, batch_size, world_size)
@@ -44,7 +47,7 @@ def epoch_batches(corpus, grouping, batch_size: int, world_size: int, seed: int,
                           corpus.num_examples - max_steps * world_size * batch_size)
     rows = batch_rows(corpus.dataset, packing, corpus.num_examples, world_size, first_step, epoch)
     info = {**order.info, "split_groups": packing.split_groups, "dropped": packing.dropped,
-            "groups": int(len(order.sizes)), "mean_group_size": float(order.sizes.mean()) if len(order.sizes) else 0.0}
+            "groups": int(len(order.sizes)), "seconds": time.perf_counter() - t0, "mean_group_size": float(order.sizes.mean()) if len(order.sizes) else 0.0}
     log.info(f"[raycse] epoch {epoch}: {grouping.strategy} grouping, {info['groups']} groups "
              f"(mean size {info['mean_group_size']:.2f}), {packing.steps(world_size)} steps, "
              f"{packing.split_groups} group(s) split, {packing.dropped} example(s) left out")

@@ -50,6 +50,7 @@ def _empty_ivf(sample: np.ndarray, nlist: int, seed: int):
     quantizer = faiss.IndexFlatIP(d)
     index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
     index.cp.seed = seed
+    index.cp.niter = 10  # k-means iterations for the coarse quantizer (faiss default 25; see BENCHMARKS.md)
     index.train(sample)
     index.own_fields = True
     quantizer.this.disown()  # the IVF index owns its quantizer from here on
@@ -102,7 +103,7 @@ def search(vectors: np.ndarray, k: int, method: str = "auto", exact_threshold: i
     else:
         import ray
 
-        task = ray.remote(num_cpus=1)(_search_shard)
+        task = ray.remote(num_cpus=1, scheduling_strategy="DEFAULT")(_search_shard)
         q_ref = ray.put(x)
         ivf_ref = ray.put(ivf_bytes)
         outs = ray.get([task.remote(x[bounds[i]:bounds[i + 1]], q_ref, kk, int(bounds[i]), ivf_ref, nprobe,

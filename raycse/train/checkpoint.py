@@ -99,3 +99,23 @@ def load(root: Path, module, optimizer, scheduler, rank: int) -> dict:
     else:
         log.warning(f"[raycse] checkpoint has no RNG state for rank {rank}; continuing with a fresh seed")
     return json.loads((sdir / "train.json").read_text())
+
+
+def step_of(root: Path) -> int:
+    return int(json.loads((root / STATE_DIR / "train.json").read_text())["step"])
+
+
+def latest_valid(run_dir: Path) -> Optional[tuple[int, str]]:
+    """(step, path) of the furthest whole checkpoint under a Ray Train run directory; a checkpoint
+    that fails :func:`verify` is reported and skipped, never loaded."""
+    best = None
+    for d in sorted(run_dir.glob("checkpoint_*")) if run_dir.is_dir() else []:
+        problem = verify(d)
+        if problem is not None:
+            log.warning(f"[raycse] skipping checkpoint {d}: {problem}")
+            print(f"[raycse] warning: skipping checkpoint {d.name}: {problem}", flush=True)
+            continue
+        step = step_of(d)
+        if best is None or step > best[0]:
+            best = (step, str(d))
+    return best

@@ -18,6 +18,7 @@ import functools
 import json
 import os
 import shutil
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,11 +70,13 @@ def plan_phases(run: RunConfig, steps_per_epoch: int, total: int) -> list[list[i
 
 
 def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] = None,
-          run_name: str = "train") -> TrainResult:
+          run_name: str = "train", stop_at: Optional[int] = None) -> TrainResult:
     """Train ``run`` on Ray Train and return where the best model was saved.
 
     ``storage_path``: where Ray Train keeps checkpoints (default: inside the staging directory,
-    removed on success); a fixed path plus ``run_name`` lets a restarted driver resume.
+    removed on success); a fixed path plus ``run_name`` lets a restarted driver resume from the
+    latest whole checkpoint there. ``stop_at``: stop after this many steps but keep the learning-rate
+    schedule of the full run (Tune's rungs continue the same run later).
     """
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig as TrainRunConfig, ScalingConfig
@@ -117,11 +120,21 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         storage = storage_path or str(staging / "ray")
         dev_ref = ray.put(dev) if dev is not None else None
         grouping_log: list[dict] = []
-        latest = None
+        fit_seconds: list[float] = []
+        stop = min(total, stop_at or total)
+        resume = ckpt.latest_valid(Path(storage) / run_name) if storage_path else None
+        done = resume[0] if resume else 0
+        if resume:
+            print(f"[raycse] resuming from step {done} ({resume[1]})", flush=True)
+        latest_dir = resume[1] if resume else None
+        result = None
         for phase in plan_phases(run, spe, total):
-            embed_from = model_path
-            if latest is not None:
-                embed_from = str(Path(latest.path) / ckpt.MODEL_DIR)
+            phase_end = min(stop, (phase[-1] + 1) * spe)
+            if phase_end <= done and result is None and phase_end < stop:
+                continue  # finished before the restart
+            if phase[0] * spe >= stop:
+                break
+            embed_from = model_path if latest_dir is None else str(Path(latest_dir) / ckpt.MODEL_DIR)
             vectors = functools.lru_cache(maxsize=1)(
                 lambda p=embed_from: embed_corpus(corpus, p, run.model.max_length, run.grouping.embed_actors,
                                                   run.grouping.embed_batch_size, t.use_gpu, t.precision))
@@ -138,11 +151,11 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
                              if eb.info.get("knn_recall") is not None else ""), flush=True)
                 per_epoch.append(eb.datasets)
             per_rank = concat_epochs(per_epoch)
-            phase_end = min(total, (phase[-1] + 1) * spe)
             trainer = TorchTrainer(
                 train_loop_per_worker,
-                train_loop_config={"run": run.to_dict(), "dev": dev_ref, "threads": max(1, int(cpus)),
-                                   "total_steps": total, "phase_end": phase_end},
+                train_loop_config={"run": run.to_dict(), "dev": dev_ref, "threads": max(1, round(cpus)),
+                                   "total_steps": total, "phase_end": phase_end,
+                                   "resume_path": latest_dir},
                 scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu,
                                              resources_per_worker={"CPU": cpus}),
                 datasets=per_rank,
@@ -155,11 +168,13 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
                         checkpoint_score_order="max"),
                 ),
             )
+            t_fit = time.perf_counter()
             result = trainer.fit()
+            fit_seconds.append(time.perf_counter() - t_fit)
             if result.error:
                 raise result.error
-            latest = result.checkpoint
-        best, best_metrics = latest, dict(result.metrics or {})
+            latest_dir = result.checkpoint.path if result.checkpoint is not None else latest_dir
+        best, best_metrics = result.checkpoint, dict(result.metrics or {})
         if dev is not None and result.best_checkpoints:
             best, best_metrics = max(result.best_checkpoints, key=lambda cm: cm[1].get(SCORE_METRIC, float("-inf")))
         if best is None:
@@ -167,7 +182,8 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         with best.as_directory() as d:
             shutil.copytree(Path(d) / ckpt.MODEL_DIR, staging / "model")
         summary = {"best": best_metrics, "last": result.metrics, "corpus": stats.__dict__,
-                   "num_examples": corpus.num_examples, "steps_per_epoch": spe, "grouping": grouping_log}
+                   "num_examples": corpus.num_examples, "steps_per_epoch": spe, "grouping": grouping_log,
+                   "fit_seconds": fit_seconds}
         (staging / "metrics.json").write_text(json.dumps(summary, indent=2, default=str))
         (staging / "config.yaml").write_text(yaml.safe_dump(run.to_dict(), sort_keys=False))
         shutil.rmtree(staging / "ray", ignore_errors=True)

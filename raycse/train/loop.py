@@ -144,15 +144,24 @@ def train_loop_per_worker(config: dict) -> None:
     scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
 
     step, history, initial = 0, [], None
-    resumed = ray.train.get_checkpoint()
-    if resumed is not None:
-        with resumed.as_directory() as d:
+    # Resume from the furthest whole checkpoint: Ray's latest (after a worker failure) or the one the
+    # driver found (a restarted run); a checkpoint that fails its manifest check is skipped.
+    candidates = [c for c in (ray.train.get_checkpoint(),) if c is not None]
+    if config.get("resume_path"):
+        candidates.append(ray.train.Checkpoint(config["resume_path"]))
+    chosen = None
+    for cand in candidates:
+        with cand.as_directory() as d:
             problem = ckpt.verify(Path(d))
-            if problem is None:
-                state = ckpt.load(Path(d), core, opt, sched, rank)
-                step, history, initial = int(state["step"]), list(state["loss_history"]), state.get("initial")
-            else:
-                log.warning(f"[raycse] skipping checkpoint {resumed.path}: {problem}; starting from step 0")
+            if problem is not None:
+                log.warning(f"[raycse] skipping checkpoint {cand.path}: {problem}")
+                continue
+            if chosen is None or ckpt.step_of(Path(d)) > chosen[0]:
+                chosen = (ckpt.step_of(Path(d)), cand)
+    if chosen is not None:
+        with chosen[1].as_directory() as d:
+            state = ckpt.load(Path(d), core, opt, sched, rank)
+        step, history, initial = int(state["step"]), list(state["loss_history"]), state.get("initial")
 
     def evaluate() -> Optional[float]:
         if dev is None or rank != 0:
@@ -179,6 +188,11 @@ def train_loop_per_worker(config: dict) -> None:
                  f"global batch {run.train.batch_size * world_size}, precision {dtype or 'fp32'}, "
                  f"threads {torch.get_num_threads()}" + (", resumed" if step else "")
                  + (f", STS-B dev before: {initial:.2f}" if initial is not None and step == 0 else ""))
+    if step >= phase_end:  # a restart after this phase had finished: report its state again
+        score = evaluate()
+        report({"step": step, "loss_history": history, "total_steps": total,
+                **({SCORE_METRIC: score, SCORE_METRIC + "_initial": initial} if score is not None else {})})
+        return
     module.train()
     window = []
     train_time, seen = 0.0, 0  # examples (sentences or pairs) over all workers, this phase
@@ -228,8 +242,8 @@ def train_loop_per_worker(config: dict) -> None:
             log.info(f"[raycse] step {step}/{total} ({100 * step / total:.0f}%) epoch {epoch} "
                      f"loss {sum(recent) / len(recent):.4f} lr {sched.get_last_lr()[0]:.2e} "
                      f"{seen / max(train_time, 1e-9):.1f} examples/s")
-        scored = step % eval_every == 0 or step == total
-        if scored or step % ckpt_every == 0 or step == phase_end:
+        scored = step % eval_every == 0 or step == phase_end  # a run's end and each fit's end are scored
+        if scored or step % ckpt_every == 0:
             if window:
                 history.append(sum(window) / len(window))
                 window = []

@@ -1,0 +1,158 @@
+"""Analysis of a tune experiment: a table of trials, the best configuration, PNG plots, model export.
+
+Reads the experiment directory as Tune wrote it (``<trial>/params.json`` and ``result.json``,
+one JSON line per reported rung), so it works on finished, stopped or interrupted experiments
+and needs no running cluster.
+
+    from raycse.analysis import analyze
+    report = analyze("outputs/tune/simcse-20261121-120000", plots=True, export_best="best_model")
+    print(report.table)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from raycse.errors import ConfigError
+
+
+@dataclass
+class TrialRecord:
+    name: str
+    path: Path
+    params: dict
+    results: list[dict]
+    error: Optional[str] = None
+
+    @property
+    def last(self) -> dict:
+        return self.results[-1] if self.results else {}
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.results) and self.last.get("rung") == self.last.get("final_rung")
+
+    def status(self, finished: bool) -> str:
+        if self.error:
+            return "error"
+        if not self.results:
+            return "not started" if finished else "pending"
+        if self.complete:
+            return "complete"
+        return f"stopped at rung {self.last['rung']}/{self.last['final_rung']}" if finished else \
+            f"incomplete (rung {self.last['rung']}/{self.last['final_rung']})"
+
+
+@dataclass
+class Report:
+    trials: list[TrialRecord]
+    table: str
+    best: Optional[TrialRecord]
+    best_text: str
+    plots: list[Path] = field(default_factory=list)
+    exported: Optional[Path] = None
+
+
+def load_trials(exp_dir: Path) -> list[TrialRecord]:
+    trials = []
+    for d in sorted(p for p in exp_dir.iterdir() if p.is_dir() and (p / "params.json").is_file()):
+        results = []
+        if (d / "result.json").is_file():
+            for line in (d / "result.json").read_text().splitlines():
+                if line.strip():
+                    results.append(json.loads(line))
+        err = (d / "error.txt").read_text().strip().splitlines()[-1] if (d / "error.txt").is_file() else None
+        trials.append(TrialRecord(d.name, d, json.loads((d / "params.json").read_text()), results, err))
+    trials.sort(key=lambda t: t.results[0].get("timestamp", 0) if t.results else float("inf"))
+    return trials
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+def format_table(trials: list[TrialRecord], knobs: list[str], finished: bool) -> str:
+    head = ["#", "trial"] + knobs + ["mean +- std", "worst", "seeds", "status"]
+    rows = []
+    for i, t in enumerate(trials, 1):
+        m = t.last
+        score = f"{m['mean']:.2f} +- {m['std']:.2f}" if "mean" in m else "-"
+        rows.append([str(i), t.name]
+                    + [_fmt(t.params.get(k, "-")) for k in knobs]
+                    + [score, f"{m['worst']:.2f}" if "worst" in m else "-",
+                       " ".join(f"{s:.2f}" for s in m.get("seed_scores", [])) or "-", t.status(finished)])
+    widths = [max(len(r[c]) for r in [head] + rows) for c in range(len(head))]
+    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths))  # noqa: E731
+    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def analyze(exp_dir: str, plots: bool = True, plot_dir: Optional[str] = None, export_best: Optional[str] = None,
+            top: int = 5) -> Report:
+    """Table, best configuration, PNG plots (in ``plot_dir``, default EXP_DIR/plots) and optional export."""
+    from raycse.tune.search import load_settings
+
+    exp = Path(exp_dir).resolve()
+    if not exp.is_dir():
+        raise ConfigError(f"experiment directory not found: {exp}")
+    settings, _ = load_settings(exp)
+    trials = load_trials(exp)
+    if not trials:
+        raise ConfigError(f"{exp} has no trials yet; run or resume the experiment first")
+    knobs = sorted({k for t in trials for k in t.params})
+    finished = all(t.results or t.error for t in trials) and len(trials) >= settings.num_samples
+    table = format_table(trials, knobs, finished)
+    scored = [t for t in trials if "target" in t.last]
+    complete = [t for t in scored if t.complete] or scored
+    best = max(complete, key=lambda t: t.last["target"]) if complete else None
+    best_text = "no trial has reported a score yet"
+    if best is not None:
+        m = best.last
+        best_text = (f"best: {best.name}  target ({settings.target}) {m['target']:.2f}  mean {m['mean']:.2f} +- "
+                     f"{m['std']:.2f}  worst {m['worst']:.2f}\n  config: "
+                     + ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(best.params.items()))
+                     + "\n  seeds: " + ", ".join(f"{s}: {v:.2f}" for s, v in zip(m["seeds"], m["seed_scores"])))
+    report = Report(trials, table, best, best_text)
+    if plots:
+        out = Path(plot_dir) if plot_dir else exp / "plots"
+        out.mkdir(parents=True, exist_ok=True)
+        from raycse.analysis.plots import write_plots
+
+        report.plots = write_plots(trials, knobs, out, settings.target, top)
+    if export_best:
+        report.exported = export_model(best, Path(export_best))
+    return report
+
+
+def export_model(best: Optional[TrialRecord], dest: Path) -> Path:
+    """Copy the best trial's best seed's model (atomically: staged beside ``dest``, then renamed)."""
+    if best is None:
+        raise ConfigError("no finished trial to export")
+    m = best.last
+    seed = m["seeds"][max(range(len(m["seed_scores"])), key=lambda i: m["seed_scores"][i])]
+    src = best.path / f"seed{seed}" / "model_out" / "model"
+    if not (src / "config.json").is_file():
+        raise ConfigError(f"the best trial's model is missing ({src}); was the experiment directory moved or pruned?")
+    if dest.exists() and any(dest.iterdir()):
+        raise ConfigError(f"--export-best {dest} exists and is not empty; choose another path")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = dest.parent / f".{dest.name}.partial-{uuid.uuid4().hex[:8]}"
+    try:
+        shutil.copytree(src, staging)
+        if dest.exists():
+            dest.rmdir()
+        os.replace(staging, dest)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return dest
+
+
+__all__ = ["analyze", "export_model", "load_trials", "Report", "TrialRecord"]

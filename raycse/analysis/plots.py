@@ -1,0 +1,134 @@
+"""PNG plots of a tune experiment (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_plots(trials, knobs: list[str], out: Path, target: str, top: int) -> list[Path]:
+    scored = [t for t in trials if "target" in t.last]
+    return [p for p in (history(scored, out, target), importances(scored, knobs, out), score_vs_knobs(scored, knobs, out),
+                        seed_spread(scored, out, top)) if p is not None]
+
+
+def history(trials, out: Path, target: str) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    y = [t.last["target"] for t in trials]
+    done = [t.complete for t in trials]
+    x = np.arange(1, len(y) + 1)
+    ax.scatter(x[np.array(done, dtype=bool)], np.array(y)[np.array(done, dtype=bool)], label="complete", zorder=3)
+    if not all(done):
+        mask = ~np.array(done, dtype=bool)
+        ax.scatter(x[mask], np.array(y)[mask], marker="x", label="stopped early (last rung)", zorder=3)
+    best = np.maximum.accumulate([v if d else -np.inf for v, d in zip(y, done)]) if any(done) else None
+    if best is not None:
+        ax.step(x, best, where="post", color="k", label="best so far (complete)")
+    ax.set_xlabel("trial (start order)")
+    ax.set_ylabel(f"target: {target} of STS-B dev Spearman")
+    ax.set_title("Optimisation history")
+    ax.legend(fontsize=8)
+    return _save(fig, out / "optimization_history.png")
+
+
+def importances(trials, knobs: list[str], out: Path) -> Path:
+    """fANOVA importances (Optuna) over the complete trials; a note instead when there are too few."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    values, message = _importances(trials, knobs)
+    if values:
+        names = list(values)[::-1]
+        ax.barh(names, [values[n] for n in names])
+        ax.set_xlabel("importance (fANOVA, share of variance)")
+    else:
+        ax.text(0.5, 0.5, message, ha="center", va="center", wrap=True)
+        ax.set_axis_off()
+    ax.set_title("Parameter importances")
+    return _save(fig, out / "param_importances.png")
+
+
+def _importances(trials, knobs):
+    import optuna
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+    done = [t for t in trials if t.complete]
+    shared = [k for k in knobs if all(k in t.params for t in done)]
+    varying = [k for k in shared if len({repr(t.params[k]) for t in done}) > 1]
+    if len(done) < 3 or not varying:
+        return {}, f"needs >= 3 complete trials with varying knobs ({len(done)} complete)"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    for t in done:
+        dists, params = {}, {}
+        for k in varying:
+            v = t.params[k]
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                lo = min(float(d.params[k]) for d in done)
+                hi = max(float(d.params[k]) for d in done)
+                dists[k], params[k] = FloatDistribution(lo, hi), float(v)
+            else:
+                choices = tuple(sorted({repr(d.params[k]) for d in done}))
+                dists[k], params[k] = CategoricalDistribution(choices), repr(v)
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=t.last["target"]))
+    try:
+        return optuna.importance.get_param_importances(study), ""
+    except Exception as exc:  # noqa: BLE001 - a plot must not fail the analysis
+        return {}, f"importances not computable: {exc}"
+
+
+def score_vs_knobs(trials, knobs: list[str], out: Path) -> Path:
+    plt = _plt()
+    n = max(1, len(knobs))
+    fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 3.2), squeeze=False)
+    for ax, k in zip(axes[0], knobs):
+        pts = [(t.params[k], t.last["mean"], t.last["std"], t.complete) for t in trials if k in t.params]
+        if not pts:
+            continue
+        xs = [p[0] for p in pts]
+        numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
+        pos = xs if numeric else [sorted({repr(x) for x in xs}).index(repr(x)) for x in xs]
+        for (x, m, s, c), px in zip(pts, pos):
+            ax.errorbar(px, m, yerr=s, fmt="o" if c else "x", color="C0" if c else "C1", capsize=3)
+        if numeric and min(xs) > 0 and max(xs) / min(xs) > 20:
+            ax.set_xscale("log")
+        if not numeric:
+            labels = sorted({repr(x) for x in xs})
+            ax.set_xticks(range(len(labels)), [lab.strip("'") for lab in labels], rotation=30)
+        ax.set_xlabel(k)
+        ax.set_ylabel("STS-B dev (mean +- std over seeds)")
+    fig.suptitle("Score vs each knob (o complete, x stopped early)")
+    return _save(fig, out / "score_vs_knobs.png")
+
+
+def seed_spread(trials, out: Path, top: int) -> Path:
+    plt = _plt()
+    ranked = sorted([t for t in trials if t.complete] or trials, key=lambda t: -t.last["target"])[:top]
+    fig, ax = plt.subplots(figsize=(1.4 * max(3, len(ranked)) + 1, 4))
+    for i, t in enumerate(ranked):
+        vals = t.last["seed_scores"]
+        ax.scatter([i] * len(vals), vals, color="C0", zorder=3)
+        ax.hlines(np.mean(vals), i - 0.25, i + 0.25, color="k")
+    ax.set_xticks(range(len(ranked)), [f"#{i + 1}\n{t.name[-11:]}" for i, t in enumerate(ranked)], fontsize=7)
+    ax.set_ylabel("STS-B dev Spearman per seed")
+    ax.set_title(f"Per-seed spread of the top {len(ranked)} configurations (line: mean)")
+    return _save(fig, out / "seed_spread.png")
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path

@@ -1,0 +1,202 @@
+"""Ray Tune + Optuna over a search space, each trial k seeds; resumable.
+
+:func:`tune_search` starts an experiment, :func:`resume` continues one. Both write
+``raycse_tune.json`` (the settings) and a copy of the space file into the experiment directory,
+so that a resumed run, ``raycse analyze`` and a notebook see exactly what ran.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from raycse.errors import ConfigError
+from raycse.tune.space import SearchSpace, load_space
+from raycse.tune.trial import TARGET, TrialSetup, parse_target, run_trial
+
+SETTINGS = "raycse_tune.json"
+TRIAL_CPU = 0.01  # the trial function only coordinates; the Train workers hold the real CPUs
+
+
+@dataclass
+class TuneSettings:
+    space: str
+    num_samples: int = 8
+    seeds: list = field(default_factory=lambda: [0, 1, 2])
+    rungs: int = 3
+    target: str = "mean"
+    searcher: str = "optuna"  # optuna (TPE) | random
+    scheduler: str = "asha"  # asha | none
+    grace_period: int = 1
+    reduction_factor: int = 2
+    search_seed: int = 0
+    concurrent: Optional[int] = None
+    learn_from_truncated: bool = False
+    preflight: bool = True
+
+    def validate(self) -> "TuneSettings":
+        if self.num_samples < 1:
+            raise ConfigError(f"--num-samples must be >= 1, got {self.num_samples}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(f"seeds must be distinct and at least one, got {self.seeds}")
+        if self.rungs < 1:
+            raise ConfigError(f"--rungs must be >= 1, got {self.rungs}")
+        if self.searcher not in ("optuna", "random"):
+            raise ConfigError(f"--searcher must be optuna or random, got {self.searcher!r}")
+        if self.scheduler not in ("asha", "none"):
+            raise ConfigError(f"--scheduler must be asha or none, got {self.scheduler!r}")
+        if not 1 <= self.grace_period <= self.rungs:
+            raise ConfigError(f"--grace-period must be in [1, rungs={self.rungs}], got {self.grace_period}")
+        if self.reduction_factor < 2:
+            raise ConfigError(f"--reduction-factor must be >= 2, got {self.reduction_factor}")
+        self.target = parse_target(self.target)
+        return self
+
+
+def _optuna_search(space: SearchSpace, settings: TuneSettings):
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+
+    class TruncationAwareOptunaSearch(OptunaSearch):
+        """Trials ASHA stopped early go to Optuna as PRUNED, not as finished values (unless asked)."""
+
+        def __init__(self, *args, learn_from_truncated: bool = False, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.learn_from_truncated = learn_from_truncated
+
+        def on_trial_complete(self, trial_id: str, result: Optional[dict] = None, error: bool = False):
+            if result and not self.learn_from_truncated and result.get("rung", 0) < result.get("final_rung", 0):
+                result = None
+            super().on_trial_complete(trial_id, result, error)
+
+    sampler = (optuna.samplers.TPESampler(seed=settings.search_seed) if settings.searcher == "optuna"
+               else optuna.samplers.RandomSampler(seed=settings.search_seed))
+    return TruncationAwareOptunaSearch(space=space.define_by_run(), metric=TARGET, mode="max", sampler=sampler,
+                                       learn_from_truncated=settings.learn_from_truncated)
+
+
+def _scheduler(settings: TuneSettings):
+    if settings.scheduler == "none" or settings.rungs == 1:
+        return None
+    from ray.tune.schedulers import ASHAScheduler
+
+    return ASHAScheduler(time_attr="rung", metric=TARGET, mode="max", max_t=settings.rungs,
+                         grace_period=settings.grace_period, reduction_factor=settings.reduction_factor)
+
+
+def preflight(space: SearchSpace, settings: TuneSettings) -> tuple[int, int, float]:
+    """Read the corpus once and check that one trial fits the cluster; returns
+    (examples, concurrent trials, CPUs per Train worker). Fails with the numbers instead of
+    letting trials wait in PENDING forever."""
+    import ray
+
+    from raycse.data.dataset import load_corpus
+    from raycse.encoder import resolve_model
+    from raycse.train.driver import check_data_fits_objective
+
+    run = space.run_config({})
+    if not run.data.corpus:
+        raise ConfigError(f"{space.path}: run.data.corpus is not set; name the training corpus in the space file")
+    check_data_fits_objective(run)
+    resolve_model(run.model.name_or_path)
+    corpus = load_corpus(run.data, run.train.seed)
+    total = ray.cluster_resources()
+    cpus, gpus = float(total.get("CPU", 0)), float(total.get("GPU", 0))
+    workers = run.train.num_workers
+    if run.train.use_gpu and gpus < workers and settings.preflight:
+        raise ConfigError(f"a trial needs {workers} GPU(s) (train.num_workers with use_gpu) but the cluster has "
+                          f"{gpus:g}; lower num_workers, add GPU nodes, or pass --no-preflight on an autoscaling cluster")
+    per_worker = run.train.cpus_per_worker
+    if per_worker is not None and settings.preflight and workers * per_worker + TRIAL_CPU > cpus:
+        raise ConfigError(f"a trial needs {workers} worker(s) x {per_worker:g} CPU + {TRIAL_CPU} = "
+                          f"{workers * per_worker + TRIAL_CPU:g} CPUs but the cluster has {cpus:g}; lower "
+                          f"train.num_workers / train.cpus_per_worker (or --no-preflight on an autoscaling cluster)")
+    concurrent = settings.concurrent
+    if concurrent is None:
+        need = workers * (per_worker or 1.0) + TRIAL_CPU
+        concurrent = max(1, int(cpus // need)) if not run.train.use_gpu else max(1, int(gpus // workers))
+    if per_worker is None:  # share the cluster between the concurrent trials' workers
+        per_worker = math.floor(100 * (cpus - concurrent * TRIAL_CPU) / (concurrent * workers)) / 100
+        if per_worker <= 0 and settings.preflight:
+            raise ConfigError(f"{concurrent} concurrent trial(s) x {workers} worker(s) do not fit {cpus:g} CPUs; "
+                              f"lower --concurrent or train.num_workers")
+    return corpus.num_examples, concurrent, per_worker
+
+
+def _trainable(settings: TuneSettings, space: SearchSpace, exp_dir: Path, num_examples: int, cpus_per_worker: float):
+    from ray import tune
+
+    setup = TrialSetup(space, list(settings.seeds), settings.rungs, settings.target, num_examples,
+                       str(exp_dir.parent), exp_dir.name, cpus_per_worker)
+    return tune.with_resources(tune.with_parameters(run_trial, setup=setup), {"CPU": TRIAL_CPU})
+
+
+def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name: Optional[str] = None):
+    """Run a search; returns (experiment directory, ResultGrid)."""
+    from ray import tune
+
+    from raycse.train.runtime import ensure_ray, quiet_ray_data
+
+    settings.validate()
+    space = load_space(settings.space)
+    name = name or f"{Path(settings.space).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    exp_dir = Path(storage_path).resolve() / name
+    if exp_dir.exists():
+        raise ConfigError(f"experiment directory {exp_dir} exists; continue it with --resume {exp_dir} or pick "
+                          f"another --name")
+    ensure_ray()
+    quiet_ray_data()
+    num_examples, concurrent, per_worker = preflight(space, settings)
+    exp_dir.mkdir(parents=True)
+    shutil.copy(settings.space, exp_dir / "space.yaml")
+    settings_dict = {**asdict(settings), "space": str(exp_dir / "space.yaml"), "num_examples": num_examples,
+                     "concurrent": concurrent, "cpus_per_worker": per_worker}
+    (exp_dir / SETTINGS).write_text(json.dumps(settings_dict, indent=2))
+    print(f"[raycse] experiment {exp_dir}: {settings.num_samples} configurations x {len(settings.seeds)} seeds, "
+          f"{settings.rungs} rung(s), {settings.searcher} search, scheduler {settings.scheduler}, "
+          f"{concurrent} concurrent trial(s), {per_worker:g} CPU per Train worker", flush=True)
+    tuner = tune.Tuner(
+        _trainable(settings, space, exp_dir, num_examples, per_worker),
+        tune_config=tune.TuneConfig(search_alg=_optuna_search(space, settings), scheduler=_scheduler(settings),
+                                    num_samples=settings.num_samples, max_concurrent_trials=concurrent),
+        run_config=tune.RunConfig(name=name, storage_path=str(exp_dir.parent), verbose=1,
+                                  checkpoint_config=tune.CheckpointConfig(num_to_keep=1)),
+    )
+    return exp_dir, tuner.fit()
+
+
+def load_settings(exp_dir: Path) -> tuple[TuneSettings, dict]:
+    path = Path(exp_dir) / SETTINGS
+    if not path.is_file():
+        raise ConfigError(f"{exp_dir} is not a raycse tune experiment (no {SETTINGS}); pass the directory "
+                          f"'raycse tune' printed")
+    raw = json.loads(path.read_text())
+    extra = {k: raw.pop(k) for k in ("num_examples", "cpus_per_worker")}
+    return TuneSettings(**raw), extra
+
+
+def resume(exp_dir: str):
+    """Continue an interrupted experiment: finished trials are kept, unfinished ones continue from
+    their last reported rung."""
+    from ray import tune
+
+    from raycse.train.runtime import ensure_ray, quiet_ray_data
+
+    exp = Path(exp_dir).resolve()
+    settings, extra = load_settings(exp)
+    space = load_space(settings.space)
+    ensure_ray()
+    quiet_ray_data()
+    if not tune.Tuner.can_restore(str(exp)):
+        raise ConfigError(f"{exp} has no Tune state to resume (the run stopped before its first trial started); "
+                          f"start it again")
+    print(f"[raycse] resuming {exp}", flush=True)
+    tuner = tune.Tuner.restore(str(exp), _trainable(settings, space, exp, extra["num_examples"],
+                                                    extra["cpus_per_worker"]),
+                               resume_unfinished=True, resume_errored=True)
+    return exp, tuner.fit()

@@ -1,0 +1,223 @@
+"""Search spaces: a YAML file of fixed settings plus the knobs to search, validated before anything runs.
+
+    description: HiCL on SimCSE (papers.md section 2)
+    run:                        # a run config (as configs/*.yaml) shared by every trial
+      objective: {name: hicl}
+      data: {max_sentences: 2048}
+    search:                     # knob: {distribution: [range]} (+ optional when: {knob: [values]})
+      tau:   {loguniform: [0.01, 0.1]}
+      alpha: {uniform: [0.0, 0.5]}
+      L:     {choice: [16, 32, 64], when: {objective: [hicl]}}
+
+Distributions: ``uniform``/``loguniform`` [low, high], ``int``/``logint`` [low, high],
+``choice`` [values...]. Knobs are the papers' names (see :data:`ALIASES`) or any dotted config
+key (``train.warmup_ratio``, ``objective.base``, ...). ``when`` makes a knob conditional on
+earlier knobs' values (slicing length only when HiCL is the objective).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from raycse.config import RunConfig, load_yaml, set_dotted
+from raycse.errors import ConfigError
+
+ALIASES = {
+    "objective": "objective.name",
+    "tau": "objective.temperature",
+    "lr": "train.lr",
+    "alpha": "objective.alpha",
+    "beta": "objective.beta",
+    "mu": "objective.mu",
+    "L": "objective.slice_length",
+    "lambda": "objective.lam",
+    "d0": "objective.d0",
+    "group_size": "grouping.group_size",
+    "grouping": "grouping.strategy",
+    "batch_size": "train.batch_size",
+    "warmup": "train.warmup_ratio",
+}
+DISTRIBUTIONS = ("uniform", "loguniform", "int", "logint", "choice")
+
+
+@dataclass
+class Knob:
+    name: str
+    key: str  # dotted config key
+    kind: str
+    args: list
+    when: dict = field(default_factory=dict)  # knob name -> allowed values
+
+    def active(self, chosen: dict) -> bool:
+        return all(chosen.get(k) in vals for k, vals in self.when.items())
+
+    def suggest(self, trial):
+        if self.kind == "uniform":
+            return trial.suggest_float(self.name, *self.args)
+        if self.kind == "loguniform":
+            return trial.suggest_float(self.name, *self.args, log=True)
+        if self.kind == "int":
+            return trial.suggest_int(self.name, *self.args)
+        if self.kind == "logint":
+            return trial.suggest_int(self.name, *self.args, log=True)
+        return trial.suggest_categorical(self.name, self.args)
+
+    def extremes(self) -> list:
+        return list(self.args) if self.kind == "choice" else [self.args[0], self.args[1]]
+
+    def sample(self, rng) -> Any:
+        """A draw from the same distribution without Optuna (random search)."""
+        lo, hi = (self.args + [None, None])[:2]
+        if self.kind == "uniform":
+            return float(rng.uniform(lo, hi))
+        if self.kind == "loguniform":
+            return float(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+        if self.kind == "int":
+            return int(rng.integers(lo, hi + 1))
+        if self.kind == "logint":
+            return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+        return self.args[int(rng.integers(len(self.args)))]
+
+
+class DefineByRun:
+    """Optuna's define-by-run function (a picklable object: Tune saves the searcher with the
+    experiment): only the knobs whose ``when`` holds are suggested."""
+
+    def __init__(self, knobs: list[Knob]):
+        self.knobs = knobs
+
+    def __call__(self, trial) -> None:
+        chosen: dict = {}
+        for knob in self.knobs:
+            if knob.active(chosen):
+                chosen[knob.name] = knob.suggest(trial)
+
+
+@dataclass
+class SearchSpace:
+    path: str
+    description: str
+    run: dict  # the fixed run config (nested mapping)
+    knobs: list[Knob]
+
+    def define_by_run(self) -> "DefineByRun":
+        return DefineByRun(self.knobs)
+
+    def sample(self, rng) -> dict:
+        chosen: dict = {}
+        for knob in self.knobs:
+            if knob.active(chosen):
+                chosen[knob.name] = knob.sample(rng)
+        return chosen
+
+    def run_config(self, params: dict, seed: Optional[int] = None) -> RunConfig:
+        """The fixed run config with a trial's knob values (and seed) applied, validated."""
+        cfg = RunConfig.from_dict(copy.deepcopy(self.run))
+        by_name = {k.name: k for k in self.knobs}
+        for name, value in params.items():
+            if name in by_name:
+                set_dotted(cfg, by_name[name].key, value, _from_yaml=True)
+        if seed is not None:
+            cfg.train.seed = int(seed)
+        return cfg.validate()
+
+
+def _knob(name: str, spec: Any, path: str) -> Knob:
+    where = f"{path}: search.{name}"
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{where} must be a mapping like {{loguniform: [1e-5, 1e-4]}}, got {spec!r}")
+    spec = dict(spec)
+    when = spec.pop("when", {}) or {}
+    if len(spec) != 1 or next(iter(spec)) not in DISTRIBUTIONS:
+        raise ConfigError(f"{where}: give exactly one of {', '.join(DISTRIBUTIONS)} (and optionally when:), got "
+                          f"{', '.join(map(str, spec)) or 'nothing'}")
+    kind, args = next(iter(spec.items()))
+    if not isinstance(args, list):
+        raise ConfigError(f"{where}.{kind} must be a list, got {args!r}")
+    if kind == "choice":
+        if not args:
+            raise ConfigError(f"{where}: empty choice list; give at least one value")
+    else:
+        if len(args) != 2 or not all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in args):
+            raise ConfigError(f"{where}.{kind} needs [low, high] numbers, got {args!r}")
+        if not args[0] < args[1]:
+            raise ConfigError(f"{where}: empty range [{args[0]}, {args[1]}]; low must be < high")
+        if kind.startswith("log") and args[0] <= 0:
+            raise ConfigError(f"{where}: {kind} needs low > 0, got {args[0]}")
+        if kind in ("int", "logint"):
+            args = [int(args[0]), int(args[1])]
+    if not isinstance(when, dict):
+        raise ConfigError(f"{where}.when must map earlier knobs to allowed values, got {when!r}")
+    when = {k: (v if isinstance(v, list) else [v]) for k, v in when.items()}
+    key = ALIASES.get(name, name)
+    if "." not in key and key != "output_dir":
+        raise ConfigError(f"{where}: unknown knob '{name}'; use one of {', '.join(ALIASES)} or a dotted config key "
+                          f"(section.field)")
+    return Knob(name, key, kind, args, when)
+
+
+def load_space(path: str) -> SearchSpace:
+    """Read and validate a search space; every failure is one line naming the file and the knob."""
+    raw = load_yaml(path)
+    unknown = set(raw) - {"description", "run", "search"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown top-level key(s) {', '.join(sorted(unknown))}; expected description, "
+                          f"run, search")
+    search = raw.get("search") or {}
+    if not isinstance(search, dict) or not search:
+        raise ConfigError(f"{path}: 'search' must map at least one knob to a distribution")
+    run = raw.get("run") or {}
+    space = SearchSpace(str(path), str(raw.get("description", "")), run,
+                        [_knob(str(n), s, str(path)) for n, s in search.items()])
+    try:
+        RunConfig.from_dict(copy.deepcopy(run)).validate()
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: run: {exc}") from None
+    _check_knobs(space)
+    return space
+
+
+def _check_knobs(space: SearchSpace) -> None:
+    """Every knob must exist for every objective it can meet, and both ends of its range must validate."""
+    from raycse.objectives import registry
+
+    names = [k.name for k in space.knobs]
+    objective_knob = next((k for k in space.knobs if k.key == "objective.name"), None)
+    fixed_objective = RunConfig.from_dict(copy.deepcopy(space.run)).objective.name
+    for i, knob in enumerate(space.knobs):
+        for dep in knob.when:
+            if dep not in names[:i]:
+                raise ConfigError(f"{space.path}: search.{knob.name}.when refers to '{dep}', which is not a knob "
+                                  f"listed before it")
+        if objective_knob is not None and knob is not objective_knob:
+            objectives = knob.when.get(objective_knob.name, objective_knob.args)
+        else:
+            objectives = [fixed_objective]
+        for obj in (objectives if knob.key != "objective.name" else knob.args):
+            if obj not in registry.names():
+                raise ConfigError(f"{space.path}: objective '{obj}' is not registered; known: "
+                                  f"{', '.join(registry.names())}")
+            if knob.key.startswith("objective.") and knob.key != "objective.name":
+                field_name = knob.key.split(".", 1)[1]
+                if field_name not in registry.knobs(obj):
+                    raise ConfigError(f"{space.path}: knob '{knob.name}' ({knob.key}) does not exist for objective "
+                                      f"'{obj}' (its knobs: {', '.join(registry.knobs(obj))}); restrict it with "
+                                      f"when: {{objective: [...]}} or drop it")
+            for value in knob.extremes():
+                params = {knob.name: value}
+                if objective_knob is not None and knob is not objective_knob:
+                    params[objective_knob.name] = obj
+                try:
+                    space.run_config(params)
+                except ConfigError as exc:
+                    raise ConfigError(f"{space.path}: knob '{knob.name}' = {value!r}"
+                                      f"{f' (objective {obj})' if objective_knob else ''}: {exc}") from None
+
+
+def space_files(directory: Optional[str] = None) -> list[Path]:
+    base = Path(directory) if directory else Path(__file__).resolve().parents[2] / "search_spaces"
+    return sorted(base.glob("*.yaml"))

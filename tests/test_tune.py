@@ -1,0 +1,150 @@
+"""Ray Tune + Optuna across seeds, resume, and analysis, on the tiny model through real Ray."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from raycse.errors import ConfigError
+from raycse.tune.space import load_space
+from raycse.tune.trial import parse_target, rung_ends, target_value
+
+
+def _space(tmp_path, search: dict, run: dict | None = None, name="space.yaml"):
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump({"run": run or {"objective": {"name": "simcse"}}, "search": search}, sort_keys=False))
+    return str(p)
+
+
+# ----------------------------------------------------------------------------- space validation
+@pytest.mark.parametrize("search, message", [
+    ({"gamma": {"uniform": [0, 1]}}, "unknown knob 'gamma'"),
+    ({"tau": {"loguniform": [0.1, 0.1]}}, "empty range"),
+    ({"tau": {"choice": []}}, "empty choice list"),
+    ({"alpha": {"uniform": [0.0, 0.5]}}, "knob 'alpha' (objective.alpha) does not exist for objective 'simcse'"),
+    ({"lr": {"uniform": [0.0, 1e-4]}}, "knob 'lr' = 0.0: train.lr must be > 0"),
+    ({"tau": {"loguniform": [0.0, 0.1]}}, "loguniform needs low > 0"),
+    ({"train.nope": {"uniform": [0, 1]}}, "unknown config key 'train.nope'"),
+    ({"L": {"int": [8, 16], "when": {"objective": ["hicl"]}}}, "refers to 'objective', which is not a knob"),
+])
+def test_bad_space_files_fail_before_anything_starts(tmp_path, search, message):
+    with pytest.raises(ConfigError) as err:
+        load_space(_space(tmp_path, search))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_conditional_knobs_and_combined_space(tmp_path):
+    import optuna
+
+    path = _space(tmp_path, {"objective": {"choice": ["simcse", "hicl"]}, "tau": {"loguniform": [0.01, 0.1]},
+                             "L": {"int": [8, 16], "when": {"objective": ["hicl"]}},
+                             "alpha": {"uniform": [0.0, 0.3], "when": {"objective": ["hicl"]}}})
+    space = load_space(path)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(12):
+        trial = study.ask()
+        space.define_by_run()(trial)
+        params = trial.params
+        assert ("L" in params) == (params["objective"] == "hicl") == ("alpha" in params)
+        cfg = space.run_config(params, seed=3)
+        assert cfg.objective.name == params["objective"] and cfg.train.seed == 3
+        if "L" in params:
+            assert cfg.objective.params["slice_length"] == params["L"]
+        seen.add(params["objective"])
+        study.tell(trial, 0.0)
+    assert seen == {"simcse", "hicl"}
+    # the shipped spaces all validate (with their paper ranges)
+    from raycse.tune.space import space_files
+
+    names = {p.stem for p in space_files()}
+    assert {"simcse", "hicl", "bsc", "sgopt", "compcse", "laser", "combined"} <= names
+    for p in space_files():
+        load_space(str(p))
+
+
+def test_targets_and_rungs():
+    assert target_value([80.0, 82.0], "mean") == 81.0
+    assert target_value([80.0, 82.0], parse_target("mean - 2*std")) == pytest.approx(79.0)
+    with pytest.raises(ConfigError):
+        parse_target("median")
+    assert rung_ends(10, 3) == [4, 7, 10] and rung_ends(5, 1) == [5]
+
+
+# ----------------------------------------------------------------------------- through Ray Tune
+def _tiny_space(tmp_path, tiny_model, corpus, stsb_dev, num_rungs_steps=4):
+    run = {"model": {"name_or_path": str(tiny_model), "max_length": 16},
+           "data": {"corpus": str(corpus)}, "objective": {"name": "simcse"},
+           "train": {"batch_size": 16, "max_steps": num_rungs_steps, "cpus_per_worker": 1, "log_steps": 2},
+           "eval": {"stsb_dev": str(stsb_dev), "eval_steps": 1000}}
+    return _space(tmp_path, {"tau": {"loguniform": [0.02, 0.2]}, "lr": {"loguniform": [1e-4, 1e-3]}}, run)
+
+
+def test_two_trials_two_seeds_analysis_plots_and_export(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path):
+    from raycse.analysis import analyze
+    from raycse.tune import TuneSettings, tune_search
+
+    space = _tiny_space(tmp_path, tiny_model, corpus, stsb_dev)
+    settings = TuneSettings(space=space, num_samples=2, seeds=[0, 1], rungs=1, concurrent=1)
+    exp, results = tune_search(settings, str(tmp_path / "tune"), "exp")
+    assert len(results) == 2 and not any(r.error for r in results)
+    report = analyze(str(exp), export_best=str(tmp_path / "best"))
+    assert len(report.trials) == 2
+    lines = report.table.splitlines()
+    assert len(lines) == 4  # header, rule, 2 trials
+    for t in report.trials:
+        assert t.status(True) == "complete"
+        assert t.last["mean"] == pytest.approx(np.mean(t.last["seed_scores"]))
+        assert t.last["std"] == pytest.approx(np.std(t.last["seed_scores"]))
+        assert len(t.last["seed_scores"]) == 2
+        for seed in (0, 1):  # each seed really trained: its own model directory
+            assert (t.path / f"seed{seed}" / "model_out" / "model" / "config.json").is_file()
+    assert report.best.last["target"] == max(t.last["target"] for t in report.trials)
+    assert {p.name for p in report.plots} == {"optimization_history.png", "param_importances.png",
+                                              "score_vs_knobs.png", "seed_spread.png"}
+    assert all(p.stat().st_size > 5000 for p in report.plots)
+    from transformers import AutoModel
+
+    AutoModel.from_pretrained(str(report.exported))
+
+
+def test_interrupted_search_resumes_without_rerunning_finished_trials(ray_cluster, tiny_model, corpus, stsb_dev,
+                                                                       tmp_path):
+    from raycse.analysis import analyze, load_trials
+    from raycse.tune import resume
+
+    space = _tiny_space(tmp_path, tiny_model, corpus, stsb_dev)
+    exp = tmp_path / "tune" / "exp"
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
+    proc = subprocess.Popen([sys.executable, "-m", "raycse", "tune", "--space", space, "--num-samples", "2",
+                             "--seeds", "1", "--rungs", "1", "--concurrent", "1", "--storage-path",
+                             str(tmp_path / "tune"), "--name", "exp"], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline:
+            done = [t for t in (load_trials(exp) if exp.is_dir() else []) if t.results]
+            if done:
+                break
+            assert proc.poll() is None, "tune exited before a trial finished"
+            time.sleep(1)
+        assert done, "no trial finished in time"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # interrupt the experiment driver like a lost laptop session
+        proc.wait()
+    first = done[0]
+    before = (first.path / "result.json").read_text()
+    time.sleep(3)  # let Ray notice the dead driver and release its trial actors
+    _, results = resume(str(exp))
+    trials = load_trials(exp)
+    assert len(trials) == 2 and all(t.complete for t in trials)
+    again = next(t for t in trials if t.name == first.name)
+    assert (again.path / "result.json").read_text() == before  # the finished trial was not run again
+    assert len(analyze(str(exp), plots=False).table.splitlines()) == 4
+    assert json.loads((exp / "raycse_tune.json").read_text())["num_samples"] == 2
