@@ -70,6 +70,9 @@ def _train_parser(sub) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any config key, e.g. --set objective.temperature=0.1 --set data.dedup=true")
     p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output directory")
+    p.add_argument("--storage-path", default=None,
+                   help="keep Ray Train checkpoints here (path or URI, e.g. s3://bucket/ckpt); running the same "
+                        "command again resumes from the furthest whole checkpoint. Default: a temporary directory")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
 
 
@@ -123,6 +126,8 @@ def _tune_parser(sub) -> None:
     p.add_argument("--name", default=None, help="experiment name (default SPACE-DATE-TIME)")
     p.add_argument("--learn-from-truncated", action="store_true",
                    help="let Optuna treat an early-stopped trial's last value as final (default: it is PRUNED)")
+    p.add_argument("--tpe-startup", type=int, default=5, help="random trials before TPE starts modelling")
+    p.add_argument("--time-budget", type=float, default=None, help="seconds after which no new trial starts")
     p.add_argument("--no-preflight", dest="preflight", action="store_false",
                    help="skip the check that one trial fits the cluster (autoscaling clusters)")
 
@@ -179,7 +184,7 @@ def cmd_train(args) -> int:
     if args.print_config:
         print(yaml.safe_dump(run.to_dict(), sort_keys=False))
         return 0
-    result = train(run, overwrite=args.overwrite)
+    result = train(run, overwrite=args.overwrite, storage_path=args.storage_path)
     score = best_score(result.metrics)
     initial = (result.metrics.get("best") or {}).get("stsb_dev_spearman_initial")
     print(f"[raycse] model saved to {result.model_dir}")
@@ -253,7 +258,8 @@ def cmd_tune(args) -> int:
                                 scheduler=args.scheduler, grace_period=args.grace_period,
                                 reduction_factor=args.reduction_factor, search_seed=args.search_seed,
                                 concurrent=args.concurrent, learn_from_truncated=args.learn_from_truncated,
-                                preflight=args.preflight)
+                                preflight=args.preflight, tpe_startup_trials=args.tpe_startup,
+                                time_budget_s=args.time_budget)
         exp, _ = tune_search(settings, args.storage_path, args.name)
     report = analyze(str(exp), plots=False)
     print(report.table)

@@ -108,7 +108,7 @@ class GroupingConfig:
     nprobe: int = 16
     shards: int = 1  # database shards searched in parallel Ray tasks, merged per query
     recall_sample: int = 1000  # queries checked against exact search when the search is approximate
-    clusters: Optional[int] = None  # k-means k for cluster (default N / (4 group_size))
+    clusters: Optional[int] = None  # k-means k for cluster (default N / max(4 group_size, 40))
     regroup_every_epoch: bool = True  # re-embed with the current model before each epoch (knn, cluster)
     embed_actors: int = 1  # actor pool size for embedding (one GPU each with train.use_gpu)
     embed_batch_size: int = 256
@@ -176,6 +176,8 @@ class TrainConfig:
     checkpoint_steps: Optional[int] = None
     # Times a run restarts from its latest checkpoint after a worker dies (Ray Train FailureConfig).
     max_failures: int = 0
+    # Checkpoints kept: the best-scored ones first, then the most recent (Ray also keeps the latest).
+    keep_checkpoints: int = 2
     # Write every batch each worker trains on to DIR/rank{r}.jsonl (to inspect batch composition).
     record_batches: Optional[str] = None
 
@@ -206,6 +208,7 @@ class TrainConfig:
         _at_least("train.length_buckets", self.length_buckets, 1)
         if self.checkpoint_steps is not None:
             _at_least("train.checkpoint_steps", self.checkpoint_steps, 1)
+        _at_least("train.keep_checkpoints", self.keep_checkpoints, 1)
         if self.max_failures < -1:
             raise ConfigError(f"train.max_failures must be >= 0 (or -1: retry forever), got {self.max_failures}")
 
@@ -218,6 +221,8 @@ class EvalConfig:
     stsb_dev: Optional[str] = None
     eval_steps: int = 125
     batch_size: int = 128
+    # Score STS-B dev once before training too (the "before" number); tuning runs may skip it.
+    before_training: bool = True
 
     def validate(self) -> None:
         _at_least("eval.eval_steps", self.eval_steps, 1)

@@ -265,6 +265,7 @@ def load_corpus(d, seed: int, dedup: Optional[bool] = None) -> Corpus:
                 keeps[i], counts[i] = mask, take
             budget -= take
     total = int(sum(counts))
+    stats.kept = total  # after dedup and data.max_sentences
     if total == 0:
         raise DataError(f"corpus {d.corpus} has no usable {'pairs' if d.is_pairs else 'text'} after cleaning "
                         f"({stats.summary()}); give a file with at least one non-empty line")

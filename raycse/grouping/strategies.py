@@ -84,7 +84,7 @@ def cluster_keys(vectors: np.ndarray, k: Optional[int], group_size: int, seed: i
 
     x = knn_search.normalize(vectors)
     n = len(x)
-    k = int(min(n, k or max(1, min(4096, n // (4 * group_size)))))
+    k = int(min(n, k or max(1, min(4096, n // max(4 * group_size, 40)))))  # faiss wants >= 39 points per centroid
     km = faiss.Kmeans(x.shape[1], k, niter=20, seed=seed, spherical=True, max_points_per_centroid=256)
     km.train(x)
     _, assign = km.index.search(x, 1)

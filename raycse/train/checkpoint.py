@@ -109,7 +109,7 @@ def latest_valid(run_dir: Path) -> Optional[tuple[int, str]]:
     """(step, path) of the furthest whole checkpoint under a Ray Train run directory; a checkpoint
     that fails :func:`verify` is reported and skipped, never loaded."""
     best = None
-    for d in sorted(run_dir.glob("checkpoint_*")) if run_dir.is_dir() else []:
+    for d in sorted(p for p in run_dir.glob("checkpoint_*") if p.is_dir()) if run_dir.is_dir() else []:
         problem = verify(d)
         if problem is not None:
             log.warning(f"[raycse] skipping checkpoint {d}: {problem}")

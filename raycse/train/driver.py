@@ -32,7 +32,7 @@ from raycse.errors import ConfigError, DataError
 from raycse.evaluation.sts import read_stsb
 from raycse.objectives import registry
 from raycse.train import checkpoint as ckpt
-from raycse.train.loop import SCORE_METRIC, train_loop_per_worker
+from raycse.train.loop import CHECKPOINT_RANK, SCORE_METRIC, train_loop_per_worker
 from raycse.train.runtime import cluster_cpus, ensure_ray, quiet_ray_data
 
 
@@ -122,7 +122,9 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         grouping_log: list[dict] = []
         fit_seconds: list[float] = []
         stop = min(total, stop_at or total)
-        resume = ckpt.latest_valid(Path(storage) / run_name) if storage_path else None
+        # A restarted driver continues from the furthest whole checkpoint (local storage; with a URI
+        # Ray Train's own latest checkpoint is used).
+        resume = ckpt.latest_valid(Path(storage) / run_name) if storage_path and "://" not in storage else None
         done = resume[0] if resume else 0
         if resume:
             print(f"[raycse] resuming from step {done} ({resume[1]})", flush=True)
@@ -164,7 +166,8 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
                     name=run_name, storage_path=storage,
                     failure_config=FailureConfig(max_failures=t.max_failures),
                     checkpoint_config=CheckpointConfig(
-                        num_to_keep=1, checkpoint_score_attribute=SCORE_METRIC if dev is not None else None,
+                        num_to_keep=t.keep_checkpoints,
+                        checkpoint_score_attribute=CHECKPOINT_RANK if dev is not None else None,
                         checkpoint_score_order="max"),
                 ),
             )
@@ -176,7 +179,9 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
             latest_dir = result.checkpoint.path if result.checkpoint is not None else latest_dir
         best, best_metrics = result.checkpoint, dict(result.metrics or {})
         if dev is not None and result.best_checkpoints:
-            best, best_metrics = max(result.best_checkpoints, key=lambda cm: cm[1].get(SCORE_METRIC, float("-inf")))
+            scored = [cm for cm in result.best_checkpoints if SCORE_METRIC in cm[1]]
+            if scored:
+                best, best_metrics = max(scored, key=lambda cm: cm[1][SCORE_METRIC])
         if best is None:
             raise RuntimeError("training finished without a checkpoint")
         with best.as_directory() as d:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ from raycse.train import checkpoint as ckpt
 from raycse.train.runtime import autocast, quiet_ray_data, release_freed_memory, resolve_precision, seed_everything
 
 SCORE_METRIC = "stsb_dev_spearman"
+CHECKPOINT_RANK = "checkpoint_rank"
 # Workers log instead of print: Ray Train V2 patches print() into its logger and would echo each line twice.
 log = logging.getLogger("raycse.train")
 
@@ -115,7 +117,8 @@ def row_examples(row: dict) -> list:
 def record_batch(directory: Path, rank: int, step: int, epoch: int, examples: list) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / f"rank{rank}.jsonl", "a", encoding="utf-8") as fh:
-        fh.write(json.dumps({"step": step, "epoch": epoch, "examples": examples}) + "\n")
+        fh.write(json.dumps({"step": step, "epoch": epoch, "time": time.time(), "pid": os.getpid(),
+                             "examples": examples}) + "\n")
 
 
 def train_loop_per_worker(config: dict) -> None:
@@ -124,7 +127,7 @@ def train_loop_per_worker(config: dict) -> None:
     import ray.train.torch
 
     run = RunConfig.from_dict(config["run"])
-    quiet_ray_data()
+    quiet_ray_data(progress_bars=False)
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(max(1, int(config.get("threads", 1))))
@@ -180,7 +183,7 @@ def train_loop_per_worker(config: dict) -> None:
             ckpt.write_rng(Path(tmp), rank)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
-    if step == 0:
+    if step == 0 and run.eval.before_training:
         initial = evaluate()
     log.setLevel(logging.INFO)
     if rank == 0:
@@ -191,6 +194,7 @@ def train_loop_per_worker(config: dict) -> None:
     if step >= phase_end:  # a restart after this phase had finished: report its state again
         score = evaluate()
         report({"step": step, "loss_history": history, "total_steps": total,
+                CHECKPOINT_RANK: score if score is not None else -1e9 + step,
                 **({SCORE_METRIC: score, SCORE_METRIC + "_initial": initial} if score is not None else {})})
         return
     module.train()
@@ -256,6 +260,7 @@ def train_loop_per_worker(config: dict) -> None:
                 extra[SCORE_METRIC] = score
                 extra[SCORE_METRIC + "_initial"] = initial
                 log.info(f"[raycse] step {step}: STS-B dev Spearman {score:.2f}")
-            elif rank == 0 and dev is not None:
-                extra[SCORE_METRIC] = float("-inf")  # a resume point, not a candidate for best model
+            # Ray keeps the top train.keep_checkpoints by this rank (+ the latest): scored checkpoints
+            # first, then the most recent resume points, so a damaged latest one has a fallback.
+            extra[CHECKPOINT_RANK] = score if score is not None else -1e9 + step
             report(extra)

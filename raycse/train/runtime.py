@@ -81,8 +81,13 @@ def release_freed_memory() -> None:
         pass
 
 
-def quiet_ray_data() -> None:
-    """Ray Data logs every execution plan at INFO on the driver; keep warnings, show progress bars."""
+def quiet_ray_data(progress_bars: bool = True) -> None:
+    """Ray Data logs every execution plan at INFO; keep warnings. Train workers also drop the
+    progress bars (their data is already materialized; the bar only repeats itself in the log)."""
     import logging
 
     logging.getLogger("ray.data").setLevel(logging.WARNING)
+    if not progress_bars:
+        from ray.data import DataContext
+
+        DataContext.get_current().enable_progress_bars = False

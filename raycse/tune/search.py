@@ -38,6 +38,8 @@ class TuneSettings:
     concurrent: Optional[int] = None
     learn_from_truncated: bool = False
     preflight: bool = True
+    tpe_startup_trials: int = 5  # random trials before TPE models the space (Optuna's default is 10)
+    time_budget_s: Optional[float] = None  # stop starting trials after this many seconds
 
     def validate(self) -> "TuneSettings":
         if self.num_samples < 1:
@@ -74,7 +76,8 @@ def _optuna_search(space: SearchSpace, settings: TuneSettings):
                 result = None
             super().on_trial_complete(trial_id, result, error)
 
-    sampler = (optuna.samplers.TPESampler(seed=settings.search_seed) if settings.searcher == "optuna"
+    sampler = (optuna.samplers.TPESampler(seed=settings.search_seed, n_startup_trials=settings.tpe_startup_trials)
+               if settings.searcher == "optuna"
                else optuna.samplers.RandomSampler(seed=settings.search_seed))
     return TruncationAwareOptunaSearch(space=space.define_by_run(), metric=TARGET, mode="max", sampler=sampler,
                                        learn_from_truncated=settings.learn_from_truncated)
@@ -163,7 +166,8 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
     tuner = tune.Tuner(
         _trainable(settings, space, exp_dir, num_examples, per_worker),
         tune_config=tune.TuneConfig(search_alg=_optuna_search(space, settings), scheduler=_scheduler(settings),
-                                    num_samples=settings.num_samples, max_concurrent_trials=concurrent),
+                                    num_samples=settings.num_samples, max_concurrent_trials=concurrent,
+                                    time_budget_s=settings.time_budget_s),
         run_config=tune.RunConfig(name=name, storage_path=str(exp_dir.parent), verbose=1,
                                   checkpoint_config=tune.CheckpointConfig(num_to_keep=1)),
     )

@@ -1,0 +1,192 @@
+"""Cluster operation: cluster YAMLs, `ray job submit` to a real local head, worker failure and resume."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------- cluster files
+@pytest.mark.parametrize("name", ["aws.yaml", "gcp.yaml"])
+def test_cluster_launcher_yamls_validate_against_rays_schema(name):
+    import jsonschema
+    import ray
+
+    schema = json.loads((Path(ray.__file__).parent / "autoscaler" / "ray-schema.json").read_text())
+    cfg = yaml.safe_load((ROOT / "cluster" / name).read_text())
+    jsonschema.validate(cfg, schema)
+    workers = [t for n, t in cfg["available_node_types"].items() if n != cfg["head_node_type"]]
+    assert any(t["resources"].get("GPU", 0) >= 1 and t["min_workers"] == 0 and t["max_workers"] >= 1 for t in workers)
+    assert "GPU" not in cfg["available_node_types"][cfg["head_node_type"]]["resources"]
+    assert any("raycse" in c for c in cfg["setup_commands"])
+    assert any("--dashboard-host=127.0.0.1" in c for c in cfg["head_start_ray_commands"])
+
+
+def test_kuberay_rayjob_manifest_has_the_required_fields():
+    job = yaml.safe_load((ROOT / "cluster" / "kuberay-rayjob.yaml").read_text())
+    assert job["apiVersion"] == "ray.io/v1" and job["kind"] == "RayJob"
+    spec = job["spec"]
+    assert "raycse" in spec["entrypoint"] and spec["shutdownAfterJobFinishes"] is True
+    assert isinstance(spec["ttlSecondsAfterFinished"], int)
+    assert "pip" in yaml.safe_load(spec["runtimeEnvYAML"])
+    cluster = spec["rayClusterSpec"]
+    assert cluster["headGroupSpec"]["template"]["spec"]["containers"]
+    gpu = cluster["workerGroupSpecs"][0]
+    assert gpu["minReplicas"] == 0 and gpu["maxReplicas"] >= 1
+    assert "nvidia.com/gpu" in gpu["template"]["spec"]["containers"][0]["resources"]["limits"]
+
+
+# ----------------------------------------------------------------------------- ray job submit
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_job_submitted_to_a_real_head_succeeds_and_its_model_loads(tiny_model, corpus, stsb_dev, tmp_path):
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    port, dash = _free_port(), _free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    temp_dir = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
+    head = subprocess.Popen([ray_bin, "start", "--head", "--block", f"--port={port}", "--dashboard-host=127.0.0.1",
+                             f"--dashboard-port={dash}", "--num-cpus=2", f"--temp-dir={temp_dir}",
+                             "--disable-usage-stats"], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = tmp_path / "job_out"
+    try:
+        client = None
+        for _ in range(60):
+            try:
+                client = JobSubmissionClient(f"http://127.0.0.1:{dash}")
+                client.list_jobs()
+                break
+            except Exception:  # noqa: BLE001 - the head is still starting
+                client = None
+                time.sleep(1)
+        assert client is not None
+        job = None
+        for _ in range(60):  # the job agent comes up a few seconds after the dashboard
+            try:
+                job = client.submit_job(
+                    entrypoint=f"{sys.executable} -m raycse train --model {tiny_model} --corpus {corpus} --output {out} "
+                               f"--stsb-dev {stsb_dev} --num-workers 1 --cpus-per-worker 1 --batch-size 16 "
+                               f"--max-length 16 --max-steps 4 --eval-steps 2",
+                    runtime_env={"working_dir": str(ROOT), "excludes": [".venv", ".git", "outputs", "*.egg-info",
+                                                                        "__pycache__", ".pytest_cache", ".ruff_cache"],
+                                 "env_vars": {"HF_HUB_OFFLINE": "1"}})
+                break
+            except RuntimeError as exc:
+                if "No available agent" not in str(exc):
+                    raise
+                time.sleep(1)
+        assert job is not None
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            status = client.get_job_status(job)
+            if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+                break
+            time.sleep(2)
+        logs = client.get_job_logs(job)
+        assert status == JobStatus.SUCCEEDED, logs[-2000:]
+        assert "STS-B dev Spearman" in logs
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops its processes on SIGTERM (ray stop)
+        head.wait(timeout=90)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    from sentence_transformers import SentenceTransformer
+
+    assert SentenceTransformer(str(out / "model")).encode(["a city"]).shape == (1, 32)
+
+
+# ----------------------------------------------------------------------------- fault tolerance
+def test_killed_worker_resumes_from_checkpoint_and_finishes_planned_steps(ray_cluster, tiny_model, stsb_dev,
+                                                                          tmp_path):
+    from conftest import make_sentences
+    from ray.util.state import list_actors
+
+    from raycse.config import RunConfig
+    from raycse.train.driver import train
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(make_sentences(800, seed=8)) + "\n")
+    rec = tmp_path / "rec"
+    run = RunConfig()
+    run.model.name_or_path, run.model.max_length = str(tiny_model), 16
+    run.data.corpus = str(corpus)
+    run.train.num_workers, run.train.cpus_per_worker, run.train.batch_size = 2, 1, 8
+    run.train.epochs, run.train.max_steps, run.train.checkpoint_steps = 4, 180, 10
+    run.train.max_failures, run.train.record_batches, run.train.log_steps = 1, str(rec), 50
+    run.eval.stsb_dev, run.eval.eval_steps = str(stsb_dev), 1000
+    run.output_dir = str(tmp_path / "out")
+    box = {}
+    thread = threading.Thread(target=lambda: box.update(result=train(run, storage_path=str(tmp_path / "store"))))
+    thread.start()
+    killed_at = None
+    deadline = time.time() + 240
+    while time.time() < deadline and thread.is_alive():
+        lines = (rec / "rank1.jsonl").read_text().splitlines() if (rec / "rank1.jsonl").is_file() else []
+        if len(lines) >= 35:
+            victim = json.loads(lines[-1])["pid"]
+            alive = [a.pid for a in list_actors(filters=[("state", "=", "ALIVE")]) if a.pid == victim]
+            if alive:
+                os.kill(victim, signal.SIGKILL)
+                killed_at = json.loads(lines[-1])["step"]
+                break
+        time.sleep(0.05)
+    thread.join(timeout=300)
+    assert killed_at is not None, "training finished before a worker could be killed"
+    result = box["result"]
+    assert result.metrics["last"]["step"] == 180  # the planned count, not more, not less
+    steps = [json.loads(line)["step"] for line in (rec / "rank0.jsonl").read_text().splitlines()]
+    restart = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
+    resumed = steps[restart]
+    assert resumed % 10 == 0 and resumed <= killed_at + 1  # back to the last checkpoint, not to 0
+    assert resumed > 0 and steps[restart:] == list(range(resumed, 180))
+    from transformers import AutoModel
+
+    AutoModel.from_pretrained(str(result.model_dir))
+
+
+def test_truncated_checkpoint_is_skipped_with_a_warning(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path, capsys):
+    from raycse.config import RunConfig
+    from raycse.train import checkpoint as ckpt
+    from raycse.train.driver import train
+
+    run = RunConfig()
+    run.model.name_or_path, run.model.max_length = str(tiny_model), 16
+    run.data.corpus = str(corpus)
+    run.train.num_workers, run.train.cpus_per_worker, run.train.batch_size = 1, 1, 16
+    run.train.max_steps, run.train.checkpoint_steps, run.train.epochs = 6, 2, 3
+    run.eval.stsb_dev, run.eval.eval_steps = str(stsb_dev), 1000
+    run.output_dir = str(tmp_path / "a")
+    store = tmp_path / "store"
+    train(run, storage_path=str(store), stop_at=6)
+    dirs = sorted(d for d in (store / "train").glob("checkpoint_*") if d.is_dir())
+    steps = {d: ckpt.step_of(d) for d in dirs}
+    latest = max(dirs, key=steps.get)
+    assert steps[latest] == 6
+    weights = latest / ckpt.STATE_DIR / "module.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a copy cut short
+    step, path = ckpt.latest_valid(store / "train")
+    assert step == 4 and Path(path) != latest
+    capsys.readouterr()
+    run.output_dir, run.train.max_steps = str(tmp_path / "b"), 8
+    result = train(run, storage_path=str(store))
+    out = capsys.readouterr().out
+    assert f"skipping checkpoint {latest.name}" in out and "resuming from step 4" in out
+    assert result.metrics["last"]["step"] == 8
