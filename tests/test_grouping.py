@@ -227,3 +227,19 @@ def test_knn_regrouping_each_epoch_through_ray_train(ray_cluster, tiny_model, st
     first = [x["examples"] for x in records[0] if x["epoch"] == 0]
     second = [x["examples"] for x in records[0] if x["epoch"] == 1]
     assert first != second
+
+
+def test_pairs_are_grouped_by_their_first_text(ray_cluster, tiny_model, tmp_path):
+    from conftest import write_stsb
+    from raycse.data.dataset import load_corpus
+    from raycse.grouping.embed import embed_corpus
+
+    path = write_stsb(tmp_path / "pairs.csv", n=100, seed=4)
+    corpus = load_corpus(DataConfig(corpus=str(path), format="stsb"), seed=1)
+    eb = epoch_batches(corpus, GroupingConfig(strategy="knn", group_size=4, neighbours=8), 16, 2, 1, 0, 0,
+                       vectors=lambda: embed_corpus(corpus, str(tiny_model), 16))
+    pairs = [p for rs in _rows(eb).values() for r in rs for p in row_examples(r)]
+    assert len(pairs) == 96 and len(set(pairs)) == 96
+    source = {(r["text"], r["pair"]) for r in corpus.dataset.iter_rows()}
+    assert {(q, a) for q, a, _ in pairs} <= source
+    assert all(s is not None and 0 <= s <= 1 for _, _, s in pairs)

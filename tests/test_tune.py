@@ -148,3 +148,32 @@ def test_interrupted_search_resumes_without_rerunning_finished_trials(ray_cluste
     assert (again.path / "result.json").read_text() == before  # the finished trial was not run again
     assert len(analyze(str(exp), plots=False).table.splitlines()) == 4
     assert json.loads((exp / "raycse_tune.json").read_text())["num_samples"] == 2
+
+
+def test_early_stopped_trials_reach_optuna_as_pruned_not_as_values(tmp_path):
+    import optuna
+
+    from raycse.tune.search import TuneSettings, _optuna_search
+
+    space = load_space(_space(tmp_path, {"tau": {"loguniform": [0.01, 0.1]}}))
+    for learn, expected in ((False, optuna.trial.TrialState.PRUNED), (True, optuna.trial.TrialState.COMPLETE)):
+        searcher = _optuna_search(space, TuneSettings(space="x", learn_from_truncated=learn))
+        searcher.set_search_properties("target", "max", {})
+        assert "tau" in searcher.suggest("t1")
+        searcher.on_trial_complete("t1", {"target": 80.0, "rung": 1, "final_rung": 3})
+        assert searcher.suggest("t2") is not None
+        searcher.on_trial_complete("t2", {"target": 81.0, "rung": 3, "final_rung": 3})
+        states = [t.state for t in searcher._ot_study.trials]
+        assert states[:2] == [expected, optuna.trial.TrialState.COMPLETE]
+
+
+def test_preflight_refuses_a_trial_that_cannot_fit(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path):
+    from raycse.tune.search import TuneSettings, preflight
+
+    run = {"model": {"name_or_path": str(tiny_model)}, "data": {"corpus": str(corpus)},
+           "train": {"num_workers": 2, "cpus_per_worker": 3}, "eval": {"stsb_dev": str(stsb_dev)}}
+    space = load_space(_space(tmp_path, {"lr": {"loguniform": [1e-5, 1e-4]}}, run))
+    with pytest.raises(ConfigError, match=r"a trial needs 2 worker\(s\) x 3 CPU .* but the cluster has 4"):
+        preflight(space, TuneSettings(space=space.path))
+    n, concurrent, per_worker = preflight(space, TuneSettings(space=space.path, preflight=False))
+    assert n == 256 and concurrent >= 1
