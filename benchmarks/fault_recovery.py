@@ -67,8 +67,8 @@ def main() -> None:
     resumed = rows[restart]["step"]
     lost = rows[restart]["time"] - kill_time
     final = box["r"].metrics["last"]["step"]
-    print(f"\n| planned steps | final steps | killed after step | resumed from step | steps redone | "
-          f"kill -> training again (s) | whole run (s) |")
+    print("\n| planned steps | final steps | killed after step | resumed from step | steps redone | "
+          "kill -> training again (s) | whole run (s) |")
     print("|---|---|---|---|---|---|---|")
     print(f"| {planned} | {final} | {killed_step} | {resumed} | {killed_step + 1 - resumed} | {lost:.1f} | {total:.0f} |")
 

@@ -26,13 +26,20 @@ TRAIN_FLAGS = [
     ("--pooling", "model.pooling", str, "cls | cls_before_pooler | mean (default mean)"),
     ("--mlp-head", "model.mlp_head", str, "auto | train_only | always | none (auto: train_only for cls)"),
     ("--max-length", "model.max_length", int, "max tokens per training sentence (default 32)"),
-    ("--corpus", "data.corpus", str, "training text: .txt (one sentence per line), .jsonl or .parquet"),
-    ("--format", "data.format", str, "auto | text | jsonl | parquet | csv | tsv | stsb (STS Benchmark TSV as scored pairs)"),
+    ("--corpus", "data.corpus", str, "training data: .txt (one sentence per line), .jsonl, .parquet, .csv/.tsv; "
+                                     "several comma-separated, globs, directories, s3:// URIs, or an HF dataset "
+                                     "name with --format hf"),
+    ("--format", "data.format", str,
+     "auto | text | jsonl | parquet | csv | tsv | stsb (STS Benchmark TSV as scored pairs) | hf (HF dataset name)"),
     ("--text-column", "data.text_column", str, "text field of JSONL/Parquet/CSV corpora (default text)"),
     ("--pair-column", "data.pair_column", str, "second text field: train on pairs (objective bsc)"),
     ("--label-column", "data.label_column", str, "label or score field of pairs (0/1 labels or scores)"),
     ("--score-scale", "data.score_scale", float, "divide scores by this to get [0, 1] (stsb: 5 automatically)"),
     ("--max-sentences", "data.max_sentences", int, "use only the first N cleaned sentences"),
+    ("--dedup", "data.dedup", str, "true: drop repeated examples across the whole corpus (counted)"),
+    ("--grouping", "grouping.strategy", str,
+     "batch order: random | knn (nearest-neighbour groups, regrouped each epoch) | shingle | cluster"),
+    ("--group-size", "grouping.group_size", int, "examples per group for knn/shingle/cluster (default 8)"),
     ("--objective", "objective.name", str, "training objective (see 'raycse objectives'; default simcse)"),
     ("--temperature", "objective.temperature", float, "InfoNCE temperature tau (default 0.05)"),
     ("--num-workers", "train.num_workers", int, "Ray Train workers (data-parallel; default 1)"),
@@ -55,14 +62,19 @@ TRAIN_FLAGS = [
 ]
 
 
+def _command(sub, name: str, help: str, description: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=help, description=description,
+                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+
 def _train_parser(sub) -> None:
-    p = sub.add_parser(
-        "train", help="fine-tune an encoder contrastively on Ray Train",
+    p = _command(
+        sub, "train", help="fine-tune an encoder contrastively on Ray Train",
         description="Fine-tune a Hugging Face encoder with a contrastive objective on Ray Train (N data-parallel "
                     "workers, in-batch negatives gathered across workers). The best STS-B dev checkpoint is "
-                    "saved to OUTPUT/model, loadable by transformers.AutoModel and sentence_transformers.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--config", help="YAML run config (sections model, data, objective, train, eval); flags override it")
+                    "saved to OUTPUT/model, loadable by transformers.AutoModel and sentence_transformers.")
+    p.add_argument("--config", help="YAML run config (sections model, data, grouping, objective, train, eval); "
+                                    "flags override it")
     for flag, key, typ, text in TRAIN_FLAGS:
         p.add_argument(flag, dest=key, type=str, default=None, metavar=typ.__name__.upper(), help=text)
     p.add_argument("--use-gpu", dest="train.use_gpu", action="store_const", const="true", default=None,
@@ -77,12 +89,11 @@ def _train_parser(sub) -> None:
 
 
 def _eval_parser(sub) -> None:
-    p = sub.add_parser(
-        "eval", help="score a model on STS12-16, STS-B test and SICK-R (SentEval layout)",
+    p = _command(
+        sub, "eval", help="score a model on STS12-16, STS-B test and SICK-R (SentEval layout)",
         description="Spearman x100 of cosine similarity on the 7 STS tasks ('all' setting for STS12-16) and their "
                     "mean. Each unique sentence is embedded once, in length-sorted batches. Get the data with "
-                    "SentEval's data/downstream/get_transfer_data.bash and pass its data/downstream directory.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                    "SentEval's data/downstream/get_transfer_data.bash and pass its data/downstream directory.")
     p.add_argument("model", help="model directory (raycse output, sentence-transformers or HF) or 'default'")
     p.add_argument("--senteval-dir", help="SentEval data root holding STS/ and SICK/")
     p.add_argument("--tasks", nargs="+", default=None,
@@ -101,14 +112,13 @@ def _eval_parser(sub) -> None:
 
 
 def _tune_parser(sub) -> None:
-    p = sub.add_parser(
-        "tune", help="search hyperparameters with Ray Tune + Optuna, each configuration over k seeds",
+    p = _command(
+        sub, "tune", help="search hyperparameters with Ray Tune + Optuna, each configuration over k seeds",
         description="Ray Tune with the Optuna searcher (TPE, seeded) and ASHA early stopping. Every configuration "
                     "is trained with --seeds seeds that advance together rung by rung; Tune sees their mean, std "
                     "and worst STS-B dev Spearman and optimises --target. Space files: search_spaces/*.yaml "
                     "(fixed run settings + knobs with ranges). Results go to STORAGE_PATH/NAME; analyse them "
-                    "with 'raycse analyze'.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                    "with 'raycse analyze'.")
     p.add_argument("--space", help="search space YAML (see search_spaces/)")
     p.add_argument("--resume", metavar="EXP_DIR", help="continue this interrupted experiment instead")
     p.add_argument("--num-samples", type=int, default=8, help="configurations to try")
@@ -133,12 +143,11 @@ def _tune_parser(sub) -> None:
 
 
 def _analyze_parser(sub) -> None:
-    p = sub.add_parser(
-        "analyze", help="table, best configuration and PNG plots of a tune experiment",
+    p = _command(
+        sub, "analyze", help="table, best configuration and PNG plots of a tune experiment",
         description="Prints every trial (knobs, mean +- std over seeds, worst, per-seed scores, status) and the best "
                     "configuration; writes optimization_history.png, param_importances.png, score_vs_knobs.png and "
-                    "seed_spread.png.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                    "seed_spread.png.")
     p.add_argument("exp_dir", help="experiment directory printed by 'raycse tune'")
     p.add_argument("--plot-dir", default=None, help="where the PNGs go (default EXP_DIR/plots)")
     p.add_argument("--no-plots", dest="plots", action="store_false")

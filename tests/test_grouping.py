@@ -243,3 +243,12 @@ def test_pairs_are_grouped_by_their_first_text(ray_cluster, tiny_model, tmp_path
     source = {(r["text"], r["pair"]) for r in corpus.dataset.iter_rows()}
     assert {(q, a) for q, a, _ in pairs} <= source
     assert all(s is not None and 0 <= s <= 1 for _, _, s in pairs)
+
+
+def test_hugging_face_dataset_offline_names_the_alternative(monkeypatch):
+    from raycse.data.dataset import raw_dataset
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DataError, match="cannot load Hugging Face dataset 'no-such/dataset-xyz' split 'train'.*"
+                                        "save it elsewhere as Parquet/JSONL"):
+        raw_dataset(DataConfig(corpus="no-such/dataset-xyz", format="hf"), seed=0)

@@ -12,6 +12,7 @@ and needs no running cluster.
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import uuid
@@ -29,6 +30,12 @@ class TrialRecord:
     params: dict
     results: list[dict]
     error: Optional[str] = None
+
+    @property
+    def short_name(self) -> str:
+        """Tune's directory name without the parameter string and date: ``<trial id>_<number>``."""
+        m = re.match(r"^\w+?_([0-9a-f]{5,}_\d+)", self.name)
+        return m.group(1) if m else self.name
 
     @property
     def last(self) -> dict:
@@ -85,7 +92,7 @@ def format_table(trials: list[TrialRecord], knobs: list[str], finished: bool) ->
     for i, t in enumerate(trials, 1):
         m = t.last
         score = f"{m['mean']:.2f} +- {m['std']:.2f}" if "mean" in m else "-"
-        rows.append([str(i), t.name]
+        rows.append([str(i), t.short_name]
                     + [_fmt(t.params.get(k, "-")) for k in knobs]
                     + [score, f"{m['worst']:.2f}" if "worst" in m else "-",
                        " ".join(f"{s:.2f}" for s in m.get("seed_scores", [])) or "-", t.status(finished)])
@@ -115,7 +122,7 @@ def analyze(exp_dir: str, plots: bool = True, plot_dir: Optional[str] = None, ex
     best_text = "no trial has reported a score yet"
     if best is not None:
         m = best.last
-        best_text = (f"best: {best.name}  target ({settings.target}) {m['target']:.2f}  mean {m['mean']:.2f} +- "
+        best_text = (f"best: {best.short_name} ({best.path})\n  target ({settings.target}) {m['target']:.2f}  mean {m['mean']:.2f} +- "
                      f"{m['std']:.2f}  worst {m['worst']:.2f}\n  config: "
                      + ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(best.params.items()))
                      + "\n  seeds: " + ", ".join(f"{s}: {v:.2f}" for s, v in zip(m["seeds"], m["seed_scores"])))

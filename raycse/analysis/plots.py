@@ -36,6 +36,9 @@ def history(trials, out: Path, target: str) -> Path:
     if best is not None:
         ax.step(x, best, where="post", color="k", label="best so far (complete)")
     ax.set_xlabel("trial (start order)")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(f"target: {target} of STS-B dev Spearman")
     ax.set_title("Optimisation history")
     ax.legend(fontsize=8)
@@ -106,6 +109,7 @@ def score_vs_knobs(trials, knobs: list[str], out: Path) -> Path:
             labels = sorted({repr(x) for x in xs})
             ax.set_xticks(range(len(labels)), [lab.strip("'") for lab in labels], rotation=30)
         ax.set_xlabel(k)
+        ax.xaxis.set_major_locator(_ticks())
         ax.set_ylabel("STS-B dev (mean +- std over seeds)")
     fig.suptitle("Score vs each knob (o complete, x stopped early)")
     return _save(fig, out / "score_vs_knobs.png")
@@ -119,10 +123,22 @@ def seed_spread(trials, out: Path, top: int) -> Path:
         vals = t.last["seed_scores"]
         ax.scatter([i] * len(vals), vals, color="C0", zorder=3)
         ax.hlines(np.mean(vals), i - 0.25, i + 0.25, color="k")
-    ax.set_xticks(range(len(ranked)), [f"#{i + 1}\n{t.name[-11:]}" for i, t in enumerate(ranked)], fontsize=7)
+    labels = [f"#{i + 1}\n" + "\n".join(f"{k}={_short(v)}" for k, v in sorted(t.params.items()))
+              for i, t in enumerate(ranked)]
+    ax.set_xticks(range(len(ranked)), labels, fontsize=7)
     ax.set_ylabel("STS-B dev Spearman per seed")
-    ax.set_title(f"Per-seed spread of the top {len(ranked)} configurations (line: mean)")
+    ax.set_title(f"Per-seed scores, top {len(ranked)} configurations (line: mean)", fontsize=10)
     return _save(fig, out / "seed_spread.png")
+
+
+def _short(v) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def _ticks():
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(4)
 
 
 def _save(fig, path: Path) -> Path:
