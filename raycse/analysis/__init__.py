@@ -30,6 +30,7 @@ class TrialRecord:
     params: dict
     results: list[dict]
     error: Optional[str] = None
+    tune_status: Optional[str] = None  # from Tune's experiment state: TERMINATED, RUNNING, PENDING, ERROR
 
     @property
     def short_name(self) -> str:
@@ -45,15 +46,16 @@ class TrialRecord:
     def complete(self) -> bool:
         return bool(self.results) and self.last.get("rung") == self.last.get("final_rung")
 
-    def status(self, finished: bool) -> str:
-        if self.error:
+    def status(self, finished: bool = False) -> str:
+        ended = self.tune_status == "TERMINATED" or (self.tune_status is None and finished)
+        if self.error or self.tune_status == "ERROR":
             return "error"
         if not self.results:
-            return "not started" if finished else "pending"
+            return "stopped before its first rung" if ended else "pending"
         if self.complete:
             return "complete"
-        return f"stopped at rung {self.last['rung']}/{self.last['final_rung']}" if finished else \
-            f"incomplete (rung {self.last['rung']}/{self.last['final_rung']})"
+        rung = f"rung {self.last['rung']}/{self.last['final_rung']}"
+        return f"stopped at {rung}" if ended else f"incomplete ({rung})"
 
 
 @dataclass
@@ -66,7 +68,24 @@ class Report:
     exported: Optional[Path] = None
 
 
+def tune_statuses(exp_dir: Path) -> dict:
+    """Trial directory name -> Tune's status, from the newest experiment state file (if readable)."""
+    files = sorted(exp_dir.glob("experiment_state-*.json"))
+    if not files:
+        return {}
+    try:
+        state = json.loads(files[-1].read_text())
+        out = {}
+        for entry in state.get("trial_data", []):
+            trial = json.loads(entry[0] if isinstance(entry, list) else entry)
+            out[trial.get("relative_logdir")] = trial.get("status")
+        return out
+    except (ValueError, KeyError, TypeError, IndexError):
+        return {}
+
+
 def load_trials(exp_dir: Path) -> list[TrialRecord]:
+    statuses = tune_statuses(exp_dir)
     trials = []
     for d in sorted(p for p in exp_dir.iterdir() if p.is_dir() and (p / "params.json").is_file()):
         results = []
@@ -75,7 +94,8 @@ def load_trials(exp_dir: Path) -> list[TrialRecord]:
                 if line.strip():
                     results.append(json.loads(line))
         err = (d / "error.txt").read_text().strip().splitlines()[-1] if (d / "error.txt").is_file() else None
-        trials.append(TrialRecord(d.name, d, json.loads((d / "params.json").read_text()), results, err))
+        trials.append(TrialRecord(d.name, d, json.loads((d / "params.json").read_text()), results, err,
+                                  statuses.get(d.name)))
     trials.sort(key=lambda t: t.results[0].get("timestamp", 0) if t.results else float("inf"))
     return trials
 

@@ -110,7 +110,8 @@ def run_trial(params: dict, setup: TrialSetup) -> None:
             if len(scores) > r:
                 continue
             run.output_dir = str(trial_dir / f"seed{seed}" / "model_out")
-            storage = os.path.join(setup.storage_path, setup.experiment, ctx.get_trial_name(), f"seed{seed}")
+            # beside model_out, inside the trial's own directory (a URI when storage_path is one)
+            storage = os.path.join(setup.storage_path, setup.experiment, trial_dir.name, f"seed{seed}")
             metrics = ray.get(train_task.remote(run.to_dict(), storage, stop))
             scores.append(float(metrics["last"].get(SCORE_METRIC, float("nan"))))
         progress["steps"].append(stop)
