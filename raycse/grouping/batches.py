@@ -160,7 +160,14 @@ class preserve_order:
 def split_by_rank(rows, world_size: int) -> dict:
     """One materialized dataset per rank (``rank0``, ``rank1``, ...), each in step order."""
     with preserve_order():
-        return {f"rank{r}": rows.filter(expr=f"rank == {r}").materialize() for r in range(world_size)}
+        return {f"rank{r}": _quiet(rows.filter(expr=f"rank == {r}").materialize()) for r in range(world_size)}
+
+
+def _quiet(ds):
+    """No progress bar when a Train worker iterates it: it has nothing left to compute, and the bar
+    repeats itself in the worker's log at every step."""
+    ds.context.enable_progress_bars = False
+    return ds
 
 
 def concat_epochs(per_epoch: list[dict]) -> dict:
@@ -168,5 +175,5 @@ def concat_epochs(per_epoch: list[dict]) -> dict:
     if len(per_epoch) == 1:
         return per_epoch[0]
     with preserve_order():
-        return {name: per_epoch[0][name].union(*[e[name] for e in per_epoch[1:]]).materialize()
+        return {name: _quiet(per_epoch[0][name].union(*[e[name] for e in per_epoch[1:]]).materialize())
                 for name in per_epoch[0]}
