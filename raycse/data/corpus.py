@@ -134,12 +134,9 @@ def file_examples(path: str, fmt: str, columns: "ExampleColumns", max_chars: int
     fmt = detect_format(p, fmt)
     if not columns.pairs:
         for raw in _raw_texts(p, fmt, columns.text, on_decode_error, stats, data):
-            text = _capped(raw.strip(), max_chars, stats)
-            if not text:
-                stats.empty_dropped += 1
-                continue
-            stats.kept += 1
-            yield text
+            text = clean_text(raw, max_chars, stats)
+            if text is not None:
+                yield text
         return
     score_scale = columns.score_scale
     if fmt == "stsb":
@@ -156,10 +153,16 @@ def file_examples(path: str, fmt: str, columns: "ExampleColumns", max_chars: int
             yield pair
 
 
-def _capped(text: str, max_chars: int, stats: CorpusStats) -> str:
+def clean_text(raw, max_chars: int, stats: CorpusStats) -> Optional[str]:
+    """Strip and cap one text; None (counted) when nothing is left."""
+    text = "" if raw is None else str(raw).strip()
+    if not text:
+        stats.empty_dropped += 1
+        return None
     if len(text) > max_chars:
         stats.truncated += 1
-        return text[:max_chars]
+        text = text[:max_chars]
+    stats.kept += 1
     return text
 
 

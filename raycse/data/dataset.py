@@ -125,7 +125,7 @@ class CleanColumns:
         self.columns, self.max_chars = columns, max_chars
 
     def __call__(self, batch: dict):
-        from raycse.data.corpus import _capped, clean_pair
+        from raycse.data.corpus import clean_pair, clean_text
 
         stats = CorpusStats(lines_read=len(batch[self.columns.text]))
         examples = []
@@ -134,18 +134,13 @@ class CleanColumns:
             if self.columns.label:
                 cells.append(batch[self.columns.label])
             for i, row in enumerate(zip(*cells)):
-                pair = clean_pair([None if v is None else v for v in row], self.max_chars, self.columns.score_scale,
+                pair = clean_pair(list(row), self.max_chars, self.columns.score_scale,
                                   f"row {i}", stats)
                 if pair is not None:
                     examples.append(pair)
         else:
-            for raw in batch[self.columns.text]:
-                text = _capped("" if raw is None else str(raw).strip(), self.max_chars, stats)
-                if not text:
-                    stats.empty_dropped += 1
-                    continue
-                stats.kept += 1
-                examples.append(text)
+            texts = (clean_text(raw, self.max_chars, stats) for raw in batch[self.columns.text])
+            examples = [t for t in texts if t is not None]
         return _rows_to_table(examples, self.columns.pairs, stats)
 
 
