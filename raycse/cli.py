@@ -140,6 +140,9 @@ def _tune_parser(sub) -> None:
     p.add_argument("--time-budget", type=float, default=None, help="seconds after which no new trial starts")
     p.add_argument("--no-preflight", dest="preflight", action="store_false",
                    help="skip the check that one trial fits the cluster (autoscaling clusters)")
+    p.add_argument("--seeds-in-turn", dest="parallel_seeds", action="store_const", const=False, default=None,
+                   help="train a trial's seeds one after another, a new fit per seed and rung (default: side by "
+                        "side, one fit per seed scored at every rung, when the cluster holds k runs at once)")
 
 
 def _analyze_parser(sub) -> None:
@@ -268,7 +271,7 @@ def cmd_tune(args) -> int:
                                 reduction_factor=args.reduction_factor, search_seed=args.search_seed,
                                 concurrent=args.concurrent, learn_from_truncated=args.learn_from_truncated,
                                 preflight=args.preflight, tpe_startup_trials=args.tpe_startup,
-                                time_budget_s=args.time_budget)
+                                time_budget_s=args.time_budget, parallel_seeds=args.parallel_seeds)
         exp, _ = tune_search(settings, args.storage_path, args.name)
     report = analyze(str(exp), plots=False)
     print(report.table)

@@ -91,9 +91,10 @@ def test_two_trials_two_seeds_analysis_plots_and_export(ray_cluster, tiny_model,
     from raycse.tune import TuneSettings, tune_search
 
     space = _tiny_space(tmp_path, tiny_model, corpus, stsb_dev)
-    settings = TuneSettings(space=space, num_samples=2, seeds=[0, 1], rungs=1, concurrent=1)
+    settings = TuneSettings(space=space, num_samples=2, seeds=[0, 1], rungs=2, scheduler="none", concurrent=1)
     exp, results = tune_search(settings, str(tmp_path / "tune"), "exp")
     assert len(results) == 2 and not any(r.error for r in results)
+    assert json.loads((exp / "raycse_tune.json").read_text())["parallel_seeds"] is True
     report = analyze(str(exp), export_best=str(tmp_path / "best"))
     assert len(report.trials) == 2
     lines = report.table.splitlines()
@@ -103,8 +104,19 @@ def test_two_trials_two_seeds_analysis_plots_and_export(ray_cluster, tiny_model,
         assert t.last["mean"] == pytest.approx(np.mean(t.last["seed_scores"]))
         assert t.last["std"] == pytest.approx(np.std(t.last["seed_scores"]))
         assert len(t.last["seed_scores"]) == 2
-        for seed in (0, 1):  # each seed really trained: its own model directory
-            assert (t.path / f"seed{seed}" / "model_out" / "model" / "config.json").is_file()
+        assert [r["step"] for r in t.results] == [2, 4] and t.last["rung"] == 2
+        for i, seed in enumerate((0, 1)):  # each seed really trained: its own model directory
+            out = t.path / f"seed{seed}" / "model_out"
+            assert (out / "model" / "config.json").is_file()
+            # side by side: one fit per seed for both rungs, and every rung's reported score is the
+            # one that seed's Train run scored at that rung's step
+            assert len(json.loads((out / "metrics.json").read_text())["fit_seconds"]) == 1
+            scored = {}
+            for state in (t.path / f"seed{seed}" / "train").glob("checkpoint_*/state/train.json"):
+                m = json.loads(state.read_text())
+                if "stsb_dev_spearman" in m:
+                    scored[m["step"]] = m["stsb_dev_spearman"]
+            assert [r["seed_scores"][i] for r in t.results] == pytest.approx([scored[2], scored[4]])
     assert report.best.last["target"] == max(t.last["target"] for t in report.trials)
     assert {p.name for p in report.plots} == {"optimization_history.png", "param_importances.png",
                                               "score_vs_knobs.png", "seed_spread.png"}
@@ -175,5 +187,11 @@ def test_preflight_refuses_a_trial_that_cannot_fit(ray_cluster, tiny_model, corp
     space = load_space(_space(tmp_path, {"lr": {"loguniform": [1e-5, 1e-4]}}, run))
     with pytest.raises(ConfigError, match=r"a trial needs 2 worker\(s\) x 3 CPU .* but the cluster has 4"):
         preflight(space, TuneSettings(space=space.path))
-    n, concurrent, per_worker = preflight(space, TuneSettings(space=space.path, preflight=False))
+    n, concurrent, per_worker, parallel = preflight(space, TuneSettings(space=space.path, preflight=False))
     assert n == 256 and concurrent >= 1
+    # 3 seeds x 1 worker x 1 CPU do not fit 4 CPUs beside each other twice: seeds side by side, 1 trial
+    run["train"] = {"num_workers": 1, "cpus_per_worker": 1}
+    space = load_space(_space(tmp_path, {"lr": {"loguniform": [1e-5, 1e-4]}}, run, name="fits.yaml"))
+    assert preflight(space, TuneSettings(space=space.path, seeds=[0, 1, 2]))[1:] == (1, 1, True)
+    # 5 seeds do not fit at once: they run in turn, 3 trials at once
+    assert preflight(space, TuneSettings(space=space.path, seeds=[0, 1, 2, 3, 4]))[1:] == (3, 1, False)

@@ -22,7 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import yaml
 
@@ -70,13 +70,16 @@ def plan_phases(run: RunConfig, steps_per_epoch: int, total: int) -> list[list[i
 
 
 def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] = None,
-          run_name: str = "train", stop_at: Optional[int] = None) -> TrainResult:
+          run_name: str = "train", stop_at: Optional[int] = None, eval_at: Sequence[int] = (),
+          score_sink=None) -> TrainResult:
     """Train ``run`` on Ray Train and return where the best model was saved.
 
     ``storage_path``: where Ray Train keeps checkpoints (default: inside the staging directory,
     removed on success); a fixed path plus ``run_name`` lets a restarted driver resume from the
     latest whole checkpoint there. ``stop_at``: stop after this many steps but keep the learning-rate
-    schedule of the full run (Tune's rungs continue the same run later).
+    schedule of the full run (Tune's rungs continue the same run later). ``eval_at``: steps scored on
+    STS-B dev besides every ``eval.eval_steps``. ``score_sink``: an object with ``post(step, score)``
+    that rank 0 calls with every dev score as soon as it has it (picklable: it travels to the worker).
     """
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig as TrainRunConfig, ScalingConfig
@@ -157,7 +160,8 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
                 train_loop_per_worker,
                 train_loop_config={"run": run.to_dict(), "dev": dev_ref, "threads": max(1, round(cpus)),
                                    "total_steps": total, "phase_end": phase_end,
-                                   "resume_path": latest_dir},
+                                   "resume_path": latest_dir, "eval_at": list(eval_at),
+                                   "score_sink": score_sink},
                 scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu,
                                              resources_per_worker={"CPU": cpus}),
                 datasets=per_rank,

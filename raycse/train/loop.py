@@ -2,7 +2,8 @@
 
 Kept free of argument parsing: it receives a validated :class:`~raycse.config.RunConfig` as a
 dict plus object-store references to the data, builds encoder + objective, and reports metrics
-with a checkpoint every ``eval.eval_steps`` steps (rank 0 scores STS-B dev).
+with a checkpoint every ``eval.eval_steps`` steps (rank 0 scores STS-B dev), at the steps the
+driver names in ``eval_at``, and at the end of the fit.
 """
 
 from __future__ import annotations
@@ -161,10 +162,15 @@ def train_loop_per_worker(config: dict) -> None:
                 continue
             if chosen is None or ckpt.step_of(Path(d)) > chosen[0]:
                 chosen = (ckpt.step_of(Path(d)), cand)
+    # Rank 0 also posts each STS-B dev score to this sink the moment it has it (Tune's trials read
+    # their seeds' rung scores from it while the fits go on).
+    sink = config.get("score_sink") if rank == 0 else None
     if chosen is not None:
         with chosen[1].as_directory() as d:
             state = ckpt.load(Path(d), core, opt, sched, rank)
         step, history, initial = int(state["step"]), list(state["loss_history"]), state.get("initial")
+        if sink is not None and state.get(SCORE_METRIC) is not None:
+            sink.post(step, float(state[SCORE_METRIC]))  # scored before the restart; may not have been read
 
     def evaluate() -> Optional[float]:
         if dev is None or rank != 0:
@@ -182,6 +188,8 @@ def train_loop_per_worker(config: dict) -> None:
                 ckpt.write(Path(tmp), core, opt, sched, {**metrics, "initial": initial})
             ckpt.write_rng(Path(tmp), rank)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+        if sink is not None and metrics.get(SCORE_METRIC) is not None:
+            sink.post(int(metrics["step"]), float(metrics[SCORE_METRIC]))
 
     if step == 0 and run.eval.before_training:
         initial = evaluate()
@@ -201,6 +209,7 @@ def train_loop_per_worker(config: dict) -> None:
     window = []
     train_time, seen = 0.0, 0  # examples (sentences or pairs) over all workers, this phase
     eval_every = run.eval.eval_steps
+    eval_at = {int(s) for s in config.get("eval_at") or ()}  # extra scored steps (Tune's rung ends)
     ckpt_every = run.train.checkpoint_steps or eval_every
     for row in ray.train.get_dataset_shard(f"rank{rank}").iter_rows():
         if int(row["step"]) < step:
@@ -246,7 +255,7 @@ def train_loop_per_worker(config: dict) -> None:
             log.info(f"[raycse] step {step}/{total} ({100 * step / total:.0f}%) epoch {epoch} "
                      f"loss {sum(recent) / len(recent):.4f} lr {sched.get_last_lr()[0]:.2e} "
                      f"{seen / max(train_time, 1e-9):.1f} examples/s")
-        scored = step % eval_every == 0 or step == phase_end  # a run's end and each fit's end are scored
+        scored = step % eval_every == 0 or step == phase_end or step in eval_at  # each fit's end is scored
         if scored or step % ckpt_every == 0:
             if window:
                 history.append(sum(window) / len(window))

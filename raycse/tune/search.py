@@ -40,6 +40,9 @@ class TuneSettings:
     preflight: bool = True
     tpe_startup_trials: int = 5  # random trials before TPE models the space (Optuna's default is 10)
     time_budget_s: Optional[float] = None  # stop starting trials after this many seconds
+    # seeds side by side (one fit each per trial) or one after another (a fit per seed per rung);
+    # None: side by side when the cluster holds them, which the pre-flight decides and records
+    parallel_seeds: Optional[bool] = None
 
     def validate(self) -> "TuneSettings":
         if self.num_samples < 1:
@@ -92,10 +95,10 @@ def _scheduler(settings: TuneSettings):
                          grace_period=settings.grace_period, reduction_factor=settings.reduction_factor)
 
 
-def preflight(space: SearchSpace, settings: TuneSettings) -> tuple[int, int, float]:
-    """Read the corpus once and check that one trial fits the cluster; returns
-    (examples, concurrent trials, CPUs per Train worker). Fails with the numbers instead of
-    letting trials wait in PENDING forever."""
+def preflight(space: SearchSpace, settings: TuneSettings) -> tuple[int, int, float, bool]:
+    """Read the corpus once and check that one trial fits the cluster; returns (examples, concurrent
+    trials, CPUs per Train worker, seeds side by side). Fails with the numbers instead of letting
+    trials wait in PENDING forever."""
     import ray
 
     from raycse.data.dataset import load_corpus
@@ -110,32 +113,43 @@ def preflight(space: SearchSpace, settings: TuneSettings) -> tuple[int, int, flo
     corpus = load_corpus(run.data, run.train.seed)
     total = ray.cluster_resources()
     cpus, gpus = float(total.get("CPU", 0)), float(total.get("GPU", 0))
-    workers = run.train.num_workers
-    if run.train.use_gpu and gpus < workers and settings.preflight:
+    workers, k = run.train.num_workers, len(settings.seeds)
+    per_worker = run.train.cpus_per_worker
+    check = settings.preflight
+    if run.train.use_gpu and gpus < workers and check:
         raise ConfigError(f"a trial needs {workers} GPU(s) (train.num_workers with use_gpu) but the cluster has "
                           f"{gpus:g}; lower num_workers, add GPU nodes, or pass --no-preflight on an autoscaling cluster")
-    per_worker = run.train.cpus_per_worker
-    if per_worker is not None and settings.preflight and workers * per_worker + TRIAL_CPU > cpus:
+    if per_worker is not None and check and workers * per_worker + TRIAL_CPU > cpus:
         raise ConfigError(f"a trial needs {workers} worker(s) x {per_worker:g} CPU + {TRIAL_CPU} = "
                           f"{workers * per_worker + TRIAL_CPU:g} CPUs but the cluster has {cpus:g}; lower "
                           f"train.num_workers / train.cpus_per_worker (or --no-preflight on an autoscaling cluster)")
+    parallel = settings.parallel_seeds
+    if parallel is None:  # side by side unless k runs at once cannot fit
+        parallel = (gpus >= k * workers if run.train.use_gpu
+                    else per_worker is None or k * workers * per_worker + TRIAL_CPU <= cpus) or not check
+        if not parallel:
+            print(f"[raycse] the {k} seeds run one after another: {k} x {workers} worker(s) do not fit the cluster "
+                  f"at once", flush=True)
+    runs_at_once = k if parallel else 1
     concurrent = settings.concurrent
     if concurrent is None:
-        need = workers * (per_worker or 1.0) + TRIAL_CPU
-        concurrent = max(1, int(cpus // need)) if not run.train.use_gpu else max(1, int(gpus // workers))
-    if per_worker is None:  # share the cluster between the concurrent trials' workers
-        per_worker = math.floor(100 * (cpus - concurrent * TRIAL_CPU) / (concurrent * workers)) / 100
-        if per_worker <= 0 and settings.preflight:
-            raise ConfigError(f"{concurrent} concurrent trial(s) x {workers} worker(s) do not fit {cpus:g} CPUs; "
-                              f"lower --concurrent or train.num_workers")
-    return corpus.num_examples, concurrent, per_worker
+        if run.train.use_gpu:
+            concurrent = max(1, int(gpus // (workers * runs_at_once)))
+        else:
+            concurrent = max(1, int(cpus // (runs_at_once * workers * (per_worker or 1.0) + TRIAL_CPU)))
+    if per_worker is None:  # share the cluster between the workers of every run going at once
+        per_worker = math.floor(100 * (cpus - concurrent * TRIAL_CPU) / (concurrent * runs_at_once * workers)) / 100
+        if per_worker <= 0 and check:
+            raise ConfigError(f"{concurrent} concurrent trial(s) x {runs_at_once} run(s) x {workers} worker(s) do not "
+                              f"fit {cpus:g} CPUs; lower --concurrent or train.num_workers")
+    return corpus.num_examples, concurrent, per_worker, parallel
 
 
 def _trainable(settings: TuneSettings, space: SearchSpace, exp_dir: Path, num_examples: int, cpus_per_worker: float):
     from ray import tune
 
     setup = TrialSetup(space, list(settings.seeds), settings.rungs, settings.target, num_examples,
-                       str(exp_dir.parent), exp_dir.name, cpus_per_worker)
+                       str(exp_dir.parent), exp_dir.name, cpus_per_worker, bool(settings.parallel_seeds))
     return tune.with_resources(tune.with_parameters(run_trial, setup=setup), {"CPU": TRIAL_CPU})
 
 
@@ -154,7 +168,7 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
                           f"another --name")
     ensure_ray()
     quiet_ray_data()
-    num_examples, concurrent, per_worker = preflight(space, settings)
+    num_examples, concurrent, per_worker, settings.parallel_seeds = preflight(space, settings)
     exp_dir.mkdir(parents=True)
     shutil.copy(settings.space, exp_dir / "space.yaml")
     settings_dict = {**asdict(settings), "space": str(exp_dir / "space.yaml"), "num_examples": num_examples,
@@ -162,7 +176,8 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
     (exp_dir / SETTINGS).write_text(json.dumps(settings_dict, indent=2))
     print(f"[raycse] experiment {exp_dir}: {settings.num_samples} configurations x {len(settings.seeds)} seeds, "
           f"{settings.rungs} rung(s), {settings.searcher} search, scheduler {settings.scheduler}, "
-          f"{concurrent} concurrent trial(s), {per_worker:g} CPU per Train worker", flush=True)
+          f"{concurrent} concurrent trial(s), seeds {'side by side' if settings.parallel_seeds else 'in turn'}, "
+          f"{per_worker:g} CPU per Train worker", flush=True)
     tuner = tune.Tuner(
         _trainable(settings, space, exp_dir, num_examples, per_worker),
         tune_config=tune.TuneConfig(search_alg=_optuna_search(space, settings), scheduler=_scheduler(settings),

@@ -1,12 +1,17 @@
 """One Tune trial: a configuration trained with k seeds that advance together, rung by rung.
 
 The trial function is the Tune "driver" of ray-notes: it calls :func:`raycse.train.driver.train`
-(a ``TorchTrainer.fit``) per seed and reports to Tune only aggregates. Rung ``r`` trains every
-seed up to step ``total * r / rungs`` (each seed's Train run resumes from its own checkpoint,
-keeping the full run's learning-rate schedule), then reports mean, std and worst STS-B dev
-Spearman over the seeds plus the optimisation target. ASHA decides between rungs, so seeds
-are never compared at different steps. Progress is saved with every report (a small JSON
-checkpoint), so a resumed experiment neither loses nor reruns a finished rung.
+(a ``TorchTrainer.fit``) per seed and reports to Tune only aggregates. Rung ``r`` ends at step
+``total * r / rungs``; every seed's run is scored on STS-B dev there, and the trial reports mean,
+std and worst Spearman over the seeds plus the optimisation target once all seeds have that
+score. ASHA decides between rungs, so seeds are never compared at different steps.
+
+By default the seeds run side by side, one fit each for the whole trial, posting their rung
+scores through a queue as they go (a rung costs one evaluation, not a new fit). Where the
+cluster cannot hold k runs at once (GPUs), they run one after another and each rung continues
+every seed's run from its checkpoint with the full run's learning-rate schedule. Progress is
+saved with every report (a small JSON checkpoint), so a resumed experiment neither loses nor
+reruns a finished rung.
 """
 
 from __future__ import annotations
@@ -21,8 +26,6 @@ from typing import Optional
 
 import numpy as np
 
-from raycse.train.loop import SCORE_METRIC
-
 TARGET = "target"
 
 
@@ -36,6 +39,7 @@ class TrialSetup:
     storage_path: str
     experiment: str
     cpus_per_worker: Optional[float] = None
+    parallel_seeds: bool = True  # the k seeds' Train runs at once (one fit each) or one after another
 
 
 def target_value(scores: list[float], target: str) -> float:
@@ -73,22 +77,35 @@ def total_steps(run, num_examples: int) -> int:
     return min(spe * t.epochs, t.max_steps or spe * t.epochs)
 
 
-def _train_outside_trial(run_dict: dict, storage: str, stop: int) -> dict:
+class QueueSink:
+    """Where a seed's Train run posts its dev scores: ``(seed, step, score)`` into the trial's queue."""
+
+    def __init__(self, queue, seed: int):
+        self.queue, self.seed = queue, seed
+
+    def post(self, step: int, score: float) -> None:
+        self.queue.put((self.seed, step, score))
+
+
+def _train_outside_trial(run_dict: dict, storage: str, stop: int, eval_at: list[int], sink: QueueSink) -> dict:
     """One seed's Train run up to ``stop``; runs as its own task (see :func:`run_trial`)."""
     from raycse.config import RunConfig
     from raycse.train.driver import train
 
     return train(RunConfig.from_dict(run_dict), overwrite=True, storage_path=storage, run_name="train",
-                 stop_at=stop).metrics
+                 stop_at=stop, eval_at=eval_at, score_sink=sink).metrics
 
 
 def run_trial(params: dict, setup: TrialSetup) -> None:
     import ray
     from ray import tune
+    from ray.util.queue import Empty, Queue
 
     # Tune pins every task a trial starts to the trial's placement group (a 0.01-CPU bundle here),
-    # where Ray Data's shuffle tasks cannot fit; the seed's run is driven from a task outside it.
-    train_task = ray.remote(_train_outside_trial).options(num_cpus=0, scheduling_strategy="DEFAULT")
+    # where Ray Data's shuffle tasks cannot fit; the seeds' runs are driven from tasks outside it.
+    outside = {"num_cpus": 0, "scheduling_strategy": "DEFAULT"}
+    train_task = ray.remote(_train_outside_trial).options(**outside)
+    queue = Queue(actor_options=outside)
 
     ctx = tune.get_context()
     trial_dir = Path(ctx.get_trial_dir())
@@ -98,24 +115,52 @@ def run_trial(params: dict, setup: TrialSetup) -> None:
         with previous.as_directory() as d:
             progress = json.loads((Path(d) / "progress.json").read_text())
     runs = {s: setup.space.run_config(params, seed=s) for s in setup.seeds}
-    for run in runs.values():
+    for seed, run in runs.items():
         if setup.cpus_per_worker:
             run.train.cpus_per_worker = setup.cpus_per_worker
+        run.output_dir = str(trial_dir / f"seed{seed}" / "model_out")
     ends = rung_ends(total_steps(runs[setup.seeds[0]], setup.num_examples), setup.rungs)
+    # rung index -> score per seed; rungs reported before an interruption are kept as they were
+    scores = {s: dict(enumerate(progress["scores"][str(s)])) for s in setup.seeds}
+
+    def launch(seed: int, stop: int):
+        # beside model_out, inside the trial's own directory (a URI when storage_path is one)
+        storage = os.path.join(setup.storage_path, setup.experiment, trial_dir.name, f"seed{seed}")
+        return train_task.remote(runs[seed].to_dict(), storage, stop, ends, QueueSink(queue, seed))
+
+    def collect(rung: int, running: dict) -> None:
+        """Read posted scores until every seed has one for ``rung``; a run that ended without one fails."""
+        while any(rung not in scores[s] for s in setup.seeds):
+            try:
+                seed, step, score = queue.get(timeout=2)
+            except Empty:
+                for seed, ref in running.items():
+                    if rung not in scores[seed] and ray.wait([ref], timeout=0)[0]:
+                        ray.get(ref)  # raises the run's error, if it had one
+                        if rung not in scores[seed] and queue.empty():
+                            raise RuntimeError(f"seed {seed}'s Train run ended without a score at step {ends[rung]}")
+                continue
+            if step in ends:
+                scores[seed].setdefault(ends.index(step), score)
+
+    # Parallel: every seed's run goes once to the end, scoring at each rung's step, and the trial
+    # reports a rung when all seeds have scored it (ASHA stopping the trial ends the runs with it).
+    # Sequential: each rung continues every seed's run from its checkpoint, one after another.
+    running = {s: launch(s, ends[-1]) for s in setup.seeds} if setup.parallel_seeds else {}
     for r, stop in enumerate(ends):
         if r < len(progress["steps"]):
             continue  # reported before the experiment was interrupted
-        for seed, run in runs.items():
-            scores = progress["scores"][str(seed)]
-            if len(scores) > r:
-                continue
-            run.output_dir = str(trial_dir / f"seed{seed}" / "model_out")
-            # beside model_out, inside the trial's own directory (a URI when storage_path is one)
-            storage = os.path.join(setup.storage_path, setup.experiment, trial_dir.name, f"seed{seed}")
-            metrics = ray.get(train_task.remote(run.to_dict(), storage, stop))
-            scores.append(float(metrics["last"].get(SCORE_METRIC, float("nan"))))
+        if not setup.parallel_seeds:
+            for seed in setup.seeds:
+                if r not in scores[seed]:
+                    running[seed] = launch(seed, stop)
+                    ray.get(running[seed])
+        collect(r, running)
+        if r == len(ends) - 1:
+            ray.get(list(running.values()))  # the final models are written before the last report
+        progress["scores"] = {str(s): [scores[s][i] for i in range(r + 1)] for s in setup.seeds}
         progress["steps"].append(stop)
-        values = [progress["scores"][str(s)][r] for s in setup.seeds]
+        values = [scores[s][r] for s in setup.seeds]
         metrics = {TARGET: target_value(values, setup.target), "mean": float(np.mean(values)),
                    "std": float(np.std(values)), "worst": float(np.min(values)), "best_seed": float(np.max(values)),
                    "seed_scores": values, "seeds": list(setup.seeds), "step": stop, "rung": r + 1,
