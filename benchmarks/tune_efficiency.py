@@ -4,7 +4,8 @@
 
 SimCSE on all-MiniLM-L6-v2, 1,024 wiki sentences per trial, 2 seeds per configuration, knobs
 tau in [0.005, 0.5] and lr in [1e-6, 1e-3] (log scales; wide on purpose: much of the box is bad).
-Optuna+ASHA: 2 rungs, grace 1, reduction 2, TPE after 4 random trials. Random: Optuna's random
+Optuna+ASHA: 3 rungs, grace 1, reduction 2 (the CLI's defaults), TPE after 4 random trials.
+Both score dev under the training autocast (``eval.precision: train``, as the shipped spaces do). Random: Optuna's random
 sampler, 1 rung, no early stopping. Each search runs until ``--budget`` seconds have been spent.
 Trial-seconds are Tune's ``time_total_s`` of every trial (cut short or not), summed in the order
 trials ran; a score counts once a configuration has finished all its rungs (mean over seeds). Each
@@ -65,14 +66,15 @@ def main() -> None:
         "run": {"model": {"name_or_path": "default", "pooling": "mean", "max_length": 32},
                 "data": {"corpus": str(WIKI), "max_sentences": args.sentences},
                 "objective": {"name": "simcse"}, "train": {"batch_size": 64, "epochs": 1, "log_steps": 100},
-                "eval": {"stsb_dev": str(STSB_DEV), "eval_steps": 100000, "before_training": False}},
+                "eval": {"stsb_dev": str(STSB_DEV), "eval_steps": 100000, "before_training": False,
+                         "precision": "train"}},
         "search": {"tau": {"loguniform": [0.005, 0.5]}, "lr": {"loguniform": [1e-6, 1e-3]}}}, sort_keys=False))
     ratios = []
     for rep in range(args.repeats):
         # each search and repetition draws its own configurations (the same seed would make TPE's
         # random start-up and the random sampler try the same first configurations)
         runs = {
-            "optuna+asha": TuneSettings(space=str(space), num_samples=1000, seeds=[0, 1], rungs=2, scheduler="asha",
+            "optuna+asha": TuneSettings(space=str(space), num_samples=1000, seeds=[0, 1], rungs=3, scheduler="asha",
                                         searcher="optuna", grace_period=1, reduction_factor=2, tpe_startup_trials=4,
                                         concurrent=1, time_budget_s=args.budget, search_seed=100 * rep + 1),
             "random": TuneSettings(space=str(space), num_samples=1000, seeds=[0, 1], rungs=1, scheduler="none",

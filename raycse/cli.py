@@ -58,6 +58,8 @@ TRAIN_FLAGS = [
      "encode each batch as N length-sorted sub-batches to skip padding (same loss; default 2)"),
     ("--eval-steps", "eval.eval_steps", int, "score STS-B dev and checkpoint every N steps (default 125)"),
     ("--stsb-dev", "eval.stsb_dev", str, "STS-B dev csv for model selection, or 'none' (default: ../shared/data/...)"),
+    ("--eval-precision", "eval.precision", str, "dev scoring: fp32 (default, exact) | train (the training autocast: "
+     "~2.5x faster on CPU, scores move ~0.01) | bf16 | auto"),
     ("--output", "output_dir", str, "where the model, metrics.json and config.yaml go (default outputs/run)"),
 ]
 

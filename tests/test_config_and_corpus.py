@@ -33,6 +33,7 @@ def test_yaml_round_trip_and_overrides(tmp_path):
     ("objective: {temperature: 0}\n", "temperature must be > 0"),
     ("objective: {temperature: -0.5}\n", "temperature must be > 0"),
     ("model: {pooling: max}\n", "model.pooling must be one of"),
+    ("eval: {precision: fp8}\n", "eval.precision must be one of"),
     ("train: {batch_size: many}\n", "train.batch_size must be int"),
     ("train: [1, 2]\n", "must be a mapping"),
 ])

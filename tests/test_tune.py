@@ -82,7 +82,7 @@ def _tiny_space(tmp_path, tiny_model, corpus, stsb_dev, num_rungs_steps=4):
     run = {"model": {"name_or_path": str(tiny_model), "max_length": 16},
            "data": {"corpus": str(corpus)}, "objective": {"name": "simcse"},
            "train": {"batch_size": 16, "max_steps": num_rungs_steps, "cpus_per_worker": 1, "log_steps": 2},
-           "eval": {"stsb_dev": str(stsb_dev), "eval_steps": 1000}}
+           "eval": {"stsb_dev": str(stsb_dev), "eval_steps": 1000, "precision": "train"}}
     return _space(tmp_path, {"tau": {"loguniform": [0.02, 0.2]}, "lr": {"loguniform": [1e-4, 1e-3]}}, run)
 
 

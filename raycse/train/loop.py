@@ -146,6 +146,7 @@ def train_loop_per_worker(config: dict) -> None:
     opt, sched = build_optimizer(module, run, total)
     dtype = resolve_precision(run.train.precision, device)
     scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
+    eval_dtype = dtype if run.eval.precision == "train" else resolve_precision(run.eval.precision, device)
 
     step, history, initial = 0, [], None
     # Resume from the furthest whole checkpoint: Ray's latest (after a worker failure) or the one the
@@ -178,7 +179,8 @@ def train_loop_per_worker(config: dict) -> None:
         from raycse.evaluation.sts import evaluate_datasets
 
         # encode() switches the encoder to eval mode and back by itself
-        scores = evaluate_datasets(lambda xs: core.encoder.encode(xs, batch_size=run.eval.batch_size), [dev])
+        scores = evaluate_datasets(lambda xs: core.encoder.encode(xs, batch_size=run.eval.batch_size,
+                                                                  autocast_dtype=eval_dtype), [dev])
         release_freed_memory()
         return scores[dev.name]
 
