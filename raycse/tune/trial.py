@@ -91,7 +91,9 @@ def _train_outside_trial(run_dict: dict, storage: str, stop: int, eval_at: list[
     """One seed's Train run up to ``stop``; runs as its own task (see :func:`run_trial`)."""
     from raycse.config import RunConfig
     from raycse.train.driver import train
+    from raycse.train.runtime import quiet_ray_data
 
+    quiet_ray_data(progress_bars=False)  # k runs' bars interleaved in one log are ~4,000 lines per trial
     return train(RunConfig.from_dict(run_dict), overwrite=True, storage_path=storage, run_name="train",
                  stop_at=stop, eval_at=eval_at, score_sink=sink).metrics
 
