@@ -168,16 +168,31 @@ def drop_train_checkpoints(trial_path: str) -> None:
 
 
 class DropTrainCheckpoints(Callback):
-    """Frees each trial's Train checkpoints as soon as Tune ends the trial (see above)."""
+    """Frees each trial's Train checkpoints once Tune has ended the trial (see above). A trial that
+    finished its rungs has no run left; one stopped early (ASHA) or failed still has runs being torn
+    down, so its directory is freed at the next trial's end (or the experiment's), not under them."""
+
+    def __init__(self):
+        self.ending: list[str] = []
+
+    def _ended(self, trial, finished: bool) -> None:
+        for path in self.ending:
+            drop_train_checkpoints(path)
+        self.ending = []
+        if finished:
+            drop_train_checkpoints(trial.path)
+        else:
+            self.ending.append(trial.path)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        drop_train_checkpoints(trial.path)
+        last = trial.last_result or {}
+        self._ended(trial, finished=bool(last) and last.get("rung") == last.get("final_rung"))
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        drop_train_checkpoints(trial.path)
+        self._ended(trial, finished=False)
 
     def on_experiment_end(self, trials, **info):
-        for t in trials:  # runs that were still being torn down at on_trial_complete
+        for t in trials:
             if t.status in ("TERMINATED", "ERROR"):
                 drop_train_checkpoints(t.path)
 
