@@ -44,7 +44,9 @@ class TrialRecord:
 
     @property
     def complete(self) -> bool:
-        return bool(self.results) and self.last.get("rung") == self.last.get("final_rung")
+        from raycse.tune.trial import is_final
+
+        return bool(self.results) and is_final(self.last)
 
     def status(self, finished: bool = False) -> str:
         ended = self.tune_status == "TERMINATED" or (self.tune_status is None and finished)

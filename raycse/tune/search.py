@@ -19,7 +19,7 @@ from ray.tune import Callback
 
 from raycse.errors import ConfigError
 from raycse.tune.space import SearchSpace, load_space
-from raycse.tune.trial import TARGET, TrialSetup, parse_target, run_trial
+from raycse.tune.trial import SEED_RUN, TARGET, TrialSetup, is_final, parse_target, run_trial
 
 SETTINGS = "raycse_tune.json"
 TRIAL_CPU = 0.01  # the trial function only coordinates; the Train workers hold the real CPUs
@@ -77,7 +77,7 @@ def _optuna_search(space: SearchSpace, settings: TuneSettings):
             self.learn_from_truncated = learn_from_truncated
 
         def on_trial_complete(self, trial_id: str, result: Optional[dict] = None, error: bool = False):
-            if result and not self.learn_from_truncated and result.get("rung", 0) < result.get("final_rung", 0):
+            if result and not self.learn_from_truncated and not is_final(result):
                 result = None
             super().on_trial_complete(trial_id, result, error)
 
@@ -148,7 +148,7 @@ def preflight(space: SearchSpace, settings: TuneSettings) -> tuple[int, int, flo
 
 
 def drop_train_checkpoints(trial_path: str) -> None:
-    """Delete a finished trial's Train checkpoints (``seed*/train``), keeping each seed's final model.
+    """Delete a finished trial's Train checkpoints (``seed*/SEED_RUN``), keeping each seed's final model.
 
     Why: a trial never runs again once Tune has ended it (complete, stopped by ASHA, errored), and
     each seed's resumable checkpoints hold weights + optimizer state (~360 MB each for MiniLM):
@@ -162,7 +162,7 @@ def drop_train_checkpoints(trial_path: str) -> None:
         return
     for info in seeds:
         if info.type == pafs.FileType.Directory and info.base_name.startswith("seed"):
-            train_dir = f"{info.path}/train"
+            train_dir = f"{info.path}/{SEED_RUN}"
             if fs.get_file_info(train_dir).type == pafs.FileType.Directory:
                 fs.delete_dir(train_dir)
 
@@ -186,7 +186,7 @@ class DropTrainCheckpoints(Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         last = trial.last_result or {}
-        self._ended(trial, finished=bool(last) and last.get("rung") == last.get("final_rung"))
+        self._ended(trial, finished=bool(last) and is_final(last))
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self._ended(trial, finished=False)

@@ -27,6 +27,12 @@ from typing import Optional
 import numpy as np
 
 TARGET = "target"
+SEED_RUN = "train"  # Ray Train run name of each seed, under TRIAL/seed<s>/ (its checkpoints)
+
+
+def is_final(result: dict) -> bool:
+    """A trial's report is final when it comes from its last rung (not cut short by ASHA)."""
+    return result.get("rung") == result.get("final_rung")
 
 
 @dataclass
@@ -94,7 +100,7 @@ def _train_outside_trial(run_dict: dict, storage: str, stop: int, eval_at: list[
     from raycse.train.runtime import quiet_ray_data
 
     quiet_ray_data(progress_bars=False)  # k runs' bars interleaved in one log are ~4,000 lines per trial
-    return train(RunConfig.from_dict(run_dict), overwrite=True, storage_path=storage, run_name="train",
+    return train(RunConfig.from_dict(run_dict), overwrite=True, storage_path=storage, run_name=SEED_RUN,
                  stop_at=stop, eval_at=eval_at, score_sink=sink).metrics
 
 
