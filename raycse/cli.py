@@ -55,7 +55,10 @@ TRAIN_FLAGS = [
     ("--seed", "train.seed", int, "random seed; the same seed reproduces the run (default 42)"),
     ("--log-steps", "train.log_steps", int, "print progress every N steps (default 10)"),
     ("--length-buckets", "train.length_buckets", int,
-     "encode each batch as N length-sorted sub-batches to skip padding (same loss; default 2)"),
+     "encode each batch as N length-sorted sub-batches to skip padding (same loss; default 2; "
+     "BERT-family models unpad instead unless --unpad false)"),
+    ("--unpad", "train.unpad", str, "true | false: BERT-family encoders run their layers on real tokens only "
+     "(padding only inside attention; same loss, faster; default true)"),
     ("--eval-steps", "eval.eval_steps", int, "score STS-B dev and checkpoint every N steps (default 125)"),
     ("--stsb-dev", "eval.stsb_dev", str, "STS-B dev csv for model selection, or 'none' (default: ../shared/data/...)"),
     ("--eval-precision", "eval.precision", str, "dev scoring: fp32 (default, exact) | train (the training autocast: "

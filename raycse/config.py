@@ -171,6 +171,13 @@ class TrainConfig:
     # Encode each training batch as this many length-sorted sub-batches, each padded only to its own
     # longest row: the same loss with ~25% fewer padded tokens (BENCHMARKS.md). 1 = one padded call.
     length_buckets: int = 2
+    # BERT-family encoders (BERT, RoBERTa, XLM-R): run every position-wise layer on the real tokens
+    # only, padding just inside attention (raycse.unpad; same loss, BENCHMARKS.md). Replaces
+    # length_buckets for those models; other architectures keep the buckets.
+    unpad: bool = True
+    # On CPU, draw dropout masks four to a 64-bit random word instead of with bernoulli_ (~4x
+    # cheaper; p rounded to 1/32768; raycse.unpad.dropout). GPUs always use PyTorch's dropout.
+    fast_dropout: bool = True
     # Save a resumable checkpoint (model, optimizer, scheduler, RNG, step) every N steps; None:
     # at every evaluation. A run restarted after a failure continues from the latest one.
     checkpoint_steps: Optional[int] = None

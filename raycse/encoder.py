@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from raycse.errors import ModelError
+from raycse.unpad import supports_unpadding, unpadded_forward
 
 EMBEDDED_ALIASES = ("default", "embedded", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
 RAYCSE_META = "raycse.json"
@@ -125,9 +126,12 @@ class Encoder(nn.Module):
         self.mlp_mode = mlp_head
         self.mlp = MLPHead(self.hidden_size) if mlp_head in ("train_only", "always") else None
         self.max_seq_length = max_seq_length or _default_max_length(backbone, tokenizer)
-        # >1: encode a training batch as that many length-sorted sub-batches (see _pooled_bucketed);
-        # inference needs none: ``encode`` already sorts whole lists by length.
+        # Training-time padding savers (inference needs neither: ``encode`` sorts whole lists by
+        # length). unpad: BERT-family layers run on real tokens only (raycse.unpad); otherwise
+        # length_buckets > 1 encodes a batch as that many length-sorted sub-batches.
+        self.unpad = False
         self.length_buckets = 1
+        self.can_unpad = supports_unpadding(backbone)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -173,8 +177,13 @@ class Encoder(nn.Module):
             return False
         return self.mlp_mode == "always" or self.training
 
+    def unpadding(self) -> bool:
+        return self.training and self.unpad and self.can_unpad
+
     def hidden_states(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Optional[Tensor] = None,
                       output_hidden_states: bool = False):
+        if self.unpadding():
+            return unpadded_forward(self.backbone, input_ids, attention_mask, token_type_ids, output_hidden_states)
         kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
         if token_type_ids is not None:
             kwargs["token_type_ids"] = token_type_ids
@@ -189,7 +198,8 @@ class Encoder(nn.Module):
 
     def pooled(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Optional[Tensor] = None) -> Tensor:
         """Pooled vectors before the MLP head (objectives that compose vectors first, like CompCSE)."""
-        if (self.training and self.length_buckets > 1 and input_ids.shape[0] >= 2 * self.length_buckets
+        if (self.training and not self.unpadding() and self.length_buckets > 1
+                and input_ids.shape[0] >= 2 * self.length_buckets
                 and getattr(self.tokenizer, "padding_side", "right") == "right"):
             return self._pooled_bucketed(input_ids, attention_mask, token_type_ids)
         out = self.hidden_states(input_ids, attention_mask, token_type_ids)
