@@ -1,4 +1,5 @@
-"""The unpadded (packed) BERT forward equals the padded Hugging Face forward, values and gradients."""
+"""Training speed parts: the unpadded (packed) BERT forward equals the padded Hugging Face forward (values
+and gradients), the cheaper CPU dropout, and the Train workers' malloc settings."""
 
 import pytest
 import torch
@@ -117,3 +118,13 @@ def test_fast_dropout_swaps_every_dropout_module_and_saved_models_stay_plain(tin
     enc.save(tmp_path / "m")
     reloaded = AutoModel.from_pretrained(tmp_path / "m")
     assert sum(type(m) is nn.Dropout for m in reloaded.modules()) == plain
+
+
+def test_train_workers_get_the_malloc_settings_unless_already_set(monkeypatch):
+    from raycse.train.runtime import TRAIN_WORKER_MALLOC, train_worker_env
+
+    for key in TRAIN_WORKER_MALLOC:
+        monkeypatch.delenv(key, raising=False)
+    assert train_worker_env() == TRAIN_WORKER_MALLOC
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")  # the user's choice is inherited, not overridden
+    assert "MALLOC_ARENA_MAX" not in train_worker_env() and len(train_worker_env()) == len(TRAIN_WORKER_MALLOC) - 1

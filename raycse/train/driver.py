@@ -33,7 +33,7 @@ from raycse.evaluation.sts import read_stsb
 from raycse.objectives import registry
 from raycse.train import checkpoint as ckpt
 from raycse.train.loop import CHECKPOINT_RANK, SCORE_METRIC, train_loop_per_worker
-from raycse.train.runtime import cluster_cpus, ensure_ray, quiet_ray_data
+from raycse.train.runtime import cluster_cpus, ensure_ray, quiet_ray_data, train_worker_env
 
 
 @dataclass
@@ -168,6 +168,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
                 dataset_config=_dataset_config(),
                 run_config=TrainRunConfig(
                     name=run_name, storage_path=storage,
+                    worker_runtime_env={"env_vars": train_worker_env()},
                     failure_config=FailureConfig(max_failures=t.max_failures),
                     checkpoint_config=CheckpointConfig(
                         num_to_keep=t.keep_checkpoints,
