@@ -5,9 +5,11 @@ text at max length 32; BENCHMARKS.md). Everything in a BERT layer except attenti
 position-wise (the Q/K/V and output projections, the feed-forward block, LayerNorm, dropout), so
 it can run on the real tokens alone, packed into one ``(tokens, hidden)`` matrix. Only the
 attention core needs a per-sentence layout: Q/K/V are scattered into a zero-padded
-``(batch, heads, length, head_dim)`` tensor for ``scaled_dot_product_attention`` (with the key
-mask) and the result is gathered back. Padding then costs a copy per layer instead of 12 d^2
-multiply-adds per padded token, and the big matmuls stay big (one call for the whole batch).
+``(batch, heads, length, head_dim)`` tensor, attention runs there with the key mask (eager maths
+while training with attention dropout, so the dropout can use the mask below;
+``scaled_dot_product_attention`` otherwise) and the result is gathered back. Padding then costs
+a copy per layer instead of 12 d^2 multiply-adds per padded token, and the big matmuls stay big
+(one call for the whole batch).
 
 The layers used are the model's own modules (``layer.attention.output``, ``layer.intermediate``,
 ``layer.output``) with its weights, so saving, loading and DDP see an ordinary HF model; the only
@@ -17,8 +19,8 @@ padded HF forward on every real token (tested to 1e-5, gradients too).
 
 Dropout: on CPU, ``bernoulli_`` draws one 32-bit number per element from a serial generator and
 took ~19% of a training step (all-MiniLM-L6-v2, batch 64, bf16). :func:`dropout` takes four 15-bit
-draws from each 64-bit word instead, ~3x cheaper for the activations of a BERT layer; the drop
-probability becomes round(p * 32768) / 32768 (0.1 -> 0.100006) and the kept values are scaled by
+draws from each 64-bit word instead, ~4x cheaper for the masks of a BERT layer (BENCHMARKS.md);
+the drop probability becomes round(p * 32768) / 32768 (0.1 -> 0.100006) and the kept values are scaled by
 the exact inverse of the keep rate, so E[dropout(x)] = x as with ``nn.Dropout``. GPUs keep
 PyTorch's own dropout.
 """
