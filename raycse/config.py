@@ -173,7 +173,8 @@ class TrainConfig:
     length_buckets: int = 2
     # BERT-family encoders (BERT, RoBERTa, XLM-R): run every position-wise layer on the real tokens
     # only, padding just inside attention (raycse.unpad; same loss, BENCHMARKS.md). Replaces
-    # length_buckets for those models; other architectures keep the buckets.
+    # length_buckets for those models; other architectures keep the buckets. Also applies to the
+    # workers' STS-B dev scoring (`raycse eval` and grouping embeddings always unpad these models).
     unpad: bool = True
     # On CPU, draw dropout masks four to a 64-bit random word instead of with bernoulli_ (~4x
     # cheaper; p rounded to 1/32768; raycse.unpad.dropout). GPUs always use PyTorch's dropout.

@@ -50,10 +50,21 @@ def test_dropout_still_applies_when_training(tiny_model):
     batch = enc.tokenize(SENTENCES)
     with torch.no_grad():
         a, b = enc(**batch), enc(**batch)
-        enc.eval()  # inference never unpads and never drops out
+        enc.eval()  # inference (unpadded too) never drops out
         c, d = enc(**batch), enc(**batch)
     assert not torch.allclose(a, b)  # two dropout masks: SimCSE's two views
     torch.testing.assert_close(c, d)
+
+
+def test_inference_embeddings_match_the_padded_forward(tiny_model):
+    enc = Encoder.from_pretrained(str(tiny_model), pooling="mean")
+    assert enc.unpad and enc.can_unpad  # the default for BERT-family encoders
+    texts = SENTENCES * 3
+    unpadded = enc.encode(texts, batch_size=4)
+    enc.unpad = False
+    padded = enc.encode(texts, batch_size=4)
+    assert abs(padded).sum() > 0
+    torch.testing.assert_close(torch.from_numpy(unpadded), torch.from_numpy(padded), atol=1e-5, rtol=1e-5)
 
 
 def test_only_bert_family_encoders_unpad(tiny_model):
