@@ -139,3 +139,15 @@ def test_train_workers_get_the_malloc_settings_unless_already_set(monkeypatch):
     assert train_worker_env() == TRAIN_WORKER_MALLOC
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")  # the user's choice is inherited, not overridden
     assert "MALLOC_ARENA_MAX" not in train_worker_env() and len(train_worker_env()) == len(TRAIN_WORKER_MALLOC) - 1
+
+
+def test_sgopt_frozen_views_unpadded_equal_padded(tiny_model):
+    from raycse.objectives import registry
+
+    enc = Encoder.from_pretrained(str(tiny_model), pooling="mean").train()
+    obj = registry.build("sgopt", {})
+    obj.setup(enc)
+    batch = obj.collate(SENTENCES, enc.tokenizer, 16)
+    padded, unpadded = obj.views(batch), obj.views(batch, unpad=True)
+    assert padded.shape[1] == enc.backbone.config.num_hidden_layers + 1  # every layer incl. embeddings
+    torch.testing.assert_close(unpadded, padded, atol=1e-5, rtol=1e-5)

@@ -31,6 +31,7 @@ from raycse.errors import ConfigError
 from raycse.objectives.base import LossOutput, Objective, Params, positive
 from raycse.objectives.contrastive import cosine_logits, gather, local_offset
 from raycse.objectives.registry import register
+from raycse.unpad import unpadded_forward
 
 LAYER_POOLINGS = ("max", "mean")
 
@@ -108,9 +109,14 @@ class SGOPT(Objective):
     def collate(self, texts, tokenizer, max_length):
         return self.tokenize(texts, tokenizer, max_length)
 
-    def views(self, batch: dict) -> Tensor:
+    def views(self, batch: dict, unpad: bool = False) -> Tensor:
+        """F's pooled layers; ``unpad``: run F on the real tokens only, as T does (same values)."""
         with torch.no_grad():
-            out = self.frozen(**batch, output_hidden_states=True)
+            if unpad:
+                out = unpadded_forward(self.frozen, batch["input_ids"], batch["attention_mask"],
+                                       batch.get("token_type_ids"), output_hidden_states=True)
+            else:
+                out = self.frozen(**batch, output_hidden_states=True)
         return pool_layers(out.hidden_states[self.layers], batch["attention_mask"], self.params.layer_pooling)
 
     def loss(self, c: Tensor, h: Tensor) -> Tensor:
@@ -135,6 +141,6 @@ class SGOPT(Objective):
 
     def forward(self, encoder, batch) -> LossOutput:
         c = encoder(**batch)
-        opt3 = self.loss(c, self.views(batch))
+        opt3 = self.loss(c, self.views(batch, unpad=encoder.unpadding()))
         reg = self.regularizer(encoder) if self.params.lam > 0 else torch.zeros((), device=c.device)
         return LossOutput(opt3 + self.params.lam * reg, {"opt3": float(opt3.detach()), "reg": float(reg.detach())})
