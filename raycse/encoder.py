@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from raycse.errors import ModelError
-from raycse.unpad import supports_unpadding, unpadded_forward
+from raycse.unpad import backbone_forward, supports_unpadding
 
 EMBEDDED_ALIASES = ("default", "embedded", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
 RAYCSE_META = "raycse.json"
@@ -183,12 +183,8 @@ class Encoder(nn.Module):
 
     def hidden_states(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Optional[Tensor] = None,
                       output_hidden_states: bool = False):
-        if self.unpadding():
-            return unpadded_forward(self.backbone, input_ids, attention_mask, token_type_ids, output_hidden_states)
-        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if token_type_ids is not None:
-            kwargs["token_type_ids"] = token_type_ids
-        return self.backbone(**kwargs, output_hidden_states=output_hidden_states)
+        return backbone_forward(self.backbone, input_ids, attention_mask, token_type_ids, output_hidden_states,
+                                unpad=self.unpadding())
 
     def head(self, z: Tensor) -> Tensor:
         """The MLP head where it applies (training, or always), else identity."""

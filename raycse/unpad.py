@@ -128,6 +128,18 @@ def _has(module: nn.Module, dotted: str) -> bool:
     return True
 
 
+def backbone_forward(backbone: nn.Module, input_ids: Tensor, attention_mask: Tensor,
+                     token_type_ids: Optional[Tensor] = None, output_hidden_states: bool = False,
+                     unpad: bool = False):
+    """The HF model's output, through :func:`unpadded_forward` when ``unpad`` (same values)."""
+    if unpad:
+        return unpadded_forward(backbone, input_ids, attention_mask, token_type_ids, output_hidden_states)
+    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if token_type_ids is not None:
+        kwargs["token_type_ids"] = token_type_ids
+    return backbone(**kwargs, output_hidden_states=output_hidden_states)
+
+
 def unpadded_forward(backbone: nn.Module, input_ids: Tensor, attention_mask: Tensor,
                      token_type_ids: Optional[Tensor] = None, output_hidden_states: bool = False):
     """The HF model's ``last_hidden_state`` (and ``hidden_states``), computed on real tokens only.

@@ -31,7 +31,7 @@ from raycse.errors import ConfigError
 from raycse.objectives.base import LossOutput, Objective, Params, positive
 from raycse.objectives.contrastive import cosine_logits, gather, local_offset
 from raycse.objectives.registry import register
-from raycse.unpad import unpadded_forward
+from raycse.unpad import backbone_forward
 
 LAYER_POOLINGS = ("max", "mean")
 
@@ -112,11 +112,8 @@ class SGOPT(Objective):
     def views(self, batch: dict, unpad: bool = False) -> Tensor:
         """F's pooled layers; ``unpad``: run F on the real tokens only, as T does (same values)."""
         with torch.no_grad():
-            if unpad:
-                out = unpadded_forward(self.frozen, batch["input_ids"], batch["attention_mask"],
-                                       batch.get("token_type_ids"), output_hidden_states=True)
-            else:
-                out = self.frozen(**batch, output_hidden_states=True)
+            out = backbone_forward(self.frozen, batch["input_ids"], batch["attention_mask"],
+                                   batch.get("token_type_ids"), output_hidden_states=True, unpad=unpad)
         return pool_layers(out.hidden_states[self.layers], batch["attention_mask"], self.params.layer_pooling)
 
     def loss(self, c: Tensor, h: Tensor) -> Tensor:
