@@ -4,12 +4,13 @@ A training batch padded to its longest sentence spends a third of its tokens on 
 text at max length 32; BENCHMARKS.md). Everything in a BERT layer except attention is
 position-wise (the Q/K/V and output projections, the feed-forward block, LayerNorm, dropout), so
 it can run on the real tokens alone, packed into one ``(tokens, hidden)`` matrix. Only the
-attention core needs a per-sentence layout: Q/K/V are scattered into a zero-padded
-``(batch, heads, length, head_dim)`` tensor, attention runs there with the key mask (eager maths
+attention core needs a per-sentence layout: Q/K/V are gathered into a padded
+``(batch, heads, length, head_dim)`` tensor (one ``index_select``; padding slots read some real
+row, masked as keys and dropped as queries), attention runs there with the key mask (eager maths
 while training with attention dropout, so the dropout can use the mask below;
-``scaled_dot_product_attention`` otherwise) and the result is gathered back. Padding then costs
-a copy per layer instead of 12 d^2 multiply-adds per padded token, and the big matmuls stay big
-(one call for the whole batch).
+``scaled_dot_product_attention`` otherwise) and the real rows are gathered back. Padding then
+costs two row gathers per layer instead of 12 d^2 multiply-adds per padded token, and the big
+matmuls stay big (one call for the whole batch).
 
 The layers used are the model's own modules (``layer.attention.output``, ``layer.intermediate``,
 ``layer.output``) with its weights, so saving, loading and DDP see an ordinary HF model; the only
@@ -33,6 +34,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from raycse.onednn import onednn_linear
 
 # Architectures whose layers have BERT's structure (RoBERTa's embeddings derive position ids from
 # the padded ids, which is why the embeddings still run on the padded batch).
@@ -130,14 +133,16 @@ def _has(module: nn.Module, dotted: str) -> bool:
 
 def backbone_forward(backbone: nn.Module, input_ids: Tensor, attention_mask: Tensor,
                      token_type_ids: Optional[Tensor] = None, output_hidden_states: bool = False,
-                     unpad: bool = False):
-    """The HF model's output, through :func:`unpadded_forward` when ``unpad`` (same values)."""
-    if unpad:
-        return unpadded_forward(backbone, input_ids, attention_mask, token_type_ids, output_hidden_states)
-    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
-    if token_type_ids is not None:
-        kwargs["token_type_ids"] = token_type_ids
-    return backbone(**kwargs, output_hidden_states=output_hidden_states)
+                     unpad: bool = False, onednn: bool = False):
+    """The HF model's output, through :func:`unpadded_forward` when ``unpad`` (same values), with float32
+    CPU inference linears on oneDNN when ``onednn`` (:mod:`raycse.onednn`; float32-rounding equal)."""
+    with onednn_linear(onednn):
+        if unpad:
+            return unpadded_forward(backbone, input_ids, attention_mask, token_type_ids, output_hidden_states)
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None:
+            kwargs["token_type_ids"] = token_type_ids
+        return backbone(**kwargs, output_hidden_states=output_hidden_states)
 
 
 def unpadded_forward(backbone: nn.Module, input_ids: Tensor, attention_mask: Tensor,
@@ -150,26 +155,32 @@ def unpadded_forward(backbone: nn.Module, input_ids: Tensor, attention_mask: Ten
     from transformers.modeling_outputs import BaseModelOutput
 
     batch, length = input_ids.shape
-    keep = attention_mask.reshape(-1).nonzero().squeeze(1)  # flat positions of real tokens
+    flat_mask = attention_mask.reshape(-1)
+    keep = flat_mask.nonzero().squeeze(1)  # flat positions of real tokens
+    real = keep.numel()
     key_mask = attention_mask.bool()[:, None, None, :]
-    extra = -keep.numel() % TOKEN_MULTIPLE
+    # Packed rows = the real tokens, then up to TOKEN_MULTIPLE - 1 extra rows that repeat position 0:
+    # position-wise layers keep them finite, attention never reads them, and they are dropped at the end.
+    rows = F.pad(keep, (0, -real % TOKEN_MULTIPLE))
+    # Packed row read by each padded-layout position. Padding reads a real token's row (finite values;
+    # as a key it is masked, as a query its output is dropped), so no zero fill and scatter per layer.
+    slot = (flat_mask.cumsum(0) - 1).clamp_(min=0)
 
-    def pad(x: Tensor) -> Tensor:  # packed rows (real tokens first, then the extra rows) -> padded layout
-        return x.new_zeros(batch * length, x.shape[-1]).index_copy(0, keep, x[:keep.numel()])
+    def padded(x: Tensor) -> Tensor:  # packed rows -> padded layout, zeros at padding (returned states)
+        return x.new_zeros(batch * length, x.shape[-1]).index_copy(0, keep, x[:real]).view(batch, length, -1)
 
     # Embeddings on the padded batch (cheap, and model-specific position ids stay the model's own).
     x = backbone.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
-    x = F.pad(x.reshape(batch * length, -1).index_select(0, keep), (0, 0, 0, extra))
+    x = x.reshape(batch * length, -1).index_select(0, rows)
     states = [x]
     for layer in backbone.encoder.layer:
-        x = _layer(layer, x, pad, keep, key_mask, batch, length)
+        x = _layer(layer, x, slot, rows, key_mask, batch, length)
         states.append(x)
-    shaped = lambda t: pad(t).view(batch, length, -1)  # noqa: E731
-    return BaseModelOutput(last_hidden_state=shaped(x),
-                           hidden_states=tuple(shaped(s) for s in states) if output_hidden_states else None)
+    return BaseModelOutput(last_hidden_state=padded(x),
+                           hidden_states=tuple(padded(s) for s in states) if output_hidden_states else None)
 
 
-def _layer(layer: nn.Module, x: Tensor, pad, keep: Tensor, key_mask: Tensor, batch: int, length: int) -> Tensor:
+def _layer(layer: nn.Module, x: Tensor, slot: Tensor, rows: Tensor, key_mask: Tensor, batch: int, length: int) -> Tensor:
     attn = layer.attention.self
     heads = attn.num_attention_heads
     head_dim = attn.attention_head_size
@@ -177,7 +188,7 @@ def _layer(layer: nn.Module, x: Tensor, pad, keep: Tensor, key_mask: Tensor, bat
     weight = torch.cat([attn.query.weight, attn.key.weight, attn.value.weight])
     bias = (torch.cat([attn.query.bias, attn.key.bias, attn.value.bias])
             if attn.query.bias is not None else None)
-    qkv = pad(F.linear(x, weight, bias)).view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
+    qkv = F.linear(x, weight, bias).index_select(0, slot).view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
     scale = getattr(attn, "scaling", head_dim ** -0.5)
     p = attn.dropout.p if attn.training else 0.0
     if p > 0:  # BertSelfAttention's eager maths, so the attention dropout can use the cheaper mask
@@ -185,7 +196,6 @@ def _layer(layer: nn.Module, x: Tensor, pad, keep: Tensor, key_mask: Tensor, bat
         context = torch.matmul(dropout(scores.softmax(-1), p), qkv[2])
     else:
         context = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask=key_mask, scale=scale)
-    context = context.transpose(1, 2).reshape(batch * length, heads * head_dim).index_select(0, keep)
-    context = F.pad(context, (0, 0, 0, x.shape[0] - keep.numel()))  # the extra rows attend to nothing
+    context = context.transpose(1, 2).reshape(batch * length, heads * head_dim).index_select(0, rows)
     hidden = layer.attention.output(context, x)  # dense + dropout + residual LayerNorm
     return layer.output(layer.intermediate(hidden), hidden)

@@ -109,11 +109,11 @@ class SGOPT(Objective):
     def collate(self, texts, tokenizer, max_length):
         return self.tokenize(texts, tokenizer, max_length)
 
-    def views(self, batch: dict, unpad: bool = False) -> Tensor:
-        """F's pooled layers; ``unpad``: run F on the real tokens only, as T does (same values)."""
+    def views(self, batch: dict, **options) -> Tensor:
+        """F's pooled layers; ``options``: how T runs (``Encoder.forward_options``: unpadded, oneDNN), same values."""
         with torch.no_grad():
             out = backbone_forward(self.frozen, batch["input_ids"], batch["attention_mask"],
-                                   batch.get("token_type_ids"), output_hidden_states=True, unpad=unpad)
+                                   batch.get("token_type_ids"), output_hidden_states=True, **options)
         return pool_layers(out.hidden_states[self.layers], batch["attention_mask"], self.params.layer_pooling)
 
     def loss(self, c: Tensor, h: Tensor) -> Tensor:
@@ -138,6 +138,6 @@ class SGOPT(Objective):
 
     def forward(self, encoder, batch) -> LossOutput:
         c = encoder(**batch)
-        opt3 = self.loss(c, self.views(batch, unpad=encoder.unpadding()))
+        opt3 = self.loss(c, self.views(batch, **encoder.forward_options()))
         reg = self.regularizer(encoder) if self.params.lam > 0 else torch.zeros((), device=c.device)
         return LossOutput(opt3 + self.params.lam * reg, {"opt3": float(opt3.detach()), "reg": float(reg.detach())})
