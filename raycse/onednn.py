@@ -1,7 +1,7 @@
 """fp32 linear layers through oneDNN for CPU inference, where MKL's sgemm is the slow path.
 
-PyTorch sends a float32 ``F.linear`` on the CPU to MKL's sgemm. On AMD EPYC CPUs MKL does not take
-its AVX-512 kernels: on this project's 2-core VM it reaches 140-190 GFLOP/s on BERT's shapes, while
+PyTorch sends a float32 ``F.linear`` on the CPU to MKL's sgemm. On this project's 2-core AMD EPYC VM
+(AVX-512; MKL is known to pick generic code paths on non-Intel CPUs) it reaches 140-190 GFLOP/s on BERT's shapes, while
 oneDNN's inner product (already bundled with PyTorch, and what bf16 autocast uses anyway) reaches
 320-420 GFLOP/s on the same float32 inputs, agreeing to float32 rounding (relative difference
 ~1e-6; ``benchmarks/eval_speed.py`` prints both).
