@@ -232,7 +232,7 @@ class EvalConfig:
     # Score STS-B dev once before training too (the "before" number); tuning runs may skip it.
     before_training: bool = True
     # fp32: exact, as 'raycse eval' scores by default; train: the training run's autocast (bf16
-    # scores move by ~0.01 and the pass is ~2.5x faster on CPU: worth it where many runs are
+    # scores move by ~0.01 and the pass is ~1.4x faster on CPU: worth it where many runs are
     # compared, as in tuning); or bf16 / auto as for training.
     precision: str = "fp32"
 
