@@ -9,12 +9,14 @@ oneDNN's inner product (already bundled with PyTorch, and what bf16 autocast use
 :func:`onednn_linear` is a ``TorchFunctionMode`` that reroutes ``F.linear`` to oneDNN when nothing
 needs its gradient (oneDNN's op has no backward), everything is float32 on the CPU and autocast is
 off (under autocast the usual path already goes through oneDNN in bf16). Everything else, and every
-other op, runs as usual, so any Hugging Face architecture can be wrapped.
+other op, runs as usual, so any Hugging Face architecture can be wrapped. ``RAYCSE_ONEDNN=0`` in the
+environment turns it off (PyTorch's default kernels everywhere).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +24,8 @@ from torch.overrides import TorchFunctionMode
 
 
 def available() -> bool:
+    if os.environ.get("RAYCSE_ONEDNN", "1").strip() == "0":
+        return False
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 

@@ -58,3 +58,12 @@ def test_encoder_embeddings_unchanged(tiny_model, unpad):
     plain = enc.encode(texts, batch_size=3)
     assert abs(plain).sum() > 0
     torch.testing.assert_close(torch.from_numpy(fast), torch.from_numpy(plain), atol=1e-5, rtol=1e-5)
+
+
+def test_environment_switch_turns_it_off(monkeypatch):
+    monkeypatch.setenv("RAYCSE_ONEDNN", "0")
+    with torch.no_grad():
+        assert not isinstance(onednn.onednn_linear(), onednn._OneDNNLinear)
+    monkeypatch.setenv("RAYCSE_ONEDNN", "1")
+    with torch.no_grad():
+        assert isinstance(onednn.onednn_linear(), onednn._OneDNNLinear)
