@@ -132,7 +132,7 @@ class Encoder(nn.Module):
         # many length-sorted sub-batches (``encode`` sorts whole lists by length instead).
         self.unpad = True
         self.length_buckets = 1
-        # float32 linears of CPU inference on oneDNN (raycse.onednn): 2x MKL's speed on AMD CPUs.
+        # float32 CPU linears (forward and backward) on oneDNN (raycse.onednn): ~2x MKL's speed on AMD CPUs.
         self.onednn = True
         self.can_unpad = supports_unpadding(backbone)
 

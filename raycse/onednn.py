@@ -1,25 +1,29 @@
-"""fp32 linear layers through oneDNN for CPU inference, where MKL's sgemm is the slow path.
+"""Float32 linear layers on oneDNN on the CPU, where MKL's sgemm is the slow path.
 
-PyTorch sends a float32 ``F.linear`` on the CPU to MKL's sgemm. On this project's 2-core AMD EPYC VM
-(AVX-512; MKL is known to pick generic code paths on non-Intel CPUs) it reaches 140-190 GFLOP/s on BERT's shapes, while
-oneDNN's inner product (already bundled with PyTorch, and what bf16 autocast uses anyway) reaches
-320-420 GFLOP/s on the same float32 inputs, agreeing to float32 rounding (relative difference
-~1e-6; ``benchmarks/eval_speed.py`` prints both).
+PyTorch sends a float32 ``F.linear`` (and its backward matmuls) on the CPU to MKL's sgemm. On this
+project's 2-core AMD EPYC VM (AVX-512; MKL is known to pick generic code paths on non-Intel CPUs) it
+reaches 140-190 GFLOP/s on BERT's shapes, while oneDNN's inner product (bundled with PyTorch, and
+what bf16 autocast uses anyway) reaches 320-420 GFLOP/s on the same float32 inputs, agreeing to
+float32 rounding (relative difference ~1e-6); the two backward products are 2.2x and 1.5x faster
+(BENCHMARKS.md).
 
-:func:`onednn_linear` is a ``TorchFunctionMode`` that reroutes ``F.linear`` to oneDNN when nothing
-needs its gradient (oneDNN's op has no backward), everything is float32 on the CPU and autocast is
-off (under autocast the usual path already goes through oneDNN in bf16). Everything else, and every
-other op, runs as usual, so any Hugging Face architecture can be wrapped. ``RAYCSE_ONEDNN=0`` in the
-environment turns it off (PyTorch's default kernels everywhere).
+:func:`onednn_linear` is a ``TorchFunctionMode`` that reroutes ``F.linear`` to oneDNN when every
+tensor is float32 on the CPU and autocast is off (under autocast the usual path already runs bf16 on
+oneDNN). Where nothing needs a gradient (inference) it calls oneDNN's op directly; otherwise
+:class:`_Linear` computes the forward and both backward products with it too. Every other op runs
+as usual, so any Hugging Face architecture can be wrapped. ``RAYCSE_ONEDNN=0`` in the environment
+turns it off (PyTorch's default kernels everywhere).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 
@@ -30,11 +34,31 @@ def available() -> bool:
 
 
 def _eligible(tensors: tuple) -> bool:
-    if torch.is_autocast_enabled("cpu"):
-        return False
-    grad = torch.is_grad_enabled()
-    return all(t.device.type == "cpu" and t.dtype == torch.float32 and t.layout == torch.strided
-               and not (grad and t.requires_grad) for t in tensors)
+    return not torch.is_autocast_enabled("cpu") and all(
+        t.device.type == "cpu" and t.dtype == torch.float32 and t.layout == torch.strided for t in tensors)
+
+
+def _inner(a: Tensor, b: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """``a @ b.T (+ bias)`` on oneDNN: a (..., k), b (n, k)."""
+    return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
+
+
+class _Linear(torch.autograd.Function):
+    """``F.linear`` with the forward and the backward products on oneDNN (same maths)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        return _inner(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, weight = ctx.saved_tensors
+        flat = grad.reshape(-1, grad.shape[-1])  # (tokens, out)
+        grad_x = _inner(grad, weight.t()) if ctx.needs_input_grad[0] else None  # grad @ W
+        grad_w = _inner(flat.t(), x.reshape(-1, x.shape[-1]).t()) if ctx.needs_input_grad[1] else None  # grad^T @ x
+        grad_b = flat.sum(0) if ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b
 
 
 class _OneDNNLinear(TorchFunctionMode):
@@ -43,13 +67,18 @@ class _OneDNNLinear(TorchFunctionMode):
         if func is F.linear:
             x, weight = args[0], args[1] if len(args) > 1 else kwargs["weight"]
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            if _eligible((x, weight) if bias is None else (x, weight, bias)):
-                return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+            tensors = (x, weight) if bias is None else (x, weight, bias)
+            if _eligible(tensors):
+                if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+                    return _Linear.apply(x, weight, bias)
+                return _inner(x, weight, bias)
         return func(*args, **kwargs)
 
 
 def onednn_linear(enabled: bool = True):
-    """Context in which eligible float32 CPU ``F.linear`` calls run on oneDNN (see the module docstring)."""
-    if not (enabled and available()) or torch.is_grad_enabled():
-        return contextlib.nullcontext()
-    return _OneDNNLinear()
+    """Context in which eligible float32 CPU ``F.linear`` calls run on oneDNN (see the module docstring).
+
+    Under CPU autocast nothing is eligible, so the mode (a Python call per torch op) is not entered."""
+    if enabled and available() and not torch.is_autocast_enabled("cpu"):
+        return _OneDNNLinear()
+    return contextlib.nullcontext()

@@ -135,8 +135,8 @@ def backbone_forward(backbone: nn.Module, input_ids: Tensor, attention_mask: Ten
                      token_type_ids: Optional[Tensor] = None, output_hidden_states: bool = False,
                      unpad: bool = False, onednn: bool = False):
     """The HF model's output, through :func:`unpadded_forward` when ``unpad`` (same values), with float32
-    CPU inference linears on oneDNN when ``onednn`` (:mod:`raycse.onednn`; float32-rounding equal)."""
-    with onednn_linear(onednn):
+    CPU linears on oneDNN when ``onednn`` (:mod:`raycse.onednn`; equal to float32 rounding)."""
+    with onednn_linear(onednn and input_ids.device.type == "cpu"):
         if unpad:
             return unpadded_forward(backbone, input_ids, attention_mask, token_type_ids, output_hidden_states)
         kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}

@@ -1,5 +1,5 @@
-"""Float32 CPU inference linears on oneDNN (raycse.onednn): same values as F.linear, used only where no
-gradient is needed and autocast is off, and the encoder's embeddings unchanged."""
+"""Float32 CPU linears on oneDNN (raycse.onednn): same values and gradients as F.linear, autocast left
+alone, and the encoder's embeddings and training gradients unchanged."""
 
 import pytest
 import torch
@@ -32,19 +32,46 @@ def test_same_values_as_f_linear_and_runs_on_onednn(shape, with_bias):
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
-def test_gradients_autocast_and_disabled_fall_back_to_the_usual_path():
+@pytest.mark.parametrize("shape", [(5, 24), (3, 7, 24)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_gradients_equal_f_linear(shape, with_bias):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(shape, generator=g).requires_grad_()
+    w = torch.randn(40, 24, generator=g).requires_grad_()
+    b = torch.randn(40, generator=g).requires_grad_() if with_bias else None
+    upstream = torch.randn(shape[:-1] + (40,), generator=g)
+    inputs = [x, w] + ([b] if with_bias else [])
+    ref = torch.autograd.grad(F.linear(x, w, b), inputs, upstream)
+    with onednn.onednn_linear():
+        y = F.linear(x, w, b)
+    assert type(y.grad_fn).__name__ == "_LinearBackward"  # raycse's oneDNN function, not addmm's backward
+    for got, want in zip(torch.autograd.grad(y, inputs, upstream), ref):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_autocast_and_disabled_keep_the_usual_path():
     x, lin = torch.randn(4, 8), torch.nn.Linear(8, 3)
-    assert not isinstance(onednn.onednn_linear(), onednn._OneDNNLinear)  # grad enabled: nothing changes
-    with torch.no_grad():
-        assert not isinstance(onednn.onednn_linear(enabled=False), onednn._OneDNNLinear)
-        with onednn.onednn_linear():
-            with torch.enable_grad():  # a weight that needs its gradient keeps the differentiable op
-                y = lin(x)
-                assert y.grad_fn is not None
-                y.sum().backward()
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                assert lin(x).dtype == torch.bfloat16  # autocast still applies
-    assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0
+    assert not isinstance(onednn.onednn_linear(enabled=False), onednn._OneDNNLinear)
+    with onednn.onednn_linear():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = lin(x)
+        assert y.dtype == torch.bfloat16 and type(y.grad_fn).__name__ != "_LinearBackward"
+        z = lin(x)  # float32 without autocast: oneDNN
+        assert type(z.grad_fn).__name__ == "_LinearBackward"
+
+
+def test_encoder_training_step_same_gradients(tiny_model_no_dropout):
+    enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="mean").train()
+    batch = enc.tokenize(["the city", "a small village was built on the river", "king", "summer music festival"])
+    grads = []
+    for flag in (True, False):
+        enc.onednn = flag
+        enc.zero_grad()
+        enc(**batch).pow(2).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in enc.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
+    for name, g in grads[1].items():
+        torch.testing.assert_close(grads[0][name], g, atol=1e-5, rtol=1e-4, msg=name)
 
 
 @pytest.mark.parametrize("unpad", [True, False])
@@ -62,8 +89,6 @@ def test_encoder_embeddings_unchanged(tiny_model, unpad):
 
 def test_environment_switch_turns_it_off(monkeypatch):
     monkeypatch.setenv("RAYCSE_ONEDNN", "0")
-    with torch.no_grad():
-        assert not isinstance(onednn.onednn_linear(), onednn._OneDNNLinear)
+    assert not isinstance(onednn.onednn_linear(), onednn._OneDNNLinear)
     monkeypatch.setenv("RAYCSE_ONEDNN", "1")
-    with torch.no_grad():
-        assert isinstance(onednn.onednn_linear(), onednn._OneDNNLinear)
+    assert isinstance(onednn.onednn_linear(), onednn._OneDNNLinear)
