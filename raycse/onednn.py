@@ -18,6 +18,7 @@ turns it off (PyTorch's default kernels everywhere).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from typing import Optional
 
@@ -30,7 +31,21 @@ from torch.overrides import TorchFunctionMode
 def available() -> bool:
     if os.environ.get("RAYCSE_ONEDNN", "1").strip() == "0":
         return False
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    return _op_works()
+
+
+@functools.lru_cache(maxsize=1)
+def _op_works() -> bool:
+    """oneDNN's op is PyTorch-internal (inductor uses it): check once that it exists and agrees with
+    ``F.linear``, so a PyTorch without it, or with another signature, just keeps its own kernels."""
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return False
+    try:
+        x, w, b = torch.randn(3, 4, 8), torch.randn(5, 8), torch.randn(5)
+        with torch.no_grad():
+            return bool(torch.allclose(_inner(x, w, b), F.linear(x, w, b), atol=1e-5, rtol=1e-5))
+    except Exception:  # noqa: BLE001 - any failure means: do not use it
+        return False
 
 
 def _eligible(tensors: tuple) -> bool:
