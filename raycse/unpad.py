@@ -188,7 +188,8 @@ def _layer(layer: nn.Module, x: Tensor, slot: Tensor, rows: Tensor, key_mask: Te
     weight = torch.cat([attn.query.weight, attn.key.weight, attn.value.weight])
     bias = (torch.cat([attn.query.bias, attn.key.bias, attn.value.bias])
             if attn.query.bias is not None else None)
-    qkv = F.linear(x, weight, bias).index_select(0, slot).view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
+    qkv = F.linear(x, weight, bias).index_select(0, slot)  # packed -> padded layout
+    qkv = qkv.view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
     scale = getattr(attn, "scaling", head_dim ** -0.5)
     p = attn.dropout.p if attn.training else 0.0
     if p > 0:  # BertSelfAttention's eager maths, so the attention dropout can use the cheaper mask
