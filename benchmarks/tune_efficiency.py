@@ -54,6 +54,8 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=900, help="seconds per search")
     ap.add_argument("--sentences", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=2, help="repetitions, each with its own sampler seeds")
+    ap.add_argument("--first-repetition", type=int, default=0,
+                    help="index of the first repetition (sampler seeds 100*i+1 / 100*i+2), to add repetitions later")
     args = ap.parse_args()
     print(f"# {machine()}")
     import ray
@@ -70,7 +72,7 @@ def main() -> None:
                          "precision": "train"}},
         "search": {"tau": {"loguniform": [0.005, 0.5]}, "lr": {"loguniform": [1e-6, 1e-3]}}}, sort_keys=False))
     ratios = []
-    for rep in range(args.repeats):
+    for rep in range(args.first_repetition, args.first_repetition + args.repeats):
         # each search and repetition draws its own configurations (the same seed would make TPE's
         # random start-up and the random sampler try the same first configurations)
         runs = {
