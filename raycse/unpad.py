@@ -45,7 +45,8 @@ _LAYER_PARTS = ("attention.self.query", "attention.self.key", "attention.self.va
 
 
 _BITS = 15
-# The packed token count is rounded up to a multiple of this with zero rows (dropped at the end).
+# The packed token count is rounded up to a multiple of this with extra rows (copies of position 0,
+# dropped at the end; see unpadded_forward).
 # Why: oneDNN caches one primitive per matmul shape (up to 1,024); a new token count every batch
 # filled that cache with ~30 MB per training step, 2.5 GB in all (all-MiniLM-L6-v2, bf16), and
 # reused none of it. A few dozen shapes are reused instead, for <= 63 extra rows per matmul.
