@@ -112,6 +112,7 @@ def test_two_trials_two_seeds_analysis_plots_and_export(ray_cluster, tiny_model,
             # that seed's Train run scored (its last at the last rung, its best among them)
             summary = json.loads((out / "metrics.json").read_text())
             assert len(summary["fit_seconds"]) == 1
+            assert summary["data_prepared_before"]  # the experiment's driver laid out this seed's batches
             reported = [r["seed_scores"][i] for r in t.results]
             assert summary["last"]["stsb_dev_spearman"] == pytest.approx(reported[-1])
             assert summary["best"]["stsb_dev_spearman"] == pytest.approx(max(reported))
@@ -195,3 +196,38 @@ def test_preflight_refuses_a_trial_that_cannot_fit(ray_cluster, tiny_model, corp
     assert preflight(space, TuneSettings(space=space.path, seeds=[0, 1, 2]))[1:] == (1, 1, True)
     # 5 seeds do not fit at once: they run in turn, 3 trials at once
     assert preflight(space, TuneSettings(space=space.path, seeds=[0, 1, 2, 3, 4]))[1:] == (3, 1, False)
+
+
+def test_data_prepared_once_serves_runs_with_the_same_batches_only(ray_cluster, tiny_model, corpus, stsb_dev,
+                                                                   tmp_path):
+    """Tune lays out each seed's batches once (prepare_data); a run with other knobs (lr) trains on
+    exactly the batches it would have laid out itself, and one whose knobs change the batches
+    (batch size) ignores the prepared data."""
+    from raycse.config import RunConfig
+    from raycse.train.driver import prepare_data, train
+
+    def run_with(name: str, **train_knobs) -> RunConfig:
+        run = RunConfig()
+        run.model.name_or_path, run.model.max_length = str(tiny_model), 16
+        run.data.corpus, run.data.max_sentences = str(corpus), 96
+        run.train.cpus_per_worker, run.train.batch_size, run.train.max_steps, run.train.seed = 1, 16, 3, 7
+        run.train.record_batches, run.train.log_steps = str(tmp_path / name / "batches"), 50
+        run.eval.stsb_dev, run.eval.eval_steps = str(stsb_dev), 1000
+        run.output_dir = str(tmp_path / name / "out")
+        for k, v in train_knobs.items():
+            setattr(run.train, k, v)
+        return run
+
+    def batches(name: str) -> list:
+        lines = (tmp_path / name / "batches" / "rank0.jsonl").read_text().splitlines()
+        return [json.loads(line)["examples"] for line in lines]
+
+    prepared = prepare_data(run_with("base"))
+    assert prepared is not None and prepared.num_examples == 96
+    used = train(run_with("prepared", lr=3e-4), prepared=prepared)
+    own = train(run_with("own", lr=3e-4))
+    other = train(run_with("other", batch_size=8), prepared=prepared)
+    assert used.metrics["data_prepared_before"] and not own.metrics["data_prepared_before"]
+    assert batches("prepared") == batches("own") and len(batches("own")) == 3
+    assert not other.metrics["data_prepared_before"]
+    assert [len(b) for b in batches("other")] == [8, 8, 8]

@@ -61,6 +61,16 @@ def check_data_fits_objective(run: RunConfig) -> None:
         raise ConfigError(f"objective '{run.objective.name}' needs pairs: set data.pair_column (and label_column)")
 
 
+def plan_steps(run: RunConfig, num_examples: int) -> tuple[int, int]:
+    """(steps per epoch, total steps) of ``run`` on a corpus of ``num_examples``."""
+    t = run.train
+    spe = (num_examples // t.batch_size) // t.num_workers
+    if spe == 0:
+        raise DataError(f"corpus has {num_examples} usable examples, fewer than one global batch "
+                        f"({t.batch_size} x {t.num_workers} workers); lower --batch-size or add text")
+    return spe, min(spe * t.epochs, t.max_steps or spe * t.epochs)
+
+
 def plan_phases(run: RunConfig, steps_per_epoch: int, total: int) -> list[list[int]]:
     """Epochs per ``fit``: one fit per epoch when the grouping re-embeds with the current model."""
     epochs = [e for e in range(run.train.epochs) if e * steps_per_epoch < total]
@@ -69,9 +79,74 @@ def plan_phases(run: RunConfig, steps_per_epoch: int, total: int) -> list[list[i
     return [epochs]
 
 
+def lay_out_phase(run: RunConfig, corpus, phase: list[int], spe: int, total: int, embed_from: str):
+    """The per-rank datasets of one fit (its epochs one after the other) and each epoch's grouping log.
+    Strategies that group by embeddings embed the corpus once per phase, with ``embed_from``."""
+    from raycse.grouping import epoch_batches
+    from raycse.grouping.batches import concat_epochs
+    from raycse.grouping.embed import embed_corpus
+
+    t = run.train
+    vectors = functools.lru_cache(maxsize=1)(
+        lambda: embed_corpus(corpus, embed_from, run.model.max_length, run.grouping.embed_actors,
+                             run.grouping.embed_batch_size, t.use_gpu, t.precision))
+    per_epoch, logs = [], []
+    for epoch in phase:
+        first = epoch * spe
+        eb = epoch_batches(corpus, run.grouping, t.batch_size, t.num_workers, t.seed, epoch, first,
+                           vectors=vectors, max_steps=total - first)
+        logs.append({"epoch": epoch, **eb.info})
+        if run.grouping.strategy != "random":
+            print(f"[raycse] epoch {epoch}: {run.grouping.strategy} grouping: {eb.info['groups']} groups, "
+                  f"mean size {eb.info['mean_group_size']:.2f}, {eb.info['split_groups']} split"
+                  + (f", kNN {eb.info['knn_method']} recall {eb.info['knn_recall']:.3f}"
+                     if eb.info.get("knn_recall") is not None else ""), flush=True)
+        per_epoch.append(eb.datasets)
+    return concat_epochs(per_epoch), logs
+
+
+def data_key(run: RunConfig) -> str:
+    """Everything a run's batch rows depend on: two runs with equal keys train on the same batches."""
+    d = run.to_dict()
+    train = {k: d["train"][k] for k in ("seed", "batch_size", "num_workers", "epochs", "max_steps", "use_gpu",
+                                         "precision")}
+    return json.dumps({"data": d["data"], "grouping": d["grouping"], "model": d["model"], "train": train},
+                      sort_keys=True, default=str)
+
+
+@dataclass
+class PreparedData:
+    """A run's corpus read and its batches laid out once, for runs that differ only in knobs that do
+    not touch the data (a Tune experiment's trials of one seed). Holds materialized Ray Datasets:
+    the process that built it owns their blocks and must outlive the runs that use it."""
+
+    key: str
+    stats: object  # raycse.data.dataset.CorpusStats
+    num_examples: int
+    per_rank: dict
+    grouping_log: list
+
+
+def prepare_data(run: RunConfig) -> Optional[PreparedData]:
+    """Read and lay out ``run``'s data for :func:`train` (``prepared=``); None when the run needs more
+    than one fit (groupings re-embedded every epoch depend on the model being trained)."""
+    from raycse.data.dataset import load_corpus
+
+    run.validate()
+    ensure_ray()
+    quiet_ray_data()
+    corpus = load_corpus(run.data, run.train.seed)
+    spe, total = plan_steps(run, corpus.num_examples)
+    phases = plan_phases(run, spe, total)
+    if len(phases) != 1:
+        return None
+    per_rank, logs = lay_out_phase(run, corpus, phases[0], spe, total, resolve_model(run.model.name_or_path))
+    return PreparedData(data_key(run), corpus.stats, corpus.num_examples, per_rank, logs)
+
+
 def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] = None,
           run_name: str = "train", stop_at: Optional[int] = None, eval_at: Sequence[int] = (),
-          score_sink=None) -> TrainResult:
+          score_sink=None, prepared: Optional[PreparedData] = None) -> TrainResult:
     """Train ``run`` on Ray Train and return where the best model was saved.
 
     ``storage_path``: where Ray Train keeps checkpoints (default: inside the staging directory,
@@ -80,15 +155,13 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     schedule of the full run (Tune's rungs continue the same run later). ``eval_at``: steps scored on
     STS-B dev besides every ``eval.eval_steps``. ``score_sink``: an object with ``post(step, score)``
     that rank 0 calls with every dev score as soon as it has it (picklable: it travels to the worker).
+    ``prepared``: the data from :func:`prepare_data`, used when its key matches this run's.
     """
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig as TrainRunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from raycse.data.dataset import load_corpus, resolve_sources
-    from raycse.grouping import epoch_batches
-    from raycse.grouping.batches import concat_epochs
-    from raycse.grouping.embed import embed_corpus
 
     run.validate()
     if not run.data.corpus:
@@ -104,18 +177,18 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     try:
         ensure_ray()
         quiet_ray_data()
-        corpus = load_corpus(run.data, run.train.seed)
-        stats = corpus.stats
-        print(f"[raycse] corpus {run.data.corpus}: {stats.summary()}", flush=True)
+        if prepared is not None and prepared.key != data_key(run):
+            prepared = None  # one of this run's knobs changes its batches
+        corpus = None if prepared is not None else load_corpus(run.data, run.train.seed)
+        stats = prepared.stats if prepared is not None else corpus.stats
+        num_examples = prepared.num_examples if prepared is not None else corpus.num_examples
+        print(f"[raycse] corpus {run.data.corpus}: {stats.summary()}"
+              + (" (read and laid out once for this experiment)" if prepared is not None else ""), flush=True)
         if stats.decode_replaced:
             print(f"[raycse] warning: {stats.decode_replaced} line(s) had undecodable bytes, replaced with U+FFFD "
                   f"(set data.on_decode_error: error to refuse them)", flush=True)
         t = run.train
-        spe = (corpus.num_examples // t.batch_size) // t.num_workers
-        if spe == 0:
-            raise DataError(f"corpus has {corpus.num_examples} usable examples, fewer than one global batch "
-                            f"({t.batch_size} x {t.num_workers} workers); lower --batch-size or add text")
-        total = min(spe * t.epochs, t.max_steps or spe * t.epochs)
+        spe, total = plan_steps(run, num_examples)
         if dev is None:
             print("[raycse] no STS-B dev file found: training without evaluation, keeping the last checkpoint "
                   "(set eval.stsb_dev / --stsb-dev)", flush=True)
@@ -139,23 +212,13 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
                 continue  # finished before the restart
             if phase[0] * spe >= stop:
                 break
-            embed_from = model_path if latest_dir is None else str(Path(latest_dir) / ckpt.MODEL_DIR)
-            vectors = functools.lru_cache(maxsize=1)(
-                lambda p=embed_from: embed_corpus(corpus, p, run.model.max_length, run.grouping.embed_actors,
-                                                  run.grouping.embed_batch_size, t.use_gpu, t.precision))
-            per_epoch = []
-            for epoch in phase:
-                first = epoch * spe
-                eb = epoch_batches(corpus, run.grouping, t.batch_size, t.num_workers, t.seed, epoch, first,
-                                   vectors=vectors, max_steps=total - first)
-                grouping_log.append({"epoch": epoch, **eb.info})
-                if run.grouping.strategy != "random":
-                    print(f"[raycse] epoch {epoch}: {run.grouping.strategy} grouping: {eb.info['groups']} groups, "
-                          f"mean size {eb.info['mean_group_size']:.2f}, {eb.info['split_groups']} split"
-                          + (f", kNN {eb.info['knn_method']} recall {eb.info['knn_recall']:.3f}"
-                             if eb.info.get("knn_recall") is not None else ""), flush=True)
-                per_epoch.append(eb.datasets)
-            per_rank = concat_epochs(per_epoch)
+            if prepared is not None:  # the only phase (a resumed fit skips the rows it has done)
+                per_rank = prepared.per_rank
+                grouping_log += prepared.grouping_log
+            else:
+                embed_from = model_path if latest_dir is None else str(Path(latest_dir) / ckpt.MODEL_DIR)
+                per_rank, logs = lay_out_phase(run, corpus, phase, spe, total, embed_from)
+                grouping_log += logs
             trainer = TorchTrainer(
                 train_loop_per_worker,
                 train_loop_config={"run": run.to_dict(), "dev": dev_ref, "threads": max(1, round(cpus)),
@@ -192,7 +255,8 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         with best.as_directory() as d:
             shutil.copytree(Path(d) / ckpt.MODEL_DIR, staging / "model")
         summary = {"best": best_metrics, "last": result.metrics, "corpus": stats.__dict__,
-                   "num_examples": corpus.num_examples, "steps_per_epoch": spe, "grouping": grouping_log,
+                   "num_examples": num_examples, "steps_per_epoch": spe, "grouping": grouping_log,
+                   "data_prepared_before": prepared is not None,
                    "fit_seconds": fit_seconds}
         (staging / "metrics.json").write_text(json.dumps(summary, indent=2, default=str))
         (staging / "config.yaml").write_text(yaml.safe_dump(run.to_dict(), sort_keys=False))

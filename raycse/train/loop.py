@@ -193,13 +193,16 @@ def train_loop_per_worker(config: dict) -> None:
         return scores[dev.name]
 
     def report(metrics: dict) -> None:
+        # The score goes out before the checkpoint is written (~1.3 s for MiniLM's weights + optimizer):
+        # a Tune trial decides its rung on it meanwhile. A run restarted before the checkpoint exists
+        # repeats the steps from the previous one and posts a score again (the trial keeps the first).
+        if sink is not None and metrics.get(SCORE_METRIC) is not None:
+            sink.post(int(metrics["step"]), float(metrics[SCORE_METRIC]))
         with tempfile.TemporaryDirectory() as tmp:
             if rank == 0:
                 ckpt.write(Path(tmp), core, opt, sched, {**metrics, "initial": initial})
             ckpt.write_rng(Path(tmp), rank)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
-        if sink is not None and metrics.get(SCORE_METRIC) is not None:
-            sink.post(int(metrics["step"]), float(metrics[SCORE_METRIC]))
 
     if step == 0 and run.eval.before_training:
         initial = evaluate()

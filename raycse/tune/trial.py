@@ -46,6 +46,9 @@ class TrialSetup:
     experiment: str
     cpus_per_worker: Optional[float] = None
     parallel_seeds: bool = True  # the k seeds' Train runs at once (one fit each) or one after another
+    # seed -> raycse.train.driver.PreparedData: each seed's corpus and batches, read and laid out once
+    # by the experiment's driver; a trial whose knobs change the batches lays out its own
+    prepared: Optional[dict] = None
 
 
 def target_value(scores: list[float], target: str) -> float:
@@ -77,12 +80,6 @@ def rung_ends(total: int, rungs: int) -> list[int]:
     return sorted({max(1, math.ceil(total * (r + 1) / rungs)) for r in range(rungs)})
 
 
-def total_steps(run, num_examples: int) -> int:
-    t = run.train
-    spe = (num_examples // t.batch_size) // t.num_workers
-    return min(spe * t.epochs, t.max_steps or spe * t.epochs)
-
-
 class QueueSink:
     """Where a seed's Train run posts its dev scores: ``(seed, step, score)`` into the trial's queue."""
 
@@ -93,7 +90,8 @@ class QueueSink:
         self.queue.put((self.seed, step, score))
 
 
-def _train_outside_trial(run_dict: dict, storage: str, stop: int, eval_at: list[int], sink: QueueSink) -> dict:
+def _train_outside_trial(run_dict: dict, storage: str, stop: int, eval_at: list[int], sink: QueueSink,
+                         prepared=None) -> dict:
     """One seed's Train run up to ``stop``; runs as its own task (see :func:`run_trial`)."""
     from raycse.config import RunConfig
     from raycse.train.driver import train
@@ -101,13 +99,15 @@ def _train_outside_trial(run_dict: dict, storage: str, stop: int, eval_at: list[
 
     quiet_ray_data(progress_bars=False)  # k runs' bars interleaved in one log are ~4,000 lines per trial
     return train(RunConfig.from_dict(run_dict), overwrite=True, storage_path=storage, run_name=SEED_RUN,
-                 stop_at=stop, eval_at=eval_at, score_sink=sink).metrics
+                 stop_at=stop, eval_at=eval_at, score_sink=sink, prepared=prepared).metrics
 
 
 def run_trial(params: dict, setup: TrialSetup) -> None:
     import ray
     from ray import tune
     from ray.util.queue import Empty, Queue
+
+    from raycse.train.driver import plan_steps
 
     # Tune pins every task a trial starts to the trial's placement group (a 0.01-CPU bundle here),
     # where Ray Data's shuffle tasks cannot fit; the seeds' runs are driven from tasks outside it.
@@ -127,14 +127,15 @@ def run_trial(params: dict, setup: TrialSetup) -> None:
         if setup.cpus_per_worker:
             run.train.cpus_per_worker = setup.cpus_per_worker
         run.output_dir = str(trial_dir / f"seed{seed}" / "model_out")
-    ends = rung_ends(total_steps(runs[setup.seeds[0]], setup.num_examples), setup.rungs)
+    ends = rung_ends(plan_steps(runs[setup.seeds[0]], setup.num_examples)[1], setup.rungs)
     # rung index -> score per seed; rungs reported before an interruption are kept as they were
     scores = {s: dict(enumerate(progress["scores"][str(s)])) for s in setup.seeds}
 
     def launch(seed: int, stop: int):
         # beside model_out, inside the trial's own directory (a URI when storage_path is one)
         storage = os.path.join(setup.storage_path, setup.experiment, trial_dir.name, f"seed{seed}")
-        return train_task.remote(runs[seed].to_dict(), storage, stop, ends, QueueSink(queue, seed))
+        return train_task.remote(runs[seed].to_dict(), storage, stop, ends, QueueSink(queue, seed),
+                                 (setup.prepared or {}).get(seed))
 
     def collect(rung: int, running: dict) -> None:
         """Read posted scores until every seed has one for ``rung``; a run that ended without one fails."""
