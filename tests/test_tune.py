@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -118,6 +119,11 @@ def test_two_trials_two_seeds_analysis_plots_and_export(ray_cluster, tiny_model,
             assert summary["best"]["stsb_dev_spearman"] == pytest.approx(max(reported))
             # the trial is over: its resumable Train checkpoints were freed, the model kept
             assert not (t.path / f"seed{seed}" / "train").exists()
+    # each seed's model was written once, into the experiment (not into Tune's per-trial staging
+    # directory, which Tune copies into the experiment again at every sync), and no staging is left
+    session = Path(ray_cluster._private.worker._global_node.get_session_dir_path())
+    assert not list(session.glob("artifacts/**/model_out"))
+    assert not list(exp.glob("**/.model_out.partial-*"))
     assert report.best.last["target"] == max(t.last["target"] for t in report.trials)
     assert {p.name for p in report.plots} == {"optimization_history.png", "param_importances.png",
                                               "score_vs_knobs.png", "seed_spread.png"}
@@ -188,14 +194,14 @@ def test_preflight_refuses_a_trial_that_cannot_fit(ray_cluster, tiny_model, corp
     space = load_space(_space(tmp_path, {"lr": {"loguniform": [1e-5, 1e-4]}}, run))
     with pytest.raises(ConfigError, match=r"a trial needs 2 worker\(s\) x 3 CPU .* but the cluster has 4"):
         preflight(space, TuneSettings(space=space.path))
-    n, concurrent, per_worker, parallel = preflight(space, TuneSettings(space=space.path, preflight=False))
-    assert n == 256 and concurrent >= 1
+    concurrent, per_worker, parallel = preflight(space, TuneSettings(space=space.path, preflight=False))
+    assert concurrent >= 1
     # 3 seeds x 1 worker x 1 CPU do not fit 4 CPUs beside each other twice: seeds side by side, 1 trial
     run["train"] = {"num_workers": 1, "cpus_per_worker": 1}
     space = load_space(_space(tmp_path, {"lr": {"loguniform": [1e-5, 1e-4]}}, run, name="fits.yaml"))
-    assert preflight(space, TuneSettings(space=space.path, seeds=[0, 1, 2]))[1:] == (1, 1, True)
+    assert preflight(space, TuneSettings(space=space.path, seeds=[0, 1, 2])) == (1, 1, True)
     # 5 seeds do not fit at once: they run in turn, 3 trials at once
-    assert preflight(space, TuneSettings(space=space.path, seeds=[0, 1, 2, 3, 4]))[1:] == (3, 1, False)
+    assert preflight(space, TuneSettings(space=space.path, seeds=[0, 1, 2, 3, 4])) == (3, 1, False)
 
 
 def test_data_prepared_once_serves_runs_with_the_same_batches_only(ray_cluster, tiny_model, corpus, stsb_dev,
@@ -231,3 +237,22 @@ def test_data_prepared_once_serves_runs_with_the_same_batches_only(ray_cluster, 
     assert batches("prepared") == batches("own") and len(batches("own")) == 3
     assert not other.metrics["data_prepared_before"]
     assert [len(b) for b in batches("other")] == [8, 8, 8]
+
+
+def test_ended_trial_keeps_only_each_seeds_final_model(tmp_path):
+    """Once a trial ended, its Train checkpoints and the staging directories of seed runs that were
+    killed mid-run (an ASHA stop) are deleted; each seed's final model stays."""
+    from raycse.tune.search import drop_train_checkpoints
+
+    trial = tmp_path / "run_trial_1"
+    for seed in ("seed0", "seed1"):
+        for d in ("train/checkpoint_000000", ".model_out.partial-1a2b3c4d", "model_out/model"):
+            (trial / seed / d).mkdir(parents=True)
+            (trial / seed / d / "f.bin").write_bytes(b"x")
+    (trial / "progress.json").write_text("{}")
+    drop_train_checkpoints(str(trial))
+    for seed in ("seed0", "seed1"):
+        assert sorted(p.name for p in (trial / seed).iterdir()) == ["model_out"]
+        assert (trial / seed / "model_out" / "model" / "f.bin").is_file()
+    assert (trial / "progress.json").is_file()
+    drop_train_checkpoints(str(tmp_path / "missing"))  # a trial that never wrote anything

@@ -19,7 +19,7 @@ from ray.tune import Callback
 
 from raycse.errors import ConfigError
 from raycse.tune.space import SearchSpace, load_space
-from raycse.tune.trial import SEED_RUN, TARGET, TrialSetup, is_final, parse_target, run_trial
+from raycse.tune.trial import SEED_MODEL, SEED_RUN, TARGET, TrialSetup, is_final, parse_target, run_trial
 
 SETTINGS = "raycse_tune.json"
 TRIAL_CPU = 0.01  # the trial function only coordinates; the Train workers hold the real CPUs
@@ -97,13 +97,12 @@ def _scheduler(settings: TuneSettings):
                          grace_period=settings.grace_period, reduction_factor=settings.reduction_factor)
 
 
-def preflight(space: SearchSpace, settings: TuneSettings) -> tuple[int, int, float, bool]:
-    """Read the corpus once and check that one trial fits the cluster; returns (examples, concurrent
-    trials, CPUs per Train worker, seeds side by side). Fails with the numbers instead of letting
-    trials wait in PENDING forever."""
+def preflight(space: SearchSpace, settings: TuneSettings) -> tuple[int, float, bool]:
+    """Check the space's run (corpus named, objective fits the data, model found) and that one trial
+    fits the cluster, before any data is read; returns (concurrent trials, CPUs per Train worker,
+    seeds side by side). Fails with the numbers instead of letting trials wait in PENDING forever."""
     import ray
 
-    from raycse.data.dataset import load_corpus
     from raycse.encoder import resolve_model
     from raycse.train.driver import check_data_fits_objective
 
@@ -112,7 +111,6 @@ def preflight(space: SearchSpace, settings: TuneSettings) -> tuple[int, int, flo
         raise ConfigError(f"{space.path}: run.data.corpus is not set; name the training corpus in the space file")
     check_data_fits_objective(run)
     resolve_model(run.model.name_or_path)
-    corpus = load_corpus(run.data, run.train.seed)
     total = ray.cluster_resources()
     cpus, gpus = float(total.get("CPU", 0)), float(total.get("GPU", 0))
     workers, k = run.train.num_workers, len(settings.seeds)
@@ -144,15 +142,17 @@ def preflight(space: SearchSpace, settings: TuneSettings) -> tuple[int, int, flo
         if per_worker <= 0 and check:
             raise ConfigError(f"{concurrent} concurrent trial(s) x {runs_at_once} run(s) x {workers} worker(s) do not "
                               f"fit {cpus:g} CPUs; lower --concurrent or train.num_workers")
-    return corpus.num_examples, concurrent, per_worker, parallel
+    return concurrent, per_worker, parallel
 
 
 def drop_train_checkpoints(trial_path: str) -> None:
-    """Delete a finished trial's Train checkpoints (``seed*/SEED_RUN``), keeping each seed's final model.
+    """Delete a finished trial's Train checkpoints (``seed*/SEED_RUN``) and the staging directories
+    of seed runs that were cut short (``seed*/.model_out.partial-*``), keeping each seed's final model.
 
     Why: a trial never runs again once Tune has ended it (complete, stopped by ASHA, errored), and
     each seed's resumable checkpoints hold weights + optimizer state (~360 MB each for MiniLM):
-    ten trials of 2 seeds filled 50 GB before this. Works for local paths and storage URIs."""
+    ten trials of 2 seeds filled 50 GB before this. A seed run that ASHA's stop killed never got to
+    remove its staging directory itself. Works for local paths and storage URIs."""
     import pyarrow.fs as pafs
 
     fs, root = pafs.FileSystem.from_uri(trial_path if "://" in trial_path else str(Path(trial_path).resolve()))
@@ -162,9 +162,10 @@ def drop_train_checkpoints(trial_path: str) -> None:
         return
     for info in seeds:
         if info.type == pafs.FileType.Directory and info.base_name.startswith("seed"):
-            train_dir = f"{info.path}/{SEED_RUN}"
-            if fs.get_file_info(train_dir).type == pafs.FileType.Directory:
-                fs.delete_dir(train_dir)
+            for entry in fs.get_file_info(pafs.FileSelector(info.path)):
+                if entry.type == pafs.FileType.Directory and (
+                        entry.base_name == SEED_RUN or entry.base_name.startswith(f".{SEED_MODEL}.partial-")):
+                    fs.delete_dir(entry.path)
 
 
 class DropTrainCheckpoints(Callback):
@@ -197,29 +198,35 @@ class DropTrainCheckpoints(Callback):
                 drop_train_checkpoints(t.path)
 
 
-def prepare_seeds(space: SearchSpace, seeds: list) -> dict:
-    """Each seed's corpus read and batches laid out once, here, for every trial of the experiment.
+def prepare_seeds(space: SearchSpace, seeds: list) -> tuple[dict, int]:
+    """Each seed's corpus read and batches laid out once, here, for every trial of the experiment;
+    returns (seed -> PreparedData, examples in the corpus).
 
     Why: each trial's seeds otherwise read the corpus and laid out their batches through Ray Data
     again (~10 s of a ~30 s trial start-up on 2 cores, identical for every trial whose knobs leave
     the data alone), and those tasks held the CPUs the trial's Train workers were waiting for.
     A trial whose knobs do change the batches (batch size, grouping) lays out its own."""
+    from raycse.data.dataset import load_corpus
     from raycse.train.driver import prepare_data
 
     prepared = {}
     for seed in seeds:
         data = prepare_data(space.run_config({}, seed=seed))
-        if data is not None:  # None: batches regrouped by the model in training, per trial
-            prepared[seed] = data
-    return prepared
+        if data is None:  # batches regrouped by the model in training: every trial lays out its own
+            break
+        prepared[seed] = data
+    if prepared:  # the example count does not depend on the seed (dedup comes before data.max_sentences)
+        return prepared, next(iter(prepared.values())).num_examples
+    run = space.run_config({})
+    return {}, load_corpus(run.data, run.train.seed).num_examples
 
 
-def _trainable(settings: TuneSettings, space: SearchSpace, exp_dir: Path, num_examples: int, cpus_per_worker: float):
+def _trainable(settings: TuneSettings, space: SearchSpace, exp_dir: Path, num_examples: int, cpus_per_worker: float,
+               prepared: dict):
     from ray import tune
 
     setup = TrialSetup(space, list(settings.seeds), settings.rungs, settings.target, num_examples,
-                       str(exp_dir.parent), exp_dir.name, cpus_per_worker, bool(settings.parallel_seeds),
-                       prepare_seeds(space, list(settings.seeds)))
+                       str(exp_dir.parent), exp_dir.name, cpus_per_worker, bool(settings.parallel_seeds), prepared)
     return tune.with_resources(tune.with_parameters(run_trial, setup=setup), {"CPU": TRIAL_CPU})
 
 
@@ -238,8 +245,9 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
                           f"another --name")
     ensure_ray()
     quiet_ray_data()
-    num_examples, concurrent, per_worker, settings.parallel_seeds = preflight(space, settings)
-    trainable = _trainable(settings, space, exp_dir, num_examples, per_worker)  # data errors before any file
+    concurrent, per_worker, settings.parallel_seeds = preflight(space, settings)
+    prepared, num_examples = prepare_seeds(space, list(settings.seeds))  # data errors before any file
+    trainable = _trainable(settings, space, exp_dir, num_examples, per_worker, prepared)
     exp_dir.mkdir(parents=True)
     shutil.copy(settings.space, exp_dir / "space.yaml")
     settings_dict = {**asdict(settings), "space": str(exp_dir / "space.yaml"), "num_examples": num_examples,
@@ -287,7 +295,8 @@ def resume(exp_dir: str):
         raise ConfigError(f"{exp} has no Tune state to resume (the run stopped before its first trial started); "
                           f"start it again")
     print(f"[raycse] resuming {exp}", flush=True)
+    prepared, _ = prepare_seeds(space, list(settings.seeds))  # the laid-out batches died with the last driver
     tuner = tune.Tuner.restore(str(exp), _trainable(settings, space, exp, extra["num_examples"],
-                                                    extra["cpus_per_worker"]),
+                                                    extra["cpus_per_worker"], prepared),
                                resume_unfinished=True, resume_errored=True)
     return exp, tuner.fit()
