@@ -196,6 +196,10 @@ def test_preflight_refuses_a_trial_that_cannot_fit(ray_cluster, tiny_model, corp
         preflight(space, TuneSettings(space=space.path))
     concurrent, per_worker, parallel = preflight(space, TuneSettings(space=space.path, preflight=False))
     assert concurrent >= 1
+    # the corpus's example count comes with the data laid out once for the experiment
+    from raycse.tune.search import prepare_seeds
+
+    assert prepare_seeds(space, [0])[1] == 256
     # 3 seeds x 1 worker x 1 CPU do not fit 4 CPUs beside each other twice: seeds side by side, 1 trial
     run["train"] = {"num_workers": 1, "cpus_per_worker": 1}
     space = load_space(_space(tmp_path, {"lr": {"loguniform": [1e-5, 1e-4]}}, run, name="fits.yaml"))

@@ -43,11 +43,17 @@ class TrainResult:
     metrics: dict
 
 
+def staging_prefix(name: str) -> str:
+    """Name prefix of the hidden staging directory beside the output directory ``name``: everything
+    is written there and renamed to ``name`` only when whole."""
+    return f".{name}.partial-"
+
+
 def _prepare_output(out: Path, overwrite: bool) -> Path:
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"output directory {out} already exists and is not empty; choose another --output or pass --overwrite")
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
+    staging = out.parent / f"{staging_prefix(out.name)}{uuid.uuid4().hex[:8]}"
     staging.mkdir()
     return staging
 

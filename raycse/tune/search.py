@@ -155,6 +155,8 @@ def drop_train_checkpoints(trial_path: str) -> None:
     remove its staging directory itself. Works for local paths and storage URIs."""
     import pyarrow.fs as pafs
 
+    from raycse.train.driver import staging_prefix
+
     fs, root = pafs.FileSystem.from_uri(trial_path if "://" in trial_path else str(Path(trial_path).resolve()))
     try:
         seeds = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
@@ -164,7 +166,7 @@ def drop_train_checkpoints(trial_path: str) -> None:
         if info.type == pafs.FileType.Directory and info.base_name.startswith("seed"):
             for entry in fs.get_file_info(pafs.FileSelector(info.path)):
                 if entry.type == pafs.FileType.Directory and (
-                        entry.base_name == SEED_RUN or entry.base_name.startswith(f".{SEED_MODEL}.partial-")):
+                        entry.base_name == SEED_RUN or entry.base_name.startswith(staging_prefix(SEED_MODEL))):
                     fs.delete_dir(entry.path)
 
 
