@@ -28,11 +28,12 @@ import yaml
 
 from raycse.config import RunConfig
 from raycse.encoder import resolve_model
-from raycse.errors import ConfigError, DataError
+from raycse.errors import ConfigError
 from raycse.evaluation.sts import read_stsb
 from raycse.objectives import registry
 from raycse.train import checkpoint as ckpt
 from raycse.train.loop import CHECKPOINT_RANK, SCORE_METRIC, train_loop_per_worker
+from raycse.train.plan import plan_phases, plan_steps
 from raycse.train.runtime import cluster_cpus, ensure_ray, quiet_ray_data, train_worker_env
 
 
@@ -65,24 +66,6 @@ def check_data_fits_objective(run: RunConfig) -> None:
                           f"(or choose a pair objective: bsc)")
     if not run.data.is_pairs and "single" not in accepts:
         raise ConfigError(f"objective '{run.objective.name}' needs pairs: set data.pair_column (and label_column)")
-
-
-def plan_steps(run: RunConfig, num_examples: int) -> tuple[int, int]:
-    """(steps per epoch, total steps) of ``run`` on a corpus of ``num_examples``."""
-    t = run.train
-    spe = (num_examples // t.batch_size) // t.num_workers
-    if spe == 0:
-        raise DataError(f"corpus has {num_examples} usable examples, fewer than one global batch "
-                        f"({t.batch_size} x {t.num_workers} workers); lower --batch-size or add text")
-    return spe, min(spe * t.epochs, t.max_steps or spe * t.epochs)
-
-
-def plan_phases(run: RunConfig, steps_per_epoch: int, total: int) -> list[list[int]]:
-    """Epochs per ``fit``: one fit per epoch when the grouping re-embeds with the current model."""
-    epochs = [e for e in range(run.train.epochs) if e * steps_per_epoch < total]
-    if run.grouping.needs_embeddings and run.grouping.regroup_every_epoch:
-        return [[e] for e in epochs]
-    return [epochs]
 
 
 def lay_out_phase(run: RunConfig, corpus, phase: list[int], spe: int, total: int, embed_from: str):

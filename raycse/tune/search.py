@@ -202,7 +202,7 @@ class DropTrainCheckpoints(Callback):
 
 def prepare_seeds(space: SearchSpace, seeds: list) -> tuple[dict, int]:
     """Each seed's corpus read and batches laid out once, here, for every trial of the experiment;
-    returns (seed -> PreparedData, examples in the corpus).
+    returns (seed -> ObjectRef of its PreparedData, examples in the corpus).
 
     Why: each trial's seeds otherwise read the corpus and laid out their batches through Ray Data
     again (~10 s of a ~30 s trial start-up on 2 cores, identical for every trial whose knobs leave
@@ -211,14 +211,18 @@ def prepare_seeds(space: SearchSpace, seeds: list) -> tuple[dict, int]:
     from raycse.data.dataset import load_corpus
     from raycse.train.driver import prepare_data
 
-    prepared = {}
+    import ray
+
+    prepared, num_examples = {}, None
     for seed in seeds:
         data = prepare_data(space.run_config({}, seed=seed))
         if data is None:  # batches regrouped by the model in training: every trial lays out its own
             break
-        prepared[seed] = data
+        # by reference: a trial hands it to its seeds' runs unopened (unpickling it would import
+        # torch, transformers and Ray Data into the trial's process, ~2 s of each trial's time)
+        prepared[seed], num_examples = ray.put(data), data.num_examples
     if prepared:  # the example count does not depend on the seed (dedup comes before data.max_sentences)
-        return prepared, next(iter(prepared.values())).num_examples
+        return prepared, num_examples
     run = space.run_config({})
     return {}, load_corpus(run.data, run.train.seed).num_examples
 

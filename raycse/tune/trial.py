@@ -47,8 +47,8 @@ class TrialSetup:
     experiment: str
     cpus_per_worker: Optional[float] = None
     parallel_seeds: bool = True  # the k seeds' Train runs at once (one fit each) or one after another
-    # seed -> raycse.train.driver.PreparedData: each seed's corpus and batches, read and laid out once
-    # by the experiment's driver; a trial whose knobs change the batches lays out its own
+    # seed -> ObjectRef of a raycse.train.driver.PreparedData: each seed's corpus and batches, read and
+    # laid out once by the experiment's driver; a trial whose knobs change the batches lays out its own
     prepared: dict = field(default_factory=dict)
 
 
@@ -116,7 +116,7 @@ def run_trial(params: dict, setup: TrialSetup) -> None:
     from ray import tune
     from ray.util.queue import Empty, Queue
 
-    from raycse.train.driver import plan_steps
+    from raycse.train.plan import plan_steps
 
     # Tune pins every task a trial starts to the trial's placement group (a 0.01-CPU bundle here),
     # where Ray Data's shuffle tasks cannot fit; the seeds' runs are driven from tasks outside it.
