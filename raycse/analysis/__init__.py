@@ -15,12 +15,12 @@ import json
 import re
 import os
 import shutil
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from raycse.errors import ConfigError
+from raycse.outputs import staging_dir
 
 
 @dataclass
@@ -162,19 +162,20 @@ def analyze(exp_dir: str, plots: bool = True, plot_dir: Optional[str] = None, ex
 
 def export_model(best: Optional[TrialRecord], dest: Path) -> Path:
     """Copy the best trial's best seed's model (atomically: staged beside ``dest``, then renamed)."""
+    from raycse.tune.trial import SEED_MODEL
+
     if best is None:
         raise ConfigError("no finished trial to export")
     m = best.last
     seed = m["seeds"][max(range(len(m["seed_scores"])), key=lambda i: m["seed_scores"][i])]
-    src = best.path / f"seed{seed}" / "model_out" / "model"
+    src = best.path / f"seed{seed}" / SEED_MODEL / "model"
     if not (src / "config.json").is_file():
         raise ConfigError(f"the best trial's model is missing ({src}); was the experiment directory moved or pruned?")
     if dest.exists() and any(dest.iterdir()):
         raise ConfigError(f"--export-best {dest} exists and is not empty; choose another path")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = dest.parent / f".{dest.name}.partial-{uuid.uuid4().hex[:8]}"
+    staging = staging_dir(dest)
     try:
-        shutil.copytree(src, staging)
+        shutil.copytree(src, staging, dirs_exist_ok=True)
         if dest.exists():
             dest.rmdir()
         os.replace(staging, dest)

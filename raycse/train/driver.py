@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -31,6 +30,7 @@ from raycse.encoder import resolve_model
 from raycse.errors import ConfigError
 from raycse.evaluation.sts import read_stsb
 from raycse.objectives import registry
+from raycse.outputs import staging_dir
 from raycse.train import checkpoint as ckpt
 from raycse.train.loop import CHECKPOINT_RANK, SCORE_METRIC, train_loop_per_worker
 from raycse.train.plan import plan_phases, plan_steps
@@ -44,19 +44,10 @@ class TrainResult:
     metrics: dict
 
 
-def staging_prefix(name: str) -> str:
-    """Name prefix of the hidden staging directory beside the output directory ``name``: everything
-    is written there and renamed to ``name`` only when whole."""
-    return f".{name}.partial-"
-
-
 def _prepare_output(out: Path, overwrite: bool) -> Path:
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"output directory {out} already exists and is not empty; choose another --output or pass --overwrite")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.parent / f"{staging_prefix(out.name)}{uuid.uuid4().hex[:8]}"
-    staging.mkdir()
-    return staging
+    return staging_dir(out)
 
 
 def check_data_fits_objective(run: RunConfig) -> None:

@@ -155,7 +155,7 @@ def drop_train_checkpoints(trial_path: str) -> None:
     remove its staging directory itself. Works for local paths and storage URIs."""
     import pyarrow.fs as pafs
 
-    from raycse.train.driver import staging_prefix
+    from raycse.outputs import staging_prefix
 
     fs, root = pafs.FileSystem.from_uri(trial_path if "://" in trial_path else str(Path(trial_path).resolve()))
     try:
