@@ -143,6 +143,28 @@ def test_sgopt_loss_matches_plain_loop(sgopt):
     assert got == pytest.approx(want, rel=1e-5)
 
 
+def test_sgopt_head_is_footnote_4s_mlp_with_gelu_after_each_linear(sgopt):
+    """f written from footnote 4 ("a two-layered MLP ... Each linear layer in the MLP is followed by
+    a GELU function"), on the head's own two weight matrices, then L_opt3 by loops."""
+    _, obj = sgopt
+    linears = [m for m in obj.head.modules() if isinstance(m, torch.nn.Linear)]
+    assert [tuple(m.weight.shape) for m in linears] == [(16, 32), (32, 16)]  # d -> hidden -> d
+    (w1, b1), (w2, b2) = [(m.weight.tolist(), m.bias.tolist()) for m in linears]
+
+    def gelu(x):
+        return 0.5 * x * (1 + math.erf(x / math.sqrt(2)))
+
+    def f(x):
+        hidden = [gelu(sum(w * v for w, v in zip(row, x)) + b) for row, b in zip(w1, b1)]
+        return [gelu(sum(w * v for w, v in zip(row, hidden)) + b) for row, b in zip(w2, b2)]
+
+    torch.manual_seed(5)
+    c, h = torch.randn(3, 32), torch.randn(3, 3, 32)
+    want = plain_opt3([f(x) for x in c.tolist()], [[f(x) for x in views] for views in h.tolist()], 0.1)
+    assert obj.loss(c, h).item() == pytest.approx(want, rel=1e-5)
+    assert obj.params.layer_pooling == "max"  # Sec. 3.1's p is max pooling
+
+
 def test_sgopt_views_cover_every_layer_and_pool(sgopt):
     enc, obj = sgopt
     batch = enc.tokenize(["the city river", "a king"])
@@ -151,7 +173,11 @@ def test_sgopt_views_cover_every_layer_and_pool(sgopt):
     with torch.no_grad():
         hs = obj.frozen(**batch, output_hidden_states=True).hidden_states
     m = batch["attention_mask"][1].bool()
-    assert torch.allclose(h[1, 2], hs[2][1][m].mean(0), atol=1e-6)
+    for k in range(3):  # max pooling over sentence 1's real tokens, per coordinate
+        want = [max(hs[k][1][t][j].item() for t in range(len(m)) if m[t]) for j in range(32)]
+        assert h[1, k].tolist() == pytest.approx(want, abs=1e-6)
+    obj.params.layer_pooling = "mean"
+    assert torch.allclose(obj.views(batch)[1, 2], hs[2][1][m].mean(0), atol=1e-6)
 
 
 def test_sgopt_regularizer_zero_at_start_frozen_copy_never_changes(sgopt):

@@ -75,6 +75,33 @@ def test_keyed_order_cuts_sorted_keys_into_shuffled_groups():
     assert sorted(go.order.tolist()) == list(range(40))
 
 
+def algorithm2_group_ids(sorted_keys: list, k: int) -> list[int]:
+    """BSC Algorithm 2 as written: walk the sorted list, a new group id whenever the shingle
+    changes, and a new one whenever the current group has reached k."""
+    ids, gid, count = [], 0, 0
+    for pos, key in enumerate(sorted_keys):
+        if pos > 0 and (key != sorted_keys[pos - 1] or count == k):
+            gid, count = gid + 1, 0
+        ids.append(gid)
+        count += 1
+    return ids
+
+
+@pytest.mark.parametrize("runs, k", [((3, 5, 2), 4), ((1, 9, 4, 4, 7), 4), ((6,), 3), ((2, 2, 2, 11), 5)])
+def test_keyed_order_follows_bsc_algorithm_2_on_uneven_key_runs(runs, k):
+    rng = np.random.default_rng(7)
+    keys = np.repeat(rng.permutation(100)[:len(runs)], runs)
+    rng.shuffle(keys)
+    go = keyed_order(keys, k, np.random.default_rng(0))
+    groups = go.groups()
+    assert sorted(go.order.tolist()) == list(range(len(keys)))
+    assert all(len(set(keys[g].tolist())) == 1 for g in groups)  # no group mixes keys
+    sorted_keys = sorted(keys.tolist())
+    ids = algorithm2_group_ids(sorted_keys, k)
+    want = sorted((sorted_keys[ids.index(g)], ids.count(g)) for g in set(ids))  # (key, size) of each group
+    assert sorted((int(keys[g[0]]), len(g)) for g in groups) == want
+
+
 def test_pack_keeps_groups_whole_and_steps_equal():
     x, _ = planted()
     order = knn_order(x, GroupingConfig(strategy="knn", group_size=4, neighbours=8), 1, 0)

@@ -69,6 +69,69 @@ def test_hicl_slices_long_sequences_and_pools_weighted(tiny_model_no_dropout):
     assert torch.allclose(h[0], want, atol=1e-6) and torch.allclose(h[1], z[4], atol=1e-6)
 
 
+class Recorder(torch.nn.Module):
+    """The real encoder, with every call's inputs and outputs kept (to rebuild the loss by hand)."""
+
+    def __init__(self, encoder):
+        super().__init__()
+        self.encoder, self.tokenizer, self.calls = encoder, encoder.tokenizer, []
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
+        out = self.encoder(input_ids=input_ids, attention_mask=attention_mask)
+        self.calls.append((input_ids, attention_mask, out))
+        return out
+
+
+def test_hicl_entailment_pairs_each_segment_with_its_sequence_from_the_same_view(tiny_model):
+    """HiCLv2 (appendix eq. 3): -log exp(sim(h_ij, h_i)/tau) / sum_k exp(sim(h_ij, h_k)/tau) with h_i
+    pooled from the same forward pass (dropout view) as h_ij. Rebuilt by loops from the segments
+    the encoder returned: queue-rule segments of L tokens, length-weighted mean per sequence."""
+    from raycse.encoder import Encoder
+
+    enc = Encoder.from_pretrained(str(tiny_model), pooling="mean").train()  # dropout on: the views differ
+    texts = ["the city river was built in the north", "a king", "summer music festival in the large old city"]
+    L, tau = 3, 0.5
+    obj = registry.build("hicl", {"alpha": 0.1, "beta": 0.2, "slice_length": L, "temperature": tau})
+    obj.setup(enc)
+    rec = Recorder(enc)
+    torch.manual_seed(0)
+    out = obj(rec, obj.collate(texts, enc.tokenizer, 32))
+    (_, _, z), = rec.calls  # one encoder call: both views of every segment
+    counts = [len(enc.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    segs = [(i, min(L, c - j * L)) for i, c in enumerate(counts) for j in range(1 + (c - 1) // L)]
+    assert z.shape[0] == 2 * len(segs)
+    z1 = z[:len(segs)].tolist()  # view 1 of every segment, in sequence order
+
+    def pooled(view: list) -> list:
+        return [[sum(view[s][d] * n for s, (i, n) in enumerate(segs) if i == seq) / counts[seq]
+                 for d in range(len(view[0]))] for seq in range(len(texts))]
+
+    def cos(u, v):
+        return sum(a * b for a, b in zip(u, v)) / math.sqrt(sum(a * a for a in u) * sum(b * b for b in v))
+
+    h1 = pooled(z1)
+    want = 0.0
+    for s, (i, _) in enumerate(segs):
+        want += -(cos(z1[s], h1[i]) / tau - math.log(sum(math.exp(cos(z1[s], h) / tau) for h in h1)))
+    assert out.metrics["entailment"] == pytest.approx(want / len(segs), rel=1e-4)
+    h2 = pooled(z[len(segs):].tolist())  # the other view's sequence vectors give another value
+    other = sum(-(cos(z1[s], h2[i]) / tau - math.log(sum(math.exp(cos(z1[s], h) / tau) for h in h2)))
+                for s, (i, _) in enumerate(segs)) / len(segs)
+    assert abs(other - want / len(segs)) > 1e-3
+
+
+@pytest.mark.parametrize("base", ["simcse", "bsc", "laser"])
+def test_hicl_accepts_the_bases_it_can_slice(base):
+    assert registry.build("hicl", {"base": base}).base.name == base
+
+
+@pytest.mark.parametrize("base", ["compcse", "sgopt", "hicl"])
+def test_hicl_refuses_bases_it_cannot_slice_before_anything_starts(base):
+    with pytest.raises(ConfigError) as err:
+        registry.build("hicl", {"base": base})
+    assert str(err.value) == f"objective.base '{base}' cannot be sliced by HiCL; choose one of: bsc, laser, simcse"
+
+
 def test_hicl_knobs():
     with pytest.raises(ConfigError, match="alpha \\+ beta <= 1"):
         registry.build("hicl", {"alpha": 0.8, "beta": 0.3})
@@ -106,28 +169,52 @@ def test_laser_intra_reference_splits_documents(tiny_model):
     assert batch["p_attention_mask"][0].sum() == len(tok("a king was born. north")["input_ids"])
 
 
-def test_compcse_positive_is_composed_halves(tiny_model_no_dropout):
+@pytest.mark.parametrize("how, d0", [("mean", None), ("sum", 16), ("concat", None), ("sbert", 16)])
+def test_compcse_positive_aggregates_projected_halves(tiny_model_no_dropout, how, d0):
+    """Sec. 3: the halves go through the encoder *and the linear projector*, then their projected
+    vectors are aggregated (Table 3's variants). Plain computation: each text encoded on its own."""
     from raycse.encoder import Encoder
 
     enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="cls", mlp_head="train_only").train()
-    obj = registry.build("compcse", {"compose": "concat", "d0": 16, "temperature": 0.1})
+    obj = registry.build("compcse", {"compose": how, "d0": d0, "temperature": 0.1})
     obj.setup(enc)
     texts = ["the city river was built", "a king", "summer music festival"]
     batch = obj.collate(texts, enc.tokenizer, 32)
     assert batch["input_ids"].shape[0] == 9
     got = obj(enc, batch).loss
-    # second, plain computation: encode sentence and halves separately, compose, head, first d0 coordinates
     halves_text = [("the city river", "was built"), ("a", "king"), ("summer music", "festival")]
     with torch.no_grad():
-        cls = lambda xs: enc.backbone(**enc.tokenize(xs)).last_hidden_state[:, 0]  # noqa: E731
-        z = enc.mlp(cls(texts))
-        left, right = cls([h[0] for h in halves_text]), cls([h[1] for h in halves_text])
-        pos = enc.mlp(torch.cat([left[:, :16], right[:, 16:]], 1))
-        logits = cosine_logits(z[:, :16], pos[:, :16], 0.1)
+        g = lambda xs: enc.mlp(enc.backbone(**enc.tokenize(xs)).last_hidden_state[:, 0])  # noqa: E731
+        z = g(texts)
+        pos = []
+        for (left_text, right_text) in halves_text:
+            u, v = g([left_text])[0], g([right_text])[0]
+            if how == "mean":
+                pos.append([(a + b) / 2 for a, b in zip(u.tolist(), v.tolist())])
+            elif how == "sum":
+                pos.append([a + b for a, b in zip(u.tolist(), v.tolist())])
+            elif how == "concat":  # first half of the left vector's coordinates, last half of the right's
+                pos.append(u.tolist()[:16] + v.tolist()[16:])
+            else:  # (u, v, |u - v|) projected back to d
+                feats = u.tolist() + v.tolist() + [abs(a - b) for a, b in zip(u.tolist(), v.tolist())]
+                w, b = obj.project.weight.tolist(), obj.project.bias.tolist()
+                pos.append([sum(x * y for x, y in zip(row, feats)) + bias for row, bias in zip(w, b)])
+        k = d0 or 32
+        logits = cosine_logits(z[:, :k], torch.tensor(pos)[:, :k], 0.1)
     want = sum(-(logits[i, i].item() - math.log(sum(math.exp(x) for x in logits[i].tolist()))) for i in range(3)) / 3
     assert got.item() == pytest.approx(want, rel=1e-4)
+
+
+def test_compcse_knobs(tiny_model_no_dropout):
+    from raycse.encoder import Encoder
+
+    enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="cls", mlp_head="train_only")
     with pytest.raises(ConfigError, match="exceeds the hidden size"):
         registry.build("compcse", {"d0": 64}).setup(enc)
+    with pytest.raises(ConfigError, match="d0 does not apply with compose: concat"):
+        registry.build("compcse", {"compose": "concat", "d0": 16})
+    with pytest.raises(ConfigError, match="compose must be one of mean, sum, concat, sbert"):
+        registry.build("compcse", {"compose": "max"})
 
 
 @pytest.mark.parametrize("base, params, examples", [

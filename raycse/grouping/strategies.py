@@ -6,8 +6,8 @@ groups into batches without splitting them.
 
 - ``random``: a seeded permutation, groups of one.
 - ``knn``: example-based shuffling over faiss neighbours of the current model's embeddings.
-- ``shingle``: key = one random content word of the example; sort by key, cut groups of s,
-  shuffle the groups.
+- ``shingle``: key = one random content word of the example; sort by key, a new group whenever
+  the key changes or the group is full (BSC's Algorithm 2), shuffle the groups.
 - ``cluster``: key = faiss k-means cluster of the embedding; same cut and shuffle.
 """
 
@@ -58,12 +58,19 @@ def knn_order(vectors: np.ndarray, cfg, seed: int, epoch: int) -> GroupOrder:
 
 
 def keyed_order(keys: np.ndarray, group_size: int, rng: np.random.Generator) -> GroupOrder:
-    """Sort by key (random tie-break), cut into groups of ``group_size``, shuffle the groups."""
+    """BSC's Algorithm 2 (shuffling by words; by clusters with t = 1): sort by key (random
+    tie-break), walk the sorted list starting a new group whenever the key changes or the current
+    group has reached ``group_size``, then shuffle the groups. No group mixes keys; only a key run
+    longer than ``group_size`` is split."""
     n = len(keys)
     order = np.lexsort((rng.random(n), keys))
-    starts = np.arange(0, n, group_size)
-    sizes = np.minimum(group_size, n - starts)
-    perm = rng.permutation(len(starts))
+    sorted_keys = np.asarray(keys)[order]
+    run_starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]) if n else np.zeros(0, np.int64)
+    run_lengths = np.diff(np.r_[run_starts, n])
+    sizes = np.array([s for r in run_lengths for s in [group_size] * (r // group_size) + [r % group_size] if s],
+                     dtype=np.int64)
+    starts = np.r_[0, np.cumsum(sizes)[:-1]] if len(sizes) else sizes
+    perm = rng.permutation(len(sizes))
     order = np.concatenate([order[starts[g]:starts[g] + sizes[g]] for g in perm]) if n else order
     return GroupOrder(order, sizes[perm])
 

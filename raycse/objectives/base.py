@@ -41,6 +41,10 @@ class Objective(nn.Module):
     Params: ClassVar[type[Params]]
     # What the data must hold: "single" sentences and/or "pairs" (q, a, score-or-None).
     accepts: ClassVar[tuple[str, ...]] = ("single",)
+    # HiCL can wrap it: it reaches the encoder only through ``encoder(input_ids, attention_mask)``,
+    # which HiCL's segmenting stand-in answers (objectives that need the pooled states before the
+    # head, or the backbone itself, cannot be sliced)
+    sliceable: ClassVar[bool] = True
 
     def __init__(self, params: Params):
         super().__init__()

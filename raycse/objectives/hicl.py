@@ -10,12 +10,14 @@ the encoder in one call; a sequence's vector is the length-weighted mean of its 
                segments of *other* sequences; same-sequence segments are masked out of the
                denominator (neither positive nor negative)
     L_global = the base objective's loss, computed on the pooled sequence vectors
-    L_ent    = (HiCLv2) InfoNCE of segment seg_ij against sequence vectors, positive = its own h_i
+    L_ent    = (HiCLv2, appendix eq. 3) InfoNCE of segment seg_ij against the sequence vectors of
+               the same forward pass (view), positive = its own h_i
     L        = alpha * L_local + beta * L_ent + (1 - alpha - beta) * L_global
 
 The base objective runs unchanged on a :class:`SegmentedEncoder`, a stand-in for the encoder that
-slices, encodes and pools; so HiCL composes with any registered objective (``base: simcse``,
-``bsc``, ``laser``, ...) without a class per combination. Why it is fast: attention is quadratic,
+slices, encodes and pools; so HiCL composes with every registered objective that encodes only
+through it (``sliceable``: ``simcse``, ``bsc``, ``laser``) without a class per combination;
+``compcse`` and ``sgopt`` are refused before anything starts. Why it is fast: attention is quadratic,
 so l segments of L tokens cost about l*L^2 instead of (l*L)^2.
 
 Across workers the global loss gathers as its base does; the local and entailment losses use the
@@ -48,8 +50,9 @@ class HiCLParams(Params):
     temperature: float = 0.05  # for the local and entailment terms
 
     def validate(self) -> None:
-        if self.base == "hicl":
-            raise ConfigError("objective.base cannot be hicl itself")
+        if not registry.get(self.base).sliceable:
+            able = [n for n in registry.names() if registry.get(n).sliceable]
+            raise ConfigError(f"objective.base {self.base!r} cannot be sliced by HiCL; choose one of: {', '.join(able)}")
         registry.build_params(self.base, self.base_params)
         if self.alpha < 0 or self.beta < 0 or self.alpha + self.beta > 1:
             raise ConfigError(f"objective.alpha and beta must be >= 0 with alpha + beta <= 1, got {self.alpha} + {self.beta}")
@@ -81,6 +84,7 @@ class SegmentedEncoder(nn.Module):
 class HiCL(Objective):
     name = "hicl"
     Params = HiCLParams
+    sliceable = False  # not twice
 
     def __init__(self, params: HiCLParams):
         super().__init__(params)
@@ -117,10 +121,9 @@ class HiCL(Objective):
             # the base stacked two dropout views of the same sequences (SimCSE): reuse them
             half = int((pieces.owner < n).sum())
             z1, z2, owner = z[:half], z[half:], pieces.owner[:half]
-            h2 = h[n:]
+            h1 = h[:n]  # pooled from the same view as z1
         else:
-            z1, z2, owner = z, encoder(**pieces.batch()), pieces.owner
-            h2 = segment_mean(z2, owner, pieces.length, ids.shape[0], p.weighted)
+            z1, z2, owner, h1 = z, encoder(**pieces.batch()), pieces.owner, h
         total = (1 - p.alpha - p.beta) * glob.loss
         metrics = {"global": float(glob.loss.detach())}
         if p.alpha > 0:
@@ -128,7 +131,7 @@ class HiCL(Objective):
             total = total + p.alpha * local
             metrics["local"] = float(local.detach())
         if p.beta > 0:
-            ent = self.entailment_loss(z1, h2, owner)
+            ent = self.entailment_loss(z1, h1, owner)
             total = total + p.beta * ent
             metrics["entailment"] = float(ent.detach())
         metrics["segments_per_sequence"] = len(owner) / max(1, int(owner.max()) + 1)

@@ -2,14 +2,19 @@
 
 A frozen copy F of the encoder provides the views: for each layer k in the chosen range
 (0 = embedding output) the pooled hidden states h_ik of sentence i. The trained copy T (its
-embedding layer frozen) gives c_i. Both go through one shared projection head f (Linear(d, 4096),
-GELU, Linear(4096, d)) and, with e(u, v) = exp(sim(f(u), f(v)) / tau),
+embedding layer frozen) gives c_i. Both go through one shared projection head f and, with
+e(u, v) = exp(sim(f(u), f(v)) / tau),
 
     L_opt3 = 1/(b(l+1)) sum_i sum_k -log e(c_i, h_ik) / ( e(c_i, h_ik) + sum_{m != i} sum_n e(c_i, h_mn) )
     L = L_opt3 + lambda * sum_params ||theta_T - theta_F||^2
 
 No c-c and no h-h terms; the negatives of anchor i (every view of every other sentence, gathered
 from all workers) are shared by its l+1 positives.
+
+Paper details (Kim et al. 2021): f is "a two-layered MLP whose hidden size is 4096. Each linear
+layer in the MLP is followed by a GELU function" (footnote 4): Linear(d, 4096), GELU, Linear(4096,
+d), GELU. The pooling p of the views is max pooling (Sec. 3.1, the default here); the appendix's
+SentEval runs use mean pooling (``layer_pooling: mean``, with ``layer_start`` to skip early layers).
 
 Choices, deliberate: F runs in eval mode (no dropout) under ``torch.no_grad`` so its forward stores
 no activations (the authors' code leaves F in train mode by accident); c_i uses the encoder's
@@ -40,7 +45,7 @@ LAYER_POOLINGS = ("max", "mean")
 class SGOPTParams(Params):
     temperature: float = 0.01
     lam: float = 0.1  # weight of the regularizer sum ||theta_T - theta_F||^2 ("lambda")
-    layer_pooling: str = "mean"
+    layer_pooling: str = "max"  # Sec. 3.1; the appendix's SentEval setting uses mean
     layer_start: int = 0  # 0 = the embedding output
     layer_end: Optional[int] = None  # inclusive; None = the last layer
     proj_hidden: int = 4096
@@ -67,9 +72,11 @@ def pool_layers(hidden_states: tuple[Tensor, ...], mask: Tensor, how: str) -> Te
 
 
 class ProjectionHead(nn.Module):
+    """f of footnote 4: each of the two linear layers is followed by a GELU."""
+
     def __init__(self, dim: int, hidden: int):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+        self.net = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim), nn.GELU())
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
@@ -79,6 +86,7 @@ class ProjectionHead(nn.Module):
 class SGOPT(Objective):
     name = "sgopt"
     Params = SGOPTParams
+    sliceable = False  # HiCL cannot wrap it: its views come from every layer of the whole sequence
 
     def __init__(self, params: SGOPTParams):
         super().__init__(params)
