@@ -28,9 +28,11 @@ def make_tiny_model(path: Path, dropout: float = 0.1, seed: int = 0) -> Path:
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
     path.mkdir(parents=True, exist_ok=True)
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(WORDS)) + list("abcdefghijklmnopqrstuvwxyz.,")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(WORDS)) + list("abcdefghijklmnopqrstuvwxyz.,!?")
     (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    tokenizer = BertTokenizerFast(vocab_file=str(path / "vocab.txt"), do_lower_case=True)
+    tokenizer = BertTokenizerFast(vocab=str(path / "vocab.txt"), do_lower_case=True)
+    # transformers 5 ignores ``vocab_file=``: a tokenizer that knows no word makes every test text [UNK]s
+    assert tokenizer.unk_token_id not in tokenizer("the city river")["input_ids"], "tiny tokenizer lost its vocab"
     torch.manual_seed(seed)
     config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=dropout,

@@ -232,3 +232,59 @@ def test_hicl_wraps_other_bases_without_a_new_class(tiny_model, base, params, ex
     assert torch.isfinite(out.loss) and {"global", "local", "entailment"} <= set(out.metrics)
     out.loss.backward()
     assert enc.backbone.encoder.layer[0].output.dense.weight.grad is not None
+
+
+def test_laser_random_elongation_factor_is_uniform_over_its_range(tiny_model):
+    """Sec. 3 of LA(SER)^3: for each input m is drawn uniformly from [1, floor(max_len / len)].
+    The distribution of the m the batches use, not only its range: a chi-square test per length."""
+    from scipy.stats import chisquare
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    obj = registry.build("laser", {"m_mode": "random"})
+    texts = {2: "the city", 5: "a small king was born", 7: "the north river city was built early"}
+    torch.manual_seed(0)
+    for n_tokens, text in texts.items():
+        assert len(tok(text, add_special_tokens=False)["input_ids"]) == n_tokens
+        ms = torch.cat([obj.collate([text] * 500, tok, 32)["m"] for _ in range(6)]).tolist()
+        high = 30 // n_tokens  # 32 - [CLS] - [SEP] content slots
+        counts = [ms.count(m) for m in range(1, high + 1)]
+        assert sum(counts) == len(ms)  # nothing outside [1, high]
+        assert chisquare(counts).pvalue > 1e-3, (n_tokens, counts)
+
+
+def test_laser_anchor_sentence_first_or_random(tiny_model):
+    """Intra-reference anchors the first sentence (main experiments) or a random one (Sec. 5.1),
+    the positive being the rest of the document; self-reference can anchor the first sentence of
+    a multi-sentence line."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    doc = "the city was built. a king was born! north road"
+    sentences = ["the city was built.", "a king was born!", "north road"]
+
+    def decode(ids, mask):
+        return tok.decode(ids[mask.bool()][1:-1])
+
+    seen = {}
+    torch.manual_seed(1)
+    obj = registry.build("laser", {"mode": "intra", "anchor": "random", "m_mode": "fixed", "m": 1})
+    for _ in range(300):
+        b = obj.collate([doc], tok, 64)
+        anchor, positive = decode(b["a_input_ids"][0], b["a_attention_mask"][0]), \
+            decode(b["p_input_ids"][0], b["p_attention_mask"][0])
+        seen[anchor] = seen.get(anchor, 0) + 1
+        i = [tok.decode(tok(s)["input_ids"][1:-1]) for s in sentences].index(anchor)
+        rest = " ".join(s for j, s in enumerate(sentences) if j != i)
+        assert positive == tok.decode(tok(rest)["input_ids"][1:-1])
+    assert len(seen) == 3 and min(seen.values()) > 60, seen  # each sentence about a third of the time
+
+    first = registry.build("laser", {"mode": "intra", "m_mode": "fixed", "m": 1}).collate([doc], tok, 64)
+    assert decode(first["a_input_ids"][0], first["a_attention_mask"][0]) == "the city was built."
+    own = registry.build("laser", {"anchor": "first", "m_mode": "fixed", "m": 2}).collate([doc], tok, 64)
+    assert decode(own["a_input_ids"][0], own["a_attention_mask"][0]) == "the city was built."
+    assert decode(own["p_input_ids"][0], own["p_attention_mask"][0]) == "the city was built. the city was built."
+    line = registry.build("laser", {"m_mode": "fixed", "m": 1}).collate([doc], tok, 64)
+    assert decode(line["a_input_ids"][0], line["a_attention_mask"][0]) == tok.decode(tok(doc)["input_ids"][1:-1])
+    with pytest.raises(ConfigError, match="anchor line needs mode self"):
+        registry.build("laser", {"mode": "intra", "anchor": "line"})

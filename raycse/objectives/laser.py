@@ -4,11 +4,15 @@ Elongation = copy-and-concat: the text's tokens repeated m times, m drawn per in
 [1, floor(max_len / len)] so the result fits the max length (``m_mode: random``), or a fixed m
 capped the same way (``fixed``).
 
-    self-reference : anchor = the text,                    positive = its elongated copy
-    intra-reference: anchor = the first sentence, elongated, positive = the rest of the document
+    self-reference : anchor = a sentence of the text,       positive = its elongated copy
+    intra-reference: anchor = a sentence, elongated,        positive = the rest of the document
     L = mean_i CE(sim(anchor_i, positive_j) / tau, target = i)      (in-batch negatives, gathered)
 
-For intra-reference each corpus line is a document, split into sentences at . ! ? followed by space.
+Which sentence (``anchor``): intra-reference takes the **first** (the main experiments) or a
+**random** one (the Sec. 5.1 ablation); self-reference takes the whole ``line`` by default (a
+sentence-per-line corpus, as the paper's), or the ``first`` / a ``random`` sentence of a
+multi-sentence line. Each corpus line is a document, split into sentences at . ! ? followed by
+space; a one-sentence document is its own rest.
 """
 
 from __future__ import annotations
@@ -28,10 +32,24 @@ from raycse.views import elongate, random_repeats, special_ids
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
-def split_document(doc: str) -> tuple[str, str]:
-    """(first sentence, rest); a one-sentence document is its own rest."""
-    parts = SENTENCE_END.split(doc.strip(), maxsplit=1)
-    return (parts[0], parts[1]) if len(parts) == 2 and parts[1].strip() else (parts[0], parts[0])
+ANCHORS = ("line", "first", "random")
+
+
+def split_document(doc: str, pick: int = 0) -> tuple[str, str]:
+    """(sentence number ``pick`` (taken modulo the count), the other sentences in order); a
+    one-sentence document is its own rest."""
+    parts = [s for s in SENTENCE_END.split(doc.strip()) if s.strip()] or [doc.strip()]
+    i = pick % len(parts)
+    rest = " ".join(parts[:i] + parts[i + 1:])
+    return parts[i], rest or parts[i]
+
+
+def pick_sentences(texts: list[str], anchor: str) -> list[int]:
+    """Which sentence of each text is the anchor: 0 (first) or a uniform random one."""
+    if anchor != "random":
+        return [0] * len(texts)
+    counts = [max(1, len([s for s in SENTENCE_END.split(t.strip()) if s.strip()])) for t in texts]
+    return [int(torch.randint(c, ())) for c in counts]
 
 
 @dataclass
@@ -41,6 +59,11 @@ class LaserParams(Params):
     m: int = 2  # the fixed m
     elongation_max_length: Optional[int] = None  # None: model.max_length
     temperature: float = 0.05
+    anchor: Optional[str] = None  # line | first | random; None: line (self), first (intra)
+
+    @property
+    def resolved_anchor(self) -> str:
+        return self.anchor or ("line" if self.mode == "self" else "first")
 
     def validate(self) -> None:
         if self.mode not in ("self", "intra"):
@@ -52,6 +75,11 @@ class LaserParams(Params):
         if self.elongation_max_length is not None and self.elongation_max_length < 3:
             raise ConfigError(f"objective.elongation_max_length must be >= 3, got {self.elongation_max_length}")
         positive("temperature", self.temperature, " (LA(SER)^3 uses 0.05)")
+        if self.anchor is not None and self.anchor not in ANCHORS:
+            raise ConfigError(f"objective.anchor must be one of {', '.join(ANCHORS)}, got {self.anchor!r}")
+        if self.mode == "intra" and self.anchor == "line":
+            raise ConfigError("objective.anchor line needs mode self (intra-reference anchors a sentence against "
+                              "the rest of the line); choose first or random")
 
 
 @register
@@ -63,12 +91,14 @@ class Laser(Objective):
         p = self.params
         limit = p.elongation_max_length or max_length
         ids = special_ids(tokenizer)
+        how = p.resolved_anchor
+        if how != "line":
+            picked, rest = zip(*(split_document(t, i) for t, i in zip(texts, pick_sentences(texts, how))))
         if p.mode == "self":
-            anchor = self.tokenize(texts, tokenizer, max_length)
+            anchor = self.tokenize(texts if how == "line" else list(picked), tokenizer, max_length)
             to_elongate, positive_batch = anchor, None
         else:
-            first, rest = zip(*(split_document(t) for t in texts))
-            to_elongate = self.tokenize(list(first), tokenizer, max_length)
+            to_elongate = self.tokenize(list(picked), tokenizer, max_length)
             positive_batch = self.tokenize(list(rest), tokenizer, max_length)
         if p.m_mode == "random":
             m = random_repeats(to_elongate["attention_mask"], limit)
