@@ -26,6 +26,11 @@ def plain_bsc(q, a, y, keys, tau, norm="l2"):
             spans = [max(r[k] for r in m) - min(r[k] for r in m) for k in range(d)]
             return [[r[k] / spans[k] for k in range(d)] for r in m]
         qn, an = coord(q), coord(a)
+    elif norm == "coord_l2":  # Sec. 3.5: L2 normalization by coordinates, across the batch
+        def coord_l2(m):
+            norms = [math.sqrt(sum(r[k] ** 2 for r in m)) for k in range(d)]
+            return [[r[k] / norms[k] for k in range(d)] for r in m]
+        qn, an = coord_l2(q), coord_l2(a)
     else:
         qn, an = q, a
     dot = lambda u, v: sum(x * w for x, w in zip(u, v))  # noqa: E731
@@ -48,7 +53,7 @@ def _bsc(**kw):
     return registry.build("bsc", kw)
 
 
-@pytest.mark.parametrize("norm, tau", [("l2", 0.1), ("coord", 2.0), ("none", 1.0)])
+@pytest.mark.parametrize("norm, tau", [("l2", 0.1), ("coord", 2.0), ("coord_l2", 0.5), ("none", 1.0)])
 def test_bsc_matches_plain_two_direction_softmax(norm, tau):
     torch.manual_seed(0)
     q, a = torch.randn(5, 4), torch.randn(5, 4)

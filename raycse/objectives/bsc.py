@@ -11,8 +11,10 @@ each other (SupCon form); without duplicates P_i = {i}. A labeled negative (y_i 
 a_i / q_i in every denominator but contributes no positive term, and still counts in the mean
 over all n rows (as the authors' code does).
 
-Normalization: ``l2`` (cosine; tau ~ 0.1), ``coord`` (each coordinate divided by its range over the
-batch, no centering; tau ~ 1-3) or ``none``. Temperature fixed, or trainable as a scale (init 1.0,
+Normalization (Sec. 3.5, "L2 normalization by coordinates or in a min-max scale" across the batch,
+as alternatives to per-vector L2): ``l2`` (per vector: cosine; tau ~ 0.1), ``coord_l2`` (each
+coordinate divided by its L2 norm over the batch), ``coord`` (min-max scale: each coordinate divided
+by its range over the batch, no centering, as the authors' code; tau ~ 1-3) or ``none``. Temperature fixed, or trainable as a scale (init 1.0,
 logits = S * scale) with its own learning rate. Combo with regression on scored data:
 
     L = mu * L_BSC + (1 - mu) * mean_i (cos(q_i, a_i) - t_i)^2,   t_i = score_i normalized to [0, 1]
@@ -35,7 +37,7 @@ from raycse.objectives.base import LossOutput, Objective, Params, positive
 from raycse.objectives.contrastive import gather, gather_no_grad, local_offset
 from raycse.objectives.registry import register
 
-NORMALIZATIONS = ("l2", "coord", "none")
+NORMALIZATIONS = ("l2", "coord_l2", "coord", "none")
 
 
 @dataclass
@@ -67,6 +69,11 @@ def coord_normalize(x: Tensor, batch: Tensor) -> Tensor:
     """Divide each coordinate by its range over ``batch`` (the global batch), without centering."""
     span = (batch.max(0).values - batch.min(0).values).clamp(min=1e-6)
     return x / span
+
+
+def coord_l2_normalize(x: Tensor, batch: Tensor) -> Tensor:
+    """Divide each coordinate by its L2 norm over ``batch`` (the global batch)."""
+    return x / batch.norm(dim=0).clamp(min=1e-6)
 
 
 def supcon_rows(logits: Tensor, pos: Tensor, row_weight: Tensor) -> Tensor:
@@ -116,6 +123,8 @@ class BSC(Objective):
             return F.normalize(local, dim=-1), F.normalize(gathered, dim=-1)
         if self.params.normalization == "coord":
             return coord_normalize(local, gathered), coord_normalize(gathered, gathered)
+        if self.params.normalization == "coord_l2":
+            return coord_l2_normalize(local, gathered), coord_l2_normalize(gathered, gathered)
         return local, gathered
 
     def loss(self, q: Tensor, a: Tensor, score: Tensor, q_key: Tensor) -> tuple[Tensor, dict]:
