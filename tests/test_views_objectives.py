@@ -132,6 +132,16 @@ def test_hicl_refuses_bases_it_cannot_slice_before_anything_starts(base):
     assert str(err.value) == f"objective.base '{base}' cannot be sliced by HiCL; choose one of: bsc, laser, simcse"
 
 
+def test_hicl_one_temperature_for_every_term():
+    """A search that sets HiCL's tau (search_spaces/combined.yaml) sets it for the global term too."""
+    obj = registry.build("hicl", {"temperature": 0.2})
+    assert obj.base.params.temperature == 0.2 and obj.tau == 0.2
+    over_bsc = registry.build("hicl", {"base": "bsc"})  # unset: the base's own default everywhere
+    assert over_bsc.base.params.temperature == 0.1 and over_bsc.tau == 0.1
+    own = registry.build("hicl", {"temperature": 0.2, "base_params": {"temperature": 0.05}})
+    assert own.base.params.temperature == 0.05 and own.tau == 0.2  # both named: each as asked
+
+
 def test_hicl_knobs():
     with pytest.raises(ConfigError, match="alpha \\+ beta <= 1"):
         registry.build("hicl", {"alpha": 0.8, "beta": 0.3})

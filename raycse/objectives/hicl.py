@@ -14,6 +14,9 @@ the encoder in one call; a sequence's vector is the length-weighted mean of its 
                the same forward pass (view), positive = its own h_i
     L        = alpha * L_local + beta * L_ent + (1 - alpha - beta) * L_global
 
+One temperature: ``temperature`` set on HiCL is used by every term, the base's included (unless
+``base_params`` names the base's own); left unset, every term uses the base's default.
+
 The base objective runs unchanged on a :class:`SegmentedEncoder`, a stand-in for the encoder that
 slices, encodes and pools; so HiCL composes with every registered objective that encodes only
 through it (``sliceable``: ``simcse``, ``bsc``, ``laser``) without a class per combination;
@@ -27,6 +30,7 @@ worker's own segments (segment counts differ between workers).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
@@ -47,7 +51,9 @@ class HiCLParams(Params):
     beta: float = 0.0  # > 0 turns on HiCLv2's entailment term
     slice_length: int = 32
     weighted: bool = True
-    temperature: float = 0.05  # for the local and entailment terms
+    # One tau for every term: set here, it is also the base's (unless base_params names its own);
+    # None: the base's own default, which the local and entailment terms then use too
+    temperature: Optional[float] = None
 
     def validate(self) -> None:
         if not registry.get(self.base).sliceable:
@@ -58,7 +64,8 @@ class HiCLParams(Params):
             raise ConfigError(f"objective.alpha and beta must be >= 0 with alpha + beta <= 1, got {self.alpha} + {self.beta}")
         if self.slice_length < 1:
             raise ConfigError(f"objective.slice_length must be >= 1, got {self.slice_length}")
-        positive("temperature", self.temperature)
+        if self.temperature is not None:
+            positive("temperature", self.temperature)
 
 
 class SegmentedEncoder(nn.Module):
@@ -88,7 +95,12 @@ class HiCL(Objective):
 
     def __init__(self, params: HiCLParams):
         super().__init__(params)
-        self.base = registry.build(params.base, params.base_params)
+        base_params = dict(params.base_params)
+        if params.temperature is not None and "temperature" in registry.knobs(params.base):
+            base_params.setdefault("temperature", params.temperature)
+        self.base = registry.build(params.base, base_params)
+        self.tau = (params.temperature if params.temperature is not None
+                    else getattr(self.base.params, "temperature", 0.05))  # the local and entailment terms'.
         self.accepts = self.base.accepts
         self.ids = None
 
@@ -106,10 +118,10 @@ class HiCL(Objective):
         """Segment InfoNCE: same-sequence segments (other than itself) leave the denominator."""
         same = owner[:, None] == owner[None, :]
         exclude = same & ~torch.eye(len(owner), dtype=torch.bool, device=owner.device)
-        return info_nce(z1, z2, self.params.temperature, exclude=exclude, gather_candidates=False)
+        return info_nce(z1, z2, self.tau, exclude=exclude, gather_candidates=False)
 
     def entailment_loss(self, z: Tensor, h: Tensor, owner: Tensor) -> Tensor:
-        return info_nce(z, h, self.params.temperature, targets=owner, gather_candidates=False)
+        return info_nce(z, h, self.tau, targets=owner, gather_candidates=False)
 
     def forward(self, encoder, batch) -> LossOutput:
         p = self.params
