@@ -170,6 +170,57 @@ def test_sgopt_head_is_footnote_4s_mlp_with_gelu_after_each_linear(sgopt):
     assert obj.params.layer_pooling == "max"  # Sec. 3.1's p is max pooling
 
 
+def plain_sampled(fc, fh, pick, tau, variant):
+    """Sec. 3.2's L_opt2, L_opt1 and L_base with loops, h_i = the layer sigma picked for sentence i."""
+    b = len(fc)
+    h = [fh[i][pick[i]] for i in range(b)]
+
+    def phi(u, v):
+        cos = sum(x * y for x, y in zip(u, v)) / (math.sqrt(sum(x * x for x in u)) * math.sqrt(sum(y * y for y in v)))
+        return math.exp(cos / tau)
+
+    if variant == "opt2":
+        return sum(-math.log(phi(fc[i], h[i]) / sum(phi(fc[i], h[j]) for j in range(b))) for i in range(b)) / b
+    if variant == "opt1":
+        return sum(-math.log(phi(fc[i], h[i]) / (sum(phi(fc[i], fc[j]) for j in range(b) if j != i)
+                                                  + sum(phi(fc[i], h[j]) for j in range(b)))) for i in range(b)) / b
+    x = fc + h  # X = {c_i} U {h_i}; mu pairs c_i with h_i
+    total = 0.0
+    for m in range(2 * b):
+        partner = m + b if m < b else m - b
+        total += -math.log(phi(x[m], x[partner]) / sum(phi(x[m], x[n]) for n in range(2 * b) if n != m))
+    return total / (2 * b)
+
+
+@pytest.mark.parametrize("variant", ["opt2", "opt1", "base"])
+def test_sgopt_ablation_objectives_match_their_formulas(tiny_model_no_dropout, variant):
+    from raycse.encoder import Encoder
+
+    enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="cls_before_pooler")
+    obj = registry.build("sgopt", {"temperature": 0.1, "proj_hidden": 16, "variant": variant})
+    obj.setup(enc)
+    torch.manual_seed(6)
+    c, h = torch.randn(4, 32), torch.randn(4, 3, 32)
+    pick = torch.tensor([0, 2, 1, 2])
+    got = obj.sampled_loss(c, h, pick).item()
+    with torch.no_grad():
+        want = plain_sampled(obj.head(c).tolist(), obj.head(h).tolist(), pick.tolist(), 0.1, variant)
+    assert got == pytest.approx(want, rel=1e-5)
+    out = obj(enc, enc.tokenize(["the city river", "a king", "north road"]))  # sigma samples inside
+    assert torch.isfinite(out.loss) and variant in out.metrics
+
+
+def test_sgopt_layer_sampler_is_uniform(sgopt):
+    """sigma picks one layer per sentence uniformly over the range (chi-square over 3,000 picks)."""
+    from scipy.stats import chisquare
+
+    _, obj = sgopt
+    torch.manual_seed(8)
+    picks = torch.cat([obj.sample_layers(100, 3, torch.device("cpu")) for _ in range(30)]).tolist()
+    counts = [picks.count(k) for k in range(3)]
+    assert sum(counts) == 3000 and chisquare(counts).pvalue > 1e-3, counts
+
+
 def test_sgopt_views_cover_every_layer_and_pool(sgopt):
     enc, obj = sgopt
     batch = enc.tokenize(["the city river", "a king"])

@@ -1,4 +1,4 @@
-"""SG-OPT: self-guided contrastive learning (Kim et al., 2021), loss L_opt3.
+"""SG-OPT: self-guided contrastive learning (Kim et al., 2021), loss L_opt3 and its ablations.
 
 A frozen copy F of the encoder provides the views: for each layer k in the chosen range
 (0 = embedding output) the pooled hidden states h_ik of sentence i. The trained copy T (its
@@ -10,6 +10,15 @@ e(u, v) = exp(sim(f(u), f(v)) / tau),
 
 No c-c and no h-h terms; the negatives of anchor i (every view of every other sentence, gathered
 from all workers) are shared by its l+1 positives.
+
+The ablation's objectives (Sec. 3.2, ``variant``), with sigma picking one layer k_i per sentence
+uniformly from the range and h_i = h_{i,k_i}:
+
+    base: X = {c_i} U {h_i}; for each x_m: -log phi(x_m, mu(x_m)) / sum_{n != m} phi(x_m, x_n),
+          mu pairing c_i <-> h_i; mean over the 2b anchors
+    opt1: -log phi(c_i, h_i) / ( sum_{j != i} phi(c_i, c_j) + sum_j phi(c_i, h_j) )
+    opt2: -log phi(c_i, h_i) / sum_j phi(c_i, h_j)
+    opt3: the loss above (every layer of F, no sampling)
 
 Paper details (Kim et al. 2021): f is "a two-layered MLP whose hidden size is 4096. Each linear
 layer in the MLP is followed by a GELU function" (footnote 4): Linear(d, 4096), GELU, Linear(4096,
@@ -30,6 +39,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from raycse.errors import ConfigError
@@ -39,6 +49,7 @@ from raycse.objectives.registry import register
 from raycse.unpad import backbone_forward
 
 LAYER_POOLINGS = ("max", "mean")
+VARIANTS = ("opt3", "opt2", "opt1", "base")
 
 
 @dataclass
@@ -49,6 +60,7 @@ class SGOPTParams(Params):
     layer_start: int = 0  # 0 = the embedding output
     layer_end: Optional[int] = None  # inclusive; None = the last layer
     proj_hidden: int = 4096
+    variant: str = "opt3"  # opt3 (the method) | opt2 | opt1 | base: Sec. 3.2's ablation
 
     def validate(self) -> None:
         positive("temperature", self.temperature, " (SG-OPT uses 0.01)")
@@ -58,6 +70,8 @@ class SGOPTParams(Params):
             raise ConfigError(f"objective.layer_pooling must be one of {', '.join(LAYER_POOLINGS)}, got {self.layer_pooling!r}")
         if self.layer_start < 0 or (self.layer_end is not None and self.layer_end < self.layer_start):
             raise ConfigError(f"objective layer range [{self.layer_start}, {self.layer_end}] is empty or negative")
+        if self.variant not in VARIANTS:
+            raise ConfigError(f"objective.variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
         if self.proj_hidden < 1:
             raise ConfigError(f"objective.proj_hidden must be >= 1, got {self.proj_hidden}")
 
@@ -137,6 +151,34 @@ class SGOPT(Objective):
         neg = torch.logsumexp(others.flatten(1), dim=1, keepdim=True)  # log sum_{m != i, n} e(c_i, h_mn)
         return (torch.logaddexp(pos, neg) - pos).mean()
 
+    @staticmethod
+    def sample_layers(b: int, views: int, device) -> Tensor:
+        """sigma: one layer of the range per sentence, uniformly."""
+        return torch.randint(views, (b,), device=device)
+
+    def sampled_loss(self, c: Tensor, h: Tensor, pick: Optional[Tensor] = None) -> Tensor:
+        """L_opt2, L_opt1 or L_base on one layer per sentence (sigma: ``pick``, uniform by default)."""
+        b, views, _ = h.shape
+        if pick is None:
+            pick = self.sample_layers(b, views, h.device)
+        fc = self.head(c.float())
+        fh = self.head(h[torch.arange(b, device=h.device), pick].float())
+        tau, own = self.params.temperature, torch.arange(b, device=c.device) + local_offset(b)
+        fc_all, fh_all = gather(fc), gather(fh)
+        ch = cosine_logits(fc, fh_all, tau)  # (b, B): phi(c_i, h_j)
+        if self.params.variant == "opt2":
+            return F.cross_entropy(ch, own)
+        cc = cosine_logits(fc, fc_all, tau)
+        cc[torch.arange(b), own] = float("-inf")  # no phi(c_i, c_i)
+        if self.params.variant == "opt1":
+            return F.cross_entropy(torch.cat([ch, cc], dim=1), own)
+        # base: anchors c_i and h_i over X = {c} U {h} without themselves; the partner is the positive
+        hc = cosine_logits(fh, fc_all, tau)
+        hh = cosine_logits(fh, fh_all, tau)
+        hh[torch.arange(b), own] = float("-inf")
+        return (F.cross_entropy(torch.cat([ch, cc], dim=1), own)
+                + F.cross_entropy(torch.cat([hc, hh], dim=1), own)) / 2
+
     def regularizer(self, encoder) -> Tensor:
         total = 0.0
         for p_t, p_f in zip(encoder.backbone.parameters(), self.frozen.parameters()):
@@ -146,6 +188,9 @@ class SGOPT(Objective):
 
     def forward(self, encoder, batch) -> LossOutput:
         c = encoder(**batch)
-        opt3 = self.loss(c, self.views(batch, **encoder.forward_options()))
+        h = self.views(batch, **encoder.forward_options())
+        variant = self.params.variant
+        contrast = self.loss(c, h) if variant == "opt3" else self.sampled_loss(c, h)
         reg = self.regularizer(encoder) if self.params.lam > 0 else torch.zeros((), device=c.device)
-        return LossOutput(opt3 + self.params.lam * reg, {"opt3": float(opt3.detach()), "reg": float(reg.detach())})
+        return LossOutput(contrast + self.params.lam * reg,
+                          {variant: float(contrast.detach()), "reg": float(reg.detach())})
