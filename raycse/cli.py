@@ -223,7 +223,7 @@ def cmd_eval(args) -> int:
         datasets += [load_task(args.senteval_dir, canonical_task(t)) for t in (args.tasks or TASKS)]
     if args.stsb_dev:
         datasets.append(read_stsb(args.stsb_dev, name="STSB-dev"))
-    from raycse.train.runtime import resolve_precision
+    from raycse.precision import resolve_precision
 
     encoder = Encoder.from_pretrained(args.model, pooling=args.pooling)
     dtype = resolve_precision(args.precision, encoder.device)

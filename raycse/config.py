@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 import yaml
 
+from raycse.conversion import coerce  # noqa: F401 - the ground floor; config keys use it here
 from raycse.errors import ConfigError
 
 POOLINGS = ("cls", "cls_before_pooler", "mean")
@@ -184,6 +185,11 @@ class TrainConfig:
     checkpoint_steps: Optional[int] = None
     # Times a run restarts from its latest checkpoint after a worker dies (Ray Train FailureConfig).
     max_failures: int = 0
+    # Waiting for workers is bounded: each attempt to start the worker group waits this long for
+    # its placement group and workers, and the run fails with the cluster's holders named after
+    # this many attempts (worker failures after the start are max_failures' business).
+    worker_start_timeout_s: float = 60.0
+    worker_start_attempts: int = 3
     # Checkpoints kept: the best-scored ones first, then the most recent (Ray also keeps the latest).
     keep_checkpoints: int = 2
     # Write every batch each worker trains on to DIR/rank{r}.jsonl (to inspect batch composition).
@@ -217,6 +223,9 @@ class TrainConfig:
         if self.checkpoint_steps is not None:
             _at_least("train.checkpoint_steps", self.checkpoint_steps, 1)
         _at_least("train.keep_checkpoints", self.keep_checkpoints, 1)
+        if not self.worker_start_timeout_s > 0:
+            raise ConfigError(f"train.worker_start_timeout_s must be > 0, got {self.worker_start_timeout_s}")
+        _at_least("train.worker_start_attempts", self.worker_start_attempts, 1)
         if self.max_failures < -1:
             raise ConfigError(f"train.max_failures must be >= 0 (or -1: retry forever), got {self.max_failures}")
 
@@ -344,45 +353,6 @@ def set_dotted(cfg: RunConfig, key: str, value: Any, _from_yaml: bool = False) -
         )
     hint = typing.get_type_hints(type(section))[parts[1]]
     setattr(section, parts[1], coerce(key, value, hint))
-
-
-def coerce(key: str, value: Any, hint: Any) -> Any:
-    """Convert a YAML/CLI value to the field's declared type, or fail naming the key."""
-    optional = False
-    origin = typing.get_origin(hint)
-    if origin is typing.Union:
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        optional = len(args) < len(typing.get_args(hint))
-        hint = args[0]
-    if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null")):
-        if optional:
-            return None
-        raise ConfigError(f"{key} must not be empty")
-    try:
-        if hint is bool:
-            if isinstance(value, bool):
-                return value
-            if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
-                return value.lower() in ("true", "yes", "1", "on")
-            raise ValueError
-        if hint is int:
-            if isinstance(value, bool):
-                raise ValueError
-            f = float(value)
-            if f != int(f):
-                raise ValueError
-            return int(f)
-        if hint is float:
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        if hint is str:
-            if isinstance(value, (dict, list)):
-                raise ValueError
-            return str(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{key} must be {getattr(hint, '__name__', hint)}, got {value!r}") from None
-    return value
 
 
 def _parse_scalar(text: str) -> Any:

@@ -19,7 +19,7 @@ class Embedder:
         import torch
 
         from raycse.encoder import Encoder
-        from raycse.train.runtime import resolve_precision
+        from raycse.precision import resolve_precision
 
         self.encoder = Encoder.from_pretrained(model_path)
         if use_gpu and torch.cuda.is_available():

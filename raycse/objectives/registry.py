@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
+from raycse.conversion import coerce
 from raycse.errors import ConfigError
 
 _OBJECTIVES: dict[str, type] = {}
@@ -41,8 +42,6 @@ def knobs(name: str) -> dict[str, typing.Any]:
 
 def build_params(name: str, raw: dict | None):
     """Validate ``raw`` against the objective's params dataclass (unknown keys, types, ranges)."""
-    from raycse.config import coerce
-
     cls = get(name)
     raw = dict(raw or {})
     fields = {f.name: f for f in dataclasses.fields(cls.Params)}

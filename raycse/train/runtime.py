@@ -1,12 +1,13 @@
-"""Process-level runtime: connecting to Ray, threads, devices and precision."""
+"""Process-level runtime: connecting to Ray, threads and memory (precision: raycse.precision)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 from typing import Optional
 
 import torch
+
+from raycse.precision import autocast, cpu_supports_bf16, resolve_precision  # noqa: F401 - re-exported
 
 
 def ensure_ray(num_cpus: Optional[int] = None) -> None:
@@ -47,32 +48,6 @@ def cluster_cpus() -> int:
     import ray
 
     return int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
-
-
-def cpu_supports_bf16() -> bool:
-    check = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return bool((check and check()) or (amx and amx()))
-
-
-def resolve_precision(precision: str, device: torch.device) -> Optional[torch.dtype]:
-    """The autocast dtype for a precision setting (None = plain fp32)."""
-    if precision == "fp32":
-        return None
-    if precision == "bf16":
-        return torch.bfloat16
-    if precision == "fp16":
-        return torch.float16 if device.type == "cuda" else torch.bfloat16
-    # auto
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if cpu_supports_bf16() else None
-
-
-def autocast(device: torch.device, dtype: Optional[torch.dtype]):
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
 
 
 def seed_everything(seed: int) -> None:

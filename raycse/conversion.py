@@ -1,0 +1,48 @@
+"""Typed conversion of YAML and command-line values: the ground floor that the config and the
+objectives' knobs both use (so neither imports the other for it)."""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+from raycse.errors import ConfigError
+
+
+def coerce(key: str, value: Any, hint: Any) -> Any:
+    """Convert a YAML/CLI value to the field's declared type, or fail naming the key."""
+    optional = False
+    origin = typing.get_origin(hint)
+    if origin is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(hint))
+        hint = args[0]
+    if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null")):
+        if optional:
+            return None
+        raise ConfigError(f"{key} must not be empty")
+    try:
+        if hint is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
+                return value.lower() in ("true", "yes", "1", "on")
+            raise ValueError
+        if hint is int:
+            if isinstance(value, bool):
+                raise ValueError
+            f = float(value)
+            if f != int(f):
+                raise ValueError
+            return int(f)
+        if hint is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if hint is str:
+            if isinstance(value, (dict, list)):
+                raise ValueError
+            return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key} must be {getattr(hint, '__name__', hint)}, got {value!r}") from None
+    return value
