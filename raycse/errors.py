@@ -20,3 +20,7 @@ class DataError(RaycseError):
 
 class ModelError(RaycseError):
     """A model that cannot be found or loaded."""
+
+
+class ResourceError(RaycseError):
+    """The cluster could not give a run what it asked for (workers, placement groups) in time."""

@@ -51,7 +51,7 @@ class TrialRecord:
     def status(self, finished: bool = False) -> str:
         ended = self.tune_status == "TERMINATED" or (self.tune_status is None and finished)
         if self.error or self.tune_status == "ERROR":
-            return "error"
+            return f"error: {self.error}" if self.error else "error"
         if not self.results:
             return "stopped before its first rung" if ended else "pending"
         if self.complete:

@@ -14,6 +14,7 @@ leaves a half-written model behind.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -32,6 +33,7 @@ from raycse.evaluation.sts import read_stsb
 from raycse.objectives import registry
 from raycse.outputs import staging_dir
 from raycse.train import checkpoint as ckpt
+from raycse.train import release
 from raycse.train.loop import CHECKPOINT_RANK, SCORE_METRIC, train_loop_per_worker
 from raycse.train.plan import plan_phases, plan_steps
 from raycse.train.runtime import cluster_cpus, ensure_ray, quiet_ray_data, train_worker_env
@@ -69,7 +71,7 @@ def lay_out_phase(run: RunConfig, corpus, phase: list[int], spe: int, total: int
     t = run.train
     vectors = functools.lru_cache(maxsize=1)(
         lambda: embed_corpus(corpus, embed_from, run.model.max_length, run.grouping.embed_actors,
-                             run.grouping.embed_batch_size, t.use_gpu, t.precision))
+                             run.grouping.embed_batch_size, t.use_gpu, t.precision, run.grouping.by))
     per_epoch, logs = [], []
     for epoch in phase:
         first = epoch * spe
@@ -126,7 +128,8 @@ def prepare_data(run: RunConfig) -> Optional[PreparedData]:
 
 def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] = None,
           run_name: str = "train", stop_at: Optional[int] = None, eval_at: Sequence[int] = (),
-          score_sink=None, prepared: Optional[PreparedData] = None) -> TrainResult:
+          score_sink=None, prepared: Optional[PreparedData] = None, registry=None,
+          run_key: Optional[str] = None) -> TrainResult:
     """Train ``run`` on Ray Train and return where the best model was saved.
 
     ``storage_path``: where Ray Train keeps checkpoints (default: inside the staging directory,
@@ -136,6 +139,10 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     STS-B dev besides every ``eval.eval_steps``. ``score_sink``: an object with ``post(step, score)``
     that rank 0 calls with every dev score as soon as it has it (picklable: it travels to the worker).
     ``prepared``: the data from :func:`prepare_data`, used when its key matches this run's.
+    ``registry``/``run_key``: the :class:`raycse.train.release.RunRegistry` where this run's fits
+    are recorded and the key they go under (a Tune trial's, so its driver can end them); by
+    default a registry of this call's own. Every fit's workers and placement group are released
+    before the next fit starts and before this returns or raises.
     """
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig as TrainRunConfig, ScalingConfig
@@ -154,9 +161,13 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     dev = read_stsb(dev_path, name="stsb_dev") if dev_path else None
     out = Path(run.output_dir).resolve()
     staging = _prepare_output(out, overwrite)
+    own_registry = None
     try:
         ensure_ray()
         quiet_ray_data()
+        if registry is None:
+            registry = own_registry = release.start_registry()
+        run_key = run_key or f"train-{staging.name}"
         if prepared is not None and prepared.key != data_key(run):
             prepared = None  # one of this run's knobs changes its batches
         corpus = None if prepared is not None else load_corpus(run.data, run.train.seed)
@@ -212,7 +223,10 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
                 run_config=TrainRunConfig(
                     name=run_name, storage_path=storage,
                     worker_runtime_env={"env_vars": train_worker_env()},
-                    failure_config=FailureConfig(max_failures=t.max_failures),
+                    # a run that cannot get its workers fails after worker_start_attempts tries
+                    failure_config=FailureConfig(max_failures=t.max_failures,
+                                                 controller_failure_limit=t.worker_start_attempts - 1),
+                    callbacks=[release.RegisterRun(registry, run_key)],
                     checkpoint_config=CheckpointConfig(
                         num_to_keep=t.keep_checkpoints,
                         checkpoint_score_attribute=CHECKPOINT_RANK if dev is not None else None,
@@ -220,10 +234,9 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
                 ),
             )
             t_fit = time.perf_counter()
-            result = trainer.fit()
+            result = _fit_and_release(trainer, t, registry, run_key,
+                                      {"CPU": cpus, **({"GPU": 1} if t.use_gpu else {})})
             fit_seconds.append(time.perf_counter() - t_fit)
-            if result.error:
-                raise result.error
             latest_dir = result.checkpoint.path if result.checkpoint is not None else latest_dir
         best, best_metrics = result.checkpoint, dict(result.metrics or {})
         if dev is not None and result.best_checkpoints:
@@ -247,7 +260,55 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    finally:
+        if own_registry is not None:
+            ray.kill(own_registry)
     return TrainResult(out, out / "model", summary)
+
+
+@contextlib.contextmanager
+def _environ(**values: str):
+    """Variables set for the duration of a ``fit``: Ray Train's controller reads RAY_TRAIN_* ones from
+    the environment of the process that calls it."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _fit_and_release(trainer, t, registry, run_key: str, per_worker: dict):
+    """One ``fit`` whose workers and placement group are gone when it returns or raises.
+
+    Waiting for workers is bounded: Ray Train gives up after ``worker_start_attempts`` tries of
+    ``worker_start_timeout_s`` each, and the error then names what holds the cluster."""
+    import ray
+
+    if ray.get(registry.is_closed.remote(run_key), timeout=60):
+        raise RuntimeError(f"Train run {run_key} was ended (its Tune trial stopped) before this fit started")
+    release_s = t.worker_start_timeout_s + release.RELEASE_MARGIN_S
+    try:
+        with _environ(RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S=str(t.worker_start_timeout_s)):
+            result = trainer.fit()
+        if result.error:
+            raise result.error
+    except Exception as err:
+        clear = release.worker_start_error(err, t.num_workers, per_worker, t.worker_start_timeout_s,
+                                           t.worker_start_attempts)
+        try:
+            release.release(registry, run_key, release_s)
+        except release.ReleaseError as leak:
+            print(f"[raycse] warning: {leak}", flush=True)
+        if clear is not None:
+            raise clear from err
+        raise
+    release.release(registry, run_key, release_s)
+    return result
 
 
 def _dataset_config():

@@ -170,6 +170,36 @@ def drop_train_checkpoints(trial_path: str) -> None:
                     fs.delete_dir(entry.path)
 
 
+class EndTrialRuns(Callback):
+    """Ends every Train run of a trial's seeds as soon as Tune ends the trial (complete, stopped by
+    ASHA, errored), before the trial's CPUs are offered to the next trial: Tune runs callbacks in
+    its control loop, so no trial starts while this waits (bounded; raycse.train.release)."""
+
+    def __init__(self, registry_name: str, timeout_s: float):
+        # by name: Tune pickles its callbacks with the experiment, and a resumed one has a new registry
+        self.registry_name, self.timeout_s = registry_name, timeout_s
+
+    def _end(self, trial) -> None:
+        import ray
+
+        from raycse.train.release import ReleaseError, release
+
+        try:
+            release(ray.get_actor(self.registry_name), f"{trial.trial_id}/", self.timeout_s, close=True)
+        except ReleaseError as err:
+            print(f"[raycse] warning: trial {trial.trial_id}: {err}", flush=True)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._end(trial)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._end(trial)
+
+    def on_experiment_end(self, trials, **info):
+        for t in trials:
+            self._end(t)
+
+
 class DropTrainCheckpoints(Callback):
     """Frees each trial's Train checkpoints once Tune has ended the trial (see above). A trial that
     finished its rungs has no run left; one stopped early (ASHA) or failed still has runs being torn
@@ -228,12 +258,31 @@ def prepare_seeds(space: SearchSpace, seeds: list) -> tuple[dict, int]:
 
 
 def _trainable(settings: TuneSettings, space: SearchSpace, exp_dir: Path, num_examples: int, cpus_per_worker: float,
-               prepared: dict):
+               prepared: dict, registry):
     from ray import tune
 
     setup = TrialSetup(space, list(settings.seeds), settings.rungs, settings.target, num_examples,
-                       str(exp_dir.parent), exp_dir.name, cpus_per_worker, bool(settings.parallel_seeds), prepared)
+                       str(exp_dir.parent), exp_dir.name, cpus_per_worker, bool(settings.parallel_seeds), prepared,
+                       registry)
     return tune.with_resources(tune.with_parameters(run_trial, setup=setup), {"CPU": TRIAL_CPU})
+
+
+def _registry(exp_dir: Path):
+    """The experiment's RunRegistry (raycse.train.release), named after its directory."""
+    from raycse.train.release import start_registry
+
+    return start_registry(_registry_name(exp_dir))
+
+
+def _registry_name(exp_dir: Path) -> str:
+    return f"raycse-runs:{exp_dir}"
+
+
+def _callbacks(space: SearchSpace, exp_dir: Path) -> list:
+    from raycse.train.release import RELEASE_MARGIN_S
+
+    timeout = space.run_config({}).train.worker_start_timeout_s + RELEASE_MARGIN_S
+    return [EndTrialRuns(_registry_name(exp_dir), timeout), DropTrainCheckpoints()]
 
 
 def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name: Optional[str] = None):
@@ -253,7 +302,7 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
     quiet_ray_data()
     concurrent, per_worker, settings.parallel_seeds = preflight(space, settings)
     prepared, num_examples = prepare_seeds(space, list(settings.seeds))  # data errors before any file
-    trainable = _trainable(settings, space, exp_dir, num_examples, per_worker, prepared)
+    trainable = _trainable(settings, space, exp_dir, num_examples, per_worker, prepared, _registry(exp_dir))
     exp_dir.mkdir(parents=True)
     shutil.copy(settings.space, exp_dir / "space.yaml")
     settings_dict = {**asdict(settings), "space": str(exp_dir / "space.yaml"), "num_examples": num_examples,
@@ -270,7 +319,7 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
                                     time_budget_s=settings.time_budget_s),
         run_config=tune.RunConfig(name=name, storage_path=str(exp_dir.parent), verbose=1,
                                   checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-                                  callbacks=[DropTrainCheckpoints()]),
+                                  callbacks=_callbacks(space, exp_dir)),
     )
     return exp_dir, tuner.fit()
 
@@ -303,6 +352,6 @@ def resume(exp_dir: str):
     print(f"[raycse] resuming {exp}", flush=True)
     prepared, _ = prepare_seeds(space, list(settings.seeds))  # the laid-out batches died with the last driver
     tuner = tune.Tuner.restore(str(exp), _trainable(settings, space, exp, extra["num_examples"],
-                                                    extra["cpus_per_worker"], prepared),
+                                                    extra["cpus_per_worker"], prepared, _registry(exp)),
                                resume_unfinished=True, resume_errored=True)
     return exp, tuner.fit()

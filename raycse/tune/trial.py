@@ -50,6 +50,9 @@ class TrialSetup:
     # seed -> ObjectRef of a raycse.train.driver.PreparedData: each seed's corpus and batches, read and
     # laid out once by the experiment's driver; a trial whose knobs change the batches lays out its own
     prepared: dict = field(default_factory=dict)
+    # ActorHandle of the experiment's raycse.train.release.RunRegistry: each seed's Train runs are
+    # recorded under "TRIAL_ID/seedS", and the experiment's driver ends them when Tune ends the trial
+    registry: object = None
 
 
 def target_value(scores: list[float], target: str) -> float:
@@ -92,7 +95,7 @@ class QueueSink:
 
 
 def _train_outside_trial(run_dict: dict, seed_dir: str, stop: int, eval_at: list[int], sink: QueueSink,
-                         prepared=None) -> dict:
+                         prepared=None, registry=None, run_key: Optional[str] = None) -> dict:
     """One seed's Train run up to ``stop``; runs as its own task (see :func:`run_trial`).
 
     Checkpoints and the final model go straight to ``seed_dir`` in the experiment directory, not to
@@ -108,7 +111,7 @@ def _train_outside_trial(run_dict: dict, seed_dir: str, stop: int, eval_at: list
     run = RunConfig.from_dict(run_dict)
     run.output_dir = os.path.join(seed_dir, SEED_MODEL)
     return train(run, overwrite=True, storage_path=seed_dir, run_name=SEED_RUN, stop_at=stop, eval_at=eval_at,
-                 score_sink=sink, prepared=prepared).metrics
+                 score_sink=sink, prepared=prepared, registry=registry, run_key=run_key).metrics
 
 
 def run_trial(params: dict, setup: TrialSetup) -> None:
@@ -143,7 +146,7 @@ def run_trial(params: dict, setup: TrialSetup) -> None:
         # the trial's own directory in the experiment directory
         seed_dir = os.path.join(setup.storage_path, setup.experiment, trial_dir.name, f"seed{seed}")
         return train_task.remote(runs[seed].to_dict(), seed_dir, stop, ends, QueueSink(queue, seed),
-                                 setup.prepared.get(seed))
+                                 setup.prepared.get(seed), setup.registry, f"{ctx.get_trial_id()}/seed{seed}")
 
     def collect(rung: int, running: dict) -> None:
         """Read posted scores until every seed has one for ``rung``; a run that ended without one fails."""

@@ -1,0 +1,181 @@
+"""Every Train run ends with the resources it holds: a registry of runs and a bounded release.
+
+Why: Ray Train removes a run's placement group when its controller shuts down, and its detached
+``PlacementGroupCleaner`` is meant to remove it when the controller dies instead. A Tune trial that
+ASHA stops ends its seeds' runs only by owner death (trial actor -> seed task -> controller), and
+with the CPUs busy at that moment two such groups were seen to stay CREATED for good: the next
+trial's runs waited for those CPUs for ever (issue 18). So raycse ends its runs itself.
+
+- Each run's controller registers itself, and each placement group it starts, in a
+  :class:`RunRegistry` actor under a key (``TRIAL_ID/seedS`` in Tune, one key per ``train()``).
+- Whoever ends a run (the Tune driver when a trial ends, before the next trial is offered its
+  CPUs; ``train()`` after every ``fit``) calls :func:`release`: ask each controller to abort
+  (it shuts its workers down and removes its group), wait a bounded time, kill what is left,
+  remove every registered group still there, and fail naming the groups that would not go.
+- A key that was closed (its trial ended) refuses new runs: a controller that starts under it
+  aborts itself at once.
+
+Depends on Ray Train V2's controller callbacks (``ray.train.v2._internal``); ``pyproject.toml``
+bounds Ray to the versions this is tested with.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import ray
+from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
+
+from raycse.errors import ResourceError
+
+# How long the release waits for controllers to abort and groups to go beyond the worker start
+# timeout (a controller blocked starting its workers handles the abort only after that attempt).
+RELEASE_MARGIN_S = 30.0
+
+
+class ReleaseError(RuntimeError):
+    """A run's placement groups were still held after the release's bound."""
+
+
+class WorkerStartError(ResourceError):
+    """A run could not get its workers within its bounded attempts."""
+
+
+@dataclass
+class RunEntry:
+    controller_id: str
+    controller: object  # ActorHandle of the run's TrainController
+    groups: list = field(default_factory=list)  # ray.util.placement_group.PlacementGroup
+
+
+class RunRegistry:
+    """Actor: key -> the Train runs started under it. Small state, no CPUs."""
+
+    def __init__(self):
+        self._runs: dict[str, dict[str, RunEntry]] = {}
+        self._closed: set[str] = set()
+
+    def is_closed(self, key: str) -> bool:
+        return any(key.startswith(prefix) for prefix in self._closed)
+
+    def add_run(self, key: str, controller_id: str, controller) -> bool:
+        """Record a run; False when its key was closed (the run must end at once)."""
+        self._runs.setdefault(key, {})[controller_id] = RunEntry(controller_id, controller)
+        return not self.is_closed(key)
+
+    def add_group(self, key: str, controller_id: str, group) -> None:
+        entry = self._runs.setdefault(key, {}).setdefault(controller_id, RunEntry(controller_id, None))
+        entry.groups.append(group)
+
+    def runs(self, prefix: str, close: bool = False) -> list[RunEntry]:
+        """The runs under keys starting with ``prefix``; ``close`` refuses runs started later."""
+        if close:
+            self._closed.add(prefix)
+        return [e for key, entries in self._runs.items() if key.startswith(prefix) for e in entries.values()]
+
+    def forget(self, prefix: str, controller_ids: list[str]) -> None:
+        for key in [k for k in self._runs if k.startswith(prefix)]:
+            for cid in controller_ids:
+                self._runs[key].pop(cid, None)
+            if not self._runs[key]:
+                del self._runs[key]
+
+
+def start_registry(name: Optional[str] = None):
+    """A RunRegistry actor owned by the caller (it ends with the caller's process); ``name`` lets
+    objects that are pickled and restored (Tune's callbacks) find it again with ``ray.get_actor``."""
+    return ray.remote(num_cpus=0, max_concurrency=8)(RunRegistry).options(
+        name=name, scheduling_strategy="DEFAULT").remote()
+
+
+class RegisterRun(ControllerCallback, WorkerGroupCallback):
+    """Train controller callback: records the controller and each placement group it starts."""
+
+    def __init__(self, registry, key: str):
+        self.registry, self.key = registry, key
+        self.controller_id: Optional[str] = None
+
+    def after_controller_start(self, train_run_context) -> None:
+        ctx = ray.get_runtime_context()
+        self.controller_id = ctx.get_actor_id()
+        me = ctx.current_actor
+        if not ray.get(self.registry.add_run.remote(self.key, self.controller_id, me), timeout=60):
+            # its trial already ended: do not take any CPUs (the abort runs once the loop is free)
+            me.abort.remote()
+
+    def after_worker_group_start(self, worker_group) -> None:
+        group = worker_group.get_worker_group_state().placement_group_handle.placement_group
+        ray.get(self.registry.add_group.remote(self.key, self.controller_id, group), timeout=60)
+
+
+def _group_state(group) -> str:
+    try:
+        return ray.util.placement_group_table(group).get("state", "REMOVED")
+    except Exception:  # noqa: BLE001 - an unknown group is gone
+        return "REMOVED"
+
+
+def end_runs(entries: list[RunEntry], timeout_s: float) -> None:
+    """Abort each run's controller, wait up to ``timeout_s``, kill the rest and remove every group
+    still present; raises :class:`ReleaseError` naming the groups that did not go."""
+    deadline = time.monotonic() + timeout_s
+    aborts = [e.controller.abort.remote() for e in entries if e.controller is not None]
+    if aborts:  # abort returns when a finished run's controller is told, or fails as an aborted one exits
+        ray.wait(aborts, num_returns=len(aborts), timeout=max(0.0, deadline - time.monotonic()))
+    for e in entries:
+        if e.controller is not None:
+            ray.kill(e.controller, no_restart=True)
+    groups = [g for e in entries for g in e.groups]
+    for g in groups:
+        if _group_state(g) != "REMOVED":
+            try:
+                ray.util.remove_placement_group(g)
+            except Exception:  # noqa: BLE001 - removed meanwhile; checked below
+                pass
+    while True:
+        left = [(g.id.hex(), state) for g in groups if (state := _group_state(g)) != "REMOVED"]
+        if not left:
+            return
+        if time.monotonic() >= deadline:
+            raise ReleaseError(f"placement group(s) {', '.join(f'{i} ({s})' for i, s in left)} still held "
+                               f"{timeout_s:g} s after their Train run ended; remove them with "
+                               f"ray.util.remove_placement_group or restart the cluster")
+        time.sleep(0.2)
+
+
+def release(registry, prefix: str, timeout_s: float, close: bool = False) -> int:
+    """End every run registered under ``prefix`` (see :func:`end_runs`) and forget them; returns
+    how many runs there were. ``close``: runs that start under ``prefix`` later end at once."""
+    entries = ray.get(registry.runs.remote(prefix, close), timeout=60)
+    end_runs(entries, timeout_s)
+    ray.get(registry.forget.remote(prefix, [e.controller_id for e in entries]), timeout=60)
+    return len(entries)
+
+
+def held_resources() -> str:
+    """What holds the cluster's CPUs now: free/total CPUs and every live placement group."""
+    total, free = ray.cluster_resources(), ray.available_resources()
+    groups = []
+    for pid, info in ray.util.placement_group_table().items():
+        if info.get("state") in ("CREATED", "PENDING", "RESCHEDULING"):
+            cpus = sum(b.get("CPU", 0) for b in info.get("bundles", {}).values())
+            groups.append(f"{pid[:12]} {info['state'].lower()} {cpus:g} CPU")
+    return (f"{free.get('CPU', 0):g} of {total.get('CPU', 0):g} CPUs free; placement groups: "
+            + (", ".join(groups) if groups else "none"))
+
+
+def worker_start_error(error: BaseException, num_workers: int, resources: dict, timeout_s: float,
+                       attempts: int) -> Optional[WorkerStartError]:
+    """A clear error when ``error`` (from ``fit``) is Ray Train giving up on starting its workers."""
+    from ray.train.v2._internal.exceptions import InsufficientClusterResourcesError, WorkerGroupStartupTimeoutError
+
+    cause = getattr(error, "controller_failure", error)
+    if not isinstance(cause, (WorkerGroupStartupTimeoutError, InsufficientClusterResourcesError)):
+        return None
+    need = ", ".join(f"{v:g} {k}" for k, v in resources.items())
+    return WorkerStartError(
+        f"the Train run could not start its {num_workers} worker(s) x {need} in {attempts} attempt(s) of "
+        f"{timeout_s:g} s; {held_resources()}. Free the cluster, lower train.num_workers / "
+        f"train.cpus_per_worker, or raise train.worker_start_timeout_s")

@@ -1,0 +1,116 @@
+"""Nothing waits for ever: stopped trials release every Train resource, and a run that cannot get
+its workers fails within its bound (issue 18). Real Ray, real Tune + ASHA, the tiny model."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+BUSY = "import time\nend = time.time() + {limit}\nwhile time.time() < end:\n" \
+       "    t = time.time() + 5\n    while time.time() < t: pass\n    time.sleep(10)\n"
+
+
+@contextlib.contextmanager
+def cpu_load(processes: int = 2, limit_s: int = 900):
+    """Processes busy 5 s out of every 15 (a head node with other work on it), bounded in time."""
+    procs = [subprocess.Popen([sys.executable, "-c", BUSY.format(limit=limit_s)]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def live_groups() -> list:
+    """Placement groups not yet removed, from Ray's state API."""
+    from ray.util.state import list_placement_groups
+
+    return [g for g in list_placement_groups(limit=1000) if g.state in ("CREATED", "PENDING", "RESCHEDULING")]
+
+
+def _space(tmp_path, tiny_model, corpus, stsb_dev, **train):
+    run = {"model": {"name_or_path": str(tiny_model), "max_length": 16},
+           "data": {"corpus": str(corpus)}, "objective": {"name": "simcse"},
+           "train": {"batch_size": 16, "max_steps": 4, "cpus_per_worker": 1, "log_steps": 2, **train},
+           "eval": {"stsb_dev": str(stsb_dev), "eval_steps": 1000, "precision": "train"}}
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump({"run": run, "search": {"tau": {"loguniform": [0.02, 0.2]},
+                                                           "lr": {"loguniform": [1e-4, 1e-3]}}}))
+    return str(path)
+
+
+def test_asha_stops_under_cpu_load_leave_no_placement_group(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path):
+    """6 trials of 2 seeds, grace period 1, reduction factor 3: ASHA stops trials after their first
+    rung while their seeds' runs are still going, with CPU load beside them. Every trial ends and
+    no placement group outlives the experiment."""
+    from raycse.analysis import load_trials
+    from raycse.tune import TuneSettings, tune_search
+
+    assert not live_groups()
+    settings = TuneSettings(space=_space(tmp_path, tiny_model, corpus, stsb_dev), num_samples=6, seeds=[0, 1],
+                            rungs=2, grace_period=1, reduction_factor=3, concurrent=1, searcher="random",
+                            search_seed=0)  # seed 0: ASHA stops 2 of the 6 (trials 5 and 6)
+    start = time.monotonic()
+    with cpu_load():
+        exp, results = tune_search(settings, str(tmp_path / "tune"), "exp")
+    took = time.monotonic() - start
+    trials = load_trials(exp)
+    assert len(trials) == 6 and not any(r.error for r in results)
+    stopped = [t for t in trials if t.status(True) == "stopped at rung 1/2"]
+    assert stopped, [t.status(True) for t in trials]  # the stop path ran (several times, usually)
+    assert all(t.status(True) in ("complete", "stopped at rung 1/2") for t in trials)
+    assert not live_groups()
+    print(f"6 trials ({len(stopped)} stopped by ASHA) in {took:.0f} s")
+
+
+def test_a_run_that_cannot_get_its_workers_fails_within_its_bound(ray_cluster, tiny_model, corpus, stsb_dev,
+                                                                  tmp_path):
+    """Something else holds 3 of the 4 CPUs: a run that needs a 2-CPU worker gives up after its
+    attempts, naming what it waited for and what holds the CPUs; nothing is written. In Tune, the
+    trial is marked errored, the next trial still runs, and analyze shows the error."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from raycse.analysis import analyze
+    from raycse.config import RunConfig
+    from raycse.errors import ResourceError
+    from raycse.train.driver import train
+    from raycse.tune import TuneSettings, tune_search
+
+    holder = placement_group([{"CPU": 3}])
+    ray.get(holder.ready(), timeout=60)
+    try:
+        run = RunConfig()
+        run.model.name_or_path, run.model.max_length = str(tiny_model), 16
+        run.data.corpus, run.train.batch_size, run.train.max_steps = str(corpus), 16, 2
+        run.train.cpus_per_worker, run.train.worker_start_timeout_s, run.train.worker_start_attempts = 2, 3, 2
+        run.eval.stsb_dev, run.output_dir = str(stsb_dev), str(tmp_path / "out")
+        start = time.monotonic()
+        with pytest.raises(ResourceError) as err:
+            train(run)
+        took = time.monotonic() - start
+        message = str(err.value)
+        assert "1 worker(s) x 2 CPU in 2 attempt(s) of 3 s" in message, message
+        assert holder.id.hex()[:12] in message and "3 CPU" in message, message
+        assert took < 2 * 3 + 60, took
+        assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.partial-*"))
+        assert [g.placement_group_id for g in live_groups()] == [holder.id.hex()]
+
+        space = _space(tmp_path, tiny_model, corpus, stsb_dev, cpus_per_worker=2, worker_start_timeout_s=3,
+                       worker_start_attempts=1)
+        exp, results = tune_search(TuneSettings(space=space, num_samples=2, seeds=[0], rungs=1, scheduler="none",
+                                                concurrent=1), str(tmp_path / "tune"), "blocked")
+        assert len(results) == 2 and all(r.error for r in results)
+        report = analyze(str(exp), plots=False)
+        statuses = [t.status(True) for t in report.trials]
+        assert all(s.startswith("error: ") and "could not start its 1 worker(s) x 2 CPU" in s for s in statuses), \
+            statuses
+        assert [g.placement_group_id for g in live_groups()] == [holder.id.hex()]
+    finally:
+        remove_placement_group(holder)
