@@ -113,6 +113,13 @@ class GroupingConfig:
     regroup_every_epoch: bool = True  # re-embed with the current model before each epoch (knn, cluster)
     embed_actors: int = 1  # actor pool size for embedding (one GPU each with train.use_gpu)
     embed_batch_size: int = 256
+    # BSC Algorithm 2: the shingle is a random subset of t content words (shingle strategy)
+    shingle_size: int = 1
+    # which text of a pair the keys and embeddings come from: first (q) or second (a); BSC notes
+    # "the case of second elements is the same"
+    by: str = "first"
+    # knn: leave neighbours whose embedding is identical to the example's (duplicates) out of its group
+    drop_identical: bool = False
 
     def validate(self) -> None:
         _choice("grouping.strategy", self.strategy, GROUPINGS)
@@ -129,6 +136,8 @@ class GroupingConfig:
             _at_least("grouping.clusters", self.clusters, 1)
         _at_least("grouping.embed_actors", self.embed_actors, 1)
         _at_least("grouping.embed_batch_size", self.embed_batch_size, 1)
+        _at_least("grouping.shingle_size", self.shingle_size, 1)
+        _choice("grouping.by", self.by, ("first", "second"))
 
     @property
     def needs_embeddings(self) -> bool:
@@ -276,6 +285,9 @@ class RunConfig:
         if self.grouping.strategy != "random" and self.grouping.group_size > self.train.batch_size:
             raise ConfigError(f"grouping.group_size ({self.grouping.group_size}) must be <= train.batch_size "
                               f"({self.train.batch_size}): a group has to fit in one batch")
+        if self.grouping.by == "second" and not self.data.is_pairs:
+            raise ConfigError("grouping.by: second groups pairs by their second text, but the corpus has single "
+                              "sentences; set data.pair_column or grouping.by: first")
         if not self.output_dir:
             raise ConfigError("output_dir must be a non-empty path")
         return self

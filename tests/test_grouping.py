@@ -102,6 +102,35 @@ def test_keyed_order_follows_bsc_algorithm_2_on_uneven_key_runs(runs, k):
     assert sorted((int(keys[g[0]]), len(g)) for g in groups) == want
 
 
+def test_shingle_is_a_random_subset_of_t_content_words():
+    """Algorithm 2's shingle: a random subset of t non-stop words; every subset can come up, keys of
+    the same subset agree whatever the word order, and a text with fewer words has its own key."""
+    import itertools
+
+    from raycse.data.corpus import text_key
+    from raycse.grouping.strategies import shingle_key
+
+    text = "The river city music festival"
+    words = ["city", "festival", "music", "river"]  # "the" is a stop word
+    subsets = {text_key(" ".join(sorted(c))): c for c in itertools.combinations(words, 2)}
+    seen = {shingle_key(text, seed, 0, row, size=2) for seed in range(8) for row in range(30)}
+    assert seen == set(subsets)  # all 6 pairs, nothing else
+    assert shingle_key("music river", 0, 0, 5, size=2) == shingle_key("river music", 0, 0, 5, size=2)
+    lone = {shingle_key("the city", s, 0, 1, size=2) for s in range(5)}
+    assert not lone & set(subsets) and len(lone) == 5
+
+
+def test_greedy_groups_can_leave_identical_neighbours_out():
+    """kNN groups without duplicates: a neighbour with the example's own embedding is skipped."""
+    x = np.eye(6, dtype=np.float32)[[0, 0, 1, 1, 2, 3]]  # rows 0, 1 and rows 2, 3 are duplicates
+    neighbours = knn_mod.search(x, 5, method="exact").neighbours
+    plain = knn_mod.greedy_groups(neighbours, 2, np.random.default_rng(0))
+    assert any(set(g.tolist()) in ({0, 1}, {2, 3}) for g in plain)
+    dropped = knn_mod.greedy_groups(neighbours, 2, np.random.default_rng(0), identical=knn_mod.normalize(x))
+    assert sorted(i for g in dropped for i in g.tolist()) == list(range(6))
+    assert not any(set(g.tolist()) in ({0, 1}, {2, 3}) for g in dropped)
+
+
 def test_pack_keeps_groups_whole_and_steps_equal():
     x, _ = planted()
     order = knn_order(x, GroupingConfig(strategy="knn", group_size=4, neighbours=8), 1, 0)
@@ -270,6 +299,32 @@ def test_pairs_are_grouped_by_their_first_text(ray_cluster, tiny_model, tmp_path
     source = {(r["text"], r["pair"]) for r in corpus.dataset.iter_rows()}
     assert {(q, a) for q, a, _ in pairs} <= source
     assert all(s is not None and 0 <= s <= 1 for _, _, s in pairs)
+
+
+def test_pairs_are_keyed_by_their_second_text_when_asked(ray_cluster, tiny_model, tmp_path):
+    """BSC: "the case of second elements is the same": grouping.by second keys (and embeds) the pair's a."""
+    from conftest import write_stsb
+    from raycse.data.dataset import load_corpus
+    from raycse.grouping.embed import embed_corpus, shingle_keys
+    from raycse.grouping.strategies import shingle_key
+
+    corpus = load_corpus(DataConfig(corpus=str(write_stsb(tmp_path / "pairs.csv", n=40, seed=5)), format="stsb"),
+                         seed=1)
+    rows = sorted(corpus.dataset.iter_rows(), key=lambda r: r["_id"])
+    keys = shingle_keys(corpus, 3, 0, size=2, by="second")
+    assert keys.tolist() == [shingle_key(r["pair"], 3, 0, r["_id"], 2) for r in rows]
+    second = embed_corpus(corpus, str(tiny_model), 16, precision="fp32", by="second")
+    from raycse.encoder import Encoder
+
+    want = Encoder.from_pretrained(str(tiny_model)).encode([r["pair"] for r in rows], max_length=16)
+    assert np.allclose(second, want, atol=1e-4)
+    from raycse.config import RunConfig
+    from raycse.errors import ConfigError
+
+    run = RunConfig()
+    run.grouping.by = "second"
+    with pytest.raises(ConfigError, match="grouping.by: second groups pairs by their second text"):
+        run.validate()
 
 
 def test_hugging_face_dataset_offline_names_the_alternative(monkeypatch):

@@ -40,7 +40,7 @@ def epoch_batches(corpus, grouping, batch_size: int, world_size: int, seed: int,
 
     t0 = time.perf_counter()
     order = group_order(grouping, corpus.num_examples, seed, epoch, vectors=vectors,
-                        shingles=lambda: shingle_keys(corpus, seed, epoch))
+                        shingles=lambda: shingle_keys(corpus, seed, epoch, grouping.shingle_size, grouping.by))
     packing = pack(order, batch_size, world_size)
     if max_steps is not None and packing.steps(world_size) > max_steps:
         packing = Packing(packing.batches[:max_steps * world_size], packing.split_groups,

@@ -2,7 +2,7 @@
 
 - :func:`embed_corpus`: the model's sentence vectors, ``map_batches`` on an actor pool (each
   actor loads the model once; one GPU per actor when the run uses GPUs). Pairs are embedded by
-  their first text (grouping is by the query).
+  their first text (grouping is by the query) or, with ``grouping.by: second``, their second.
 - :func:`shingle_keys`: one random content-word hash per example, in plain tasks.
 Both come back to the driver indexed by row id (N x d float32; 1.5 GB per million at d=384).
 """
@@ -33,11 +33,16 @@ class Embedder:
         return {"_id": batch["_id"], "emb": z}
 
 
+def column(by: str) -> str:
+    """The dataset column a grouping keys on: a pair's first text (``text``) or second (``pair``)."""
+    return "pair" if by == "second" else "text"
+
+
 def embed_corpus(corpus, model_path: str, max_length: int, actors: int = 1, batch_size: int = 256,
-                 use_gpu: bool = False, precision: str = "auto") -> np.ndarray:
+                 use_gpu: bool = False, precision: str = "auto", by: str = "first") -> np.ndarray:
     import ray.data
 
-    ds = corpus.dataset.select_columns(["_id", "text"]).map_batches(
+    ds = corpus.dataset.select_columns(["_id", column(by)]).rename_columns({column(by): "text"}).map_batches(
         Embedder, fn_constructor_kwargs={"model_path": model_path, "max_length": max_length,
                                          "batch_size": batch_size, "use_gpu": use_gpu, "precision": precision},
         compute=ray.data.ActorPoolStrategy(size=actors), batch_size=batch_size * 4, batch_format="numpy",
@@ -51,15 +56,17 @@ def embed_corpus(corpus, model_path: str, max_length: int, actors: int = 1, batc
     return out
 
 
-def shingle_keys(corpus, seed: int, epoch: int) -> np.ndarray:
+def shingle_keys(corpus, seed: int, epoch: int, size: int = 1, by: str = "first") -> np.ndarray:
     from raycse.grouping.strategies import shingle_key
 
+    col = column(by)
+
     def keys(batch: dict) -> dict:
-        return {"_id": batch["_id"], "key": np.array([shingle_key(t, seed, epoch, int(i))
-                                                     for t, i in zip(batch["text"], batch["_id"])], dtype=np.int64)}
+        return {"_id": batch["_id"], "key": np.array([shingle_key(t, seed, epoch, int(i), size)
+                                                     for t, i in zip(batch[col], batch["_id"])], dtype=np.int64)}
 
     out = np.zeros(corpus.num_examples, dtype=np.int64)
-    for b in corpus.dataset.select_columns(["_id", "text"]).map_batches(keys, batch_format="numpy").iter_batches(
+    for b in corpus.dataset.select_columns(["_id", col]).map_batches(keys, batch_format="numpy").iter_batches(
             batch_format="numpy", batch_size=None):
         out[b["_id"]] = b["key"]
     return out

@@ -162,10 +162,13 @@ def _drop_self_rows(idx: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-def greedy_groups(neighbours: np.ndarray, group_size: int, rng: np.random.Generator) -> list[np.ndarray]:
+def greedy_groups(neighbours: np.ndarray, group_size: int, rng: np.random.Generator,
+                  identical: Optional[np.ndarray] = None) -> list[np.ndarray]:
     """Example-based shuffling (BSC): visit examples in random order; each unused one takes its
     nearest ``group_size - 1`` still-unused neighbours as a group. The order is reversed at the end
-    so the leftovers (small groups whose neighbours were taken) come first."""
+    so the leftovers (small groups whose neighbours were taken) come first. ``identical``: the
+    L2-normalised vectors; a neighbour whose vector equals the example's (a duplicate, which would
+    be a false negative) is left out of its group and stays free for another."""
     n = neighbours.shape[0]
     used = bytearray(n)
     lists = neighbours.tolist()
@@ -176,6 +179,8 @@ def greedy_groups(neighbours: np.ndarray, group_size: int, rng: np.random.Genera
         used[i] = 1
         group = [i]
         for j in lists[i]:
+            if identical is not None and j >= 0 and float(identical[i] @ identical[j]) > 1 - 1e-6:
+                continue
             if j >= 0 and not used[j]:
                 used[j] = 1
                 group.append(j)

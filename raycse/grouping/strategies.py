@@ -6,7 +6,7 @@ groups into batches without splitting them.
 
 - ``random``: a seeded permutation, groups of one.
 - ``knn``: example-based shuffling over faiss neighbours of the current model's embeddings.
-- ``shingle``: key = one random content word of the example; sort by key, a new group whenever
+- ``shingle``: key = a random subset of ``shingle_size`` content words of the example; sort by key, a new group whenever
   the key changes or the group is full (BSC's Algorithm 2), shuffle the groups.
 - ``cluster``: key = faiss k-means cluster of the embedding; same cut and shuffle.
 """
@@ -52,7 +52,8 @@ def random_order(n: int, seed: int, epoch: int) -> GroupOrder:
 def knn_order(vectors: np.ndarray, cfg, seed: int, epoch: int) -> GroupOrder:
     res = knn_search.search(vectors, cfg.neighbours, cfg.search, cfg.exact_threshold, cfg.nlist, cfg.nprobe,
                             cfg.shards, cfg.recall_sample, seed=seed + epoch)
-    groups = knn_search.greedy_groups(res.neighbours, cfg.group_size, epoch_rng(seed, epoch, 1))
+    groups = knn_search.greedy_groups(res.neighbours, cfg.group_size, epoch_rng(seed, epoch, 1),
+                                      identical=knn_search.normalize(vectors) if cfg.drop_identical else None)
     info = {"knn_method": res.method, "knn_seconds": res.seconds, "knn_recall": res.recall}
     return GroupOrder(np.concatenate(groups), np.array([len(g) for g in groups], dtype=np.int64), info)
 
@@ -75,15 +76,17 @@ def keyed_order(keys: np.ndarray, group_size: int, rng: np.random.Generator) -> 
     return GroupOrder(order, sizes[perm])
 
 
-def shingle_key(text: str, seed: int, epoch: int, row_id: int) -> int:
-    """Hash of one random content word of ``text`` (a random, unique key when it has none)."""
+def shingle_key(text: str, seed: int, epoch: int, row_id: int, size: int = 1) -> int:
+    """Hash of a random subset of ``size`` distinct content words of ``text`` (BSC's shingle, t =
+    ``size``; the set, so word order does not matter); a random, unique key when it has fewer."""
     from raycse.data.corpus import text_key
 
-    words = [w for w in WORD.findall(text.lower()) if len(w) > 2 and w not in STOPWORDS]
+    words = sorted({w for w in WORD.findall(text.lower()) if len(w) > 2 and w not in STOPWORDS})
     rng = np.random.default_rng([seed, epoch, row_id])
-    if not words:
-        return int(rng.integers(1 << 62)) | (1 << 62)  # its own group: no shared word to group by
-    return text_key(words[int(rng.integers(len(words)))])
+    if len(words) < size or not words:
+        return int(rng.integers(1 << 62)) | (1 << 62)  # its own group: no shared shingle to group by
+    picked = sorted(words[i] for i in rng.choice(len(words), size=size, replace=False))
+    return text_key(" ".join(picked))
 
 
 def cluster_keys(vectors: np.ndarray, k: Optional[int], group_size: int, seed: int) -> np.ndarray:
