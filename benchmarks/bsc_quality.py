@@ -17,7 +17,7 @@ from raycse.evaluation.sts import evaluate_datasets, read_stsb
 
 def run_bsc(args, out: str) -> dict:
     m = train_run(out, {"data.corpus": str(STSB_TRAIN), "data.format": "stsb", "objective.name": "bsc",
-                        "objective.params": {"mu": args.mu, "temperature": args.tau, "normalization": "l2",
+                        "objective.params": {"mu": args.mu, "tau": args.tau, "normalization": "l2",
                                              "threshold": 0.5},
                         "model.max_length": args.max_length, "train.batch_size": args.batch_size, "train.lr": args.lr,
                         "train.epochs": args.epochs, "train.warmup_ratio": 0.1, "train.log_steps": 20}).metrics["last"]

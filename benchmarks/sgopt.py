@@ -27,8 +27,8 @@ def main() -> None:
     print(f"# {machine()}; {WIKI.name}, batch {args.batch_size}, lr {args.lr}, max_len 32, 1 epoch, precision auto")
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
-        rows["SimCSE"] = run("simcse", {"temperature": 0.05}, args, f"{tmp}/simcse")
-        rows["SG-OPT"] = run("sgopt", {"temperature": 0.01, "lam": 0.1}, args, f"{tmp}/sgopt")
+        rows["SimCSE"] = run("simcse", {"tau": 0.05}, args, f"{tmp}/simcse")
+        rows["SG-OPT"] = run("sgopt", {"tau": 0.01, "lam": 0.1}, args, f"{tmp}/sgopt")
     print(f"{'objective':10s} {'dev before':>10s} {'dev after':>10s} {'sent/s':>8s} {'peak RSS MB':>12s}")
     for name, m in rows.items():
         print(f"{name:10s} {m['stsb_dev_spearman_initial']:10.2f} {m['stsb_dev_spearman']:10.2f} "

@@ -21,7 +21,7 @@ from raycse.evaluation.sts import evaluate_datasets, read_stsb
 
 def run_raycse(n: int, args, precision: str, out: str) -> dict:
     m = train_run(out, {"data.corpus": str(WIKI), "data.max_sentences": n, "model.max_length": args.max_length,
-                        "objective.params": {"temperature": 0.05}, "train.batch_size": args.batch_size,
+                        "objective.params": {"tau": 0.05}, "train.batch_size": args.batch_size,
                         "train.lr": args.lr, "train.precision": precision, "train.log_steps": 16}).metrics["last"]
     return {"sent_per_s": m["train_examples_per_s"], "before": m["stsb_dev_spearman_initial"],
             "after": m["stsb_dev_spearman"], "train_s": m["train_seconds"]}

@@ -41,7 +41,7 @@ TRAIN_FLAGS = [
      "batch order: random | knn (nearest-neighbour groups, regrouped each epoch) | shingle | cluster"),
     ("--group-size", "grouping.group_size", int, "examples per group for knn/shingle/cluster (default 8)"),
     ("--objective", "objective.name", str, "training objective (see 'raycse objectives'; default simcse)"),
-    ("--temperature", "objective.temperature", float, "InfoNCE temperature tau (default 0.05)"),
+    ("--tau", "objective.tau", float, "InfoNCE temperature (default 0.05)"),
     ("--num-workers", "train.num_workers", int, "Ray Train workers (data-parallel; default 1)"),
     ("--cpus-per-worker", "train.cpus_per_worker", float, "CPUs (= torch threads) per worker; default all/num_workers"),
     ("--batch-size", "train.batch_size", int, "sentences per worker per step (default 64)"),
@@ -85,7 +85,7 @@ def _train_parser(sub) -> None:
     p.add_argument("--use-gpu", dest="train.use_gpu", action="store_const", const="true", default=None,
                    help="one GPU per worker (NCCL); default CPU with gloo")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any config key, e.g. --set objective.temperature=0.1 --set data.dedup=true")
+                   help="any config key, e.g. --set objective.tau=0.1 --set data.dedup=true")
     p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output directory")
     p.add_argument("--storage-path", default=None,
                    help="keep Ray Train checkpoints here (path or URI, e.g. s3://bucket/ckpt); running the same "

@@ -43,19 +43,19 @@ def content_lengths(attention_mask: Tensor) -> Tensor:
     return (attention_mask.sum(1) - 2).clamp(min=0)
 
 
-def slice_pieces(input_ids: Tensor, attention_mask: Tensor, piece_len: Tensor | int, ids: tuple[int, int, int],
+def slice_pieces(input_ids: Tensor, attention_mask: Tensor, slice_length: Tensor | int, ids: tuple[int, int, int],
                  max_pieces: int | None = None) -> Pieces:
-    """Cut each sequence's content into consecutive chunks of ``piece_len`` tokens (queue rule).
+    """Cut each sequence's content into consecutive chunks of ``slice_length`` tokens (queue rule).
 
     Sequence i (content length c_i) gives ``1 + (c_i - 1) // L_i`` pieces, the last holding the
-    1..L_i leftover tokens; ``piece_len`` may differ per sequence (a tensor), which is how CompCSE's
+    1..L_i leftover tokens; ``slice_length`` may differ per sequence (a tensor), which is how CompCSE's
     halves are cut. A sequence with no content gives one empty piece ([CLS][SEP]).
     """
     start_id, end_id, pad_id = ids
     n = input_ids.shape[0]
     device = input_ids.device
     c = content_lengths(attention_mask)
-    L = torch.as_tensor(piece_len, device=device).expand(n).clamp(min=1)
+    L = torch.as_tensor(slice_length, device=device).expand(n).clamp(min=1)
     count = torch.where(c > 0, 1 + (c - 1).clamp(min=0) // L, torch.ones_like(c))
     if max_pieces is not None:
         count = count.clamp(max=max_pieces)

@@ -59,7 +59,7 @@ def test_bsc_matches_plain_two_direction_softmax(norm, tau):
     q, a = torch.randn(5, 4), torch.randn(5, 4)
     score = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0])  # two labeled negatives
     keys = torch.arange(5)
-    got = _bsc(temperature=tau, normalization=norm).loss(q, a, score, keys)[0].item()
+    got = _bsc(tau=tau, normalization=norm).loss(q, a, score, keys)[0].item()
     want = plain_bsc(q.tolist(), a.tolist(), [1, 0, 1, 1, 0], keys.tolist(), tau, norm)
     assert got == pytest.approx(want, rel=1e-5)
 
@@ -70,7 +70,7 @@ def test_bsc_duplicate_anchors_are_positives_of_each_other():
     q[2] = q[0] + 0.3 * torch.randn(3)  # the same question twice (another dropout view)
     keys = torch.tensor([text_key("q0"), text_key("q1"), text_key("q0"), text_key("q3")])
     score = torch.ones(4)
-    obj = _bsc(temperature=0.1)
+    obj = _bsc(tau=0.1)
     got = obj.loss(q, a, score, keys)[0].item()
     want = plain_bsc(q.tolist(), a.tolist(), [1] * 4, keys.tolist(), 0.1)
     assert got == pytest.approx(want, rel=1e-5)
@@ -82,16 +82,16 @@ def test_bsc_combo_with_mse_on_scores():
     torch.manual_seed(2)
     q, a = torch.randn(3, 4), torch.randn(3, 4)
     score = torch.tensor([0.9, 0.2, 0.7])
-    obj = _bsc(temperature=0.1, mu=0.5, threshold=0.5)
+    obj = _bsc(tau=0.1, mu=0.5, threshold=0.5)
     got = obj.loss(q, a, score, torch.arange(3))[0].item()
     bsc = plain_bsc(q.tolist(), a.tolist(), [1, 0, 1], [0, 1, 2], 0.1)
     mse = sum((torch.cosine_similarity(q[i], a[i], dim=0).item() - score[i].item()) ** 2 for i in range(3)) / 3
     assert got == pytest.approx(0.5 * bsc + 0.5 * mse, rel=1e-5)
 
 
-def test_bsc_trainable_temperature_gets_a_gradient_and_moves():
+def test_bsc_trainable_tau_gets_a_gradient_and_moves():
     torch.manual_seed(3)
-    obj = _bsc(temperature=0.5, trainable_temperature=True, temperature_lr=0.1)
+    obj = _bsc(tau=0.5, trainable_tau=True, tau_lr=0.1)
     assert obj.custom_lr() == {"scale": 0.1}
     q, a = torch.randn(6, 4), torch.randn(6, 4)
     a = q + 0.1 * a  # positives are close: a sharper softmax lowers the loss
@@ -105,7 +105,7 @@ def test_bsc_trainable_temperature_gets_a_gradient_and_moves():
 
 def test_bsc_knob_validation():
     for bad, match in (({"mu": 1.5}, "mu must be in"), ({"normalization": "zscore"}, "normalization must be one of"),
-                       ({"temperature": 0}, "temperature must be > 0"), ({"threshold": 1.0}, "threshold")):
+                       ({"tau": 0}, "tau must be > 0"), ({"threshold": 1.0}, "threshold")):
         with pytest.raises(ConfigError, match=match):
             _bsc(**bad)
 
@@ -133,7 +133,7 @@ def sgopt(tiny_model_no_dropout):
     from raycse.encoder import Encoder
 
     enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="cls_before_pooler")
-    obj = registry.build("sgopt", {"temperature": 0.1, "lam": 0.1, "proj_hidden": 16})
+    obj = registry.build("sgopt", {"tau": 0.1, "lam": 0.1, "proj_hidden": 16})
     obj.setup(enc)
     return enc, obj
 
@@ -197,7 +197,7 @@ def test_sgopt_ablation_objectives_match_their_formulas(tiny_model_no_dropout, v
     from raycse.encoder import Encoder
 
     enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="cls_before_pooler")
-    obj = registry.build("sgopt", {"temperature": 0.1, "proj_hidden": 16, "variant": variant})
+    obj = registry.build("sgopt", {"tau": 0.1, "proj_hidden": 16, "variant": variant})
     obj.setup(enc)
     torch.manual_seed(6)
     c, h = torch.randn(4, 32), torch.randn(4, 3, 32)
@@ -274,7 +274,7 @@ def test_bsc_unsupervised_sentences_become_symmetric_simcse(tiny_model):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model))
-    obj = _bsc(temperature=0.05)
+    obj = _bsc(tau=0.05)
     batch = obj.collate(["the city", "a king", "the city"], tok, 16)
     n = 3
     assert torch.equal(batch["input_ids"][:n], batch["input_ids"][n:])  # (s, s): two dropout views

@@ -13,15 +13,15 @@ from raycse.errors import ConfigError, DataError
 
 def test_yaml_round_trip_and_overrides(tmp_path):
     p = tmp_path / "run.yaml"
-    p.write_text("model: {pooling: cls, max_length: 48}\nobjective: {name: simcse, temperature: 0.1}\n"
+    p.write_text("model: {pooling: cls, max_length: 48}\nobjective: {name: simcse, tau: 0.1}\n"
                  "train: {lr: 1e-5, batch_size: 8}\n")
     run = RunConfig.from_dict(load_yaml(p)).validate()
     assert run.model.pooling == "cls" and run.model.resolved_mlp_head == "train_only"
-    assert run.objective.params == {"temperature": 0.1}
+    assert run.objective.params == {"tau": 0.1}
     assert run.train.lr == 1e-5 and run.train.batch_size == 8
     set_dotted(run, "train.batch_size", "16")
-    set_dotted(run, "objective.temperature", "0.02")
-    assert run.train.batch_size == 16 and run.objective.params["temperature"] == 0.02
+    set_dotted(run, "objective.tau", "0.02")
+    assert run.train.batch_size == 16 and run.objective.params["tau"] == 0.02
 
 
 @pytest.mark.parametrize("text, match", [
@@ -30,8 +30,8 @@ def test_yaml_round_trip_and_overrides(tmp_path):
     ("train: {lr: 0}\n", "train.lr must be > 0"),
     ("train: {lr: -1e-5}\n", "train.lr must be > 0"),
     ("train: {batch_size: 1}\n", "batch_size must be >= 2"),
-    ("objective: {temperature: 0}\n", "temperature must be > 0"),
-    ("objective: {temperature: -0.5}\n", "temperature must be > 0"),
+    ("objective: {tau: 0}\n", "tau must be > 0"),
+    ("objective: {tau: -0.5}\n", "tau must be > 0"),
     ("model: {pooling: max}\n", "model.pooling must be one of"),
     ("eval: {precision: fp8}\n", "eval.precision must be one of"),
     ("train: {batch_size: many}\n", "train.batch_size must be int"),

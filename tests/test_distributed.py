@@ -17,7 +17,7 @@ def _run_config(model: str) -> RunConfig:
     run = RunConfig()
     run.model.name_or_path = model
     run.model.pooling = "cls"  # cls + the MLP head used in training: the head's gradients are checked too
-    run.objective.params = {"temperature": 0.05}
+    run.objective.params = {"tau": 0.05}
     return run
 
 

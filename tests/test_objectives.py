@@ -27,7 +27,7 @@ def plain_simcse(z1, z2, tau):
 def test_simcse_loss_matches_plain_formula():
     torch.manual_seed(0)
     z1, z2 = torch.randn(5, 7), torch.randn(5, 7)
-    obj = registry.build("simcse", {"temperature": 0.05})
+    obj = registry.build("simcse", {"tau": 0.05})
     got = obj.loss(z1, z2).item()
     want = plain_simcse(z1.tolist(), z2.tolist(), 0.05)
     assert got == pytest.approx(want, rel=1e-5)
@@ -36,7 +36,7 @@ def test_simcse_loss_matches_plain_formula():
 def test_simcse_hand_computed_two_by_two():
     # Orthogonal unit vectors: sim = 1 on the diagonal, 0 off it.
     z = torch.eye(2)
-    obj = registry.build("simcse", {"temperature": 0.5})
+    obj = registry.build("simcse", {"tau": 0.5})
     want = -math.log(math.exp(2.0) / (math.exp(2.0) + math.exp(0.0)))
     assert obj.loss(z, z).item() == pytest.approx(want, rel=1e-6)
 
@@ -47,7 +47,7 @@ def test_simcse_uses_only_cross_view_terms():
     torch.manual_seed(1)
     z1 = torch.randn(1, 4).repeat(3, 1)
     z2 = torch.randn(3, 4)
-    obj = registry.build("simcse", {"temperature": 0.1})
+    obj = registry.build("simcse", {"tau": 0.1})
     assert obj.loss(z1, z2).item() == pytest.approx(plain_simcse(z1.tolist(), z2.tolist(), 0.1), rel=1e-5)
 
 
@@ -73,8 +73,8 @@ def test_info_nce_gradient_reaches_both_views():
 
 @pytest.mark.parametrize("bad", [0, -0.1, "abc"])
 def test_temperature_out_of_range_is_a_clear_error(bad):
-    with pytest.raises(ConfigError, match="temperature"):
-        registry.build("simcse", {"temperature": bad})
+    with pytest.raises(ConfigError, match="tau"):
+        registry.build("simcse", {"tau": bad})
 
 
 def test_unknown_knob_and_unknown_objective():
@@ -82,3 +82,9 @@ def test_unknown_knob_and_unknown_objective():
         registry.build("simcse", {"alpha": 0.1})
     with pytest.raises(ConfigError, match="unknown objective"):
         registry.build("nope", {})
+
+
+def test_a_renamed_knob_names_its_new_name():
+    with pytest.raises(ConfigError) as err:
+        registry.build("simcse", {"temperature": 0.05})
+    assert "has no knob 'temperature' ('temperature' is now 'tau')" in str(err.value)

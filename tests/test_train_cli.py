@@ -58,7 +58,7 @@ def test_bad_inputs_fail_fast_with_one_line(tiny_model, corpus, stsb_dev, tmp_pa
     blank.write_text("\n  \n\n")
     _expect_error(capsys, ["train", "--model", str(tiny_model), "--corpus", str(blank), "--output", str(out)],
                   "no usable text", out)
-    _expect_error(capsys, args("--temperature", "0"), "temperature must be > 0", out)
+    _expect_error(capsys, args("--tau", "0"), "tau must be > 0", out)
     _expect_error(capsys, args("--lr", "-1"), "train.lr must be > 0", out)
     _expect_error(capsys, args("--batch-size", "1"), "batch_size must be >= 2", out)
     cfg = tmp_path / "bad.yaml"
@@ -66,8 +66,8 @@ def test_bad_inputs_fail_fast_with_one_line(tiny_model, corpus, stsb_dev, tmp_pa
     _expect_error(capsys, args("--config", str(cfg)), "unknown config key 'train.learning_rate'", out)
     cfg.write_text("train: {lr: 1e-5\n")
     _expect_error(capsys, args("--config", str(cfg)), "malformed YAML", out)
-    cfg.write_text("objective: {name: simcse, temperature: -1}\n")
-    _expect_error(capsys, args("--config", str(cfg)), "temperature must be > 0", out)
+    cfg.write_text("objective: {name: simcse, tau: -1}\n")
+    _expect_error(capsys, args("--config", str(cfg)), "tau must be > 0", out)
     _expect_error(capsys, args("--batch-size", "512"), "fewer than one global batch", out)
 
 
@@ -76,7 +76,7 @@ def test_cli_process_exit_code_and_help(tmp_path):
                         "--model", "default", "--output", str(tmp_path / "o")], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip() == f"raycse: error: corpus file not found: {tmp_path / 'none.txt'}"
     h = subprocess.run([sys.executable, "-m", "raycse", "train", "--help"], capture_output=True, text=True)
-    for flag in ("--num-workers", "--use-gpu", "--eval-steps", "--pooling", "--temperature", "--set", "--config"):
+    for flag in ("--num-workers", "--use-gpu", "--eval-steps", "--pooling", "--tau", "--set", "--config"):
         assert flag in h.stdout
 
 
@@ -90,7 +90,7 @@ def test_bsc_on_scored_pairs_and_sgopt_train_end_to_end(ray_cluster, tiny_model,
                              for i in range(128)))
     out = tmp_path / "bsc"
     assert main(_train_args(tiny_model, pairs, out, stsb_dev, "--objective", "bsc", "--format", "stsb",
-                            "--set", "objective.mu=0.5", "--set", "objective.trainable_temperature=true",
+                            "--set", "objective.mu=0.5", "--set", "objective.trainable_tau=true",
                             "--batch-size", "8", "--max-steps", "24")) == 0
     m = json.loads((out / "metrics.json").read_text())
     assert m["last"]["step"] == 24 and m["corpus"]["kept"] == 128
@@ -102,7 +102,7 @@ def test_bsc_on_scored_pairs_and_sgopt_train_end_to_end(ray_cluster, tiny_model,
     out = tmp_path / "sgopt"
     assert main(_train_args(tiny_model, corpus, out, stsb_dev, "--objective", "sgopt", "--num-workers", "1",
                             "--cpus-per-worker", "2", "--set", "objective.proj_hidden=64",
-                            "--set", "objective.temperature=0.1", "--pooling", "cls_before_pooler")) == 0
+                            "--set", "objective.tau=0.1", "--pooling", "cls_before_pooler")) == 0
     m = json.loads((out / "metrics.json").read_text())
     assert m["last"]["step"] == 16
     assert m["last"]["loss_history"][-1] < m["last"]["loss_history"][0]

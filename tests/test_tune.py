@@ -32,7 +32,7 @@ def _space(tmp_path, search: dict, run: dict | None = None, name="space.yaml"):
     ({"lr": {"uniform": [0.0, 1e-4]}}, "knob 'lr' = 0.0: train.lr must be > 0"),
     ({"tau": {"loguniform": [0.0, 0.1]}}, "loguniform needs low > 0"),
     ({"train.nope": {"uniform": [0, 1]}}, "unknown config key 'train.nope'"),
-    ({"L": {"int": [8, 16], "when": {"objective": ["hicl"]}}}, "refers to 'objective', which is not a knob"),
+    ({"slice_length": {"int": [8, 16], "when": {"objective": ["hicl"]}}}, "refers to 'objective', which is not a knob"),
 ])
 def test_bad_space_files_fail_before_anything_starts(tmp_path, search, message):
     with pytest.raises(ConfigError) as err:
@@ -44,7 +44,7 @@ def test_conditional_knobs_and_combined_space(tmp_path):
     import optuna
 
     path = _space(tmp_path, {"objective": {"choice": ["simcse", "hicl"]}, "tau": {"loguniform": [0.01, 0.1]},
-                             "L": {"int": [8, 16], "when": {"objective": ["hicl"]}},
+                             "slice_length": {"int": [8, 16], "when": {"objective": ["hicl"]}},
                              "alpha": {"uniform": [0.0, 0.3], "when": {"objective": ["hicl"]}}})
     space = load_space(path)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
@@ -53,11 +53,11 @@ def test_conditional_knobs_and_combined_space(tmp_path):
         trial = study.ask()
         space.define_by_run()(trial)
         params = trial.params
-        assert ("L" in params) == (params["objective"] == "hicl") == ("alpha" in params)
+        assert ("slice_length" in params) == (params["objective"] == "hicl") == ("alpha" in params)
         cfg = space.run_config(params, seed=3)
         assert cfg.objective.name == params["objective"] and cfg.train.seed == 3
-        if "L" in params:
-            assert cfg.objective.params["slice_length"] == params["L"]
+        if "slice_length" in params:
+            assert cfg.objective.params["slice_length"] == params["slice_length"]
         seen.add(params["objective"])
         study.tell(trial, 0.0)
     assert seen == {"simcse", "hicl"}

@@ -25,7 +25,7 @@ def test_hicl_local_loss_masks_same_sequence_segments():
     torch.manual_seed(0)
     z1, z2 = torch.randn(5, 4), torch.randn(5, 4)
     owner = torch.tensor([0, 0, 0, 1, 2])
-    obj = registry.build("hicl", {"alpha": 0.1, "temperature": 0.1})
+    obj = registry.build("hicl", {"alpha": 0.1, "tau": 0.1})
     assert obj.local_loss(z1, z2, owner).item() == pytest.approx(plain_masked_nce(z1, z2, owner.tolist(), 0.1), rel=1e-5)
 
 
@@ -33,7 +33,7 @@ def test_hicl_entailment_loss_targets_own_sequence():
     torch.manual_seed(1)
     z, h = torch.randn(4, 3), torch.randn(2, 3)
     owner = torch.tensor([0, 0, 1, 1])
-    obj = registry.build("hicl", {"alpha": 0.1, "beta": 1e-4, "temperature": 0.5})
+    obj = registry.build("hicl", {"alpha": 0.1, "beta": 1e-4, "tau": 0.5})
     logits = cosine_logits(z, h, 0.5)
     want = sum(-(logits[k, owner[k]].item() - math.log(sum(math.exp(x) for x in logits[k].tolist())))
                for k in range(4)) / 4
@@ -91,7 +91,7 @@ def test_hicl_entailment_pairs_each_segment_with_its_sequence_from_the_same_view
     enc = Encoder.from_pretrained(str(tiny_model), pooling="mean").train()  # dropout on: the views differ
     texts = ["the city river was built in the north", "a king", "summer music festival in the large old city"]
     L, tau = 3, 0.5
-    obj = registry.build("hicl", {"alpha": 0.1, "beta": 0.2, "slice_length": L, "temperature": tau})
+    obj = registry.build("hicl", {"alpha": 0.1, "beta": 0.2, "slice_length": L, "tau": tau})
     obj.setup(enc)
     rec = Recorder(enc)
     torch.manual_seed(0)
@@ -134,12 +134,12 @@ def test_hicl_refuses_bases_it_cannot_slice_before_anything_starts(base):
 
 def test_hicl_one_temperature_for_every_term():
     """A search that sets HiCL's tau (search_spaces/combined.yaml) sets it for the global term too."""
-    obj = registry.build("hicl", {"temperature": 0.2})
-    assert obj.base.params.temperature == 0.2 and obj.tau == 0.2
+    obj = registry.build("hicl", {"tau": 0.2})
+    assert obj.base.params.tau == 0.2 and obj.tau == 0.2
     over_bsc = registry.build("hicl", {"base": "bsc"})  # unset: the base's own default everywhere
-    assert over_bsc.base.params.temperature == 0.1 and over_bsc.tau == 0.1
-    own = registry.build("hicl", {"temperature": 0.2, "base_params": {"temperature": 0.05}})
-    assert own.base.params.temperature == 0.05 and own.tau == 0.2  # both named: each as asked
+    assert over_bsc.base.params.tau == 0.1 and over_bsc.tau == 0.1
+    own = registry.build("hicl", {"tau": 0.2, "base_params": {"tau": 0.05}})
+    assert own.base.params.tau == 0.05 and own.tau == 0.2  # both named: each as asked
 
 
 def test_hicl_knobs():
@@ -186,7 +186,7 @@ def test_compcse_positive_aggregates_projected_halves(tiny_model_no_dropout, how
     from raycse.encoder import Encoder
 
     enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="cls", mlp_head="train_only").train()
-    obj = registry.build("compcse", {"compose": how, "d0": d0, "temperature": 0.1})
+    obj = registry.build("compcse", {"compose": how, "d0": d0, "tau": 0.1})
     obj.setup(enc)
     texts = ["the city river was built", "a king", "summer music festival"]
     batch = obj.collate(texts, enc.tokenizer, 32)

@@ -54,7 +54,7 @@ class Objective(nn.Module):
         """Hook run once with the encoder before DDP wrapping (frozen copies, extra heads)."""
 
     def custom_lr(self) -> dict[str, float]:
-        """Learning rates for this objective's own parameters, by name (e.g. a trainable temperature)."""
+        """Learning rates for this objective's own parameters, by name (e.g. a trainable tau)."""
         return {}
 
     def collate(self, texts: list[str], tokenizer, max_length: int) -> dict[str, Tensor]:

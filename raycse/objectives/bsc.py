@@ -42,16 +42,16 @@ NORMALIZATIONS = ("l2", "coord_l2", "coord", "none")
 
 @dataclass
 class BSCParams(Params):
-    temperature: float = 0.1
+    tau: float = 0.1
     normalization: str = "l2"
-    trainable_temperature: bool = False
-    temperature_lr: float = 1e-3
+    trainable_tau: bool = False
+    tau_lr: float = 1e-3
     mu: float = 1.0  # weight of the BSC part; 1 - mu goes to the MSE on scores
     threshold: float = 0.5  # normalized score > threshold counts as a positive pair
 
     def validate(self) -> None:
-        positive("temperature", self.temperature)
-        positive("temperature_lr", self.temperature_lr)
+        positive("tau", self.tau)
+        positive("tau_lr", self.tau_lr)
         if self.normalization not in NORMALIZATIONS:
             raise ConfigError(f"objective.normalization must be one of {', '.join(NORMALIZATIONS)}, got {self.normalization!r}")
         if not 0.0 <= self.mu <= 1.0:
@@ -93,10 +93,10 @@ class BSC(Objective):
 
     def __init__(self, params: BSCParams):
         super().__init__(params)
-        self.scale = nn.Parameter(torch.ones(())) if params.trainable_temperature else None
+        self.scale = nn.Parameter(torch.ones(())) if params.trainable_tau else None
 
     def custom_lr(self) -> dict:
-        return {"scale": self.params.temperature_lr} if self.scale is not None else {}
+        return {"scale": self.params.tau_lr} if self.scale is not None else {}
 
     def collate(self, examples, tokenizer, max_length):
         if isinstance(examples[0], str):  # unsupervised: (s, s) with two dropout views
@@ -137,7 +137,7 @@ class BSC(Objective):
         label_all = gather_no_grad(label)
         q_n, q_all_n = self.normalize(q, q_all)
         a_n, a_all_n = self.normalize(a, a_all)
-        factor = self.effective_scale() / self.params.temperature
+        factor = self.effective_scale() / self.params.tau
         same = (q_key[:, None] == key_all[None, :]).float()  # (n, N) duplicated anchors
         own = torch.zeros_like(same)
         own[torch.arange(n), torch.arange(n) + local_offset(n)] = 1.0

@@ -40,7 +40,7 @@ COMPOSE = ("mean", "sum", "concat", "sbert")
 class CompCSEParams(Params):
     compose: str = "mean"  # mean | sum | concat | sbert (Table 3's aggregations)
     d0: Optional[int] = None  # None: all coordinates
-    temperature: float = 0.05
+    tau: float = 0.05
 
     def validate(self) -> None:
         if self.compose not in COMPOSE:
@@ -50,7 +50,7 @@ class CompCSEParams(Params):
         if self.d0 is not None and self.compose == "concat":
             raise ConfigError("objective.d0 does not apply with compose: concat (its halves are coordinate ranges); "
                               "drop d0 or choose compose mean, sum or sbert")
-        positive("temperature", self.temperature)
+        positive("tau", self.tau)
 
 
 def compose(left: Tensor, right: Tensor, how: str, project: Optional[nn.Module] = None) -> Tensor:
@@ -100,7 +100,7 @@ class CompCSE(Objective):
 
     def loss(self, z: Tensor, pos: Tensor) -> Tensor:
         d0 = self.params.d0 or z.shape[1]
-        return info_nce(z[:, :d0], pos[:, :d0], self.params.temperature)
+        return info_nce(z[:, :d0], pos[:, :d0], self.params.tau)
 
     def forward(self, encoder, batch) -> LossOutput:
         n = batch["input_ids"].shape[0] // 3

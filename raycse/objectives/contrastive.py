@@ -1,6 +1,6 @@
 """The contrastive core every objective shares.
 
-InfoNCE over cosine similarities with a temperature, with the candidate set gathered from
+InfoNCE over cosine similarities with a temperature tau, with the candidate set gathered from
 all data-parallel workers.
 
 Gradient semantics across workers (chosen, documented, tested): candidates are gathered with
@@ -59,17 +59,17 @@ def local_offset(local_n: int) -> int:
     return rank * local_n
 
 
-def cosine_logits(a: Tensor, b: Tensor, temperature: float | Tensor) -> Tensor:
+def cosine_logits(a: Tensor, b: Tensor, tau: float | Tensor) -> Tensor:
     """``sim(a_i, b_j) / tau`` for all i, j, computed in float32 for a stable softmax."""
     a = F.normalize(a.float(), dim=-1)
     b = F.normalize(b.float(), dim=-1)
-    return a @ b.T / temperature
+    return a @ b.T / tau
 
 
 def info_nce(
     anchors: Tensor,
     candidates: Tensor,
-    temperature: float | Tensor,
+    tau: float | Tensor,
     targets: Optional[Tensor] = None,
     exclude: Optional[Tensor] = None,
     gather_candidates: bool = True,
@@ -87,7 +87,7 @@ def info_nce(
     local_m = candidates.shape[0]
     if gather_candidates:
         candidates = gather(candidates)
-    logits = cosine_logits(anchors, candidates, temperature)
+    logits = cosine_logits(anchors, candidates, tau)
     if targets is None:
         offset = local_offset(local_m) if gather_candidates else 0
         targets = torch.arange(anchors.shape[0], device=anchors.device) + offset

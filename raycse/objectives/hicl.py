@@ -14,7 +14,7 @@ the encoder in one call; a sequence's vector is the length-weighted mean of its 
                the same forward pass (view), positive = its own h_i
     L        = alpha * L_local + beta * L_ent + (1 - alpha - beta) * L_global
 
-One temperature: ``temperature`` set on HiCL is used by every term, the base's included (unless
+One tau: ``tau`` set on HiCL is used by every term, the base's included (unless
 ``base_params`` names the base's own); left unset, every term uses the base's default.
 
 The base objective runs unchanged on a :class:`SegmentedEncoder`, a stand-in for the encoder that
@@ -53,7 +53,7 @@ class HiCLParams(Params):
     weighted: bool = True
     # One tau for every term: set here, it is also the base's (unless base_params names its own);
     # None: the base's own default, which the local and entailment terms then use too
-    temperature: Optional[float] = None
+    tau: Optional[float] = None
 
     def validate(self) -> None:
         if not registry.get(self.base).sliceable:
@@ -64,8 +64,8 @@ class HiCLParams(Params):
             raise ConfigError(f"objective.alpha and beta must be >= 0 with alpha + beta <= 1, got {self.alpha} + {self.beta}")
         if self.slice_length < 1:
             raise ConfigError(f"objective.slice_length must be >= 1, got {self.slice_length}")
-        if self.temperature is not None:
-            positive("temperature", self.temperature)
+        if self.tau is not None:
+            positive("tau", self.tau)
 
 
 class SegmentedEncoder(nn.Module):
@@ -96,11 +96,11 @@ class HiCL(Objective):
     def __init__(self, params: HiCLParams):
         super().__init__(params)
         base_params = dict(params.base_params)
-        if params.temperature is not None and "temperature" in registry.knobs(params.base):
-            base_params.setdefault("temperature", params.temperature)
+        if params.tau is not None and "tau" in registry.knobs(params.base):
+            base_params.setdefault("tau", params.tau)
         self.base = registry.build(params.base, base_params)
-        self.tau = (params.temperature if params.temperature is not None
-                    else getattr(self.base.params, "temperature", 0.05))  # the local and entailment terms'.
+        self.tau = (params.tau if params.tau is not None
+                    else getattr(self.base.params, "tau", 0.05))  # the local and entailment terms'.
         self.accepts = self.base.accepts
         self.ids = None
 

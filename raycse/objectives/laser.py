@@ -58,7 +58,7 @@ class LaserParams(Params):
     m_mode: str = "random"  # random | fixed
     m: int = 2  # the fixed m
     elongation_max_length: Optional[int] = None  # None: model.max_length
-    temperature: float = 0.05
+    tau: float = 0.05
     anchor: Optional[str] = None  # line | first | random; None: line (self), first (intra)
 
     @property
@@ -74,7 +74,7 @@ class LaserParams(Params):
             raise ConfigError(f"objective.m must be >= 1, got {self.m}")
         if self.elongation_max_length is not None and self.elongation_max_length < 3:
             raise ConfigError(f"objective.elongation_max_length must be >= 3, got {self.elongation_max_length}")
-        positive("temperature", self.temperature, " (LA(SER)^3 uses 0.05)")
+        positive("tau", self.tau, " (LA(SER)^3 uses 0.05)")
         if self.anchor is not None and self.anchor not in ANCHORS:
             raise ConfigError(f"objective.anchor must be one of {', '.join(ANCHORS)}, got {self.anchor!r}")
         if self.mode == "intra" and self.anchor == "line":
@@ -115,7 +115,7 @@ class Laser(Objective):
         return out
 
     def loss(self, anchor, positive):
-        return info_nce(anchor, positive, self.params.temperature)
+        return info_nce(anchor, positive, self.params.tau)
 
     def forward(self, encoder, batch) -> LossOutput:
         a = encoder(input_ids=batch["a_input_ids"], attention_mask=batch["a_attention_mask"])

@@ -9,6 +9,8 @@ from raycse.conversion import coerce
 from raycse.errors import ConfigError
 
 _OBJECTIVES: dict[str, type] = {}
+# Knob names that changed (one name per knob everywhere: flags, YAML, search spaces, code)
+RENAMED = {"temperature": "tau", "trainable_temperature": "trainable_tau", "temperature_lr": "tau_lr"}
 
 
 def register(cls):
@@ -47,8 +49,9 @@ def build_params(name: str, raw: dict | None):
     fields = {f.name: f for f in dataclasses.fields(cls.Params)}
     unknown = sorted(set(raw) - set(fields))
     if unknown:
+        renamed = "".join(f" ('{u}' is now '{RENAMED[u]}')" for u in unknown if u in RENAMED)
         raise ConfigError(
-            f"objective '{name}' has no knob {', '.join(repr(u) for u in unknown)}; "
+            f"objective '{name}' has no knob {', '.join(repr(u) for u in unknown)}{renamed}; "
             f"its knobs are: {', '.join(sorted(fields)) or '(none)'}"
         )
     hints = typing.get_type_hints(cls.Params)

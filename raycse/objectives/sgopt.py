@@ -54,7 +54,7 @@ VARIANTS = ("opt3", "opt2", "opt1", "base")
 
 @dataclass
 class SGOPTParams(Params):
-    temperature: float = 0.01
+    tau: float = 0.01
     lam: float = 0.1  # weight of the regularizer sum ||theta_T - theta_F||^2 ("lambda")
     layer_pooling: str = "max"  # Sec. 3.1; the appendix's SentEval setting uses mean
     layer_start: int = 0  # 0 = the embedding output
@@ -63,7 +63,7 @@ class SGOPTParams(Params):
     variant: str = "opt3"  # opt3 (the method) | opt2 | opt1 | base: Sec. 3.2's ablation
 
     def validate(self) -> None:
-        positive("temperature", self.temperature, " (SG-OPT uses 0.01)")
+        positive("tau", self.tau, " (SG-OPT uses 0.01)")
         if self.lam < 0:
             raise ConfigError(f"objective.lam must be >= 0, got {self.lam}")
         if self.layer_pooling not in LAYER_POOLINGS:
@@ -143,7 +143,7 @@ class SGOPT(Objective):
         b, views, _ = h.shape
         fc = self.head(c.float())
         fh = gather(self.head(h.float()).reshape(b * views, -1))  # (B*(l+1), d), rank-major
-        logits = cosine_logits(fc, fh, self.params.temperature).view(b, -1, views)  # (b, B, l+1)
+        logits = cosine_logits(fc, fh, self.params.tau).view(b, -1, views)  # (b, B, l+1)
         own = torch.arange(b, device=c.device) + local_offset(b)
         pos = logits[torch.arange(b), own]  # (b, l+1): s(c_i, h_ik)
         others = logits.clone()
@@ -163,7 +163,7 @@ class SGOPT(Objective):
             pick = self.sample_layers(b, views, h.device)
         fc = self.head(c.float())
         fh = self.head(h[torch.arange(b, device=h.device), pick].float())
-        tau, own = self.params.temperature, torch.arange(b, device=c.device) + local_offset(b)
+        tau, own = self.params.tau, torch.arange(b, device=c.device) + local_offset(b)
         fc_all, fh_all = gather(fc), gather(fh)
         ch = cosine_logits(fc, fh_all, tau)  # (b, B): phi(c_i, h_j)
         if self.params.variant == "opt2":

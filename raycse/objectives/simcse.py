@@ -19,10 +19,10 @@ from raycse.objectives.registry import register
 
 @dataclass
 class SimCSEParams(Params):
-    temperature: float = 0.05
+    tau: float = 0.05
 
     def validate(self) -> None:
-        positive("temperature", self.temperature, " (SimCSE uses 0.05)")
+        positive("tau", self.tau, " (SimCSE uses 0.05)")
 
 
 @register
@@ -34,7 +34,7 @@ class SimCSE(Objective):
         return self.tokenize(texts, tokenizer, max_length)
 
     def loss(self, z1: Tensor, z2: Tensor) -> Tensor:
-        return info_nce(z1, z2, self.params.temperature)
+        return info_nce(z1, z2, self.params.tau)
 
     def forward(self, encoder, batch) -> LossOutput:
         n = self.batch_size_of(batch)

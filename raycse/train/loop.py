@@ -59,7 +59,7 @@ def build_module(run: RunConfig) -> TrainModule:
 
 
 def build_optimizer(module: nn.Module, run: RunConfig, total_steps: int):
-    """AdamW (no decay on biases and norms; objective knobs like a trainable temperature at their own
+    """AdamW (no decay on biases and norms; objective knobs like a trainable tau at their own
     learning rate) + linear warm-up then linear decay to 0."""
     custom = {f"objective.{k}": v for k, v in unwrap(module).objective.custom_lr().items()}
     decay, no_decay, groups = [], [], []

@@ -7,7 +7,7 @@
     search:                     # knob: {distribution: [range]} (+ optional when: {knob: [values]})
       tau:   {loguniform: [0.01, 0.1]}
       alpha: {uniform: [0.0, 0.5]}
-      L:     {choice: [16, 32, 64], when: {objective: [hicl]}}
+      slice_length: {choice: [16, 32, 64], when: {objective: [hicl]}}
 
 Distributions: ``uniform``/``loguniform`` [low, high], ``int``/``logint`` [low, high],
 ``choice`` [values...]. Knobs are the papers' names (see :data:`ALIASES`) or any dotted config
@@ -28,12 +28,12 @@ from raycse.errors import ConfigError
 
 ALIASES = {
     "objective": "objective.name",
-    "tau": "objective.temperature",
+    "tau": "objective.tau",
     "lr": "train.lr",
     "alpha": "objective.alpha",
     "beta": "objective.beta",
     "mu": "objective.mu",
-    "L": "objective.slice_length",
+    "slice_length": "objective.slice_length",
     "lambda": "objective.lam",
     "d0": "objective.d0",
     "group_size": "grouping.group_size",
