@@ -186,8 +186,8 @@ class EndTrialRuns(Callback):
 
         try:
             release(ray.get_actor(self.registry_name), f"{trial.trial_id}/", self.timeout_s, close=True)
-        except ReleaseError as err:
-            print(f"[raycse] warning: trial {trial.trial_id}: {err}", flush=True)
+        except (ReleaseError, ValueError, ray.exceptions.RayError) as err:  # ValueError: no registry
+            print(f"[raycse] warning: trial {trial.trial_id}: its Train runs could not be ended: {err}", flush=True)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self._end(trial)
