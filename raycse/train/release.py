@@ -15,8 +15,8 @@ trial's runs waited for those CPUs for ever (issue 18). So raycse ends its runs 
 - A key that was closed (its trial ended) refuses new runs: a controller that starts under it
   aborts itself at once.
 
-Depends on Ray Train V2's controller callbacks (``ray.train.v2._internal``); ``pyproject.toml``
-bounds Ray to the versions this is tested with.
+Depends on Ray Train V2's controller callbacks (``ray.train.v2._internal``), tested on Ray 2.60;
+``pyproject.toml`` sets no upper bound on Ray yet, so a newer Ray that moves these hooks fails at import.
 """
 
 from __future__ import annotations
