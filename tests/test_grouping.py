@@ -334,3 +334,31 @@ def test_hugging_face_dataset_offline_names_the_alternative(monkeypatch):
     with pytest.raises(DataError, match="cannot load Hugging Face dataset 'no-such/dataset-xyz' split 'train'.*"
                                         "save it elsewhere as Parquet/JSONL"):
         raw_dataset(DataConfig(corpus="no-such/dataset-xyz", format="hf"), seed=0)
+
+
+def test_compcse_subsampling_adds_rows_where_the_corpus_is_read(ray_cluster, tmp_path):
+    """The extra rows are made in the Ray Data pipeline: counted, shuffled and numbered with the rest,
+    and a run whose subsampling differs does not reuse another's laid-out data."""
+    from raycse.config import RunConfig
+    from raycse.objectives.compcse import FIELD
+    from raycse.train.driver import data_key, load_run_corpus
+
+    sents = [f"topic{i} north, city{i} river; king{i} road" for i in range(30)] + ["plain sentence"] * 1
+    run = RunConfig()
+    run.data.corpus = str(_corpus_file(tmp_path, sents))
+    run.objective.name = "compcse"
+    plain = load_run_corpus(run)
+    run.objective.params = {"subsample": "subsuming"}
+    sub = load_run_corpus(run)
+    texts = [r["text"] for r in sub.dataset.iter_rows()]
+    extra = [t for t in texts if FIELD in t]
+    # 3 phrases: the halving gives one node below the root, (c0 c1 | c2) -> (c0, c1)
+    assert plain.num_examples == 31 and sub.num_examples == 61 and sub.stats.extra_rows == len(extra) == 30
+    assert sorted(r["_id"] for r in sub.dataset.iter_rows()) == list(range(61))
+    parts = sorted(tuple(t.split(FIELD)) for t in extra)
+    assert parts == sorted((f"topic{i} north, city{i} river;", f"topic{i} north,", f"city{i} river;") for i in range(30))
+    follows = sum(texts[k - 1].startswith(texts[k].split(FIELD)[0]) for k, t in enumerate(texts) if FIELD in t and k)
+    assert follows < 30  # shuffled in with the rest, not left behind their sentence
+    key = data_key(run)
+    run.objective.params = {"subsample": "adjacent"}
+    assert data_key(run) != key

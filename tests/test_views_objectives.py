@@ -298,3 +298,90 @@ def test_laser_anchor_sentence_first_or_random(tiny_model):
     assert decode(line["a_input_ids"][0], line["a_attention_mask"][0]) == tok.decode(tok(doc)["input_ids"][1:-1])
     with pytest.raises(ConfigError, match="anchor line needs mode self"):
         registry.build("laser", {"mode": "intra", "anchor": "line"})
+
+
+# ---- CompCSE subsampling (ablation): extra rows from spans of phrases, written from the words
+SENTENCE_PHRASES = ["In the north,", "the old city grew;", "its river port", "(the largest) expanded", "and trade rose."]
+
+
+def _words_rows(how: str) -> set:
+    """The ablation's rows from its words, as (anchor, left part, right part) phrase tuples."""
+    C = SENTENCE_PHRASES
+    n = len(C)
+    out = set()
+    if how == "adjacent":  # each unique pair of the non-overlapping phrases
+        for i in range(n):
+            for j in range(n):
+                if i < j and not (i == 0 and j == n - 1 and n == 2):
+                    out.add((C[i] + " " + C[j], C[i], C[j]))
+    elif how == "overlapping":  # pairs of spans that may overlap: neither holds the other, their union is a span
+        spans = [frozenset(range(a, b)) for a in range(n) for b in range(a + 1, n + 1)]
+        for A in spans:
+            for B in spans:
+                union = A | B
+                if A <= B or B <= A or min(A) > min(B):
+                    continue
+                if sorted(union) != list(range(min(union), max(union) + 1)) or len(union) == n:
+                    continue
+                join = lambda s: " ".join(C[k] for k in sorted(s))  # noqa: E731
+                out.add((join(union), join(A), join(B)))
+    else:  # C recursively partitioned in half (left takes the odd one); every part below the root
+        todo = [list(C)]
+        while todo:
+            part = todo.pop()
+            if len(part) < 2:
+                continue
+            cut = math.ceil(len(part) / 2)
+            if part != C:
+                out.add((" ".join(part), " ".join(part[:cut]), " ".join(part[cut:])))
+            todo += [part[:cut], part[cut:]]
+    return out
+
+
+@pytest.mark.parametrize("how", ["adjacent", "overlapping", "subsuming"])
+def test_compcse_subsample_rows_follow_the_ablation(how):
+    import numpy as np
+
+    from raycse.objectives.compcse import FIELD
+
+    text = " ".join(SENTENCE_PHRASES[:3]) + " " + SENTENCE_PHRASES[3] + " - " + SENTENCE_PHRASES[4]
+    expander = registry.get("compcse").row_expander(registry.build_params("compcse", {"subsample": how,
+                                                                                      "subsample_max": 1000}))
+    rows = expander(text, np.random.default_rng(0))
+    assert len(rows) == len(set(rows))
+    got = {tuple(r.split(FIELD)) for r in rows}
+    want = _words_rows(how)
+    assert got == want and len(want) >= 2
+    assert all(a != text for a, _, _ in got)  # never the whole sentence again
+    capped = expander.func(text, np.random.default_rng(0), how=how, limit=2)
+    assert len(capped) == 2 and set(capped) <= set(rows)
+    seen = {tuple(expander.func(text, np.random.default_rng(s), how=how, limit=1)) for s in range(40)}
+    assert len(seen) == min(len(want), len(seen)) and len(seen) > 1  # the cap picks at random
+    assert registry.get("compcse").row_expander(registry.build_params("compcse", {})) is None
+    assert expander("no clause punctuation here", np.random.default_rng(0)) == []
+    with pytest.raises(ConfigError, match="subsample must be one of none, adjacent, overlapping, subsuming"):
+        registry.build("compcse", {"subsample": "random"})
+    with pytest.raises(ConfigError, match="subsample_max must be >= 1"):
+        registry.build("compcse", {"subsample": "adjacent", "subsample_max": 0})
+
+
+def test_compcse_subsampled_row_composes_its_own_parts(tiny_model_no_dropout):
+    """An extra row's positive is the composition of its two parts, each through encoder and projector
+    on its own; a plain sentence in the same batch keeps its token halves."""
+    from raycse.encoder import Encoder
+    from raycse.objectives.compcse import FIELD
+
+    enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="cls", mlp_head="train_only").train()
+    obj = registry.build("compcse", {"tau": 0.1, "subsample": "adjacent"})
+    obj.setup(enc)
+    texts = ["the city river was built", FIELD.join(["a king north road", "a king", "north road"]), "summer music"]
+    got = obj(enc, obj.collate(texts, enc.tokenizer, 32)).loss
+    anchors = ["the city river was built", "a king north road", "summer music"]
+    parts = [("the city river", "was built"), ("a king", "north road"), ("summer", "music")]
+    with torch.no_grad():
+        g = lambda xs: enc.mlp(enc.backbone(**enc.tokenize(xs)).last_hidden_state[:, 0])  # noqa: E731
+        z = g(anchors)
+        pos = torch.stack([(g([a])[0] + g([b])[0]) / 2 for a, b in parts])
+        logits = cosine_logits(z, pos, 0.1)
+    want = sum(-(logits[i, i].item() - math.log(sum(math.exp(x) for x in logits[i].tolist()))) for i in range(3)) / 3
+    assert got.item() == pytest.approx(want, rel=1e-4)

@@ -27,6 +27,7 @@ class CorpusStats:
     duplicates_dropped: int = 0
     decode_replaced: int = 0
     truncated: int = 0
+    extra_rows: int = 0  # added by the objective (CompCSE's subsampling); included in kept
 
     def summary(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in asdict(self).items())

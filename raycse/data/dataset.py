@@ -196,12 +196,16 @@ def _pathlike(path: str):
 
 
 # --------------------------------------------------------------------------------------- block tasks
-def _finish_block(table, seed: int, block: int):
-    """Sum and drop the stats rows, shuffle the block (seeded), hash texts for deduplication."""
+def _finish_block(table, seed: int, block: int, expand=None):
+    """Sum and drop the stats rows, add the objective's extra rows, shuffle the block (seeded), hash
+    texts for deduplication."""
     import pyarrow.compute as pc
 
-    totals = {name: int(pc.sum(table[col]).as_py() or 0) for name, col in STAT_COLUMNS.items()}
+    totals = {name: int(pc.sum(table[col]).as_py() or 0) for name, col in STAT_COLUMNS.items()
+              if col in table.column_names}
     table = table.filter(pc.is_valid(table["text"])).drop_columns(list(STAT_COLUMNS.values()))
+    if expand is not None:
+        table, totals["extra_rows"] = _expand_rows(table, expand, np.random.default_rng([seed, block, 1]))
     perm = np.random.default_rng([seed, block]).permutation(table.num_rows)
     table = table.take(perm)
     texts = table["text"].to_pylist()
@@ -209,6 +213,18 @@ def _finish_block(table, seed: int, block: int):
         texts = [f"{t}\t{p}" for t, p in zip(texts, table["pair"].to_pylist())]
     hashes = np.fromiter((text_key(t) for t in texts), dtype=np.int64, count=len(texts))
     return table, (totals, hashes)
+
+
+def _expand_rows(table, expand, rng):
+    """Each text followed by its extra rows (single-text corpora only; pairs never expand)."""
+    import pyarrow as pa
+
+    texts = table["text"].to_pylist()
+    out = []
+    for text in texts:
+        out.append(text)
+        out.extend(expand(text, rng))
+    return pa.table({"text": pa.array(out, pa.string())}), len(out) - len(texts)
 
 
 def _select_and_number(table, keep: Optional[np.ndarray], first_id: int):
@@ -220,8 +236,12 @@ def _select_and_number(table, keep: Optional[np.ndarray], first_id: int):
     return table.add_column(0, "_id", ids)
 
 
-def load_corpus(d, seed: int, dedup: Optional[bool] = None) -> Corpus:
-    """Read, clean, pre-shuffle and number a corpus as a distributed Ray Dataset (see the module doc)."""
+def load_corpus(d, seed: int, dedup: Optional[bool] = None, expand=None) -> Corpus:
+    """Read, clean, pre-shuffle and number a corpus as a distributed Ray Dataset (see the module doc).
+
+    ``expand(text, rng) -> list[str]``: extra rows made from each text (an objective's
+    ``row_expander``, e.g. CompCSE's subsampling), added before the shuffle, deduplication and
+    ``data.max_sentences`` (which therefore counts the extra rows too)."""
     import ray
 
     dedup = d.dedup if dedup is None else dedup
@@ -231,7 +251,7 @@ def load_corpus(d, seed: int, dedup: Optional[bool] = None) -> Corpus:
     number = ray.remote(scheduling_strategy="DEFAULT")(_select_and_number)
     with ray_data_errors():
         blocks = ds.to_arrow_refs()
-        parts = [finish.remote(ref, seed, i) for i, ref in enumerate(blocks)]
+        parts = [finish.remote(ref, seed, i, expand) for i, ref in enumerate(blocks)]
         meta = ray.get([p[1] for p in parts])
     stats = CorpusStats()
     for totals, _ in meta:

@@ -11,7 +11,7 @@ An objective owns three things:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Callable, ClassVar, Optional
 
 import torch
 from torch import Tensor, nn
@@ -49,6 +49,13 @@ class Objective(nn.Module):
     def __init__(self, params: Params):
         super().__init__()
         self.params = params
+
+    @classmethod
+    def row_expander(cls, params: Params) -> Optional[Callable]:
+        """``expand(text, rng) -> extra rows``, applied to each row where the corpus is read (CompCSE's
+        subsampling), or None. A picklable ``functools.partial``: its keywords are part of the run's
+        data key, since they change the rows."""
+        return None
 
     def setup(self, encoder: nn.Module) -> None:
         """Hook run once with the encoder before DDP wrapping (frozen copies, extra heads)."""

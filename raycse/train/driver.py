@@ -87,13 +87,28 @@ def lay_out_phase(run: RunConfig, corpus, phase: list[int], spe: int, total: int
     return concat_epochs(per_epoch), logs
 
 
+def row_expander(run: RunConfig):
+    """The objective's extra rows per corpus row (CompCSE's subsampling), or None."""
+    cls = registry.get(run.objective.name)
+    return cls.row_expander(registry.build_params(run.objective.name, run.objective.params))
+
+
+def load_run_corpus(run: RunConfig):
+    """``run``'s corpus as the train loop sees it: read, cleaned, expanded by the objective, numbered."""
+    from raycse.data.dataset import load_corpus
+
+    return load_corpus(run.data, run.train.seed, expand=row_expander(run))
+
+
 def data_key(run: RunConfig) -> str:
     """Everything a run's batch rows depend on: two runs with equal keys train on the same batches."""
     d = run.to_dict()
     train = {k: d["train"][k] for k in ("seed", "batch_size", "num_workers", "epochs", "max_steps", "use_gpu",
                                          "precision")}
-    return json.dumps({"data": d["data"], "grouping": d["grouping"], "model": d["model"], "train": train},
-                      sort_keys=True, default=str)
+    expand = row_expander(run)
+    rows = None if expand is None else sorted(expand.keywords.items())
+    return json.dumps({"data": d["data"], "grouping": d["grouping"], "model": d["model"], "train": train,
+                       "rows": rows}, sort_keys=True, default=str)
 
 
 @dataclass
@@ -112,12 +127,10 @@ class PreparedData:
 def prepare_data(run: RunConfig) -> Optional[PreparedData]:
     """Read and lay out ``run``'s data for :func:`train` (``prepared=``); None when the run needs more
     than one fit (groupings re-embedded every epoch depend on the model being trained)."""
-    from raycse.data.dataset import load_corpus
-
     run.validate()
     ensure_ray()
     quiet_ray_data()
-    corpus = load_corpus(run.data, run.train.seed)
+    corpus = load_run_corpus(run)
     spe, total = plan_steps(run, corpus.num_examples)
     phases = plan_phases(run, spe, total)
     if len(phases) != 1:
@@ -148,7 +161,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     from ray.train import CheckpointConfig, FailureConfig, RunConfig as TrainRunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from raycse.data.dataset import load_corpus, resolve_sources
+    from raycse.data.dataset import resolve_sources
 
     run.validate()
     if not run.data.corpus:
@@ -170,7 +183,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         run_key = run_key or f"train-{staging.name}"
         if prepared is not None and prepared.key != data_key(run):
             prepared = None  # one of this run's knobs changes its batches
-        corpus = None if prepared is not None else load_corpus(run.data, run.train.seed)
+        corpus = None if prepared is not None else load_run_corpus(run)
         stats = prepared.stats if prepared is not None else corpus.stats
         num_examples = prepared.num_examples if prepared is not None else corpus.num_examples
         print(f"[raycse] corpus {run.data.corpus}: {stats.summary()}"

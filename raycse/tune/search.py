@@ -238,8 +238,7 @@ def prepare_seeds(space: SearchSpace, seeds: list) -> tuple[dict, int]:
     again (~10 s of a ~30 s trial start-up on 2 cores, identical for every trial whose knobs leave
     the data alone), and those tasks held the CPUs the trial's Train workers were waiting for.
     A trial whose knobs do change the batches (batch size, grouping) lays out its own."""
-    from raycse.data.dataset import load_corpus
-    from raycse.train.driver import prepare_data
+    from raycse.train.driver import load_run_corpus, prepare_data
 
     import ray
 
@@ -254,7 +253,7 @@ def prepare_seeds(space: SearchSpace, seeds: list) -> tuple[dict, int]:
     if prepared:  # the example count does not depend on the seed (dedup comes before data.max_sentences)
         return prepared, num_examples
     run = space.run_config({})
-    return {}, load_corpus(run.data, run.train.seed).num_examples
+    return {}, load_run_corpus(run).num_examples
 
 
 def _trainable(settings: TuneSettings, space: SearchSpace, exp_dir: Path, num_examples: int, cpus_per_worker: float,
