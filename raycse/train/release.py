@@ -16,7 +16,8 @@ trial's runs waited for those CPUs for ever (issue 18). So raycse ends its runs 
   aborts itself at once.
 
 Depends on Ray Train V2's controller callbacks (``ray.train.v2._internal``), tested on Ray 2.60;
-``pyproject.toml`` sets no upper bound on Ray yet, so a newer Ray that moves these hooks fails at import.
+``pyproject.toml`` therefore pins Ray to 2.60.x, and an install that bypasses the pin fails at import with
+the Ray it found and the one to install.
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import ray
-from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
+
+try:  # Ray Train V2's callback interfaces are internal: pyproject pins the Ray they were tested on
+    from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
+except ImportError as exc:  # pragma: no cover - depends on the installed Ray
+    raise ImportError(f"raycse needs Ray 2.60 (Ray Train V2 controller callbacks); this is Ray {ray.__version__}: "
+                      f"pip install 'ray[default,train,data,tune]==2.60.*'") from exc
 
 from raycse.errors import ResourceError
 
