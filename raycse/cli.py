@@ -19,57 +19,100 @@ import sys
 from typing import Optional, Sequence
 
 from raycse.errors import RaycseError
+from raycse.outputs import check_writable_file, write_text_atomic
 
-# flag -> (config key, type, help)
+# flag -> (config key, help). Types and defaults come from the config dataclasses (one source of
+# truth): ``--help`` appends each default once; a help text that explains its default itself says "default".
 TRAIN_FLAGS = [
-    ("--model", "model.name_or_path", str, "HF model directory or hub name; 'default' = embedded all-MiniLM-L6-v2"),
-    ("--pooling", "model.pooling", str, "cls | cls_before_pooler | mean (default mean)"),
-    ("--mlp-head", "model.mlp_head", str, "auto | train_only | always | none (auto: train_only for cls)"),
-    ("--max-length", "model.max_length", int, "max tokens per training sentence (default 32)"),
-    ("--corpus", "data.corpus", str, "training data: .txt (one sentence per line), .jsonl, .parquet, .csv/.tsv; "
-                                     "several comma-separated, globs, directories, s3:// URIs, or an HF dataset "
-                                     "name with --format hf"),
-    ("--format", "data.format", str,
+    ("--model", "model.name_or_path", "HF model directory or hub name; 'default' = embedded all-MiniLM-L6-v2"),
+    ("--pooling", "model.pooling", "cls | cls_before_pooler | mean"),
+    ("--mlp-head", "model.mlp_head", "auto | train_only | always | none (auto: train_only for cls)"),
+    ("--max-length", "model.max_length", "max tokens per training sentence"),
+    ("--corpus", "data.corpus", "training data: .txt (one sentence per line), .jsonl, .parquet, .csv/.tsv; "
+                                "several comma-separated, globs, directories, s3:// URIs, or an HF dataset name "
+                                "with --format hf"),
+    ("--format", "data.format",
      "auto | text | jsonl | parquet | csv | tsv | stsb (STS Benchmark TSV as scored pairs) | hf (HF dataset name)"),
-    ("--text-column", "data.text_column", str, "text field of JSONL/Parquet/CSV corpora (default text)"),
-    ("--pair-column", "data.pair_column", str, "second text field: train on pairs (objective bsc)"),
-    ("--label-column", "data.label_column", str, "label or score field of pairs (0/1 labels or scores)"),
-    ("--score-scale", "data.score_scale", float, "divide scores by this to get [0, 1] (stsb: 5 automatically)"),
-    ("--max-sentences", "data.max_sentences", int, "use only the first N cleaned sentences"),
-    ("--dedup", "data.dedup", str, "true: drop repeated examples across the whole corpus (counted)"),
-    ("--grouping", "grouping.strategy", str,
+    ("--text-column", "data.text_column", "text field of JSONL/Parquet/CSV corpora"),
+    ("--pair-column", "data.pair_column", "second text field: train on pairs (objective bsc)"),
+    ("--label-column", "data.label_column", "label or score field of pairs (0/1 labels or scores)"),
+    ("--score-scale", "data.score_scale", "divide scores by this to get [0, 1] (stsb: 5 automatically)"),
+    ("--max-sentences", "data.max_sentences", "use only the first N cleaned sentences (default: all)"),
+    ("--dedup", "data.dedup", "drop repeated examples across the whole corpus (counted)"),
+    ("--grouping", "grouping.strategy",
      "batch order: random | knn (nearest-neighbour groups, regrouped each epoch) | shingle | cluster"),
-    ("--group-size", "grouping.group_size", int, "examples per group for knn/shingle/cluster (default 8)"),
-    ("--objective", "objective.name", str, "training objective (see 'raycse objectives'; default simcse)"),
-    ("--tau", "objective.tau", float, "InfoNCE temperature (default 0.05)"),
-    ("--num-workers", "train.num_workers", int, "Ray Train workers (data-parallel; default 1)"),
-    ("--cpus-per-worker", "train.cpus_per_worker", float, "CPUs (= torch threads) per worker; default all/num_workers"),
-    ("--batch-size", "train.batch_size", int, "sentences per worker per step (default 64)"),
-    ("--epochs", "train.epochs", int, "passes over the corpus (default 1)"),
-    ("--max-steps", "train.max_steps", int, "stop after N optimizer steps"),
-    ("--lr", "train.lr", float, "AdamW learning rate (default 3e-5)"),
-    ("--weight-decay", "train.weight_decay", float, "AdamW weight decay (default 0)"),
-    ("--warmup-ratio", "train.warmup_ratio", float, "fraction of steps of linear warm-up (default 0)"),
-    ("--max-grad-norm", "train.max_grad_norm", float, "gradient clipping norm, 0 = off (default 1.0)"),
-    ("--precision", "train.precision", str, "auto | fp32 | bf16 | fp16 (auto: bf16 on GPUs and bf16-capable CPUs)"),
-    ("--seed", "train.seed", int, "random seed; the same seed reproduces the run (default 42)"),
-    ("--log-steps", "train.log_steps", int, "print progress every N steps (default 10)"),
-    ("--length-buckets", "train.length_buckets", int,
-     "encode each batch as N length-sorted sub-batches to skip padding (same loss; default 2; "
-     "BERT-family models unpad instead unless --unpad false)"),
-    ("--unpad", "train.unpad", str, "true | false: BERT-family encoders run their layers on real tokens only "
-     "(padding only inside attention; same loss, faster; default true)"),
-    ("--eval-steps", "eval.eval_steps", int, "score STS-B dev and checkpoint every N steps (default 125)"),
-    ("--stsb-dev", "eval.stsb_dev", str, "STS-B dev csv for model selection, or 'none' (default: ../shared/data/...)"),
-    ("--eval-precision", "eval.precision", str, "dev scoring: fp32 (default, exact) | train (the training autocast: "
-     "~2.5x faster on CPU, scores move ~0.01) | bf16 | auto"),
-    ("--output", "output_dir", str, "where the model, metrics.json and config.yaml go (default outputs/run)"),
+    ("--group-size", "grouping.group_size", "examples per group for knn/shingle/cluster"),
+    ("--objective", "objective.name", "training objective (see 'raycse objectives')"),
+    ("--tau", "objective.tau", "InfoNCE temperature (default: the objective's own, 0.05 for simcse)"),
+    ("--num-workers", "train.num_workers", "Ray Train workers (data-parallel)"),
+    ("--cpus-per-worker", "train.cpus_per_worker", "CPUs (= torch threads) per worker (default: all / workers)"),
+    ("--batch-size", "train.batch_size", "sentences per worker per step"),
+    ("--epochs", "train.epochs", "passes over the corpus"),
+    ("--max-steps", "train.max_steps", "stop after N optimizer steps (default: the epochs decide)"),
+    ("--lr", "train.lr", "AdamW learning rate"),
+    ("--weight-decay", "train.weight_decay", "AdamW weight decay"),
+    ("--warmup-ratio", "train.warmup_ratio", "fraction of steps of linear warm-up"),
+    ("--max-grad-norm", "train.max_grad_norm", "gradient clipping norm, 0 = off"),
+    ("--precision", "train.precision", "auto | fp32 | bf16 | fp16 (auto: bf16 on GPUs and bf16-capable CPUs)"),
+    ("--seed", "train.seed", "random seed; the same seed reproduces the run"),
+    ("--log-steps", "train.log_steps", "print progress every N steps"),
+    ("--length-buckets", "train.length_buckets",
+     "encode each batch as N length-sorted sub-batches to skip padding (same loss; BERT-family models unpad "
+     "instead unless --unpad false)"),
+    ("--unpad", "train.unpad", "BERT-family encoders run their layers on real tokens only (padding only inside "
+     "attention; same loss, faster)"),
+    ("--eval-steps", "eval.eval_steps", "score STS-B dev and checkpoint every N steps"),
+    ("--stsb-dev", "eval.stsb_dev", "STS-B dev csv for model selection; none: train without dev scoring, keeping "
+     "the last checkpoint; auto: ../shared/data/stsbenchmark/sts-dev.csv where it exists"),
+    ("--eval-precision", "eval.precision", "dev scoring: fp32 (exact) | train (the training autocast: ~2.5x faster "
+     "on CPU, scores move ~0.01) | bf16 | auto"),
+    ("--output", "output_dir", "where the model, metrics.json and config.yaml go"),
 ]
 
 
+def config_field(key: str) -> tuple[object, object]:
+    """(default, type) of a dotted config key, from the config dataclasses."""
+    import typing
+
+    from raycse.config import RunConfig
+
+    if key == "output_dir":
+        return RunConfig().output_dir, str
+    if key == "objective.tau":
+        return None, float
+    section, name = key.split(".")
+    obj = getattr(RunConfig(), section)
+    hint = typing.get_type_hints(type(obj))[name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return getattr(obj, name), (args[0] if args else hint)
+
+
+def show_default(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each default once (none where the help text states it; none for on/off flags); INT / FLOAT / STR
+    as value names."""
+
+    FLAGS = (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._StoreConstAction)
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if ("default" in text.lower() or default is None or isinstance(action, self.FLAGS)
+                or default is argparse.SUPPRESS or default == [] or not action.option_strings):
+            return text
+        return f"{text} (default: {show_default(default)})"
+
+    def _get_default_metavar_for_optional(self, action):
+        return {int: "INT", float: "FLOAT"}.get(action.type, action.dest.upper())
+
+
 def _command(sub, name: str, help: str, description: str) -> argparse.ArgumentParser:
-    return sub.add_parser(name, help=help, description=description,
-                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    return sub.add_parser(name, help=help, description=description, formatter_class=HelpFormatter)
 
 
 def _train_parser(sub) -> None:
@@ -78,18 +121,23 @@ def _train_parser(sub) -> None:
         description="Fine-tune a Hugging Face encoder with a contrastive objective on Ray Train (N data-parallel "
                     "workers, in-batch negatives gathered across workers). The best STS-B dev checkpoint is "
                     "saved to OUTPUT/model, loadable by transformers.AutoModel and sentence_transformers.")
-    p.add_argument("--config", help="YAML run config (sections model, data, grouping, objective, train, eval); "
+    p.add_argument("--config", metavar="YAML", help="YAML run config (sections model, data, grouping, objective, train, eval); "
                                     "flags override it")
-    for flag, key, typ, text in TRAIN_FLAGS:
-        p.add_argument(flag, dest=key, type=str, default=None, metavar=typ.__name__.upper(), help=text)
+    for flag, key, text in TRAIN_FLAGS:
+        default, typ = config_field(key)
+        if default is not None and "default" not in text.lower():
+            text = f"{text} (default: {show_default(default)})"
+        metavar = "{true,false}" if typ is bool else typ.__name__.upper()
+        # the value is kept as text: flags override the YAML config only when given
+        p.add_argument(flag, dest=key, type=str, default=None, metavar=metavar, help=text)
     p.add_argument("--use-gpu", dest="train.use_gpu", action="store_const", const="true", default=None,
-                   help="one GPU per worker (NCCL); default CPU with gloo")
+                   help="one GPU per worker (NCCL) instead of CPUs with gloo")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any config key, e.g. --set objective.tau=0.1 --set data.dedup=true")
     p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output directory")
     p.add_argument("--storage-path", default=None,
                    help="keep Ray Train checkpoints here (path or URI, e.g. s3://bucket/ckpt); running the same "
-                        "command again resumes from the furthest whole checkpoint. Default: a temporary directory")
+                        "command again resumes from the furthest whole checkpoint (default: a temporary directory)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
 
 
@@ -105,7 +153,7 @@ def _eval_parser(sub) -> None:
                    help="subset of STS12 STS13 STS14 STS15 STS16 STSBenchmark SICKRelatedness (default all 7)")
     p.add_argument("--stsb-dev", help="also score this STS-B dev csv (tab-separated STS Benchmark format)")
     p.add_argument("--pooling", default=None, help="override the model's pooling: cls | cls_before_pooler | mean")
-    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=128, help="sentences per encoder call")
     p.add_argument("--max-length", type=int, default=None, help="token limit (default: the model's max_seq_length)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "auto", "bf16"],
                    help="fp32 (exact, the published convention) or bf16 autocast (auto: where the CPU/GPU supports "
@@ -158,7 +206,7 @@ def _analyze_parser(sub) -> None:
                     "seed_spread.png.")
     p.add_argument("exp_dir", help="experiment directory printed by 'raycse tune'")
     p.add_argument("--plot-dir", default=None, help="where the PNGs go (default EXP_DIR/plots)")
-    p.add_argument("--no-plots", dest="plots", action="store_false")
+    p.add_argument("--no-plots", dest="plots", action="store_false", help="print the table only, no PNGs")
     p.add_argument("--top", type=int, default=5, help="configurations in the per-seed spread plot")
     p.add_argument("--export-best", default=None, metavar="PATH",
                    help="copy the best configuration's best-seed model here (loadable by transformers and ST)")
@@ -180,7 +228,7 @@ def resolve_train_config(args: argparse.Namespace):
     from raycse.config import RunConfig, load_yaml, set_dotted
 
     run = RunConfig.from_dict(load_yaml(args.config)) if args.config else RunConfig()
-    for _, key, _, _ in TRAIN_FLAGS + [(None, "train.use_gpu", None, None)]:
+    for _, key, _ in TRAIN_FLAGS + [(None, "train.use_gpu", None)]:
         value = getattr(args, key, None)
         if value is not None:
             set_dotted(run, key, value)
@@ -218,6 +266,9 @@ def cmd_eval(args) -> int:
         raise RaycseError("nothing to evaluate: pass --senteval-dir DIR (SentEval layout) and/or --stsb-dev FILE")
     if args.batch_size < 1:
         raise RaycseError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.length_attack and min(args.length_attack) < 1:
+        raise RaycseError("--length-attack values must be >= 1")
+    json_out = check_writable_file(args.json_out) if args.json_out else None  # before the work, not after
     datasets = []
     if args.senteval_dir:
         datasets += [load_task(args.senteval_dir, canonical_task(t)) for t in (args.tasks or TASKS)]
@@ -237,16 +288,13 @@ def cmd_eval(args) -> int:
     if args.length_attack:
         from raycse.evaluation.length_attack import format_rows, length_attack
 
-        if min(args.length_attack) < 1:
-            raise RaycseError("--length-attack values must be >= 1")
         rows = length_attack(lambda xs: encoder.encode(xs, batch_size=args.batch_size, max_length=args.max_length,
                                                        autocast_dtype=dtype), datasets, args.length_attack,
                              encoder.tokenizer, args.max_length or encoder.max_seq_length)
         print(format_rows(rows))
         result["length_attack"] = rows
-    if args.json_out:
-        with open(args.json_out, "w") as fh:
-            json.dump(result, fh, indent=2)
+    if json_out:
+        write_text_atomic(json_out, json.dumps(result, indent=2))
     return 0
 
 

@@ -243,8 +243,9 @@ class TrainConfig:
 class EvalConfig:
     """Model selection during training on STS-B dev."""
 
-    # None: look for ../shared/data/stsbenchmark/sts-dev.csv; "none": train without evaluation.
-    stsb_dev: Optional[str] = None
+    # "auto": look for ../shared/data/stsbenchmark/sts-dev.csv; "none" (or YAML null): train without
+    # evaluation, keeping the last checkpoint; else a path.
+    stsb_dev: Optional[str] = "auto"
     eval_steps: int = 125
     batch_size: int = 128
     # Score STS-B dev once before training too (the "before" number); tuning runs may skip it.
@@ -260,8 +261,10 @@ class EvalConfig:
         _choice("eval.precision", self.precision, PRECISIONS + ("train",))
 
     def resolved_stsb_dev(self) -> Optional[str]:
-        if self.stsb_dev is not None:
-            return None if self.stsb_dev.lower() == "none" else self.stsb_dev
+        if self.stsb_dev is None or self.stsb_dev.lower() == "none":
+            return None
+        if self.stsb_dev.lower() != "auto":
+            return self.stsb_dev
         for base in (Path.cwd(), Path(__file__).resolve().parents[1]):
             cand = base.parent / "shared" / "data" / "stsbenchmark" / "sts-dev.csv"
             if cand.is_file():

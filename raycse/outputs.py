@@ -21,3 +21,25 @@ def staging_dir(dest: Path) -> Path:
     staging = dest.parent / f"{staging_prefix(dest.name)}{uuid.uuid4().hex[:8]}"
     staging.mkdir(parents=True)
     return staging
+
+
+def check_writable_file(path: str) -> Path:
+    """``path`` as a file an entry point will write at its end: fail before any work if it cannot be."""
+    from raycse.errors import RaycseError
+
+    dest = Path(path)
+    if dest.is_dir():
+        raise RaycseError(f"{dest} is a directory; give a file name to write")
+    if not dest.parent.is_dir():
+        raise RaycseError(f"directory {dest.parent} does not exist; create it or write {dest.name} elsewhere")
+    return dest
+
+
+def write_text_atomic(dest: Path, text: str) -> None:
+    """Write ``text`` to ``dest`` through a hidden file beside it and one rename: whole or not at all."""
+    tmp = dest.parent / f"{staging_prefix(dest.name)}{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.write_text(text)
+        tmp.replace(dest)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -144,3 +144,54 @@ def test_view_objectives_train_end_to_end(ray_cluster, tiny_model, corpus, stsb_
         assert any(not torch.equal(before[k], after[k]) for k in after if k in before)
     else:
         assert sum(h[-2:]) < sum(h[:2])  # the first vs the last 8 steps
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "tune", "analyze"])
+def test_help_says_each_default_once(command, capsys):
+    import re
+
+    from raycse.config import RunConfig
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # unwrap argparse's lines
+    for entry in re.split(r"\s(?=--?[a-z])", text):  # one option and its help text
+        assert len(re.findall(r"\(default", entry)) <= 1, entry
+        assert "(default: None)" not in entry and "(default: True)" not in entry and "(default: False)" not in entry
+    if command == "train":  # defaults read from the config, booleans as true/false
+        assert f"--max-length INT max tokens per training sentence (default: {RunConfig().model.max_length})" in text
+        assert "--dedup {true,false}" in text and "(default: false)" in text and "STR" in text
+        assert f"(default: {RunConfig().train.lr})" in text
+
+
+def test_stsb_dev_none_means_no_dev_scoring(tmp_path):
+    """'none' used to become YAML null, which meant 'look for ../shared', so training still scored."""
+    from raycse.cli import build_parser, resolve_train_config
+    from raycse.config import EvalConfig, RunConfig, set_dotted
+
+    assert EvalConfig().resolved_stsb_dev() is not None  # the shared dev set is found here
+    for value in ("none", "None", "null"):
+        args = build_parser().parse_args(["train", "--corpus", "x.txt", "--stsb-dev", value])
+        assert resolve_train_config(args).eval.resolved_stsb_dev() is None
+    run = RunConfig.from_dict({"eval": {"stsb_dev": None}})
+    assert run.eval.resolved_stsb_dev() is None
+    set_dotted(run, "eval.stsb_dev", str(tmp_path / "dev.csv"))
+    assert run.eval.resolved_stsb_dev() == str(tmp_path / "dev.csv")
+
+
+def test_eval_tune_analyze_meet_bad_input_like_train(tiny_model, stsb_dev, tmp_path, capsys, monkeypatch):
+    """One line, exit 2, nothing written, and before any work (a bad output path fails first)."""
+    monkeypatch.chdir(tmp_path)  # tune's default storage path is relative: outputs/tune
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    (tmp_path / "afile").write_text("x")
+    _expect_error(capsys, ["eval", str(tiny_model), "--stsb-dev", str(stsb_dev), "--json",
+                           str(tmp_path / "missing" / "s.json")], "directory", tmp_path / "missing")
+    _expect_error(capsys, ["eval", str(tiny_model), "--stsb-dev", str(stsb_dev), "--length-attack", "0"],
+                  "--length-attack values must be >= 1", tmp_path / "none")
+    _expect_error(capsys, ["analyze", str(exp), "--export-best", str(tmp_path / "afile")], "is a file", exp / "plots")
+    _expect_error(capsys, ["analyze", str(exp)], "is not a raycse tune experiment", exp / "plots")
+    _expect_error(capsys, ["tune", "--space", str(tmp_path / "no.yaml")], "not found", tmp_path / "outputs")
+    _expect_error(capsys, ["tune", "--space", str(tmp_path / "afile"), "--resume", str(exp)], "exactly one",
+                  tmp_path / "outputs")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "exp", stsb_dev.name] and not list(exp.iterdir())

@@ -102,6 +102,10 @@ def test_two_trials_two_seeds_analysis_plots_and_export(ray_cluster, tiny_model,
     assert len(lines) == 4  # header, rule, 2 trials
     for t in report.trials:
         assert t.status(True) == "complete"
+        # the directory shows each knob to 4 significant digits (Tune's default printed lr=0.0001)
+        for knob in ("lr", "tau"):
+            value = float(t.path.name.split(f"{knob}=")[1].split(",")[0])
+            assert value == pytest.approx(t.params[knob], rel=1e-3)
         assert t.last["mean"] == pytest.approx(np.mean(t.last["seed_scores"]))
         assert t.last["std"] == pytest.approx(np.std(t.last["seed_scores"]))
         assert len(t.last["seed_scores"]) == 2

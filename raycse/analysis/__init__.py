@@ -131,6 +131,8 @@ def analyze(exp_dir: str, plots: bool = True, plot_dir: Optional[str] = None, ex
     exp = Path(exp_dir).resolve()
     if not exp.is_dir():
         raise ConfigError(f"experiment directory not found: {exp}")
+    if export_best:
+        check_export_path(Path(export_best))  # before any plot is written
     settings, _ = load_settings(exp)
     trials = load_trials(exp)
     if not trials:
@@ -160,6 +162,13 @@ def analyze(exp_dir: str, plots: bool = True, plot_dir: Optional[str] = None, ex
     return report
 
 
+def check_export_path(dest: Path) -> None:
+    if dest.is_file():
+        raise ConfigError(f"--export-best {dest} is a file; give a directory path for the model")
+    if dest.exists() and any(dest.iterdir()):
+        raise ConfigError(f"--export-best {dest} exists and is not empty; choose another path")
+
+
 def export_model(best: Optional[TrialRecord], dest: Path) -> Path:
     """Copy the best trial's best seed's model (atomically: staged beside ``dest``, then renamed)."""
     from raycse.tune.trial import SEED_MODEL
@@ -171,8 +180,7 @@ def export_model(best: Optional[TrialRecord], dest: Path) -> Path:
     src = best.path / f"seed{seed}" / SEED_MODEL / "model"
     if not (src / "config.json").is_file():
         raise ConfigError(f"the best trial's model is missing ({src}); was the experiment directory moved or pruned?")
-    if dest.exists() and any(dest.iterdir()):
-        raise ConfigError(f"--export-best {dest} exists and is not empty; choose another path")
+    check_export_path(dest)
     staging = staging_dir(dest)
     try:
         shutil.copytree(src, staging, dirs_exist_ok=True)

@@ -194,8 +194,9 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         t = run.train
         spe, total = plan_steps(run, num_examples)
         if dev is None:
-            print("[raycse] no STS-B dev file found: training without evaluation, keeping the last checkpoint "
-                  "(set eval.stsb_dev / --stsb-dev)", flush=True)
+            why = ("eval.stsb_dev is none" if run.eval.stsb_dev is None or run.eval.stsb_dev.lower() == "none"
+                   else "no STS-B dev file found (set eval.stsb_dev / --stsb-dev)")
+            print(f"[raycse] {why}: training without evaluation, keeping the last checkpoint", flush=True)
         cpus = t.cpus_per_worker or max(1, cluster_cpus() // t.num_workers)
         storage = storage_path or str(staging / "ray")
         dev_ref = ray.put(dev) if dev is not None else None

@@ -284,6 +284,21 @@ def _callbacks(space: SearchSpace, exp_dir: Path) -> list:
     return [EndTrialRuns(_registry_name(exp_dir), timeout), DropTrainCheckpoints()]
 
 
+def knob_text(value) -> str:
+    """A knob as a trial directory shows it: 4 significant digits, never rounded to 0 (4.4e-05, not 0.0000)."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def trial_dirname(trial) -> str:
+    """``trial_<id>_<knob=value,...>``: Tune's default formats floats to 4 decimals (lr=0.0000)."""
+    knobs = ",".join(f"{k.rsplit('.', 1)[-1]}={knob_text(v)}" for k, v in sorted(trial.config.items())
+                     if isinstance(v, (int, float, str, bool)))
+    safe = "".join(ch if ch.isalnum() or ch in "=,.-+_" else "_" for ch in knobs)
+    return f"trial_{trial.trial_id}_{safe}"[:120]
+
+
 def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name: Optional[str] = None):
     """Run a search; returns (experiment directory, ResultGrid)."""
     from ray import tune
@@ -315,7 +330,7 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
         trainable,
         tune_config=tune.TuneConfig(search_alg=_optuna_search(space, settings), scheduler=_scheduler(settings),
                                     num_samples=settings.num_samples, max_concurrent_trials=concurrent,
-                                    time_budget_s=settings.time_budget_s),
+                                    time_budget_s=settings.time_budget_s, trial_dirname_creator=trial_dirname),
         run_config=tune.RunConfig(name=name, storage_path=str(exp_dir.parent), verbose=1,
                                   checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                                   callbacks=_callbacks(space, exp_dir)),
