@@ -306,10 +306,27 @@ class Encoder(nn.Module):
                 # Not part of inference; kept so a saved run can continue training with its head.
                 save_file(state, str(path / "mlp_head.safetensors"))
         (path / "modules.json").write_text(json.dumps(modules, indent=2))
+        (path / "config_sentence_transformers.json").write_text(json.dumps(st_config(), indent=2))
         (path / RAYCSE_META).write_text(json.dumps({
             "pooling": self.pooler.kind, "mlp_head": self.mlp_mode, "max_seq_length": int(self.max_seq_length)},
             indent=2))
         return path
+
+
+def st_config() -> dict:
+    """``config_sentence_transformers.json``: the versions that wrote the model and its similarity (cosine)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import transformers
+
+    try:
+        st_version = version("sentence-transformers")
+    except PackageNotFoundError:  # pragma: no cover - a dependency of raycse
+        st_version = None
+    return {"__version__": {"sentence_transformers": st_version, "transformers": transformers.__version__,
+                            "pytorch": torch.__version__},
+            "model_type": "SentenceTransformer", "prompts": {}, "default_prompt_name": None,
+            "similarity_fn_name": "cosine"}
 
 
 def _read_meta(path: str) -> dict:

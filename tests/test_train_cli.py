@@ -12,6 +12,25 @@ import torch
 from raycse.cli import main
 
 
+class _log_records:
+    """Records WARNING+ log records of one logger for the duration of a with block."""
+
+    def __init__(self, name: str):
+        import logging
+
+        self.logger, self.records = logging.getLogger(name), []
+        self.handler = logging.Handler(logging.WARNING)
+        self.handler.emit = lambda record: self.records.append(record.getMessage())
+
+    def __enter__(self):
+        self.logger.addHandler(self.handler)
+        return self.records
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self.handler)
+        return False
+
+
 def _train_args(model, corpus, out, dev, *extra):
     return ["train", "--model", str(model), "--corpus", str(corpus), "--output", str(out), "--stsb-dev", str(dev),
             "--num-workers", "2", "--cpus-per-worker", "1", "--batch-size", "16", "--lr", "5e-4",
@@ -35,9 +54,27 @@ def test_train_two_workers_loss_goes_down_and_model_reloads(ray_cluster, tiny_mo
     AutoModel.from_pretrained(model_dir)
     sentences = ["the city river", "a small village was built"]
     ours = Encoder.from_pretrained(str(model_dir)).encode(sentences)
-    theirs = SentenceTransformer(str(model_dir), device="cpu").encode(sentences)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught, _log_records("sentence_transformers") as logged:
+        warnings.simplefilter("always")
+        st = SentenceTransformer(str(model_dir), device="cpu")
+    assert not caught and not logged, ([str(w.message) for w in caught], logged)
+    assert st.similarity_fn_name == "cosine"
+    theirs = st.encode(sentences)
     np.testing.assert_allclose(theirs, ours, atol=1e-5)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".run.partial")]
+    # the model card says what made the model, from the run's own record
+    card = (model_dir / "README.md").read_text()
+    best, last = metrics["best"], metrics["last"]
+    import raycse
+
+    for fact in ("library_name: sentence-transformers", f"raycse {raycse.__version__}", str(tiny_model),
+                 "`simcse`", "`tau=0.05`", "256 training examples", "kept 256",
+                 f"Steps:** {last['step']} of batch 16 x 2 worker(s)", f"| {best['stsb_dev_spearman_initial']:.2f} |",
+                 f"(step {best['step']}) | {best['stsb_dev_spearman']:.2f} |", f'SentenceTransformer("{model_dir}")',
+                 "AutoModel.from_pretrained", "cls pooling"):
+        assert fact in card, fact
 
 
 def _expect_error(capsys, argv, match, out_dir):

@@ -135,6 +135,11 @@ def test_two_trials_two_seeds_analysis_plots_and_export(ray_cluster, tiny_model,
     from transformers import AutoModel
 
     AutoModel.from_pretrained(str(report.exported))
+    card = (report.exported / "README.md").read_text()
+    best = report.best
+    assert "## Hyperparameter search" in card and f"`lr={best.params['lr']}`" in card
+    assert all(f"seed {s}: {v:.2f}" in card for s, v in zip(best.last["seeds"], best.last["seed_scores"]))
+    assert f'SentenceTransformer("{report.exported}")' in card
 
 
 def test_interrupted_search_resumes_without_rerunning_finished_trials(ray_cluster, tiny_model, corpus, stsb_dev,

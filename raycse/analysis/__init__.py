@@ -158,8 +158,22 @@ def analyze(exp_dir: str, plots: bool = True, plot_dir: Optional[str] = None, ex
 
         report.plots = write_plots(trials, knobs, out, settings.target, top)
     if export_best:
-        report.exported = export_model(best, Path(export_best))
+        report.exported = export_model(best, Path(export_best), exp.name, settings.target)
     return report
+
+
+def _export_card(staging: Path, run_dir: Path, dest: Path, best: TrialRecord, seed: int, experiment: str,
+                 target: str) -> None:
+    import yaml
+
+    from raycse.card import model_card
+
+    m = best.last
+    search = {"experiment": experiment, "target": target, "config": best.params, "seeds": m["seeds"],
+              "seed_scores": m["seed_scores"], "exported_seed": seed}
+    run = yaml.safe_load((run_dir / "config.yaml").read_text())
+    summary = json.loads((run_dir / "metrics.json").read_text())
+    (staging / "README.md").write_text(model_card(run, summary, dest, search))
 
 
 def check_export_path(dest: Path) -> None:
@@ -169,8 +183,9 @@ def check_export_path(dest: Path) -> None:
         raise ConfigError(f"--export-best {dest} exists and is not empty; choose another path")
 
 
-def export_model(best: Optional[TrialRecord], dest: Path) -> Path:
-    """Copy the best trial's best seed's model (atomically: staged beside ``dest``, then renamed)."""
+def export_model(best: Optional[TrialRecord], dest: Path, experiment: str = "", target: str = "mean") -> Path:
+    """Copy the best trial's best seed's model (atomically: staged beside ``dest``, then renamed), with
+    a model card naming the search's best configuration and its seeds."""
     from raycse.tune.trial import SEED_MODEL
 
     if best is None:
@@ -184,6 +199,7 @@ def export_model(best: Optional[TrialRecord], dest: Path) -> Path:
     staging = staging_dir(dest)
     try:
         shutil.copytree(src, staging, dirs_exist_ok=True)
+        _export_card(staging, src.parent, dest, best, seed, experiment, target)
         if dest.exists():
             dest.rmdir()
         os.replace(staging, dest)

@@ -26,6 +26,7 @@ from typing import Optional, Sequence
 
 import yaml
 
+from raycse.card import model_card
 from raycse.config import RunConfig
 from raycse.encoder import resolve_model
 from raycse.errors import ConfigError
@@ -91,6 +92,11 @@ def row_expander(run: RunConfig):
     """The objective's extra rows per corpus row (CompCSE's subsampling), or None."""
     cls = registry.get(run.objective.name)
     return cls.row_expander(registry.build_params(run.objective.name, run.objective.params))
+
+
+def objective_knobs(run: RunConfig) -> dict:
+    """Every knob of the run's objective, its defaults included (for the record and the model card)."""
+    return {**registry.knobs(run.objective.name), **run.objective.params}
 
 
 def load_run_corpus(run: RunConfig):
@@ -264,9 +270,12 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         summary = {"best": best_metrics, "last": result.metrics, "corpus": stats.__dict__,
                    "num_examples": num_examples, "steps_per_epoch": spe, "grouping": grouping_log,
                    "data_prepared_before": prepared is not None,
-                   "fit_seconds": fit_seconds}
+                   "fit_seconds": fit_seconds,
+                   "objective_knobs": objective_knobs(run)}
         (staging / "metrics.json").write_text(json.dumps(summary, indent=2, default=str))
         (staging / "config.yaml").write_text(yaml.safe_dump(run.to_dict(), sort_keys=False))
+        (staging / "model" / "README.md").write_text(
+            model_card(run.to_dict(), json.loads(json.dumps(summary, default=str)), out / "model"))
         shutil.rmtree(staging / "ray", ignore_errors=True)
         if out.exists():
             shutil.rmtree(out)
