@@ -152,6 +152,10 @@ def _eval_parser(sub) -> None:
     p.add_argument("--tasks", nargs="+", default=None,
                    help="subset of STS12 STS13 STS14 STS15 STS16 STSBenchmark SICKRelatedness (default all 7)")
     p.add_argument("--stsb-dev", help="also score this STS-B dev csv (tab-separated STS Benchmark format)")
+    p.add_argument("--beir-dir", metavar="DIR",
+                   help="also evaluate retrieval on this BEIR-layout directory (corpus.jsonl, queries.jsonl, "
+                        "qrels/SPLIT.tsv): nDCG@10, MRR@10, Recall@100")
+    p.add_argument("--split", default="test", help="the qrels file of --beir-dir: qrels/SPLIT.tsv")
     p.add_argument("--pooling", default=None, help="override the model's pooling: cls | cls_before_pooler | mean")
     p.add_argument("--batch-size", type=int, default=128, help="sentences per encoder call")
     p.add_argument("--max-length", type=int, default=None, help="token limit (default: the model's max_seq_length)")
@@ -258,44 +262,79 @@ def cmd_train(args) -> int:
     return 0
 
 
-def cmd_eval(args) -> int:
-    from raycse.encoder import Encoder
-    from raycse.evaluation.sts import evaluate_datasets, format_table, load_task, read_stsb, TASKS, canonical_task
+def _eval_inputs(args) -> tuple[list, object]:
+    """Every evaluation file read and checked before the model loads: (STS datasets, BEIR data or None)."""
+    from raycse.evaluation.sts import TASKS, canonical_task, load_task, read_stsb
 
-    if not args.senteval_dir and not args.stsb_dev:
-        raise RaycseError("nothing to evaluate: pass --senteval-dir DIR (SentEval layout) and/or --stsb-dev FILE")
+    if not args.senteval_dir and not args.stsb_dev and not args.beir_dir:
+        raise RaycseError("nothing to evaluate: pass --senteval-dir DIR (SentEval layout), --stsb-dev FILE and/or "
+                          "--beir-dir DIR (BEIR layout)")
     if args.batch_size < 1:
         raise RaycseError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.length_attack and min(args.length_attack) < 1:
         raise RaycseError("--length-attack values must be >= 1")
-    json_out = check_writable_file(args.json_out) if args.json_out else None  # before the work, not after
+    if args.length_attack and not (args.senteval_dir or args.stsb_dev):
+        raise RaycseError("--length-attack scores STS pairs: add --senteval-dir DIR or --stsb-dev FILE")
     datasets = []
     if args.senteval_dir:
         datasets += [load_task(args.senteval_dir, canonical_task(t)) for t in (args.tasks or TASKS)]
     if args.stsb_dev:
         datasets.append(read_stsb(args.stsb_dev, name="STSB-dev"))
+    beir = None
+    if args.beir_dir:
+        from raycse.evaluation.beir import read_beir
+
+        beir = read_beir(args.beir_dir, args.split)
+    return datasets, beir
+
+
+def cmd_eval(args) -> int:
+    from raycse.encoder import Encoder
+    from raycse.evaluation.sts import evaluate_datasets, format_table
     from raycse.precision import resolve_precision
 
+    json_out = check_writable_file(args.json_out) if args.json_out else None  # before the work, not after
+    datasets, beir = _eval_inputs(args)
     encoder = Encoder.from_pretrained(args.model, pooling=args.pooling)
     dtype = resolve_precision(args.precision, encoder.device)
-    print(f"[raycse] {args.model}: pooling {encoder.pooler.kind}, "
-          f"{sum(len(d) for d in datasets)} pairs in {len(datasets)} task(s)", file=sys.stderr)
-    scores = evaluate_datasets(
-        lambda xs: encoder.encode(xs, batch_size=args.batch_size, max_length=args.max_length, progress=True,
-                                  autocast_dtype=dtype), datasets)
-    print(format_table(scores))
-    result = {"scores": scores}
+
+    def embed(xs, progress=False):
+        return encoder.encode(xs, batch_size=args.batch_size, max_length=args.max_length, progress=progress,
+                              autocast_dtype=dtype)
+
+    result: dict = {}
+    if datasets:
+        print(f"[raycse] {args.model}: pooling {encoder.pooler.kind}, "
+              f"{sum(len(d) for d in datasets)} pairs in {len(datasets)} task(s)", file=sys.stderr)
+        result["scores"] = evaluate_datasets(lambda xs: embed(xs, progress=True), datasets)
+        print(format_table(result["scores"]))
     if args.length_attack:
         from raycse.evaluation.length_attack import format_rows, length_attack
 
-        rows = length_attack(lambda xs: encoder.encode(xs, batch_size=args.batch_size, max_length=args.max_length,
-                                                       autocast_dtype=dtype), datasets, args.length_attack,
-                             encoder.tokenizer, args.max_length or encoder.max_seq_length)
+        rows = length_attack(embed, datasets, args.length_attack, encoder.tokenizer,
+                             args.max_length or encoder.max_seq_length)
         print(format_rows(rows))
         result["length_attack"] = rows
+    if beir is not None:
+        result["beir"] = _eval_beir(args, beir, embed, encoder)
     if json_out:
         write_text_atomic(json_out, json.dumps(result, indent=2))
     return 0
+
+
+def _eval_beir(args, beir, embed, encoder) -> dict:
+    from raycse.evaluation.beir import embed_documents, format_metrics, retrieval_metrics, search
+
+    print(f"[raycse] {args.model}: BEIR {args.beir_dir} ({args.split}): {len(beir.docs)} documents, "
+          f"{len(beir.queries)} queries with relevant documents", file=sys.stderr)
+    from raycse.encoder import resolve_model
+
+    model_path = None if args.pooling else resolve_model(args.model)  # what the Ray actors load for big corpora
+    docs = embed_documents(beir, lambda xs: embed(xs, progress=True), model_path,
+                           args.max_length or encoder.max_seq_length, precision=args.precision)
+    scores = retrieval_metrics(beir.qrels, search(docs, embed(beir.queries), beir))
+    print(format_metrics(scores))
+    return scores
 
 
 def cmd_objectives(_args) -> int:
