@@ -62,13 +62,15 @@ def _training(run: dict, summary: dict) -> list[str]:
 
 def _scores(summary: dict) -> list[str]:
     best, last = summary.get("best") or {}, summary.get("last") or {}
-    before = best.get("stsb_dev_spearman_initial", last.get("stsb_dev_spearman_initial"))
+    key = summary.get("score_key", "stsb_dev_spearman")
+    label = "STS-B dev Spearman x100" if key == "stsb_dev_spearman" else f"BEIR {key[5:]} x100 (model selection)"
+    before = best.get(f"{key}_initial", last.get(f"{key}_initial"))
     return [
         "## Scores", "",
-        "| STS-B dev Spearman x100 | value |", "|---|---|",
+        f"| {label} | value |", "|---|---|",
         f"| before training | {_score(before)} |",
-        f"| this model (step {best.get('step', last.get('step', '?'))}) | {_score(best.get('stsb_dev_spearman'))} |",
-        f"| last step ({last.get('step', '?')}) | {_score(last.get('stsb_dev_spearman'))} |",
+        f"| this model (step {best.get('step', last.get('step', '?'))}) | {_score(best.get(key))} |",
+        f"| last step ({last.get('step', '?')}) | {_score(last.get(key))} |",
         "",
     ]
 

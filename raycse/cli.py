@@ -64,6 +64,8 @@ TRAIN_FLAGS = [
     ("--eval-steps", "eval.eval_steps", "score STS-B dev and checkpoint every N steps"),
     ("--stsb-dev", "eval.stsb_dev", "STS-B dev csv for model selection; none: train without dev scoring, keeping "
      "the last checkpoint; auto: ../shared/data/stsbenchmark/sts-dev.csv where it exists"),
+    ("--eval-metric", "eval.metric", "model selection: stsb_dev (Spearman on --stsb-dev) or beir:DIR:METRIC "
+     "(ndcg@10 | mrr@10 | recall@100 on a BEIR-layout DIR, split eval.beir_split)"),
     ("--eval-precision", "eval.precision", "dev scoring: fp32 (exact) | train (the training autocast: ~2.5x faster "
      "on CPU, scores move ~0.01) | bf16 | auto"),
     ("--output", "output_dir", "where the model, metrics.json and config.yaml go"),
@@ -255,10 +257,13 @@ def cmd_train(args) -> int:
         return 0
     result = train(run, overwrite=args.overwrite, storage_path=args.storage_path)
     score = best_score(result.metrics)
-    initial = (result.metrics.get("best") or {}).get("stsb_dev_spearman_initial")
+    key = result.metrics.get("score_key", "stsb_dev_spearman")
+    initial = (result.metrics.get("best") or {}).get(f"{key}_initial")
     print(f"[raycse] model saved to {result.model_dir}")
     if score is not None:
-        print(f"[raycse] STS-B dev Spearman: before {initial:.2f} -> best {score:.2f}")
+        before = f"before {initial:.2f} -> " if initial is not None else ""
+        label = "STS-B dev Spearman" if key == "stsb_dev_spearman" else f"BEIR {key[5:]} x100"
+        print(f"[raycse] {label}: {before}best {score:.2f}")
     return 0
 
 

@@ -254,11 +254,33 @@ class EvalConfig:
     # scores move by ~0.01 and the pass is ~1.4x faster on CPU: worth it where many runs are
     # compared, as in tuning); or bf16 / auto as for training.
     precision: str = "fp32"
+    # Model selection (best checkpoint, Tune's rung scores): stsb_dev (Spearman x100 on eval.stsb_dev) or
+    # beir:DIR:METRIC (METRIC one of ndcg@10, mrr@10, recall@100, x100) on qrels/{beir_split}.tsv of DIR.
+    metric: str = "stsb_dev"
+    beir_split: str = "test"
 
     def validate(self) -> None:
         _at_least("eval.eval_steps", self.eval_steps, 1)
         _at_least("eval.batch_size", self.batch_size, 1)
         _choice("eval.precision", self.precision, PRECISIONS + ("train",))
+        self.selection()
+
+    def selection(self) -> tuple[str, Optional[str], Optional[str]]:
+        """("stsb_dev", None, None) or ("beir", DIR, metric as printed, e.g. nDCG@10)."""
+        if self.metric == "stsb_dev":
+            return "stsb_dev", None, None
+        names = {"ndcg@10": "nDCG@10", "mrr@10": "MRR@10", "recall@100": "Recall@100"}
+        kind, _, rest = self.metric.partition(":")
+        directory, _, name = rest.rpartition(":")
+        if kind != "beir" or not directory or name.lower() not in names:
+            raise ConfigError(f"eval.metric must be stsb_dev or beir:DIR:METRIC with METRIC one of "
+                              f"{', '.join(names)}; got {self.metric!r}")
+        return "beir", directory, names[name.lower()]
+
+    def score_key(self) -> str:
+        """The metrics key of the model-selection score: stsb_dev_spearman or beir_ndcg@10 (...)."""
+        kind, _, name = self.selection()
+        return "stsb_dev_spearman" if kind == "stsb_dev" else f"beir_{name.lower()}"
 
     def resolved_stsb_dev(self) -> Optional[str]:
         if self.stsb_dev is None or self.stsb_dev.lower() == "none":

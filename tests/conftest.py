@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from pathlib import Path
@@ -88,3 +89,18 @@ def ray_cluster():
                  log_to_driver=True, configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+def make_beir_dir(root):
+    """Six topics, a document and a query each; q3 shares its id with a document (ignored as BEIR does),
+    q5 has only a score-0 judgement (skipped), q6 is not in the qrels (not evaluated)."""
+    (root / "qrels").mkdir(parents=True)
+    words = ["city river", "king north", "summer music", "road village", "festival built", "small old"]
+    docs = [{"_id": f"d{i}", "title": w.split()[0], "text": f"the {w} was there"} for i, w in enumerate(words)]
+    docs.append({"_id": "q3", "title": "", "text": "the road village"})  # the query's own id
+    (root / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in docs) + "\n")
+    queries = [{"_id": f"q{i}", "text": f"the {w}"} for i, w in enumerate(words)] + [{"_id": "q6", "text": "x"}]
+    (root / "queries.jsonl").write_text("\n".join(json.dumps(q) for q in queries) + "\n")
+    rows = ["query-id\tcorpus-id\tscore"] + [f"q{i}\td{i}\t{1 + i % 2}" for i in range(5)] + ["q5\td5\t0"]
+    (root / "qrels" / "test.tsv").write_text("\n".join(rows) + "\n")
+    return root

@@ -54,19 +54,9 @@ def test_agrees_with_pytrec_eval_on_the_same_run():
 
 
 def _beir_dir(tmp_path):
-    """Six topics, a document and a query each; q3 shares its id with a document (ignored as BEIR does),
-    q5 has only a score-0 judgement (skipped), q6 is not in the qrels (not evaluated)."""
-    root = tmp_path / "beir"
-    (root / "qrels").mkdir(parents=True)
-    words = ["city river", "king north", "summer music", "road village", "festival built", "small old"]
-    docs = [{"_id": f"d{i}", "title": w.split()[0], "text": f"the {w} was there"} for i, w in enumerate(words)]
-    docs.append({"_id": "q3", "title": "", "text": "the road village"})  # the query's own id
-    (root / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in docs) + "\n")
-    queries = [{"_id": f"q{i}", "text": f"the {w}"} for i, w in enumerate(words)] + [{"_id": "q6", "text": "x"}]
-    (root / "queries.jsonl").write_text("\n".join(json.dumps(q) for q in queries) + "\n")
-    rows = ["query-id\tcorpus-id\tscore"] + [f"q{i}\td{i}\t{1 + i % 2}" for i in range(5)] + ["q5\td5\t0"]
-    (root / "qrels" / "test.tsv").write_text("\n".join(rows) + "\n")
-    return root
+    from conftest import make_beir_dir
+
+    return make_beir_dir(tmp_path / "beir")
 
 
 def test_eval_beir_end_to_end(tiny_model, tmp_path, capsys):

@@ -232,3 +232,35 @@ def test_eval_tune_analyze_meet_bad_input_like_train(tiny_model, stsb_dev, tmp_p
     _expect_error(capsys, ["tune", "--space", str(tmp_path / "afile"), "--resume", str(exp)], "exactly one",
                   tmp_path / "outputs")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "exp", stsb_dev.name] and not list(exp.iterdir())
+
+
+def test_model_selection_by_a_beir_metric(ray_cluster, tiny_model, corpus, tmp_path, capsys):
+    """eval.metric beir:DIR:ndcg@10 scores retrieval at every eval step and keeps the best checkpoint
+    by it (x100); STS-B dev is not scored then."""
+    from conftest import make_beir_dir
+
+    beir = make_beir_dir(tmp_path / "beir")
+    out = tmp_path / "run"
+    argv = _train_args(tiny_model, corpus, out, "none", "--num-workers", "1", "--max-steps", "8",
+                       "--eval-metric", f"beir:{beir}:ndcg@10")
+    assert main(argv) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["score_key"] == "beir_ndcg@10"
+    best, last = metrics["best"], metrics["last"]
+    assert 0.0 <= best["beir_ndcg@10"] <= 100.0 and "stsb_dev_spearman" not in best
+    assert best["beir_ndcg@10"] >= last["beir_ndcg@10"]
+    assert "BEIR ndcg@10" in capsys.readouterr().out
+    assert "BEIR ndcg@10 x100 (model selection)" in (out / "model" / "README.md").read_text()
+    # the score is the one raycse eval computes for the saved model (same retrieval and metric)
+    from raycse.encoder import Encoder
+    from raycse.evaluation.beir import read_beir, retrieval_metrics, search
+
+    enc = Encoder.from_pretrained(str(out / "model"))  # the best checkpoint's model
+    data = read_beir(beir)
+    ndcg = retrieval_metrics(data.qrels, search(enc.encode(data.docs), enc.encode(data.queries), data))["nDCG@10"]
+    assert 100 * ndcg == pytest.approx(best["beir_ndcg@10"], abs=1e-3)
+    capsys.readouterr()  # the loading bars above
+    _expect_error(capsys, _train_args(tiny_model, corpus, tmp_path / "o2", "none", "--eval-metric", "beir:x"),
+                  "eval.metric must be stsb_dev or beir:DIR:METRIC", tmp_path / "o2")
+    _expect_error(capsys, _train_args(tiny_model, corpus, tmp_path / "o2", "none", "--eval-metric",
+                                      f"beir:{tmp_path / 'nope'}:mrr@10"), "BEIR directory not found", tmp_path / "o2")

@@ -269,3 +269,27 @@ def test_ended_trial_keeps_only_each_seeds_final_model(tmp_path):
         assert (trial / seed / "model_out" / "model" / "f.bin").is_file()
     assert (trial / "progress.json").is_file()
     drop_train_checkpoints(str(tmp_path / "missing"))  # a trial that never wrote anything
+
+
+def test_tune_selects_by_a_beir_metric(ray_cluster, tiny_model, corpus, tmp_path):
+    """eval.metric beir:DIR:mrr@10 in the space's run: the rungs report the retrieval score (x100)."""
+    from conftest import make_beir_dir
+
+    from raycse.analysis import analyze
+    from raycse.tune import TuneSettings, tune_search
+
+    beir = make_beir_dir(tmp_path / "beir")
+    run = {"model": {"name_or_path": str(tiny_model), "max_length": 16}, "data": {"corpus": str(corpus)},
+           "objective": {"name": "simcse"},
+           "train": {"batch_size": 16, "max_steps": 4, "cpus_per_worker": 1, "log_steps": 2},
+           "eval": {"stsb_dev": "none", "metric": f"beir:{beir}:mrr@10", "eval_steps": 1000}}
+    space = _space(tmp_path, {"lr": {"loguniform": [1e-4, 1e-3]}}, run)
+    settings = TuneSettings(space=space, num_samples=1, seeds=[0], rungs=2, scheduler="none", concurrent=1)
+    exp, results = tune_search(settings, str(tmp_path / "tune"), "exp")
+    assert len(results) == 1 and not results[0].error
+    (trial,) = analyze(str(exp), plots=False).trials
+    summary = json.loads((trial.path / "seed0" / "model_out" / "metrics.json").read_text())
+    assert summary["score_key"] == "beir_mrr@10"
+    scores = [r["seed_scores"][0] for r in trial.results]
+    assert len(scores) == 2 and all(0.0 <= s <= 100.0 for s in scores)
+    assert summary["last"]["beir_mrr@10"] == pytest.approx(scores[-1])

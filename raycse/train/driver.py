@@ -30,7 +30,7 @@ from raycse.card import model_card
 from raycse.config import RunConfig
 from raycse.encoder import resolve_model
 from raycse.errors import ConfigError
-from raycse.evaluation.sts import read_stsb
+from raycse.evaluation.selection import load_selection
 from raycse.objectives import registry
 from raycse.outputs import staging_dir
 from raycse.train import checkpoint as ckpt
@@ -176,8 +176,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     if run.data.format != "hf":
         resolve_sources(run.data.corpus)  # a missing file fails before Ray starts
     model_path = resolve_model(run.model.name_or_path)  # fail before Ray starts
-    dev_path = run.eval.resolved_stsb_dev()
-    dev = read_stsb(dev_path, name="stsb_dev") if dev_path else None
+    dev = load_selection(run.eval)  # the model-selection data (STS-B dev or BEIR), read before Ray starts
     out = Path(run.output_dir).resolve()
     staging = _prepare_output(out, overwrite)
     own_registry = None
@@ -260,9 +259,9 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
             latest_dir = result.checkpoint.path if result.checkpoint is not None else latest_dir
         best, best_metrics = result.checkpoint, dict(result.metrics or {})
         if dev is not None and result.best_checkpoints:
-            scored = [cm for cm in result.best_checkpoints if SCORE_METRIC in cm[1]]
+            scored = [cm for cm in result.best_checkpoints if dev.key in cm[1]]
             if scored:
-                best, best_metrics = max(scored, key=lambda cm: cm[1][SCORE_METRIC])
+                best, best_metrics = max(scored, key=lambda cm: cm[1][dev.key])
         if best is None:
             raise RuntimeError("training finished without a checkpoint")
         with best.as_directory() as d:
@@ -271,7 +270,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
                    "num_examples": num_examples, "steps_per_epoch": spe, "grouping": grouping_log,
                    "data_prepared_before": prepared is not None,
                    "fit_seconds": fit_seconds,
-                   "objective_knobs": objective_knobs(run)}
+                   "objective_knobs": objective_knobs(run), "score_key": run.eval.score_key()}
         (staging / "metrics.json").write_text(json.dumps(summary, indent=2, default=str))
         (staging / "config.yaml").write_text(yaml.safe_dump(run.to_dict(), sort_keys=False))
         (staging / "model" / "README.md").write_text(
@@ -343,5 +342,6 @@ def _dataset_config():
 
 
 def best_score(metrics: dict) -> Optional[float]:
-    return (metrics.get("best") or {}).get(SCORE_METRIC)
+    """The best checkpoint's model-selection score (STS-B dev Spearman or the BEIR metric, x100)."""
+    return (metrics.get("best") or {}).get(metrics.get("score_key", SCORE_METRIC))
 

@@ -28,7 +28,7 @@ from raycse.train import checkpoint as ckpt
 from raycse.train.runtime import autocast, quiet_ray_data, release_freed_memory, resolve_precision, seed_everything
 from raycse.unpad import use_fast_dropout
 
-SCORE_METRIC = "stsb_dev_spearman"
+SCORE_METRIC = "stsb_dev_spearman"  # the default model-selection key (eval.metric: stsb_dev)
 CHECKPOINT_RANK = "checkpoint_rank"
 # Workers log instead of print: Ray Train V2 patches print() into its logger and would echo each line twice.
 log = logging.getLogger("raycse.train")
@@ -149,7 +149,8 @@ def train_loop_per_worker(config: dict) -> None:
     core = unwrap(module)
     tokenizer = core.encoder.tokenizer
 
-    dev = ray.get(config["dev"]) if config.get("dev") is not None else None
+    dev = ray.get(config["dev"]) if config.get("dev") is not None else None  # evaluation.selection.Selection
+    score_key = run.eval.score_key()
     total, phase_end = int(config["total_steps"]), int(config["phase_end"])
     opt, sched = build_optimizer(module, run, total)
     dtype = resolve_precision(run.train.precision, device)
@@ -178,26 +179,23 @@ def train_loop_per_worker(config: dict) -> None:
         with chosen[1].as_directory() as d:
             state = ckpt.load(Path(d), core, opt, sched, rank)
         step, history, initial = int(state["step"]), list(state["loss_history"]), state.get("initial")
-        if sink is not None and state.get(SCORE_METRIC) is not None:
-            sink.post(step, float(state[SCORE_METRIC]))  # scored before the restart; may not have been read
+        if sink is not None and state.get(score_key) is not None:
+            sink.post(step, float(state[score_key]))  # scored before the restart; may not have been read
 
     def evaluate() -> Optional[float]:
         if dev is None or rank != 0:
             return None
-        from raycse.evaluation.sts import evaluate_datasets
-
         # encode() switches the encoder to eval mode and back by itself
-        scores = evaluate_datasets(lambda xs: core.encoder.encode(xs, batch_size=run.eval.batch_size,
-                                                                  autocast_dtype=eval_dtype), [dev])
+        score = dev.score(lambda xs: core.encoder.encode(xs, batch_size=run.eval.batch_size, autocast_dtype=eval_dtype))
         release_freed_memory()
-        return scores[dev.name]
+        return score
 
     def report(metrics: dict) -> None:
         # The score goes out before the checkpoint is written (~1.3 s for MiniLM's weights + optimizer):
         # a Tune trial decides its rung on it meanwhile. A run restarted before the checkpoint exists
         # repeats the steps from the previous one and posts a score again (the trial keeps the first).
-        if sink is not None and metrics.get(SCORE_METRIC) is not None:
-            sink.post(int(metrics["step"]), float(metrics[SCORE_METRIC]))
+        if sink is not None and metrics.get(score_key) is not None:
+            sink.post(int(metrics["step"]), float(metrics[score_key]))
         with tempfile.TemporaryDirectory() as tmp:
             if rank == 0:
                 ckpt.write(Path(tmp), core, opt, sched, {**metrics, "initial": initial})
@@ -211,12 +209,12 @@ def train_loop_per_worker(config: dict) -> None:
         log.info(f"[raycse] {world_size} worker(s), steps {step}..{phase_end} of {total}, "
                  f"global batch {run.train.batch_size * world_size}, precision {dtype or 'fp32'}, "
                  f"threads {torch.get_num_threads()}" + (", resumed" if step else "")
-                 + (f", STS-B dev before: {initial:.2f}" if initial is not None and step == 0 else ""))
+                 + (f", {dev.label} before: {initial:.2f}" if initial is not None and step == 0 else ""))
     if step >= phase_end:  # a restart after this phase had finished: report its state again
         score = evaluate()
         report({"step": step, "loss_history": history, "total_steps": total,
                 CHECKPOINT_RANK: score if score is not None else -1e9 + step,
-                **({SCORE_METRIC: score, SCORE_METRIC + "_initial": initial} if score is not None else {})})
+                **({score_key: score, score_key + "_initial": initial} if score is not None else {})})
         return
     module.train()
     window = []
@@ -279,9 +277,9 @@ def train_loop_per_worker(config: dict) -> None:
                      **{f"last_{k}": v for k, v in out.metrics.items()}}
             score = evaluate() if scored else None
             if score is not None:
-                extra[SCORE_METRIC] = score
-                extra[SCORE_METRIC + "_initial"] = initial
-                log.info(f"[raycse] step {step}: STS-B dev Spearman {score:.2f}")
+                extra[score_key] = score
+                extra[score_key + "_initial"] = initial
+                log.info(f"[raycse] step {step}: {dev.label} {score:.2f}")
             # Ray keeps the top train.keep_checkpoints by this rank (+ the latest): scored checkpoints
             # first, then the most recent resume points, so a damaged latest one has a fallback.
             extra[CHECKPOINT_RANK] = score if score is not None else -1e9 + step

@@ -1,0 +1,52 @@
+"""The model-selection score of a training run (best checkpoint, Tune's rungs): ``eval.metric``.
+
+- ``stsb_dev``: Spearman x100 on the STS-B dev file (``eval.stsb_dev``);
+- ``beir:DIR:METRIC``: nDCG@10, MRR@10 or Recall@100 x100 on a BEIR-layout directory
+  (``qrels/{eval.beir_split}.tsv``), retrieval as ``raycse eval --beir-dir`` does it.
+
+The data is read once on the driver (bad input fails before Ray starts) and shipped to rank 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+EmbedFn = Callable[[Sequence[str]], np.ndarray]
+
+
+@dataclass
+class Selection:
+    key: str  # the metrics key: stsb_dev_spearman, beir_ndcg@10, ...
+    label: str  # as printed: "STS-B dev Spearman", "BEIR nDCG@10"
+    sts: Optional[object] = None  # raycse.evaluation.sts.STSData
+    beir: Optional[object] = None  # raycse.evaluation.beir.BeirData
+    beir_metric: Optional[str] = None
+
+    def score(self, embed: EmbedFn) -> float:
+        if self.sts is not None:
+            from raycse.evaluation.sts import evaluate_datasets
+
+            return evaluate_datasets(embed, [self.sts])[self.sts.name]
+        from raycse.evaluation.beir import retrieval_metrics, search
+
+        run = search(embed(self.beir.docs), embed(self.beir.queries), self.beir)
+        return 100.0 * retrieval_metrics(self.beir.qrels, run)[self.beir_metric]
+
+
+def load_selection(eval_cfg) -> Optional[Selection]:
+    """The run's selection data, or None (no STS-B dev file: train without scoring)."""
+    kind, directory, metric = eval_cfg.selection()
+    if kind == "beir":
+        from raycse.evaluation.beir import read_beir
+
+        return Selection(eval_cfg.score_key(), f"BEIR {metric}", beir=read_beir(directory, eval_cfg.beir_split),
+                         beir_metric=metric)
+    path = eval_cfg.resolved_stsb_dev()
+    if path is None:
+        return None
+    from raycse.evaluation.sts import read_stsb
+
+    return Selection(eval_cfg.score_key(), "STS-B dev Spearman", sts=read_stsb(path, name="stsb_dev"))
