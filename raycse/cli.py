@@ -69,6 +69,8 @@ TRAIN_FLAGS = [
     ("--eval-precision", "eval.precision", "dev scoring: fp32 (exact) | train (the training autocast: ~2.5x faster "
      "on CPU, scores move ~0.01) | bf16 | auto"),
     ("--output", "output_dir", "where the model, metrics.json and config.yaml go"),
+    ("--tracking", "train.tracking", "log config and metrics (loss, lr, throughput, dev scores; rank 0 only) to "
+     "mlflow:URI (a tracking server, e.g. mlflow:http://127.0.0.1:5000) or tensorboard:DIR (default: off)"),
 ]
 
 
@@ -197,6 +199,10 @@ def _tune_parser(sub) -> None:
                    help="let Optuna treat an early-stopped trial's last value as final (default: it is PRUNED)")
     p.add_argument("--tpe-startup", type=int, default=5, help="random trials before TPE starts modelling")
     p.add_argument("--time-budget", type=float, default=None, help="seconds after which no new trial starts")
+    p.add_argument("--tracking", default=None, metavar="SPEC",
+                   help="log every trial (knobs, each rung's target, mean, std and per-seed scores) to mlflow:URI "
+                        "(a run per trial in an MLflow experiment named after this one) or tensorboard:DIR "
+                        "(DIR/NAME/<trial>) through Ray Tune's logger callbacks (default: off)")
     p.add_argument("--no-preflight", dest="preflight", action="store_false",
                    help="skip the check that one trial fits the cluster (autoscaling clusters)")
     p.add_argument("--seeds-in-turn", dest="parallel_seeds", action="store_const", const=False, default=None,
@@ -368,7 +374,8 @@ def cmd_tune(args) -> int:
                                 reduction_factor=args.reduction_factor, search_seed=args.search_seed,
                                 concurrent=args.concurrent, learn_from_truncated=args.learn_from_truncated,
                                 preflight=args.preflight, tpe_startup_trials=args.tpe_startup,
-                                time_budget_s=args.time_budget, parallel_seeds=args.parallel_seeds)
+                                time_budget_s=args.time_budget, parallel_seeds=args.parallel_seeds,
+                                tracking=args.tracking)
         exp, _ = tune_search(settings, args.storage_path, args.name)
     report = analyze(str(exp), plots=False)
     print(report.table)

@@ -203,8 +203,11 @@ class TrainConfig:
     keep_checkpoints: int = 2
     # Write every batch each worker trains on to DIR/rank{r}.jsonl (to inspect batch composition).
     record_batches: Optional[str] = None
+    # Experiment tracking: mlflow:URI or tensorboard:DIR (raycse.train.tracking); None: off.
+    tracking: Optional[str] = None
 
     def validate(self) -> None:
+        parse_tracking(self.tracking)
         _at_least("train.num_workers", self.num_workers, 1)
         if self.cpus_per_worker is not None and self.cpus_per_worker <= 0:
             raise ConfigError(f"train.cpus_per_worker must be > 0, got {self.cpus_per_worker}")
@@ -390,6 +393,17 @@ def set_dotted(cfg: RunConfig, key: str, value: Any, _from_yaml: bool = False) -
         )
     hint = typing.get_type_hints(type(section))[parts[1]]
     setattr(section, parts[1], coerce(key, value, hint))
+
+
+def parse_tracking(spec: Optional[str]) -> Optional[tuple[str, str]]:
+    """``mlflow:URI`` / ``tensorboard:DIR`` -> (kind, target); None or "none" -> None."""
+    if spec is None or str(spec).lower() == "none":
+        return None
+    kind, _, target = str(spec).partition(":")
+    if kind not in ("mlflow", "tensorboard") or not target:
+        raise ConfigError(f"tracking must be mlflow:URI (e.g. mlflow:http://127.0.0.1:5000) or tensorboard:DIR; "
+                          f"got {spec!r}")
+    return kind, target
 
 
 def _parse_scalar(text: str) -> Any:

@@ -35,6 +35,7 @@ from raycse.objectives import registry
 from raycse.outputs import staging_dir
 from raycse.train import checkpoint as ckpt
 from raycse.train import release
+from raycse.train import tracking as tracking_mod
 from raycse.train.loop import CHECKPOINT_RANK, SCORE_METRIC, train_loop_per_worker
 from raycse.train.plan import plan_phases, plan_steps
 from raycse.train.runtime import cluster_cpus, ensure_ray, quiet_ray_data, train_worker_env
@@ -180,7 +181,9 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     out = Path(run.output_dir).resolve()
     staging = _prepare_output(out, overwrite)
     own_registry = None
+    tracking = None
     try:
+        tracking = tracking_mod.open_run(run.train.tracking, out.name, run.to_dict())  # unreachable: fails now
         ensure_ray()
         quiet_ray_data()
         if registry is None:
@@ -234,7 +237,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
                 train_loop_config={"run": run.to_dict(), "dev": dev_ref, "threads": max(1, round(cpus)),
                                    "total_steps": total, "phase_end": phase_end,
                                    "resume_path": latest_dir, "eval_at": list(eval_at),
-                                   "score_sink": score_sink},
+                                   "score_sink": score_sink, "tracking": tracking},
                 scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu,
                                              resources_per_worker={"CPU": cpus}),
                 datasets=per_rank,
@@ -281,11 +284,21 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         os.replace(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        _close_tracking(tracking, ok=False)
         raise
     finally:
         if own_registry is not None:
             ray.kill(own_registry)
+    _close_tracking(tracking, ok=True, final={f"best_{k}": v for k, v in best_metrics.items()
+                                              if k == run.eval.score_key()})
     return TrainResult(out, out / "model", summary)
+
+
+def _close_tracking(tracking, ok: bool, final: Optional[dict] = None) -> None:
+    try:
+        tracking_mod.close_run(tracking, ok, final)
+    except Exception as exc:  # the run itself is done (or failing for its own reason): say so, go on
+        print(f"[raycse] warning: could not close the tracking run ({str(exc).splitlines()[0][:160]})", flush=True)
 
 
 @contextlib.contextmanager

@@ -25,6 +25,7 @@ from raycse.encoder import Encoder
 from raycse.objectives import registry
 from raycse.objectives.base import LossOutput, Objective
 from raycse.train import checkpoint as ckpt
+from raycse.train import tracking
 from raycse.train.runtime import autocast, quiet_ray_data, release_freed_memory, resolve_precision, seed_everything
 from raycse.unpad import use_fast_dropout
 
@@ -202,8 +203,11 @@ def train_loop_per_worker(config: dict) -> None:
             ckpt.write_rng(Path(tmp), rank)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
+    tlog = tracking.Logger(config.get("tracking"), rank)  # rank 0 logs; a no-op elsewhere
     if step == 0 and run.eval.before_training:
         initial = evaluate()
+        if initial is not None:
+            tlog.log({score_key: initial}, 0)
     log.setLevel(logging.INFO)
     if rank == 0:
         log.info(f"[raycse] {world_size} worker(s), steps {step}..{phase_end} of {total}, "
@@ -266,6 +270,8 @@ def train_loop_per_worker(config: dict) -> None:
             log.info(f"[raycse] step {step}/{total} ({100 * step / total:.0f}%) epoch {epoch} "
                      f"loss {sum(recent) / len(recent):.4f} lr {sched.get_last_lr()[0]:.2e} "
                      f"{seen / max(train_time, 1e-9):.1f} examples/s")
+            tlog.log({"loss": sum(recent) / len(recent), "lr": sched.get_last_lr()[0],
+                      "examples_per_s": seen / max(train_time, 1e-9), "epoch": epoch}, step)
         scored = step % eval_every == 0 or step == phase_end or step in eval_at  # each fit's end is scored
         if scored or step % ckpt_every == 0:
             if window:
@@ -280,7 +286,9 @@ def train_loop_per_worker(config: dict) -> None:
                 extra[score_key] = score
                 extra[score_key + "_initial"] = initial
                 log.info(f"[raycse] step {step}: {dev.label} {score:.2f}")
+                tlog.log({score_key: score}, step)
             # Ray keeps the top train.keep_checkpoints by this rank (+ the latest): scored checkpoints
             # first, then the most recent resume points, so a damaged latest one has a fallback.
             extra[CHECKPOINT_RANK] = score if score is not None else -1e9 + step
             report(extra)
+    tlog.close()

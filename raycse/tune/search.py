@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -16,7 +17,9 @@ from pathlib import Path
 from typing import Optional
 
 from ray.tune import Callback
+from ray.tune.logger import TBXLoggerCallback
 
+from raycse.config import parse_tracking
 from raycse.errors import ConfigError
 from raycse.tune.space import SearchSpace, load_space
 from raycse.tune.trial import SEED_MODEL, SEED_RUN, TARGET, TrialSetup, is_final, parse_target, run_trial
@@ -45,8 +48,10 @@ class TuneSettings:
     # seeds side by side (one fit each per trial) or one after another (a fit per seed per rung);
     # None: side by side when the cluster holds them, which the pre-flight decides and records
     parallel_seeds: Optional[bool] = None
+    tracking: Optional[str] = None  # mlflow:URI | tensorboard:DIR: every trial as a run (Ray's logger callbacks)
 
     def validate(self) -> "TuneSettings":
+        parse_tracking(self.tracking)
         if self.num_samples < 1:
             raise ConfigError(f"--num-samples must be >= 1, got {self.num_samples}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
@@ -277,11 +282,46 @@ def _registry_name(exp_dir: Path) -> str:
     return f"raycse-runs:{exp_dir}"
 
 
-def _callbacks(space: SearchSpace, exp_dir: Path) -> list:
+def _callbacks(space: SearchSpace, exp_dir: Path, tracking: Optional[str] = None) -> list:
     from raycse.train.release import RELEASE_MARGIN_S
 
     timeout = space.run_config({}).train.worker_start_timeout_s + RELEASE_MARGIN_S
-    return [EndTrialRuns(_registry_name(exp_dir), timeout), DropTrainCheckpoints()]
+    return [EndTrialRuns(_registry_name(exp_dir), timeout), DropTrainCheckpoints(),
+            *_tracking_callbacks(tracking, exp_dir.name)]
+
+
+def _tracking_callbacks(tracking: Optional[str], experiment: str) -> list:
+    """Ray Tune's own MLflow / TensorBoard logger callbacks: a run per trial with its knobs as
+    parameters and every rung's report (target, mean, std, worst, each seed's score) as metrics."""
+    parsed = parse_tracking(tracking)
+    if parsed is None:
+        return []
+    kind, target = parsed
+    if kind == "mlflow":
+        from ray.air.integrations.mlflow import MLflowLoggerCallback
+
+        from raycse.train.tracking import bounded_http
+
+        bounded_http()
+        return [MLflowLoggerCallback(tracking_uri=target, experiment_name=experiment, save_artifact=False,
+                                     tags={"raycse.experiment": experiment})]
+    return [TensorBoardTo(str(Path(target) / experiment))]
+
+
+class TensorBoardTo(TBXLoggerCallback):
+    """Ray's TBXLoggerCallback writing each trial's events to DIR/<trial directory name> instead of
+    into the trial's own directory (``--tracking tensorboard:DIR`` names where TensorBoard looks)."""
+
+    def __init__(self, root: str):
+        super().__init__()
+        self.root = root
+
+    def log_trial_start(self, trial) -> None:
+        if trial in self._trial_writer:
+            self._trial_writer[trial].close()
+        self._trial_writer[trial] = self._summary_writer_cls(os.path.join(self.root, trial_dirname(trial)),
+                                                             flush_secs=30)
+        self._trial_result[trial] = {}
 
 
 def knob_text(value) -> str:
@@ -333,7 +373,7 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
                                     time_budget_s=settings.time_budget_s, trial_dirname_creator=trial_dirname),
         run_config=tune.RunConfig(name=name, storage_path=str(exp_dir.parent), verbose=1,
                                   checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-                                  callbacks=_callbacks(space, exp_dir)),
+                                  callbacks=_callbacks(space, exp_dir, settings.tracking)),
     )
     return exp_dir, tuner.fit()
 

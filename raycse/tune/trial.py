@@ -136,6 +136,7 @@ def run_trial(params: dict, setup: TrialSetup) -> None:
             progress = json.loads((Path(d) / "progress.json").read_text())
     runs = {s: setup.space.run_config(params, seed=s) for s in setup.seeds}
     for run in runs.values():
+        run.train.tracking = None  # the experiment's tracker logs the trial; its seeds' runs do not
         if setup.cpus_per_worker:
             run.train.cpus_per_worker = setup.cpus_per_worker
     ends = rung_ends(plan_steps(runs[setup.seeds[0]], setup.num_examples)[1], setup.rungs)
@@ -184,7 +185,8 @@ def run_trial(params: dict, setup: TrialSetup) -> None:
         metrics = {TARGET: target_value(values, setup.target), "mean": float(np.mean(values)),
                    "std": float(np.std(values)), "worst": float(np.min(values)), "best_seed": float(np.max(values)),
                    "seed_scores": values, "seeds": list(setup.seeds), "step": stop, "rung": r + 1,
-                   "final_rung": len(ends)}
+                   "final_rung": len(ends),
+                   **{f"seed{s}_score": v for s, v in zip(setup.seeds, values)}}  # scalars for trackers
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "progress.json").write_text(json.dumps(progress))
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))

@@ -1,0 +1,127 @@
+"""Experiment tracking of a training run: ``train.tracking`` = ``mlflow:URI`` or ``tensorboard:DIR``.
+
+- MLflow: the driver opens one MLflow run per ``train()`` call (experiment ``raycse``, run named after
+  the output directory) and logs the resolved config as parameters; rank 0 of every fit logs its
+  metrics into that run by id (loss, lr, throughput, the model-selection score); the driver closes it
+  with the final scores and FINISHED, or FAILED. Why not Ray's ``setup_mlflow``: it starts a new
+  MLflow run per call, and a raycse run can be several fits (regrouping every epoch, seeds in
+  turn). Tune experiments use Ray's own ``MLflowLoggerCallback`` (``raycse.tune.search``).
+- TensorBoard: rank 0 writes scalars with tensorboardX (what Ray's TBX logger uses) under
+  ``DIR/<output name>``; every fit appends to the same directory.
+
+Every wait on the tracking server is bounded (MLflow's own HTTP retries are capped below).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from raycse.config import parse_tracking as parse
+from raycse.errors import RaycseError
+
+EXPERIMENT = "raycse"
+# MLflow retries an unreachable server for minutes by default: a tracking problem must not stall a run
+_HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+             "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+
+
+def bounded_http() -> None:
+    for key, value in _HTTP_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def flat_params(d: dict, prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flat_params(v, key + "."))
+        else:
+            out[key] = str(v)[:500]
+    return out
+
+
+@dataclass
+class Tracking:
+    """What a run's workers need to log: picklable, travels in the train loop's config."""
+
+    kind: str
+    target: str
+    run_id: Optional[str] = None  # MLflow
+    name: str = "run"  # TensorBoard sub-directory
+
+
+def open_run(spec: Optional[str], name: str, params: dict) -> Optional[Tracking]:
+    """Driver side, before the first fit: the MLflow run (params logged) or the TensorBoard target."""
+    parsed = parse(spec)
+    if parsed is None:
+        return None
+    kind, target = parsed
+    if kind == "tensorboard":
+        return Tracking(kind, target, name=name)
+    bounded_http()
+    try:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=target)
+        exp = client.get_experiment_by_name(EXPERIMENT)
+        exp_id = exp.experiment_id if exp is not None else client.create_experiment(EXPERIMENT)
+        run = client.create_run(exp_id, run_name=name, tags={"raycse.output": name})
+        for key, value in flat_params(params).items():
+            client.log_param(run.info.run_id, key, value)
+    except ImportError:
+        raise RaycseError("--tracking mlflow needs mlflow: pip install 'raycse[tracking]'") from None
+    except Exception as exc:
+        raise RaycseError(f"cannot reach the MLflow tracking server {target} ({str(exc).splitlines()[0][:160]}); "
+                          f"start it or drop --tracking") from None
+    return Tracking(kind, target, run_id=run.info.run_id, name=name)
+
+
+def close_run(tracking: Optional[Tracking], ok: bool, final: Optional[dict] = None) -> None:
+    """Driver side, after the last fit: final scores, and the run's status."""
+    if tracking is None or tracking.kind != "mlflow":
+        return
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking.target)
+    for key, value in (final or {}).items():
+        client.log_metric(tracking.run_id, key, float(value))
+    client.set_terminated(tracking.run_id, "FINISHED" if ok else "FAILED")
+
+
+class Logger:
+    """Rank 0's metric writer for one fit (a no-op elsewhere or without tracking)."""
+
+    def __init__(self, tracking: Optional[Tracking], rank: int):
+        self.tracking = tracking if rank == 0 else None
+        self.writer = self.client = None
+        if self.tracking is None:
+            return
+        if self.tracking.kind == "tensorboard":
+            from tensorboardX import SummaryWriter
+
+            self.writer = SummaryWriter(os.path.join(self.tracking.target, self.tracking.name), flush_secs=10)
+        else:
+            bounded_http()
+            from mlflow.tracking import MlflowClient
+
+            self.client = MlflowClient(tracking_uri=self.tracking.target)
+
+    def log(self, metrics: dict, step: int) -> None:
+        scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if self.writer is not None:
+            for key, value in scalars.items():
+                self.writer.add_scalar(key, value, step)
+        elif self.client is not None:
+            from mlflow.entities import Metric
+            import time
+
+            now = int(time.time() * 1000)
+            self.client.log_batch(self.tracking.run_id,
+                                  metrics=[Metric(k, v, now, step) for k, v in scalars.items()])
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

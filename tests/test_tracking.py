@@ -1,0 +1,130 @@
+"""Experiment tracking against a real MLflow tracking server on 127.0.0.1 (sqlite store in a temp
+dir) and TensorBoard event files, read back through their own readers."""
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from raycse.cli import main
+
+pytest.importorskip("mlflow")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlflow")
+    port = _free_port()
+    cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+           "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--default-artifact-root", str(root / "art"),
+           "--workers", "1"]
+    log = open(root / "server.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90  # bounded: a server that does not come up fails the tests, it never hangs them
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise RuntimeError(f"MLflow server did not start in 90 s: {(root / 'server.log').read_text()[-2000:]}")
+        time.sleep(0.5)
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def _train_args(model, corpus, out, dev, tracking):
+    return ["train", "--model", str(model), "--corpus", str(corpus), "--output", str(out), "--stsb-dev", str(dev),
+            "--num-workers", "2", "--cpus-per-worker", "1", "--batch-size", "16", "--max-length", "16",
+            "--max-steps", "8", "--eval-steps", "4", "--log-steps", "2", "--tracking", tracking]
+
+
+def test_train_and_tune_runs_in_mlflow(ray_cluster, mlflow_server, tiny_model, corpus, stsb_dev, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from raycse.tune import TuneSettings, tune_search
+    from test_tune import _tiny_space
+
+    client = MlflowClient(tracking_uri=mlflow_server)
+    assert main(_train_args(tiny_model, corpus, tmp_path / "run", stsb_dev, f"mlflow:{mlflow_server}")) == 0
+    (run,) = client.search_runs([client.get_experiment_by_name("raycse").experiment_id])
+    assert run.info.run_name == "run" and run.info.status == "FINISHED"
+    assert run.data.params["objective.name"] == "simcse" and run.data.params["train.num_workers"] == "2"
+    loss = client.get_metric_history(run.info.run_id, "loss")
+    assert [m.step for m in loss] == [2, 4, 6, 8]  # rank 0 only: one value per logged step
+    assert len(client.get_metric_history(run.info.run_id, "lr")) == 4
+    assert all(m.value > 0 for m in client.get_metric_history(run.info.run_id, "examples_per_s"))
+    dev = client.get_metric_history(run.info.run_id, "stsb_dev_spearman")
+    assert sorted(m.step for m in dev) == [0, 4, 8]  # before training, then every eval step
+    assert run.data.metrics["best_stsb_dev_spearman"] == pytest.approx(max(m.value for m in dev[1:]))
+
+    space = _tiny_space(tmp_path, tiny_model, corpus, stsb_dev)
+    settings = TuneSettings(space=space, num_samples=2, seeds=[0, 1], rungs=2, scheduler="none", concurrent=1,
+                            tracking=f"mlflow:{mlflow_server}")
+    exp, results = tune_search(settings, str(tmp_path / "tune"), "exp-tracked")
+    assert not any(r.error for r in results)
+    runs = client.search_runs([client.get_experiment_by_name("exp-tracked").experiment_id])
+    assert len(runs) == 2 and all(r.info.status == "FINISHED" for r in runs)
+    for r in runs:
+        assert {"lr", "tau"} <= set(r.data.params)  # the trial's knobs
+        assert [m.step for m in client.get_metric_history(r.info.run_id, "mean")] == [1, 2]  # one per rung
+        seeds = [r.data.metrics["seed0_score"], r.data.metrics["seed1_score"]]
+        assert r.data.metrics["mean"] == pytest.approx(sum(seeds) / 2) and r.data.metrics["rung"] == 2
+    assert sorted(r.data.metrics["mean"] for r in runs) == pytest.approx(sorted(t.metrics["mean"] for t in results))
+    # the trials' seed runs did not open MLflow runs of their own
+    assert len(client.search_runs([client.get_experiment_by_name("raycse").experiment_id])) == 1
+
+
+def test_unreachable_tracking_server_fails_fast_and_writes_nothing(tiny_model, corpus, stsb_dev, tmp_path, capsys):
+    out = tmp_path / "run"
+    t0 = time.time()
+    argv = _train_args(tiny_model, corpus, out, stsb_dev, f"mlflow:http://127.0.0.1:{_free_port()}")
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot reach the MLflow tracking server" in err[0]
+    assert time.time() - t0 < 60 and not out.exists() and not list(tmp_path.glob(".run.partial-*"))
+    assert main(_train_args(tiny_model, corpus, out, stsb_dev, "wandb:x")) == 2
+    assert "tracking must be mlflow:URI" in capsys.readouterr().err
+
+
+def test_tensorboard_event_files(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = tmp_path / "tb"
+    assert main(_train_args(tiny_model, corpus, tmp_path / "run", stsb_dev, f"tensorboard:{tb}")) == 0
+    acc = EventAccumulator(str(tb / "run"))
+    acc.Reload()
+    assert {"loss", "lr", "examples_per_s", "stsb_dev_spearman"} <= set(acc.Tags()["scalars"])
+    assert [e.step for e in acc.Scalars("loss")] == [2, 4, 6, 8]
+    assert sorted(e.step for e in acc.Scalars("stsb_dev_spearman")) == [0, 4, 8]
+    # a tune experiment: Ray's TBX logger, each trial under DIR/EXPERIMENT/<trial directory>
+    from raycse.tune import TuneSettings, tune_search
+    from test_tune import _tiny_space
+
+    settings = TuneSettings(space=_tiny_space(tmp_path, tiny_model, corpus, stsb_dev), num_samples=1, seeds=[0],
+                            rungs=2, scheduler="none", concurrent=1, tracking=f"tensorboard:{tb}")
+    exp, results = tune_search(settings, str(tmp_path / "tune"), "exp-tb")
+    (trial_dir,) = [p for p in (tb / "exp-tb").iterdir()]
+    assert trial_dir.name == Path(results[0].path).name  # named like the trial's own directory
+    acc = EventAccumulator(str(trial_dir))
+    acc.Reload()
+    assert [e.value for e in acc.Scalars("ray/tune/seed0_score")] == pytest.approx(
+        [r["seed_scores"][0] for r in results[0].metrics_dataframe.to_dict("records")])
