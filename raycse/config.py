@@ -205,9 +205,14 @@ class TrainConfig:
     record_batches: Optional[str] = None
     # Experiment tracking: mlflow:URI or tensorboard:DIR (raycse.train.tracking); None: off.
     tracking: Optional[str] = None
+    # GradCache (raycse.train.gradcache): encode in chunks of N rows, loss on the whole batch. None: off.
+    cache_chunk_size: Optional[int] = None
 
     def validate(self) -> None:
         parse_tracking(self.tracking)
+        if self.cache_chunk_size is not None and not 1 <= self.cache_chunk_size <= self.batch_size:
+            raise ConfigError(f"train.cache_chunk_size must be between 1 and the batch size ({self.batch_size} per "
+                              f"worker), got {self.cache_chunk_size}; e.g. a quarter of the batch")
         _at_least("train.num_workers", self.num_workers, 1)
         if self.cpus_per_worker is not None and self.cpus_per_worker <= 0:
             raise ConfigError(f"train.cpus_per_worker must be > 0, got {self.cpus_per_worker}")

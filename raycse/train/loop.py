@@ -25,6 +25,7 @@ from raycse.encoder import Encoder
 from raycse.objectives import registry
 from raycse.objectives.base import LossOutput, Objective
 from raycse.train import checkpoint as ckpt
+from raycse.train import gradcache
 from raycse.train import tracking
 from raycse.train.runtime import autocast, quiet_ray_data, release_freed_memory, resolve_precision, seed_everything
 from raycse.unpad import use_fast_dropout
@@ -239,14 +240,20 @@ def train_loop_per_worker(config: dict) -> None:
         if run.train.record_batches:
             record_batch(Path(run.train.record_batches), rank, step, epoch, examples)
         batch = move(core.objective.collate(examples, tokenizer, run.model.max_length), device)
-        with autocast(device, dtype):
-            out = module(batch)
-        loss = out.loss
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.unscale_(opt)
+        if run.train.cache_chunk_size:  # GradCache: both passes and the gradient average in one call
+            out = gradcache.cached_step(core, batch, run.train.cache_chunk_size, lambda: autocast(device, dtype),
+                                        scaler.scale if scaler is not None else None)
+            if scaler is not None:
+                scaler.unscale_(opt)
         else:
-            loss.backward()
+            with autocast(device, dtype):
+                out = module(batch)
+            if scaler is not None:
+                scaler.scale(out.loss).backward()
+                scaler.unscale_(opt)
+            else:
+                out.loss.backward()
+        loss = out.loss
         if run.train.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(module.parameters(), run.train.max_grad_norm)
         if scaler is not None:
