@@ -34,8 +34,10 @@ TRAIN_FLAGS = [
     ("--format", "data.format",
      "auto | text | jsonl | parquet | csv | tsv | stsb (STS Benchmark TSV as scored pairs) | hf (HF dataset name)"),
     ("--text-column", "data.text_column", "text field of JSONL/Parquet/CSV corpora"),
-    ("--pair-column", "data.pair_column", "second text field: train on pairs (objective bsc)"),
+    ("--pair-column", "data.pair_column", "second text field: train on pairs (supervised simcse, bsc)"),
     ("--label-column", "data.label_column", "label or score field of pairs (0/1 labels or scores)"),
+    ("--negative-column", "data.negative_column", "hard-negative field(s) of pairs, comma-separated (triplets: "
+     "supervised simcse, bsc)"),
     ("--score-scale", "data.score_scale", "divide scores by this to get [0, 1] (stsb: 5 automatically)"),
     ("--max-sentences", "data.max_sentences", "use only the first N cleaned sentences (default: all)"),
     ("--dedup", "data.dedup", "drop repeated examples across the whole corpus (counted)"),

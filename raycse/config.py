@@ -71,6 +71,8 @@ class DataConfig:
     # Pairs (q, a[, score]) for pair objectives (bsc): the second text column and an optional label/score.
     pair_column: Optional[str] = None
     label_column: Optional[str] = None
+    # Hard negatives of a pair (triplets, e.g. NLI contradictions): one or more columns, comma-separated.
+    negative_column: Optional[str] = None
     # Scores are divided by this to land in [0, 1] (5 for 0-5 STS scores; stsb sets it itself).
     score_scale: float = 1.0
     # Characters kept per line before tokenization; tokens are truncated to model.max_length anyway,
@@ -89,6 +91,14 @@ class DataConfig:
             raise ConfigError(f"data.score_scale must be > 0, got {self.score_scale}")
         if self.label_column and not self.pair_column and self.format != "stsb":
             raise ConfigError("data.label_column needs data.pair_column (labels belong to pairs)")
+        if self.negative_column and not self.pair_column:
+            raise ConfigError("data.negative_column needs data.pair_column (the positive of each anchor)")
+        if self.negative_column and not self.negative_columns:
+            raise ConfigError(f"data.negative_column names no column: {self.negative_column!r}")
+
+    @property
+    def negative_columns(self) -> tuple[str, ...]:
+        return tuple(c.strip() for c in (self.negative_column or "").split(",") if c.strip())
         if self.max_sentences is not None:
             _at_least("data.max_sentences", self.max_sentences, 1)
 

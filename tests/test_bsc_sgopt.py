@@ -11,9 +11,11 @@ from raycse.objectives.bsc import text_key
 
 
 # ---------------------------------------------------------------------------------------- BSC
-def plain_bsc(q, a, y, keys, tau, norm="l2"):
-    """Two-direction log-softmax with label mask and duplicate anchors, written with Python loops."""
+def plain_bsc(q, a, y, keys, tau, norm="l2", negs=()):
+    """Two-direction log-softmax with label mask and duplicate anchors, written with Python loops.
+    ``negs``: hard negatives, extra columns of the q -> a direction only (normalized with the a's)."""
     n, d = len(q), len(q[0])
+    a = list(a) + list(negs)
 
     def l2(v):
         s = math.sqrt(sum(x * x for x in v))
@@ -40,13 +42,25 @@ def plain_bsc(q, a, y, keys, tau, norm="l2"):
         for i in range(n):
             if not y[i]:
                 continue
-            logits = [dot(rows[i], cols[j]) / tau for j in range(n)]
+            logits = [dot(rows[i], cols[j]) / tau for j in range(len(cols))]
             lse = math.log(sum(math.exp(s) for s in logits))
             pos = [j for j in range(n) if (keys[j] == keys[i] or j == i) and (y[j] or not col_label_matters)]
             total += -sum(logits[j] - lse for j in pos) / len(pos)
         return total / n
 
-    return direction(qn, an, True) + direction(an, qn, False)
+    return direction(qn, an, True) + direction(an[:n], qn, False)
+
+
+@pytest.mark.parametrize("norm", ["l2", "coord_l2"])
+def test_bsc_hard_negatives_join_the_first_directions_candidates(norm):
+    torch.manual_seed(3)
+    q, a, neg = torch.randn(4, 5), torch.randn(4, 5), torch.randn(8, 5)
+    score = torch.tensor([1.0, 1.0, 0.0, 1.0])
+    keys = torch.arange(4)
+    got = _bsc(tau=0.2, normalization=norm).loss(q, a, score, keys, neg)[0].item()
+    want = plain_bsc(q.tolist(), a.tolist(), [1, 1, 0, 1], keys.tolist(), 0.2, norm, negs=neg.tolist())
+    assert got == pytest.approx(want, rel=1e-5)
+    assert abs(want - plain_bsc(q.tolist(), a.tolist(), [1, 1, 0, 1], keys.tolist(), 0.2, norm)) > 1e-3
 
 
 def _bsc(**kw):

@@ -151,7 +151,7 @@ def test_bsc_on_scored_pairs_and_sgopt_train_end_to_end(ray_cluster, tiny_model,
 
 def test_objective_and_data_mismatch_is_clear(tiny_model, corpus, stsb_dev, tmp_path, capsys):
     out = tmp_path / "o"
-    _expect_error(capsys, _train_args(tiny_model, corpus, out, stsb_dev, "--objective", "simcse", "--format", "stsb"),
+    _expect_error(capsys, _train_args(tiny_model, corpus, out, stsb_dev, "--objective", "laser", "--format", "stsb"),
                   "trains on single sentences", out)
     _expect_error(capsys, _train_args(tiny_model, corpus, out, stsb_dev, "--objective", "bsc",
                                       "--set", "objective.mu=1.5"), "mu must be in [0, 1]", out)

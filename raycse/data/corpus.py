@@ -146,10 +146,14 @@ def file_examples(path: str, fmt: str, columns: "ExampleColumns", max_chars: int
     elif fmt == "text":
         raise DataError(f"{path}: pairs need a JSONL, Parquet, CSV/TSV (with a header) or stsb file, not plain text")
     else:
-        cols = [columns.text, columns.pair] + ([columns.label] if columns.label else [])
+        cols = [columns.text, columns.pair] + ([columns.label] if columns.label else []) + list(columns.negatives)
         rows = _records(p, fmt, cols, on_decode_error, stats, data)
+    k = len(columns.negatives)
     for lineno, row in enumerate(rows, start=1):
-        pair = clean_pair(row, max_chars, score_scale, f"{path}: row {lineno}", stats)
+        where = f"{path}: row {lineno}"
+        pair = clean_pair(row[:len(row) - k], max_chars, score_scale, where, stats)
+        if pair is not None and k:
+            pair = (*pair, clean_negatives(row[len(row) - k:], columns.negatives, max_chars, where))
         if pair is not None:
             yield pair
 
@@ -189,15 +193,28 @@ def clean_pair(row, max_chars: int, score_scale: float, where: str, stats: Corpu
     return q, a, score
 
 
+def clean_negatives(cells, names: tuple, max_chars: int, where: str) -> tuple[str, ...]:
+    """A pair's hard negatives, stripped and capped; an empty one is an error (a triplet needs it)."""
+    out = []
+    for name, cell in zip(names, cells):
+        text = "" if cell is None else str(cell).strip()
+        if not text:
+            raise DataError(f"{where}: negative column '{name}' is empty; fill it or drop the row")
+        out.append(text[:max_chars])
+    return tuple(out)
+
+
 @dataclass
 class ExampleColumns:
-    """Which columns hold the example: a text, or a pair (text, pair[, label]) scaled to [0, 1]."""
+    """Which columns hold the example: a text, or a pair (text, pair[, label]) scaled to [0, 1], with
+    its hard negatives (``negatives``: column names) as a fourth element."""
 
     text: str = "text"
     pair: Optional[str] = None
     label: Optional[str] = None
     score_scale: float = 1.0
     stsb: bool = False
+    negatives: tuple = ()
 
     @property
     def pairs(self) -> bool:
@@ -238,7 +255,7 @@ def read_corpus(path: str, fmt: str = "auto", text_column: str = "text", max_cha
     return read_examples(path, fmt, ExampleColumns(text=text_column), max_chars, on_decode_error, dedup, max_sentences)
 
 
-Pair = tuple[str, str, Optional[float]]
+Pair = tuple  # (q, a, score or None[, (negative, ...)])
 
 
 def read_pairs(path: str, fmt: str = "auto", text_column: str = "text", pair_column: Optional[str] = None,

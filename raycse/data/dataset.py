@@ -45,7 +45,8 @@ class Corpus:
 
 
 def columns_of(d) -> ExampleColumns:
-    return ExampleColumns(d.text_column, d.pair_column, d.label_column, d.score_scale, stsb=d.format == "stsb")
+    return ExampleColumns(d.text_column, d.pair_column, d.label_column, d.score_scale, stsb=d.format == "stsb",
+                          negatives=d.negative_columns)
 
 
 # --------------------------------------------------------------------------------------- sources
@@ -83,7 +84,7 @@ def _file_shuffle(seed: int):
 
 
 # --------------------------------------------------------------------------------------- parsing
-def _rows_to_table(examples: list, pairs: bool, stats: CorpusStats):
+def _rows_to_table(examples: list, pairs: bool, stats: CorpusStats, negatives: bool = False):
     """Examples + one stats row (text null) -> an Arrow table."""
     import pyarrow as pa
 
@@ -93,6 +94,8 @@ def _rows_to_table(examples: list, pairs: bool, stats: CorpusStats):
         cols["text"] = [e[0] for e in examples] + [None]
         cols["pair"] = [e[1] for e in examples] + [None]
         cols["score"] = pa.array([e[2] for e in examples] + [None], type=pa.float64())
+        if negatives:  # hard negatives travel with their row (grouping keeps them)
+            cols["negatives"] = pa.array([list(e[3]) for e in examples] + [None], type=pa.list_(pa.string()))
     else:
         cols["text"] = list(examples) + [None]
     for name, col in STAT_COLUMNS.items():
@@ -114,7 +117,7 @@ class ParseFiles:
             stats = CorpusStats()
             examples = list(file_examples(str(path), self.fmt, self.columns, self.max_chars, self.on_decode_error,
                                           stats, data=bytes(data)))
-            tables.append(_rows_to_table(examples, self.columns.pairs, stats))
+            tables.append(_rows_to_table(examples, self.columns.pairs, stats, bool(self.columns.negatives)))
         return pa.concat_tables(tables)
 
 
@@ -125,7 +128,7 @@ class CleanColumns:
         self.columns, self.max_chars = columns, max_chars
 
     def __call__(self, batch: dict):
-        from raycse.data.corpus import clean_pair, clean_text
+        from raycse.data.corpus import clean_negatives, clean_pair, clean_text
 
         stats = CorpusStats(lines_read=len(batch[self.columns.text]))
         examples = []
@@ -133,22 +136,47 @@ class CleanColumns:
             cells = [batch[self.columns.text], batch[self.columns.pair]]
             if self.columns.label:
                 cells.append(batch[self.columns.label])
+            k = len(self.columns.negatives)
+            cells += [batch[c] for c in self.columns.negatives]
             for i, row in enumerate(zip(*cells)):
-                pair = clean_pair(list(row), self.max_chars, self.columns.score_scale,
-                                  f"row {i}", stats)
+                row = list(row)
+                pair = clean_pair(row[:len(row) - k], self.max_chars, self.columns.score_scale, f"row {i}", stats)
+                if pair is not None and k:
+                    pair = (*pair, clean_negatives(row[len(row) - k:], self.columns.negatives, self.max_chars,
+                                                   f"row {i}"))
                 if pair is not None:
                     examples.append(pair)
         else:
             texts = (clean_text(raw, self.max_chars, stats) for raw in batch[self.columns.text])
             examples = [t for t in texts if t is not None]
-        return _rows_to_table(examples, self.columns.pairs, stats)
+        return _rows_to_table(examples, self.columns.pairs, stats, bool(self.columns.negatives))
 
 
 def _check_columns(present: list[str], wanted: list[str], where: str) -> None:
     missing = [c for c in wanted if c not in present]
     if missing:
         raise DataError(f"column '{missing[0]}' not found in {where}; columns: {', '.join(present)}"
-                        f" (set data.text_column / pair_column / label_column)")
+                        f" (set data.text_column / pair_column / label_column / negative_column)")
+
+
+def _first_columns(path: str, fmt: str) -> Optional[list[str]]:
+    """The fields of the first JSON record, or the header of a CSV/TSV file; None when it cannot tell
+    (empty or malformed: the reader reports those with their line numbers)."""
+    import csv
+    import json
+
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            if fmt != "jsonl":
+                return next(csv.reader([line.rstrip("\r\n")], delimiter="\t" if fmt == "tsv" else ","))
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                return None
+            return list(record) if isinstance(record, dict) else None
+    return None
 
 
 def raw_dataset(d, seed: int):
@@ -156,7 +184,8 @@ def raw_dataset(d, seed: int):
     import ray.data
 
     columns = columns_of(d)
-    wanted = [columns.text] + ([columns.pair] if columns.pair else []) + ([columns.label] if columns.label else [])
+    wanted = ([columns.text] + ([columns.pair] if columns.pair else []) + ([columns.label] if columns.label else [])
+              + list(columns.negatives))
     if d.format == "hf":
         name, _, config = str(d.corpus).partition(":")
         try:
@@ -183,6 +212,10 @@ def raw_dataset(d, seed: int):
             _check_columns(present, wanted, paths[0])
         ds = ray.data.read_parquet(paths, columns=wanted, shuffle=_file_shuffle(seed))
         return ds.map_batches(CleanColumns(columns, d.max_chars), batch_format="numpy", zero_copy_batch=False)
+    if "://" not in paths[0] and fmt in ("jsonl", "csv", "tsv"):
+        present = _first_columns(paths[0], fmt)  # a missing column is one clean line, before Ray Data starts
+        if present is not None:
+            _check_columns(present, wanted, paths[0])
     ds = ray.data.read_binary_files(paths, include_paths=True, shuffle=_file_shuffle(seed))
     # format auto: each file by its own suffix (a .txt and a .jsonl can be read together)
     return ds.map_batches(ParseFiles(d.format, columns, d.max_chars, d.on_decode_error), batch_size=1,

@@ -103,7 +103,7 @@ def _to_row(batch_size: int, world_size: int, first_step: int, epoch: int):
         b = int(group["_slot"][0]) // batch_size
         row = {"step": np.array([first_step + b // world_size]), "rank": np.array([b % world_size]),
                "epoch": np.array([epoch]), "batch": np.array([b])}
-        for col in ("text", "pair", "score"):
+        for col in ("text", "pair", "score", "negatives"):
             if col in group:
                 cell = np.empty(1, dtype=object)
                 cell[0] = group[col][order].tolist()

@@ -45,6 +45,8 @@ class Objective(nn.Module):
     # which HiCL's segmenting stand-in answers (objectives that need the pooled states before the
     # head, or the backbone itself, cannot be sliced)
     sliceable: ClassVar[bool] = True
+    # It uses a pair's hard negatives (data.negative_column) when the data has them.
+    takes_negatives: ClassVar[bool] = False
 
     def __init__(self, params: Params):
         super().__init__()

@@ -21,12 +21,17 @@ logits = S * scale) with its own learning rate. Combo with regression on scored 
 
 Unsupervised, (s, s) pairs with two dropout views make it a symmetric SimCSE. Across workers the
 candidates (A for L0, Q for L1) are gathered with gradients, like SimCSE's.
+
+Hard negatives (``data.negative_column``, raycse's extension for triplet data): the rows' negatives
+N join A as candidates of L0 (never positives; gathered like A; the coordinate normalizations
+take their statistics over A and N together); L1 is unchanged.
 """
 
 from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -90,6 +95,7 @@ class BSC(Objective):
     name = "bsc"
     Params = BSCParams
     accepts = ("single", "pairs")
+    takes_negatives = True
 
     def __init__(self, params: BSCParams):
         super().__init__(params)
@@ -110,7 +116,8 @@ class BSC(Objective):
             has_score = any(e[2] is not None for e in examples)
         if self.params.mu < 1.0 and not has_score:
             raise ConfigError("objective.mu < 1 needs scored pairs (data.label_column); set mu: 1.0 for unscored data")
-        enc = self.tokenize(q + a, tokenizer, max_length)
+        negs = [t for e in examples if not isinstance(e, str) for t in (e[3] if len(e) > 3 else ())]
+        enc = self.tokenize(q + a + negs, tokenizer, max_length)
         enc["score"] = torch.tensor(scores, dtype=torch.float32)
         enc["q_key"] = torch.tensor([text_key(t) for t in q], dtype=torch.long)
         return enc
@@ -127,8 +134,10 @@ class BSC(Objective):
             return coord_l2_normalize(local, gathered), coord_l2_normalize(gathered, gathered)
         return local, gathered
 
-    def loss(self, q: Tensor, a: Tensor, score: Tensor, q_key: Tensor) -> tuple[Tensor, dict]:
-        """BSC (+ MSE) on local q, a (n, d); candidates gathered from all workers."""
+    def loss(self, q: Tensor, a: Tensor, score: Tensor, q_key: Tensor,
+             neg: Optional[Tensor] = None) -> tuple[Tensor, dict]:
+        """BSC (+ MSE) on local q, a (n, d); candidates gathered from all workers. ``neg`` (m, d): the
+        rows' hard negatives, gathered too: extra candidates of L0's rows (never positives)."""
         q, a = q.float(), a.float()
         n = q.shape[0]
         label = (score > self.params.threshold).float()
@@ -136,13 +145,15 @@ class BSC(Objective):
         key_all = gather_no_grad(q_key)
         label_all = gather_no_grad(label)
         q_n, q_all_n = self.normalize(q, q_all)
-        a_n, a_all_n = self.normalize(a, a_all)
+        cands = a_all if neg is None else torch.cat([a_all, gather(neg.float())])
+        a_n, cands_n = self.normalize(a, cands)
         factor = self.effective_scale() / self.params.tau
         same = (q_key[:, None] == key_all[None, :]).float()  # (n, N) duplicated anchors
         own = torch.zeros_like(same)
         own[torch.arange(n), torch.arange(n) + local_offset(n)] = 1.0
         pos = torch.maximum(same, own)
-        l0 = supcon_rows(q_n @ a_all_n.T * factor, pos * label_all[None, :], label)
+        pos0 = torch.cat([pos * label_all[None, :], pos.new_zeros(n, cands.shape[0] - a_all.shape[0])], dim=1)
+        l0 = supcon_rows(q_n @ cands_n.T * factor, pos0, label)
         l1 = supcon_rows(a_n @ q_all_n.T * factor, pos, label)
         bsc = l0 + l1
         metrics = {"bsc": float(bsc.detach())}
@@ -157,5 +168,6 @@ class BSC(Objective):
         n = batch["score"].shape[0]
         z = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                     token_type_ids=batch.get("token_type_ids"))
-        loss, metrics = self.loss(z[:n], z[n:], batch["score"], batch["q_key"])
+        loss, metrics = self.loss(z[:n], z[n:2 * n], batch["score"], batch["q_key"],
+                                  z[2 * n:] if z.shape[0] > 2 * n else None)
         return LossOutput(loss, metrics)

@@ -15,6 +15,7 @@ cross-worker terms; we pay one extra reduce-scatter in backward to keep them.
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -94,3 +95,27 @@ def info_nce(
     if exclude is not None:
         logits = logits.masked_fill(exclude, float("-inf"))
     return F.cross_entropy(logits, targets)
+
+
+def info_nce_hard(anchors: Tensor, positives: Tensor, negatives: Tensor, tau: float | Tensor,
+                  own_weight: float = 1.0) -> Tensor:
+    """Supervised SimCSE's loss (Gao et al. 2021, Sec. 5 and appendix): every anchor against all
+    positives and all hard negatives of the global batch; the hard negatives of its own row weighted
+    by ``own_weight`` (alpha):
+
+        -log e^{s(h_i, h_i+)/tau} / sum_j ( e^{s(h_i, h_j+)/tau} + alpha^{1[i=j]} sum_m e^{s(h_i, h_jm-)/tau} )
+
+    ``negatives``: (n, k, d), k hard negatives per row, gathered from all workers like the positives.
+    """
+    n, k = negatives.shape[0], negatives.shape[1]
+    pos_all = gather(positives)
+    neg_all = gather(negatives.reshape(n * k, -1))
+    logits = cosine_logits(anchors, torch.cat([pos_all, neg_all]), tau)
+    rows = torch.arange(n, device=anchors.device)
+    offset = local_offset(n)
+    if own_weight != 1.0:  # alpha * e^x = e^{x + log alpha}; alpha = 0 drops them
+        own = pos_all.shape[0] + (rows + offset)[:, None] * k + torch.arange(k, device=anchors.device)[None, :]
+        shift = torch.zeros_like(logits)
+        shift[rows[:, None], own] = math.log(own_weight) if own_weight > 0 else float("-inf")
+        logits = logits + shift
+    return F.cross_entropy(logits, rows + offset)

@@ -101,7 +101,8 @@ class HiCL(Objective):
         self.base = registry.build(params.base, base_params)
         self.tau = (params.tau if params.tau is not None
                     else getattr(self.base.params, "tau", 0.05))  # the local and entailment terms'.
-        self.accepts = self.base.accepts
+        # over SimCSE, HiCL is the unsupervised method of its paper: supervised pairs are not sliced
+        self.accepts = ("single",) if params.base == "simcse" else self.base.accepts
         self.ids = None
 
     def setup(self, encoder) -> None:

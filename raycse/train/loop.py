@@ -122,6 +122,8 @@ def row_examples(row: dict) -> list:
     if "pair" not in row:
         return texts
     scores = [None if s is None or s != s else float(s) for s in row["score"]]
+    if "negatives" in row:  # triplets: (q, a, score, (negative, ...))
+        return [(t, p, s, tuple(n)) for t, p, s, n in zip(texts, list(row["pair"]), scores, list(row["negatives"]))]
     return list(zip(texts, list(row["pair"]), scores))
 
 
