@@ -226,6 +226,36 @@ def _analyze_parser(sub) -> None:
                    help="copy the best configuration's best-seed model here (loadable by transformers and ST)")
 
 
+def _mine_parser(sub) -> None:
+    p = _command(
+        sub, "mine", help="mine hard negatives for (query, positive) pairs: write triplets",
+        description="Embed the queries, positives and candidates (the pairs' positives, or --candidates FILE) on "
+                    "the Ray Data actor pool, search the candidates with faiss, and keep per query the first "
+                    "--num-negatives in ranks [--range-min, --range-max) that are not its positive, score at most "
+                    "--max-score and below score(positive) - --margin. Writes query, positive, negative_1..k in "
+                    "the input's format, ready for 'raycse train --negative-column negative_1,...'.")
+    p.add_argument("--corpus", help="the pairs: JSONL, Parquet or CSV/TSV with a header")
+    p.add_argument("--text-column", default="text", help="the query field")
+    p.add_argument("--pair-column", help="the positive field")
+    p.add_argument("--format", default="auto", help="auto (by suffix) | jsonl | parquet | csv | tsv")
+    p.add_argument("--output", help="the triplets file, same format family as the input")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    p.add_argument("--candidates", default=None, metavar="FILE",
+                   help="candidate texts (a text/JSONL/Parquet corpus with a 'text' field; default: the positives)")
+    p.add_argument("--model", default="default", help="the embedding model; 'default' = embedded all-MiniLM-L6-v2")
+    p.add_argument("--num-negatives", type=int, default=1, help="negatives per query")
+    p.add_argument("--range-min", type=int, default=0, help="first rank considered (0 = the most similar)")
+    p.add_argument("--range-max", type=int, default=50, help="ranks from --range-min up to this one (exclusive)")
+    p.add_argument("--margin", type=float, default=None,
+                   help="skip candidates scoring >= score(positive) - MARGIN (likely false negatives; default off)")
+    p.add_argument("--max-score", type=float, default=None, help="skip candidates scoring above this (default off)")
+    p.add_argument("--search", default="auto", choices=["auto", "exact", "ivf"],
+                   help="faiss search: exact, IVF, or auto (exact up to 50,000 candidates)")
+    p.add_argument("--shards", type=int, default=1, help="search the candidates in N Ray tasks")
+    p.add_argument("--max-length", type=int, default=128, help="token limit when embedding")
+    p.add_argument("--seed", type=int, default=0, help="seed of the corpus read and the IVF training")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="raycse", description="Contrastive sentence-embedding training and tuning on Ray.")
@@ -235,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("objectives", help="list the objectives and their knobs with defaults")
     _tune_parser(sub)
     _analyze_parser(sub)
+    _mine_parser(sub)
     return parser
 
 
@@ -399,10 +430,51 @@ def cmd_analyze(args) -> int:
     return 0
 
 
+def cmd_mine(args) -> int:
+    from pathlib import Path
+
+    from raycse.config import DataConfig
+    from raycse.data.dataset import resolve_sources
+    from raycse.encoder import resolve_model
+    from raycse.grouping.mine import MineSettings, mine
+    from raycse.train.runtime import ensure_ray, quiet_ray_data
+
+    settings = MineSettings(num_negatives=args.num_negatives, range_min=args.range_min, range_max=args.range_max,
+                            margin=args.margin, max_score=args.max_score, search=args.search, shards=args.shards,
+                            max_length=args.max_length)
+    missing = [f for f, v in (("--corpus", args.corpus), ("--pair-column", args.pair_column),
+                              ("--output", args.output)) if not v]
+    if missing:
+        raise RaycseError(f"raycse mine needs {', '.join(missing)} (see raycse mine --help)")
+    settings.validate()
+    out = check_writable_file(args.output)
+    if out.exists() and not args.overwrite:
+        raise RaycseError(f"--output {out} exists; pass --overwrite to replace it")
+    data = DataConfig(corpus=args.corpus, format=args.format, text_column=args.text_column,
+                      pair_column=args.pair_column)
+    data.validate()
+    resolve_sources(args.corpus)
+    if args.candidates:
+        resolve_sources(args.candidates)
+    model = resolve_model(args.model)  # everything checked before Ray starts
+    ensure_ray()
+    quiet_ray_data()
+    from raycse.data.dataset import ray_data_errors
+
+    with ray_data_errors():
+        result = mine(data, model, Path(out), settings, args.candidates, args.seed)
+    print(f"[raycse] {result.triplets} triplets written to {result.path} ({result.dropped} queries dropped with "
+          f"fewer than {args.num_negatives} usable negatives; {result.candidates} candidates; seconds {result.seconds})")
+    print(f"[raycse] train on them: raycse train --corpus {result.path} --text-column {args.text_column} "
+          f"--pair-column {args.pair_column} --negative-column "
+          + ",".join(f"negative_{m + 1}" for m in range(args.num_negatives)))
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"train": cmd_train, "eval": cmd_eval, "objectives": cmd_objectives, "tune": cmd_tune,
-               "analyze": cmd_analyze}[args.command]
+               "analyze": cmd_analyze, "mine": cmd_mine}[args.command]
     try:
         return handler(args)
     except RaycseError as exc:

@@ -80,6 +80,33 @@ def _search_shard(db: np.ndarray, queries: np.ndarray, k: int, offset: int, ivf_
     return dist, idx, time.perf_counter() - t0
 
 
+def top_k(db: np.ndarray, queries: np.ndarray, k: int, method: str = "exact", nlist: Optional[int] = None,
+          nprobe: int = 16, shards: int = 1, seed: int = 0, threads: Optional[int] = None):
+    """(scores, ids, per-shard seconds) of the ``k`` best rows of normalised ``db`` for each normalised
+    query, by inner product; IVF trained once on a sample; ``shards > 1``: one Ray task per shard."""
+    n = db.shape[0]
+    ivf_bytes = None
+    if method == "ivf":
+        nl = nlist or default_nlist(n)
+        rng = np.random.default_rng(seed)
+        sample = db[rng.choice(n, size=min(n, max(nl * 39, 10000)), replace=False)]
+        ivf_bytes = _empty_ivf(sample, nl, seed)
+    if shards == 1:
+        dist, idx, secs = _search_shard(db, queries, k, 0, ivf_bytes, nprobe, threads or 0)
+        return dist, idx, [secs]
+    import faiss
+    import ray
+
+    bounds = np.linspace(0, n, shards + 1).astype(int)
+    task = ray.remote(num_cpus=1, scheduling_strategy="DEFAULT")(_search_shard)
+    q_ref, ivf_ref = ray.put(queries), ray.put(ivf_bytes)
+    outs = ray.get([task.remote(db[bounds[i]:bounds[i + 1]], q_ref, k, int(bounds[i]), ivf_ref, nprobe,
+                                threads or 1) for i in range(shards)])
+    dist, idx = faiss.merge_knn_results(np.stack([o[0] for o in outs]), np.stack([o[1] for o in outs]),
+                                        keep_max=True)
+    return dist, idx, [o[2] for o in outs]
+
+
 def search(vectors: np.ndarray, k: int, method: str = "auto", exact_threshold: int = 50000,
            nlist: Optional[int] = None, nprobe: int = 16, shards: int = 1, recall_sample: int = 1000,
            seed: int = 0, threads: Optional[int] = None, assume_normalized: bool = False) -> KnnResult:
@@ -90,29 +117,7 @@ def search(vectors: np.ndarray, k: int, method: str = "auto", exact_threshold: i
     if method == "auto":
         method = "exact" if n <= exact_threshold else "ivf"
     kk = min(k + 1, n)  # +1: each row finds itself
-    ivf_bytes = None
-    if method == "ivf":
-        nl = nlist or default_nlist(n)
-        rng = np.random.default_rng(seed)
-        sample = x[rng.choice(n, size=min(n, max(nl * 39, 10000)), replace=False)]
-        ivf_bytes = _empty_ivf(sample, nl, seed)
-    bounds = np.linspace(0, n, shards + 1).astype(int)
-    if shards == 1:
-        dist, idx, secs = _search_shard(x, x, kk, 0, ivf_bytes, nprobe, threads or 0)
-        shard_seconds = [secs]
-    else:
-        import ray
-
-        task = ray.remote(num_cpus=1, scheduling_strategy="DEFAULT")(_search_shard)
-        q_ref = ray.put(x)
-        ivf_ref = ray.put(ivf_bytes)
-        outs = ray.get([task.remote(x[bounds[i]:bounds[i + 1]], q_ref, kk, int(bounds[i]), ivf_ref, nprobe,
-                                    threads or 1) for i in range(shards)])
-        import faiss
-
-        dist, idx = faiss.merge_knn_results(np.stack([o[0] for o in outs]), np.stack([o[1] for o in outs]),
-                                            keep_max=True)
-        shard_seconds = [o[2] for o in outs]
+    _, idx, shard_seconds = top_k(x, x, kk, method, nlist, nprobe, shards, seed, threads)
     neighbours = _drop_self(idx, k)
     recall = None
     if method != "exact" and recall_sample > 0:

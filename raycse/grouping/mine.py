@@ -1,0 +1,192 @@
+"""Hard-negative mining: (query, positive) pairs -> (query, positive, negative_1..k) triplets.
+
+    raycse mine --corpus pairs.jsonl --text-column q --pair-column a --output triplets.jsonl
+
+1. Read the pairs with the corpus pipeline (Ray Data: cleaning, counts); the candidate pool is the
+   pairs' positives (deduplicated) or the texts of ``--candidates FILE``.
+2. Embed queries, positives and candidates on the grouping's Ray Data actor pool.
+3. Search the candidates for every query with faiss (exact or IVF, optionally sharded over Ray
+   tasks, as grouping does), ``range_max`` deep plus room for the ones skipped below.
+4. Per query, walk its ranking from rank ``range_min`` (0 = the best) to ``range_max`` (exclusive)
+   and keep the first ``num_negatives`` candidates that are not its positive or itself (same
+   text), score at most ``max_score`` and below ``score(positive) - margin`` (likely false
+   negatives otherwise). Queries left with fewer are dropped and counted.
+5. Write the triplets in the input's format family (JSONL, Parquet, CSV/TSV) to ``--output``,
+   whole or not at all (a hidden file beside it, renamed at the end); negatives go to columns
+   ``negative_1..k``, ready for ``raycse train --negative-column negative_1,...``.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from raycse.errors import ConfigError, DataError
+
+
+@dataclass
+class MineSettings:
+    num_negatives: int = 1
+    range_min: int = 0
+    range_max: int = 50
+    margin: Optional[float] = None  # skip candidates scoring >= score(positive) - margin
+    max_score: Optional[float] = None  # skip candidates scoring above this
+    search: str = "auto"  # exact | ivf | auto (exact up to 50,000 candidates)
+    shards: int = 1
+    embed_actors: int = 1
+    batch_size: int = 256
+    max_length: int = 128
+
+    def validate(self) -> None:
+        if self.num_negatives < 1:
+            raise ConfigError(f"--num-negatives must be >= 1, got {self.num_negatives}")
+        if not 0 <= self.range_min < self.range_max:
+            raise ConfigError(f"need 0 <= --range-min < --range-max, got {self.range_min} and {self.range_max}")
+        if self.range_max - self.range_min < self.num_negatives:
+            raise ConfigError(f"the rank window [{self.range_min}, {self.range_max}) is narrower than "
+                              f"--num-negatives {self.num_negatives}")
+        if self.margin is not None and self.margin < 0:
+            raise ConfigError(f"--margin must be >= 0, got {self.margin}")
+        if self.search not in ("exact", "ivf", "auto"):
+            raise ConfigError(f"--search must be exact, ivf or auto, got {self.search!r}")
+        if self.shards < 1:
+            raise ConfigError(f"--shards must be >= 1, got {self.shards}")
+
+
+@dataclass
+class MineResult:
+    path: Path
+    triplets: int
+    dropped: int  # queries with fewer than num_negatives usable candidates
+    candidates: int
+    seconds: dict = field(default_factory=dict)
+
+
+FAMILIES = {"jsonl": (".jsonl", ".json", ".ndjson"), "parquet": (".parquet", ".pq"), "csv": (".csv",), "tsv": (".tsv",)}
+
+
+def output_format(input_format: str, output: Path) -> str:
+    """The input's format family, which ``output``'s suffix must name too."""
+    fmt = "jsonl" if input_format == "auto" else input_format
+    if fmt not in FAMILIES:
+        raise ConfigError(f"mining reads pairs from JSONL, Parquet or CSV/TSV, not {input_format}")
+    if output.suffix.lower() not in FAMILIES[fmt]:
+        raise ConfigError(f"--output {output} must be a {fmt} file like the input ({', '.join(FAMILIES[fmt])}); "
+                          f"triplets are written in the input's format")
+    return fmt
+
+
+def _texts_corpus(texts: list[str]):
+    """A corpus-like view (``dataset`` with _id, text; ``num_examples``) for the embedding pool."""
+    import pyarrow as pa
+    import ray
+
+    table = pa.table({"_id": np.arange(len(texts), dtype=np.int64), "text": texts})
+    return types.SimpleNamespace(dataset=ray.data.from_arrow(table), num_examples=len(texts))
+
+
+def select(scores: np.ndarray, ids: np.ndarray, pos_score: np.ndarray, query: list[str], positive: list[str],
+           candidates: list[str], s: MineSettings) -> list[Optional[list[int]]]:
+    """Per query, the candidate ids kept (see the module doc, step 4), or None when too few."""
+    out: list[Optional[list[int]]] = []
+    for qi in range(len(query)):
+        kept, rank = [], 0
+        for score, cid in zip(scores[qi], ids[qi]):
+            if cid < 0:
+                break
+            text = candidates[cid]
+            if text == positive[qi] or text == query[qi]:
+                continue  # not ranked: the pair itself
+            if rank >= s.range_max:
+                break
+            rank += 1
+            if rank - 1 < s.range_min:
+                continue
+            if s.max_score is not None and score > s.max_score:
+                continue
+            if s.margin is not None and score >= pos_score[qi] - s.margin:
+                continue
+            kept.append(int(cid))
+            if len(kept) == s.num_negatives:
+                break
+        out.append(kept if len(kept) == s.num_negatives else None)
+    return out
+
+
+def mine(data, model_path: str, output: Path, s: MineSettings, candidates_file: Optional[str] = None,
+         seed: int = 0) -> MineResult:
+    """``data``: a DataConfig of the pairs (pair_column set). Writes ``output``; see the module doc."""
+    import time
+
+    from raycse.data.dataset import load_corpus
+    from raycse.grouping.embed import embed_corpus
+    from raycse.grouping.knn import normalize, top_k
+
+    from raycse.data.corpus import detect_format
+    from raycse.data.dataset import resolve_sources
+
+    s.validate()
+    first = resolve_sources(data.corpus)[0]
+    fmt = output_format(data.format if data.format != "auto" else detect_format(Path(first)), output)
+    t = {"start": time.perf_counter()}
+    pairs = load_corpus(data, seed)
+    rows = pairs.dataset.select_columns(["_id", "text", "pair"]).to_pandas().sort_values("_id")
+    query, positive = rows["text"].tolist(), rows["pair"].tolist()
+    if candidates_file:
+        from dataclasses import replace
+
+        cands_corpus = load_corpus(replace(data, corpus=candidates_file, pair_column=None, label_column=None,
+                                           negative_column=None, format="auto", text_column="text"), seed,
+                                   dedup=True)
+        candidates = [r["text"] for r in sorted(cands_corpus.dataset.iter_rows(), key=lambda r: r["_id"])]
+    else:
+        candidates = sorted(set(positive))
+    t["read"] = time.perf_counter()
+    embed = dict(actors=s.embed_actors, batch_size=s.batch_size)
+    q_vec = normalize(embed_corpus(pairs, model_path, s.max_length, by="first", **embed))
+    p_vec = normalize(embed_corpus(pairs, model_path, s.max_length, by="second", **embed))
+    c_vec = normalize(embed_corpus(_texts_corpus(candidates), model_path, s.max_length, **embed))
+    t["embed"] = time.perf_counter()
+    method = s.search if s.search != "auto" else ("exact" if len(candidates) <= 50000 else "ivf")
+    depth = min(len(candidates), s.range_max + 2)  # + the positive and the query itself, if they are candidates
+    scores, ids, _ = top_k(c_vec, q_vec, depth, method, shards=s.shards, seed=seed)
+    pos_score = (q_vec * p_vec).sum(1)
+    chosen = select(scores, ids, pos_score, query, positive, candidates, s)
+    t["search"] = time.perf_counter()
+    keep = [i for i, c in enumerate(chosen) if c is not None]
+    if not keep:
+        raise DataError(f"no query kept {s.num_negatives} negative(s) in ranks [{s.range_min}, {s.range_max}) "
+                        f"after the margin / max-score filters; widen the window or relax the filters")
+    table = {data.text_column: [query[i] for i in keep], data.pair_column: [positive[i] for i in keep]}
+    for m in range(s.num_negatives):
+        table[f"negative_{m + 1}"] = [candidates[chosen[i][m]] for i in keep]
+    write_table(table, output, fmt)
+    t["write"] = time.perf_counter()
+    secs = {k: round(t[k] - t[prev], 2) for prev, k in zip(list(t)[:-1], list(t)[1:])}
+    return MineResult(output, len(keep), len(query) - len(keep), len(candidates), secs)
+
+
+def write_table(columns: dict, output: Path, fmt: str) -> None:
+    """Whole or not at all: a hidden file beside ``output``, renamed over it when complete."""
+    import uuid
+
+    import pandas as pd
+
+    from raycse.outputs import staging_prefix
+
+    df = pd.DataFrame(columns)
+    tmp = output.parent / f"{staging_prefix(output.name)}{uuid.uuid4().hex[:8]}"
+    try:
+        if fmt == "parquet":
+            df.to_parquet(tmp, index=False)
+        elif fmt == "jsonl":
+            df.to_json(tmp, orient="records", lines=True, force_ascii=False)
+        else:
+            df.to_csv(tmp, index=False, sep="\t" if fmt == "tsv" else ",")
+        tmp.replace(output)
+    finally:
+        tmp.unlink(missing_ok=True)
