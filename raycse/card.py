@@ -89,15 +89,20 @@ def _search(search: dict) -> list[str]:
 def _usage(name: str, pooling: str) -> list[str]:
     pool = ("out.last_hidden_state[:, 0]" if pooling != "mean" else
             "(out.last_hidden_state * mask).sum(1) / mask.sum(1)")
+    fetch = []
+    if "://" in name:  # on object storage: raycse fetches it once into a local cache (by its manifest)
+        fetch = ["from raycse.encoder import resolve_model", "", f'path = resolve_model("{name}")', ""]
+        name = "path"
+    quoted = name if fetch else f'"{name}"'
     return [
         "## Usage", "",
-        "```python", "from sentence_transformers import SentenceTransformer", "",
-        f'model = SentenceTransformer("{name}")',
+        "```python", *fetch, "from sentence_transformers import SentenceTransformer", "",
+        f"model = SentenceTransformer({quoted})",
         'embeddings = model.encode(["A man is playing a guitar.", "Someone plays music."])',
         "print(model.similarity(embeddings, embeddings))", "```", "",
         f"With transformers alone ({pooling} pooling):", "",
         "```python", "import torch", "from transformers import AutoModel, AutoTokenizer", "",
-        f'tok, model = AutoTokenizer.from_pretrained("{name}"), AutoModel.from_pretrained("{name}")',
+        f"tok, model = AutoTokenizer.from_pretrained({quoted}), AutoModel.from_pretrained({quoted})",
         'batch = tok(["A man is playing a guitar."], padding=True, truncation=True, return_tensors="pt")',
         "with torch.no_grad():", "    out = model(**batch)",
         'mask = batch["attention_mask"].unsqueeze(-1)',
@@ -105,12 +110,13 @@ def _usage(name: str, pooling: str) -> list[str]:
     ]
 
 
-def model_card(run: dict, summary: dict, model_dir: Path, search: Optional[dict] = None) -> str:
+def model_card(run: dict, summary: dict, model_dir, search: Optional[dict] = None) -> str:
     """The card's text. ``run``: the resolved config as a dict; ``summary``: the run's metrics.json;
     ``search``: experiment, target, config, seeds, seed_scores, exported_seed (for --export-best)."""
     name = str(model_dir)
     lines = _front_matter(run)
-    title = Path(name).parent.name if Path(name).name == "model" else Path(name).name  # OUTPUT/model -> OUTPUT
+    parts = name.rstrip("/").split("/")
+    title = parts[-2] if parts[-1] == "model" and len(parts) > 1 else parts[-1]  # OUTPUT/model -> OUTPUT
     lines += [f"# {title or name}", "",
               f"A sentence-embedding model fine-tuned with raycse {__version__} from "
               f"`{run['model']['name_or_path']}` (`default` = the embedded all-MiniLM-L6-v2).", ""]

@@ -50,6 +50,13 @@ def resolve_model(name_or_path: str) -> str:
     """
     if name_or_path in EMBEDDED_ALIASES:
         return str(embedded_model_path())
+    from raycse import storage
+
+    if storage.is_uri(name_or_path):  # a published raycse model: fetched once, cached by its manifest
+        local = storage.fetch(name_or_path)
+        if not (local / "config.json").is_file():
+            raise ModelError(f"{name_or_path} holds no config.json: give the model prefix (OUTPUT/model)")
+        return str(local)
     p = Path(os.path.expanduser(name_or_path))
     if p.exists():
         if not (p / "config.json").is_file():

@@ -10,6 +10,21 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# The S3 server of the tests (moto, started by the s3_server fixture) on a port fixed now, so every
+# Ray process, started later, inherits where S3 is. Loopback only: never a real bucket.
+S3_PORT = _free_port()
+os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{S3_PORT}", AWS_ACCESS_KEY_ID="testing",
+                  AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -104,3 +119,37 @@ def make_beir_dir(root):
     rows = ["query-id\tcorpus-id\tscore"] + [f"q{i}\td{i}\t{1 + i % 2}" for i in range(5)] + ["q5\td5\t0"]
     (root / "qrels" / "test.tsv").write_text("\n".join(rows) + "\n")
     return root
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """An S3-compatible server (moto's server mode) on 127.0.0.1; yields a fresh-bucket factory."""
+    import time
+    import urllib.request
+
+    moto_server = pytest.importorskip("moto.server")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=S3_PORT, verbose=False)
+    server.start()
+    deadline = time.time() + 30  # bounded wait for the server
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{S3_PORT}/", timeout=2)
+            break
+        except OSError as exc:
+            if getattr(exc, "code", None):  # an HTTP answer: the server is up
+                break
+            if time.time() > deadline:
+                raise RuntimeError(f"S3 server on 127.0.0.1:{S3_PORT} did not start in 30 s") from None
+            time.sleep(0.2)
+    import boto3
+
+    client = boto3.client("s3")
+    count = iter(range(10**6))
+
+    def bucket() -> str:
+        name = f"raycse-test-{next(count)}"
+        client.create_bucket(Bucket=name)
+        return name
+
+    yield bucket
+    server.stop()

@@ -19,6 +19,7 @@ import functools
 import json
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Optional, Sequence
 
 import yaml
 
+from raycse import storage as objstore  # "storage" is Ray Train's checkpoint path below
 from raycse.card import model_card
 from raycse.config import RunConfig
 from raycse.encoder import resolve_model
@@ -43,8 +45,8 @@ from raycse.train.runtime import cluster_cpus, ensure_ray, quiet_ray_data, train
 
 @dataclass
 class TrainResult:
-    output_dir: Path
-    model_dir: Path
+    output_dir: str  # a local directory or a URI
+    model_dir: str
     metrics: dict
 
 
@@ -181,8 +183,15 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         resolve_sources(run.data.corpus)  # a missing file fails before Ray starts
     model_path = resolve_model(run.model.name_or_path)  # fail before Ray starts
     dev = load_selection(run.eval)  # the model-selection data (STS-B dev or BEIR), read before Ray starts
-    out = Path(run.output_dir).resolve()
+    remote = run.output_dir if objstore.is_uri(run.output_dir) else None
+    if remote and objstore.prefix_exists(remote) and not overwrite:
+        raise ConfigError(f"output {remote} already exists and is not empty; choose another --output or pass "
+                          f"--overwrite")
+    # an output on object storage is built in a local directory and published at the end
+    local_root = Path(tempfile.mkdtemp(prefix="raycse-output-")) if remote else None
+    out = local_root / "out" if remote else Path(run.output_dir).resolve()
     staging = _prepare_output(out, overwrite)
+    final = remote or str(out)
     own_registry = None
     tracking = None
     try:
@@ -280,21 +289,25 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         (staging / "metrics.json").write_text(json.dumps(summary, indent=2, default=str))
         (staging / "config.yaml").write_text(yaml.safe_dump(run.to_dict(), sort_keys=False))
         (staging / "model" / "README.md").write_text(
-            model_card(run.to_dict(), json.loads(json.dumps(summary, default=str)), out / "model"))
+            model_card(run.to_dict(), json.loads(json.dumps(summary, default=str)), f"{final}/model"))
         shutil.rmtree(staging / "ray", ignore_errors=True)
         if out.exists():
             shutil.rmtree(out)
         os.replace(staging, out)
+        if remote:
+            objstore.publish(out, remote, overwrite, parts=("model",))
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         _close_tracking(tracking, ok=False)
         raise
     finally:
+        if local_root is not None:
+            shutil.rmtree(local_root, ignore_errors=True)
         if own_registry is not None:
             ray.kill(own_registry)
     _close_tracking(tracking, ok=True, final={f"best_{k}": v for k, v in best_metrics.items()
                                               if k == run.eval.score_key()})
-    return TrainResult(out, out / "model", summary)
+    return TrainResult(final, f"{final}/model", summary)
 
 
 def _close_tracking(tracking, ok: bool, final: Optional[dict] = None) -> None:

@@ -1,0 +1,142 @@
+"""Outputs on object storage: a local directory published to a URI whole or not at all, and a model
+on a URI fetched once into a local cache.
+
+Any filesystem pyarrow reaches by URI (``s3://``, ``gs://``, ``abfs://``, ...), configured the
+standard way (for S3: ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_DEFAULT_REGION``). Object stores have no rename, so a published prefix is complete when its
+manifest is there: the files are uploaded first, ``raycse_manifest.json`` (every file with its size
+and SHA-256) last; a reader refuses a prefix without a manifest, or whose files do not match it. A
+failed upload deletes what it wrote. Torch-free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Optional
+
+from raycse.errors import DataError, RaycseError
+
+MANIFEST = "raycse_manifest.json"
+
+
+def is_uri(path) -> bool:
+    return "://" in str(path) and not str(path).startswith("file://")
+
+
+def _fs(uri: str):
+    import pyarrow.fs as pafs
+
+    try:
+        return pafs.FileSystem.from_uri(uri)
+    except Exception as exc:
+        raise RaycseError(f"cannot open {uri}: {str(exc).splitlines()[0][:200]}") from None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _files(local: Path) -> list[Path]:
+    return sorted(p for p in local.rglob("*") if p.is_file())
+
+
+def prefix_exists(uri: str) -> bool:
+    import pyarrow.fs as pafs
+
+    fs, root = _fs(uri)
+    info = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+    return bool(info)
+
+
+def publish(local: Path, uri: str, overwrite: bool = False, parts: tuple[str, ...] = ()) -> str:
+    """Upload ``local`` (a directory) to ``uri``: every file, then a manifest for each sub-directory in
+    ``parts`` (e.g. ``model``, so ``URI/model`` loads on its own), then the root manifest. Whole or
+    not at all: a failure deletes what was written."""
+    fs, root = _fs(uri)
+    if prefix_exists(uri):
+        if not overwrite:
+            raise RaycseError(f"{uri} is not empty; pass --overwrite or choose another --output")
+        fs.delete_dir_contents(root, missing_dir_ok=True)
+    written: list[str] = []
+    entries: dict[str, dict] = {}
+
+    def put(rel: str, data: Optional[bytes] = None, path: Optional[Path] = None) -> None:
+        with fs.open_output_stream(f"{root}/{rel}") as dst:
+            if data is not None:
+                dst.write(data)
+            else:
+                with open(path, "rb") as src:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+        written.append(f"{root}/{rel}")
+
+    try:
+        for path in _files(local):
+            rel = path.relative_to(local).as_posix()
+            put(rel, path=path)
+            entries[rel] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+        for part in parts:
+            sub = {rel[len(part) + 1:]: meta for rel, meta in entries.items() if rel.startswith(part + "/")}
+            if sub:
+                put(f"{part}/{MANIFEST}", json.dumps({"files": sub}, indent=1, sort_keys=True).encode())
+        put(MANIFEST, json.dumps({"files": entries}, indent=1, sort_keys=True).encode())  # last: complete now
+    except BaseException:
+        for obj in written:
+            try:
+                fs.delete_file(obj)
+            except Exception:  # best effort: the missing manifest already marks the prefix incomplete
+                pass
+        raise
+    return uri
+
+
+def read_manifest(uri: str) -> dict:
+    fs, root = _fs(uri)
+    try:
+        with fs.open_input_stream(f"{root}/{MANIFEST}") as fh:
+            manifest = json.loads(fh.read())
+    except (FileNotFoundError, OSError):
+        raise DataError(f"{uri} has no {MANIFEST}: it is not a complete raycse output (an upload that did not "
+                        f"finish, or not written by raycse); write it again") from None
+    return manifest
+
+
+def fetch(uri: str, cache_root: Optional[Path] = None) -> Path:
+    """The local copy of the complete prefix ``uri``, downloaded once into a cache keyed by its manifest."""
+    manifest = read_manifest(uri)
+    key = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:24]
+    cache = Path(cache_root or os.environ.get("RAYCSE_CACHE", Path.home() / ".cache" / "raycse")) / "fetched"
+    dest = cache / key
+    if (dest / MANIFEST).is_file():
+        return dest
+    cache.mkdir(parents=True, exist_ok=True)
+    staging = cache / f".{key}.partial-{uuid.uuid4().hex[:8]}"
+    fs, root = _fs(uri)
+    try:
+        for rel, meta in manifest["files"].items():
+            target = staging / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                with fs.open_input_stream(f"{root}/{rel}") as src, open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+            except (FileNotFoundError, OSError):
+                raise DataError(f"{uri}/{rel} is listed in its manifest but missing; write the output again") from None
+            if target.stat().st_size != meta["size"] or _sha256(target) != meta["sha256"]:
+                raise DataError(f"{uri}/{rel} does not match its manifest (size or checksum); write it again")
+        (staging / MANIFEST).write_text(json.dumps(manifest))
+        try:
+            os.replace(staging, dest)
+        except OSError:  # another process fetched it meanwhile
+            if not (dest / MANIFEST).is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return dest

@@ -1,0 +1,81 @@
+"""Outputs and models on object storage, against a real S3-compatible server on 127.0.0.1 (moto in
+server mode): published whole (manifest last), refused when incomplete, fetched once into a cache;
+`raycse train` with corpus, checkpoints and output on S3, and `raycse eval` of the model there."""
+
+import json
+
+import pytest
+
+from raycse.cli import main
+from raycse.errors import DataError, RaycseError
+from raycse.storage import MANIFEST, fetch, publish
+
+
+def _local_dir(tmp_path, name="out"):
+    d = tmp_path / name
+    (d / "model").mkdir(parents=True)
+    (d / "model" / "config.json").write_text('{"a": 1}')
+    (d / "model" / "weights.bin").write_bytes(bytes(range(256)) * 100)
+    (d / "metrics.json").write_text("{}")
+    return d
+
+
+def test_publish_fetch_and_incomplete_prefixes(s3_server, tmp_path):
+    import boto3
+
+    bucket = s3_server()
+    uri = f"s3://{bucket}/runs/one"
+    publish(_local_dir(tmp_path), uri, parts=("model",))
+    s3 = boto3.client("s3")
+    keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"])
+    assert keys == sorted(["runs/one/metrics.json", f"runs/one/model/{MANIFEST}", "runs/one/model/config.json",
+                           "runs/one/model/weights.bin", f"runs/one/{MANIFEST}"])
+    cache = tmp_path / "cache"
+    model = fetch(f"{uri}/model", cache)
+    assert (model / "weights.bin").read_bytes() == bytes(range(256)) * 100
+    assert fetch(f"{uri}/model", cache) == model  # cached: the same directory, not fetched again
+    with pytest.raises(RaycseError, match="is not empty; pass --overwrite"):
+        publish(_local_dir(tmp_path, "again"), uri)
+    # a prefix without its manifest (an upload that stopped) is refused
+    s3.put_object(Bucket=bucket, Key="runs/half/model/config.json", Body=b"{}")
+    with pytest.raises(DataError, match="has no raycse_manifest.json: it is not a complete raycse output"):
+        fetch(f"s3://{bucket}/runs/half/model", cache)
+    # a file changed after publishing is refused
+    s3.put_object(Bucket=bucket, Key="runs/one/model/weights.bin", Body=b"changed")
+    manifest = json.loads(s3.get_object(Bucket=bucket, Key=f"runs/one/model/{MANIFEST}")["Body"].read())
+    manifest["files"]["extra"] = {"size": 1, "sha256": "0"}  # a new manifest: not in the cache
+    s3.put_object(Bucket=bucket, Key=f"runs/one/model/{MANIFEST}", Body=json.dumps(manifest).encode())
+    with pytest.raises(DataError, match="does not match its manifest|missing"):
+        fetch(f"{uri}/model", cache)
+    assert not [p for p in cache.rglob("*") if ".partial-" in p.name]
+
+
+def test_train_with_corpus_checkpoints_and_output_on_s3_then_eval(ray_cluster, s3_server, tiny_model, corpus,
+                                                                    stsb_dev, tmp_path, capsys):
+    import boto3
+
+    bucket = s3_server()
+    s3 = boto3.client("s3")
+    s3.upload_file(str(corpus), bucket, "data/corpus.txt")
+    out = f"s3://{bucket}/runs/simcse"
+    argv = ["train", "--model", str(tiny_model), "--corpus", f"s3://{bucket}/data/corpus.txt", "--output", out,
+            "--storage-path", f"s3://{bucket}/checkpoints", "--stsb-dev", str(stsb_dev), "--num-workers", "2",
+            "--cpus-per-worker", "1", "--batch-size", "16", "--max-length", "16", "--max-steps", "6",
+            "--eval-steps", "3"]
+    before = set(p.name for p in tmp_path.iterdir())
+    assert main(argv) == 0
+    assert f"model saved to {out}/model" in capsys.readouterr().out
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="runs/simcse/")["Contents"]}
+    assert {f"runs/simcse/{MANIFEST}", f"runs/simcse/model/{MANIFEST}", "runs/simcse/metrics.json",
+            "runs/simcse/model/config.json", "runs/simcse/model/README.md"} <= keys
+    ckpts = s3.list_objects_v2(Bucket=bucket, Prefix="checkpoints/")
+    assert ckpts.get("KeyCount", 0) > 0  # Ray Train wrote its checkpoints to S3
+    assert set(p.name for p in tmp_path.iterdir()) == before  # nothing but S3 received the run
+    metrics = json.loads(s3.get_object(Bucket=bucket, Key="runs/simcse/metrics.json")["Body"].read())
+    assert metrics["last"]["step"] == 6
+    # eval by URI; the same command again (the output exists) is refused in one line
+    assert main(["eval", f"{out}/model", "--stsb-dev", str(stsb_dev)]) == 0
+    assert "STSB-dev" in capsys.readouterr().out
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "already exists and is not empty" in err[0]
