@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import platform
 from pathlib import Path
 
 import torch
@@ -15,20 +14,11 @@ STSB_DEV = SHARED / "data" / "stsbenchmark" / "sts-dev.csv"
 STSB_TRAIN = SHARED / "data" / "stsbenchmark" / "sts-train.csv"
 
 
-ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
-
-
 def cpu() -> str:
-    """The CPU model and the ISA flags that decide kernel choice (from /proc/cpuinfo where there is one)."""
-    model, flags = platform.processor() or platform.machine(), []
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-        model = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name"))
-        have = next(line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags"))
-        flags = [f for f in ISA_FLAGS if f in have]
-    except (OSError, StopIteration):
-        pass
-    return f"{model} [{' '.join(flags) or 'no AVX2'}], {os.cpu_count()} CPUs"
+    """The CPU model and the ISA flags that decide kernel choice (and any ISA cap in force)."""
+    from raycse.machine import describe
+
+    return describe()
 
 
 def machine() -> str:

@@ -11,15 +11,23 @@ float32 rounding (relative difference ~1e-6); the two backward products are 2.2x
 tensor is float32 on the CPU and autocast is off (under autocast the usual path already runs bf16 on
 oneDNN). Where nothing needs a gradient (inference) it calls oneDNN's op directly; otherwise
 :class:`_Linear` computes the forward and both backward products with it too. Every other op runs
-as usual, so any Hugging Face architecture can be wrapped. ``RAYCSE_ONEDNN=0`` in the environment
-turns it off (PyTorch's default kernels everywhere).
+as usual, so any Hugging Face architecture can be wrapped.
+
+Which kernels a machine gets is measured, not assumed: :func:`choice` times BERT-shaped float32
+linears (forward and both backward products) both ways once per machine (CPU model, ISA flags and
+caps, torch version, threads), ~0.3 s, and caches the verdict in ``~/.cache/raycse/kernels.json``
+(``RAYCSE_CACHE`` moves it). ``RAYCSE_ONEDNN=0`` / ``=1`` in the environment forces PyTorch's own
+kernels / oneDNN without probing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
+import time
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -29,9 +37,75 @@ from torch.overrides import TorchFunctionMode
 
 
 def available() -> bool:
-    if os.environ.get("RAYCSE_ONEDNN", "1").strip() == "0":
-        return False
-    return _op_works()
+    return choice()["onednn"]
+
+
+def _cache_file() -> Path:
+    return Path(os.environ.get("RAYCSE_CACHE", Path.home() / ".cache" / "raycse")) / "kernels.json"
+
+
+def _probe_key() -> str:
+    from raycse.machine import describe
+
+    return f"{describe()} | torch {torch.__version__} | threads {torch.get_num_threads()}"
+
+
+def _time(fn, reps: int = 3) -> float:
+    fn()  # warm-up (first-call kernel selection, allocations)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _probe() -> dict:
+    """Seconds of a BERT-shaped float32 linear (2048 tokens, 384 -> 1536), forward + backward, both ways."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2048, 384, generator=g, requires_grad=True)
+    w = torch.randn(1536, 384, generator=g, requires_grad=True)
+    b = torch.zeros(1536, requires_grad=True)
+
+    def step(fn):
+        def run():
+            out = fn(x, w, b)
+            out.backward(torch.ones_like(out))
+        return run
+
+    default = _time(step(F.linear))
+    onednn = _time(step(_Linear.apply))
+    return {"default_s": default, "onednn_s": onednn}
+
+
+@functools.lru_cache(maxsize=1)
+def choice() -> dict:
+    """Whether float32 CPU linears go to oneDNN here: {"onednn": bool, "why": str}, probed once per machine."""
+    forced = os.environ.get("RAYCSE_ONEDNN", "").strip()
+    if forced == "0":
+        return {"onednn": False, "why": "RAYCSE_ONEDNN=0"}
+    if not _op_works():
+        return {"onednn": False, "why": "oneDNN's linear op is not available in this PyTorch"}
+    if forced == "1":
+        return {"onednn": True, "why": "RAYCSE_ONEDNN=1"}
+    key, path = _probe_key(), _cache_file()
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if key not in cache:
+        cache[key] = _probe()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(cache, indent=1))
+            tmp.replace(path)
+        except OSError:  # a read-only home: the probe's answer still holds for this process
+            pass
+    m = cache[key]
+    ratio = m["default_s"] / m["onednn_s"]
+    use = ratio > 1.05  # only a clear win changes kernels
+    return {"onednn": use, "why": f"probed: oneDNN {ratio:.2f}x PyTorch's default on a BERT-shaped fp32 linear"}
 
 
 @functools.lru_cache(maxsize=1)

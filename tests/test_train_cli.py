@@ -45,6 +45,9 @@ def test_train_two_workers_loss_goes_down_and_model_reloads(ray_cluster, tiny_mo
 
     out = tmp_path / "run"
     assert main(_train_args(tiny_model, corpus, out, stsb_dev, "--pooling", "cls")) == 0
+    from raycse.machine import describe
+
+    assert capsys.readouterr().out.startswith(f"[raycse] driver on {describe()}")  # the log names its machine
     metrics = json.loads((out / "metrics.json").read_text())
     history = metrics["last"]["loss_history"]
     assert len(history) == 4 and history[-1] < history[0]

@@ -196,6 +196,9 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     tracking = None
     try:
         tracking = tracking_mod.open_run(run.train.tracking, out.name, run.to_dict())  # unreachable: fails now
+        from raycse.machine import describe
+
+        print(f"[raycse] driver on {describe()}", flush=True)  # the first line of the log names the machine
         ensure_ray()
         quiet_ray_data()
         if registry is None:

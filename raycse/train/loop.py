@@ -213,6 +213,11 @@ def train_loop_per_worker(config: dict) -> None:
             tlog.log({score_key: initial}, 0)
     log.setLevel(logging.INFO)
     if rank == 0:
+        from raycse import machine, onednn
+
+        kernels = onednn.choice()
+        log.info(f"[raycse] rank 0 on {machine.describe()}, torch {torch.__version__}; fp32 CPU linears on "
+                 f"{'oneDNN' if kernels['onednn'] else 'PyTorch default kernels'} ({kernels['why']})")
         log.info(f"[raycse] {world_size} worker(s), steps {step}..{phase_end} of {total}, "
                  f"global batch {run.train.batch_size * world_size}, precision {dtype or 'fp32'}, "
                  f"threads {torch.get_num_threads()}" + (", resumed" if step else "")

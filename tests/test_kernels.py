@@ -1,0 +1,34 @@
+"""The CPU kernel choice is measured once per machine (and per ISA cap), cached, and can be forced."""
+
+import json
+import os
+import subprocess
+import sys
+
+
+def _choice(tmp_path, **env):
+    code = "import json; from raycse import onednn; print(json.dumps(onednn.choice()))"
+    full = {**os.environ, "RAYCSE_CACHE": str(tmp_path), **env}
+    for k in ("RAYCSE_ONEDNN", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):
+        if k not in env:
+            full.pop(k, None)
+    out = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_probe_is_cached_per_machine_and_isa_cap(tmp_path):
+    first = _choice(tmp_path)
+    assert first["why"].startswith("probed: oneDNN")
+    cache = json.loads((tmp_path / "kernels.json").read_text())
+    (key,) = cache
+    assert cache[key]["default_s"] > 0 and cache[key]["onednn_s"] > 0
+    ratio = cache[key]["default_s"] / cache[key]["onednn_s"]
+    assert first["onednn"] == (ratio > 1.05) and f"{ratio:.2f}x" in first["why"]
+    mtime = (tmp_path / "kernels.json").stat().st_mtime_ns
+    assert _choice(tmp_path) == first and (tmp_path / "kernels.json").stat().st_mtime_ns == mtime  # not re-probed
+    capped = _choice(tmp_path, ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2", MKL_ENABLE_INSTRUCTIONS="AVX2")
+    assert capped["why"].startswith("probed")
+    keys = list(json.loads((tmp_path / "kernels.json").read_text()))
+    assert len(keys) == 2 and any("capped by ATEN_CPU_CAPABILITY=avx2" in k for k in keys)
+    assert _choice(tmp_path, RAYCSE_ONEDNN="0") == {"onednn": False, "why": "RAYCSE_ONEDNN=0"}
+    assert _choice(tmp_path, RAYCSE_ONEDNN="1")["onednn"] is True
