@@ -34,15 +34,49 @@ def test_cluster_launcher_yamls_validate_against_rays_schema(name):
     assert any("--dashboard-host=127.0.0.1" in c for c in cfg["head_start_ray_commands"])
 
 
-def test_kuberay_rayjob_manifest_has_the_required_fields():
+def _strict(schema):
+    """A Kubernetes structural schema as JSON Schema that refuses unknown fields (kubectl's
+    --validate=strict), except where the schema preserves them."""
+    if isinstance(schema, dict):
+        out = {k: _strict(v) for k, v in schema.items()}
+        if out.get("type") == "object" and "properties" in out and not out.get("x-kubernetes-preserve-unknown-fields") \
+                and "additionalProperties" not in out:
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [_strict(v) for v in schema]
+    return schema
+
+
+def test_kuberay_rayjob_validates_against_kuberays_crd():
+    """KubeRay's own RayJob CRD (ray-operator/config/crd/bases/ray.io_rayjobs.yaml at tag v1.7.0,
+    kept gzipped in tests/data/kuberay/) validates the manifest, unknown fields refused."""
+    import gzip
+
+    import jsonschema
+
+    crd = yaml.safe_load(gzip.decompress((ROOT / "tests" / "data" / "kuberay" / "ray.io_rayjobs-v1.7.0.yaml.gz")
+                                         .read_bytes()))
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    schema = _strict(version["schema"]["openAPIV3Schema"])
     job = yaml.safe_load((ROOT / "cluster" / "kuberay-rayjob.yaml").read_text())
-    assert job["apiVersion"] == "ray.io/v1" and job["kind"] == "RayJob"
+    jsonschema.validate(job, schema)
+    broken = yaml.safe_load((ROOT / "cluster" / "kuberay-rayjob.yaml").read_text())
+    broken["spec"]["shutdownAfterJobFinish"] = True  # a typo KubeRay would silently drop
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schema)
     spec = job["spec"]
-    assert "raycse" in spec["entrypoint"] and spec["shutdownAfterJobFinishes"] is True
-    assert isinstance(spec["ttlSecondsAfterFinished"], int)
-    assert "pip" in yaml.safe_load(spec["runtimeEnvYAML"])
+    assert job["apiVersion"] == "ray.io/v1" and job["kind"] == "RayJob" and spec["shutdownAfterJobFinishes"] is True
+    env = yaml.safe_load(spec["runtimeEnvYAML"])
+    assert "pip" in env and env["env_vars"]["RAYCSE_BUCKET"]
+    # everything the run leaves goes to the bucket: the cluster's disks are deleted after the job
+    for flag in ("--corpus", "--storage-path", "--output"):
+        assert f"{flag} s3://$RAYCSE_BUCKET/" in spec["entrypoint"]
     cluster = spec["rayClusterSpec"]
-    assert cluster["headGroupSpec"]["template"]["spec"]["containers"]
+    # KubeRay's submitter reaches the job API through the head's Service, not from the head itself
+    assert cluster["headGroupSpec"]["rayStartParams"]["dashboard-host"] == "0.0.0.0"
+    pods = [cluster["headGroupSpec"]] + cluster["workerGroupSpecs"]
+    assert all(p["template"]["spec"]["containers"][0]["envFrom"] for p in pods)  # S3 credentials on every node
     gpu = cluster["workerGroupSpecs"][0]
     assert gpu["minReplicas"] == 0 and gpu["maxReplicas"] >= 1
     assert "nvidia.com/gpu" in gpu["template"]["spec"]["containers"][0]["resources"]["limits"]
