@@ -234,6 +234,8 @@ def test_eval_tune_analyze_meet_bad_input_like_train(tiny_model, stsb_dev, tmp_p
     _expect_error(capsys, ["tune", "--space", str(tmp_path / "no.yaml")], "not found", tmp_path / "outputs")
     _expect_error(capsys, ["tune", "--space", str(tmp_path / "afile"), "--resume", str(exp)], "exactly one",
                   tmp_path / "outputs")
+    _expect_error(capsys, ["tune", "--space", str(tmp_path / "afile"), "--storage-path", "s3://b/x"],
+                  "object storage are not supported yet", tmp_path / "outputs")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "exp", stsb_dev.name] and not list(exp.iterdir())
 
 

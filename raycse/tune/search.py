@@ -347,6 +347,9 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
 
     settings.validate()
     space = load_space(settings.space)
+    if "://" in str(storage_path):  # refuse rather than make a local folder named "s3:"
+        raise ConfigError(f"raycse tune --storage-path {storage_path}: experiments on object storage are not "
+                          f"supported yet; give a local or shared-filesystem path")
     name = name or f"{Path(settings.space).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     exp_dir = Path(storage_path).resolve() / name
     if exp_dir.exists():
