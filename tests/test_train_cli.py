@@ -3,6 +3,7 @@
 import json
 import math
 import subprocess
+from pathlib import Path
 import sys
 
 import numpy as np
@@ -234,7 +235,8 @@ def test_eval_tune_analyze_meet_bad_input_like_train(tiny_model, stsb_dev, tmp_p
     _expect_error(capsys, ["tune", "--space", str(tmp_path / "no.yaml")], "not found", tmp_path / "outputs")
     _expect_error(capsys, ["tune", "--space", str(tmp_path / "afile"), "--resume", str(exp)], "exactly one",
                   tmp_path / "outputs")
-    _expect_error(capsys, ["tune", "--space", str(tmp_path / "afile"), "--storage-path", "s3://b/x"],
+    space = Path(__file__).resolve().parents[1] / "search_spaces" / "simcse.yaml"
+    _expect_error(capsys, ["tune", "--space", str(space), "--storage-path", "s3://b/x"],
                   "object storage are not supported yet", tmp_path / "outputs")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "exp", stsb_dev.name] and not list(exp.iterdir())
 
