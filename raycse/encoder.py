@@ -188,7 +188,11 @@ class Encoder(nn.Module):
         return self.mlp_mode == "always" or self.training
 
     def unpadding(self) -> bool:
-        return self.unpad and self.can_unpad
+        if not (self.unpad and self.can_unpad):
+            return False
+        # GPUs keep Hugging Face's padded SDPA path until the unpadded one is measured faster there
+        # (scripts/gpu_check.sh measures both); RAYCSE_UNPAD_GPU=1 opts in.
+        return self.device.type == "cpu" or os.environ.get("RAYCSE_UNPAD_GPU") == "1"
 
     def forward_options(self) -> dict:
         """How :func:`raycse.unpad.backbone_forward` runs this encoder's backbone (and copies of it)."""

@@ -62,19 +62,23 @@ def _time(fn, reps: int = 3) -> float:
 
 def _probe() -> dict:
     """Seconds of a BERT-shaped float32 linear (2048 tokens, 384 -> 1536), forward + backward, both ways."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(2048, 384, generator=g, requires_grad=True)
-    w = torch.randn(1536, 384, generator=g, requires_grad=True)
-    b = torch.zeros(1536, requires_grad=True)
+    def tensors():
+        g = torch.Generator().manual_seed(0)
+        return (torch.randn(2048, 384, generator=g, requires_grad=True),
+                torch.randn(1536, 384, generator=g, requires_grad=True), torch.zeros(1536, requires_grad=True))
 
     def step(fn):
+        x, w, b = tensors()
+
         def run():
             out = fn(x, w, b)
             out.backward(torch.ones_like(out))
         return run
 
-    default = _time(step(F.linear))
-    onednn = _time(step(_Linear.apply))
+    # the first use may come under no_grad / inference mode / autocast (an evaluation): leave them
+    with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
+        default = _time(step(F.linear))
+        onednn = _time(step(_Linear.apply))
     return {"default_s": default, "onednn_s": onednn}
 
 
@@ -115,8 +119,9 @@ def _op_works() -> bool:
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return False
     try:
-        x, w, b = torch.randn(3, 4, 8), torch.randn(5, 8), torch.randn(5)
-        with torch.no_grad():
+        # in float32 whatever the caller's context (the first call may come under autocast)
+        with torch.no_grad(), torch.autocast("cpu", enabled=False):
+            x, w, b = torch.randn(3, 4, 8), torch.randn(5, 8), torch.randn(5)
             return bool(torch.allclose(_inner(x, w, b), F.linear(x, w, b), atol=1e-5, rtol=1e-5))
     except Exception:  # noqa: BLE001 - any failure means: do not use it
         return False

@@ -7,7 +7,10 @@ import sys
 
 
 def _choice(tmp_path, **env):
-    code = "import json; from raycse import onednn; print(json.dumps(onednn.choice()))"
+    # the first use is often inside an evaluation: inference mode, no grad, autocast
+    code = ("import json, torch\nfrom raycse import onednn\n"
+            "with torch.inference_mode(), torch.autocast('cpu', dtype=torch.bfloat16):\n    c = onednn.choice()\n"
+            "print(json.dumps(c))")
     full = {**os.environ, "RAYCSE_CACHE": str(tmp_path), **env}
     for k in ("RAYCSE_ONEDNN", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):
         if k not in env:

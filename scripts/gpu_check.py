@@ -1,0 +1,236 @@
+"""Check and measure raycse on a GPU, end to end (issue 19.6). ``bash scripts/gpu_check.sh [--json F]``.
+
+Part one needs only torch and transformers (a GPU box may have no Ray and no network):
+  1. every objective's training step in bf16 autocast on the device: finite loss, gradients reach
+     the encoder;
+  2. the unpadded forward against Hugging Face's own (SDPA) padded forward: equal outputs, and
+     throughput and peak memory of forward+backward at batch 128, max length 32 and 128, both ways;
+  3. a short SimCSE loop whose STS-B dev score moves as it does on CPU (when the shared data and
+     the real model are there).
+Part two, where Ray is installed: ``raycse train --use-gpu`` with 1 worker, and with 2 workers
+(NCCL) on a box with 2+ GPUs.
+
+``--device cpu --model tiny`` runs the same checks on a CPU with a tiny random BERT (the test suite
+does, so the script stays runnable where no GPU is). Prints one line per check and, with --json,
+writes everything measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the working tree's raycse, installed or not
+
+from raycse.encoder import Encoder  # noqa: E402
+from raycse.objectives import registry  # noqa: E402
+
+WORDS = ("the city river music film game team school church war king queen party state north south east west year "
+         "time world people book song album league club station road bridge island village county born died played "
+         "built made known called named used became won lost founded opened closed first second new old small").split()
+OBJECTIVES = {"simcse": {}, "hicl": {"slice_length": 8}, "compcse": {}, "sgopt": {"proj_hidden": 256},
+              "laser": {}, "bsc": {}}
+
+
+def tiny_bert(path: Path) -> Path:
+    """A 2-layer random BERT with its own vocab (no network)."""
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(WORDS))
+    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=len(vocab), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=128, max_position_embeddings=256)).save_pretrained(path)
+    BertTokenizerFast(vocab=str(path / "vocab.txt"), do_lower_case=True).save_pretrained(path)
+    return path
+
+
+def sentences(n: int, words: int, seed: int = 0) -> list[str]:
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(len(WORDS), (n, words), generator=g)
+    return [" ".join(WORDS[i] for i in row) for row in idx.tolist()]
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def objective_steps(model: str, device: torch.device, dtype) -> dict:
+    out = {}
+    texts = sentences(16, 12)
+    for name, params in OBJECTIVES.items():
+        enc = Encoder.from_pretrained(model, pooling="cls" if name in ("compcse", "sgopt") else "mean").to(device)
+        obj = registry.build(name, params)
+        obj.setup(enc)
+        obj.to(device).train()
+        enc.train()
+        batch = {k: v.to(device) for k, v in obj.collate(texts, enc.tokenizer, 32).items()}
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            loss = obj(enc, batch).loss
+        loss.backward()
+        grads = [p.grad for p in enc.backbone.parameters() if p.requires_grad]
+        ok = bool(torch.isfinite(loss).item()) and any(g is not None and g.abs().sum() > 0 for g in grads)
+        out[name] = {"loss": float(loss.detach()), "ok": ok}
+        print(f"[gpu-check] step {name:8s} loss {float(loss):.4f} {'ok' if ok else 'FAILED'}", flush=True)
+    return out
+
+
+def unpad_vs_sdpa(model: str, device: torch.device, dtype, batch: int, lengths: tuple, reps: int) -> dict:
+    enc = Encoder.from_pretrained(model).to(device).train()
+    enc.length_buckets = 1
+    out = {}
+    for max_len in lengths:
+        # uneven lengths, as real batches are: a quarter to all of max_len
+        texts = [" ".join(s.split()[:max(2, (i % 4 + 1) * max_len // 4 - 2)])
+                 for i, s in enumerate(sentences(batch, max_len))]
+        b = {k: v.to(device) for k, v in enc.tokenize(texts, max_len).items()}
+        row = {}
+        for unpad in (False, True):
+            enc.unpad = unpad
+            with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                torch.manual_seed(0)
+                enc.eval()
+                z = enc(b["input_ids"], b["attention_mask"]).float()
+                enc.train()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            times = []
+            for _ in range(reps + 1):
+                sync(device)
+                t0 = time.perf_counter()
+                with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                    loss = enc(b["input_ids"], b["attention_mask"]).float().pow(2).mean()
+                loss.backward()
+                sync(device)
+                times.append(time.perf_counter() - t0)
+            enc.zero_grad(set_to_none=True)
+            peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
+            row["unpadded" if unpad else "sdpa_padded"] = {"sent_per_s": batch / min(times[1:]), "peak_mib": peak,
+                                                           "z": z}
+        diff = (row["unpadded"].pop("z") - row["sdpa_padded"].pop("z")).abs().max().item()
+        tol = 5e-2 if dtype is not None else 1e-4
+        row["max_abs_diff"], row["equal"] = diff, diff < tol
+        row["speed_ratio_unpadded"] = row["unpadded"]["sent_per_s"] / row["sdpa_padded"]["sent_per_s"]
+        out[f"len{max_len}"] = row
+        print(f"[gpu-check] unpad vs SDPA, batch {batch}, max length {max_len}: max |diff| {diff:.2e} "
+              f"({'equal' if row['equal'] else 'DIFFERENT'}); sentences/s padded {row['sdpa_padded']['sent_per_s']:.0f}"
+              f" unpadded {row['unpadded']['sent_per_s']:.0f} ({row['speed_ratio_unpadded']:.2f}x); peak MiB "
+              f"{row['sdpa_padded']['peak_mib']} / {row['unpadded']['peak_mib']}", flush=True)
+    return out
+
+
+def simcse_loop(model: str, device: torch.device, dtype, steps: int) -> dict:
+    """A short SimCSE run on wiki_sample sentences; STS-B dev before and after where the data exists."""
+    shared = Path(os.environ.get("RAYCSE_SHARED", ROOT.parent / "shared")) / "data"
+    wiki, dev_file = shared / "wiki_sample.txt", shared / "stsbenchmark" / "sts-dev.csv"
+    texts = wiki.read_text().splitlines() if wiki.is_file() else sentences(64 * steps, 12)
+    enc = Encoder.from_pretrained(model).to(device)
+    obj = registry.build("simcse", {})
+    opt = torch.optim.AdamW(enc.parameters(), lr=3e-5)
+    dev = None
+    if dev_file.is_file():
+        from raycse.evaluation.sts import evaluate_datasets, read_stsb
+
+        dev = read_stsb(dev_file, "stsb_dev")
+
+    def score():
+        return evaluate_datasets(lambda xs: enc.encode(xs, batch_size=128), [dev])["stsb_dev"] if dev else None
+
+    before = score()
+    enc.train()
+    losses = []
+    for step in range(steps):
+        batch = {k: v.to(device) for k, v in obj.collate(texts[step * 64:(step + 1) * 64], enc.tokenizer, 32).items()}
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            loss = obj(enc, batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss))
+    after = score()
+    print(f"[gpu-check] SimCSE {steps} steps: loss {losses[0]:.4f} -> {losses[-1]:.4f}; STS-B dev "
+          f"{before if before is None else round(before, 2)} -> {after if after is None else round(after, 2)}", flush=True)
+    return {"steps": steps, "loss_first": losses[0], "loss_last": losses[-1], "dev_before": before, "dev_after": after}
+
+
+def part_two(model: str) -> dict:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        print("[gpu-check] part two skipped: Ray is not installed here", flush=True)
+        return {"skipped": "no ray"}
+    out = {}
+    gpus = torch.cuda.device_count()
+    shared = Path(os.environ.get("RAYCSE_SHARED", ROOT.parent / "shared")) / "data" / "wiki_sample.txt"
+    for workers in ([1, 2] if gpus >= 2 else [1]):
+        tmp = Path(tempfile.mkdtemp())
+        cmd = [sys.executable, "-m", "raycse", "train", "--model", model, "--corpus", str(shared), "--use-gpu",
+               "--num-workers", str(workers), "--max-steps", "50", "--max-sentences", "4096",
+               "--output", str(tmp / "out")]
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        out[f"{workers}_workers"] = {"rc": r.returncode, "seconds": time.perf_counter() - t0,
+                                     "tail": r.stdout[-400:] + r.stderr[-400:]}
+        print(f"[gpu-check] raycse train --use-gpu, {workers} worker(s): rc {r.returncode}, "
+              f"{time.perf_counter() - t0:.0f} s", flush=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (a smoke run of the script itself)")
+    ap.add_argument("--model", default="default", help="'default' (embedded MiniLM), 'tiny' (random), or a path")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--lengths", type=int, nargs="+", default=[32, 128])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--loop-steps", type=int, default=100)
+    ap.add_argument("--part", type=int, choices=[1, 2], nargs="+", default=[1, 2])
+    ap.add_argument("--json", default=None, help="write everything measured here")
+    args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("[gpu-check] no CUDA device here; run with --device cpu for a smoke run", file=sys.stderr)
+        return 2
+    device = torch.device(args.device)
+    model = args.model
+    if model == "tiny":
+        model = str(tiny_bert(Path(tempfile.mkdtemp()) / "tiny"))
+    elif model == "default":
+        from raycse.encoder import resolve_model
+
+        model = resolve_model("default")
+    dtype = torch.bfloat16  # training's autocast on GPUs (and on bf16-capable CPUs)
+    os.environ["RAYCSE_UNPAD_GPU"] = "1"  # measure the unpadded path on the GPU too (off there by default)
+    name = torch.cuda.get_device_name(0) if device.type == "cuda" else "CPU"
+    report = {"device": name, "torch": torch.__version__, "model": args.model}
+    print(f"[gpu-check] {name}, torch {torch.__version__}, model {args.model}", flush=True)
+    if 1 in args.part:
+        report["objective_steps"] = objective_steps(model, device, dtype)
+        report["unpad_vs_sdpa"] = unpad_vs_sdpa(model, device, dtype, args.batch, tuple(args.lengths), args.reps)
+        report["simcse_loop"] = simcse_loop(model, device, dtype, args.loop_steps)
+    if 2 in args.part:
+        report["part_two"] = part_two(model)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+    failed = [k for k, v in report.get("objective_steps", {}).items() if not v["ok"]]
+    failed += [k for k, v in report.get("unpad_vs_sdpa", {}).items() if not v["equal"]]
+    if failed:
+        print(f"[gpu-check] FAILED: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""scripts/gpu_check.sh stays runnable where no GPU is: its part one on the CPU with a tiny BERT."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_gpu_check_part_one_smoke_on_cpu(tmp_path):
+    out = tmp_path / "report.json"
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--device", "cpu", "--model", "tiny",
+                        "--batch", "8", "--lengths", "16", "32", "--reps", "1", "--loop-steps", "3", "--part", "1",
+                        "--json", str(out)], capture_output=True, text=True, timeout=600,
+                       env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                            "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["device"] == "CPU"
+    assert set(report["objective_steps"]) == {"simcse", "hicl", "compcse", "sgopt", "laser", "bsc"}
+    assert all(v["ok"] for v in report["objective_steps"].values())
+    for length in ("len16", "len32"):
+        row = report["unpad_vs_sdpa"][length]
+        assert row["equal"] and row["sdpa_padded"]["sent_per_s"] > 0 and row["unpadded"]["sent_per_s"] > 0
+    assert report["simcse_loop"]["steps"] == 3
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True, text=True,
+                       env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert r.returncode == 2 and "no CUDA device here" in r.stderr  # a CPU box says so
