@@ -134,6 +134,19 @@ def record_batch(directory: Path, rank: int, step: int, epoch: int, examples: li
                              "examples": examples}) + "\n")
 
 
+def worker_nodes(world_size: int) -> list[str]:
+    """The Ray node id of every rank, rank-ordered (every rank calls it: one all_gather_object)."""
+    import ray
+    import torch.distributed as dist
+
+    node = ray.get_runtime_context().get_node_id()
+    if world_size == 1 or not dist.is_initialized():
+        return [node]
+    nodes = [None] * world_size
+    dist.all_gather_object(nodes, node)
+    return nodes
+
+
 def train_loop_per_worker(config: dict) -> None:
     import ray
     import ray.train
@@ -207,6 +220,7 @@ def train_loop_per_worker(config: dict) -> None:
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
     tlog = tracking.Logger(config.get("tracking"), rank)  # rank 0 logs; a no-op elsewhere
+    nodes = worker_nodes(world_size)  # recorded in the metrics: where the run's workers were
     if step == 0 and run.eval.before_training:
         initial = evaluate()
         if initial is not None:
@@ -292,6 +306,7 @@ def train_loop_per_worker(config: dict) -> None:
                 history.append(sum(window) / len(window))
                 window = []
             extra = {"step": step, "epoch": epoch, "loss": history[-1], "loss_history": list(history),
+                     "worker_nodes": nodes,
                      "train_examples_per_s": seen / max(train_time, 1e-9), "train_seconds": train_time,
                      "total_steps": total, **peak_memory(device),
                      **{f"last_{k}": v for k, v in out.metrics.items()}}

@@ -1,0 +1,33 @@
+"""Beyond one machine: a three-node Ray cluster on this machine (ray.cluster_utils.Cluster, what
+Ray's own tests use), in its own process: the two Train workers land on different nodes, corpus,
+checkpoints and model live on the S3 server, and the driver's disk receives nothing."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+def test_two_workers_on_two_nodes_with_everything_on_s3(tiny_model, corpus, stsb_dev, tmp_path):
+    pytest.importorskip("moto.server")
+    from conftest import _free_port
+
+    run_dir = tmp_path / "driver-cwd"
+    run_dir.mkdir()
+    r = subprocess.run([sys.executable, str(HERE / "multinode_run.py"), str(tiny_model), str(corpus), str(stsb_dev),
+                        str(_free_port())], capture_output=True, text=True, timeout=900, cwd=run_dir,
+                       env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    out = json.loads([line for line in r.stdout.splitlines() if line.startswith("{")][-1])
+    assert len(set(out["worker_nodes"])) == 2  # rank 0 and rank 1 on different nodes
+    assert set(out["worker_nodes"]) == set(out["cluster_worker_nodes"]) and out["head_node"] not in out["worker_nodes"]
+    assert out["steps"] == 6 and out["model_dir"] == "s3://raycse-multinode/runs/multinode/model"
+    keys = set(out["s3_keys"])
+    assert "runs/multinode/raycse_manifest.json" in keys and "runs/multinode/model/config.json" in keys
+    assert any(k.startswith("checkpoints/") for k in keys)
+    assert out["cwd_unchanged"] and not list(run_dir.iterdir())  # nothing but logs (Ray's, in /tmp/ray)
