@@ -1,11 +1,12 @@
 """``raycse`` command line: the top floor, a thin layer over the Python API.
 
     raycse train  --corpus FILE [--config run.yaml] [flags]   fine-tune on Ray Train
-    raycse eval   MODEL --senteval-dir DIR [--tasks ...]         STS12-16, STS-B, SICK-R
+    raycse eval   MODEL --senteval-dir DIR [--beir-dir DIR]      STS12-16, STS-B, SICK-R; BEIR retrieval
     raycse objectives                                           list objectives and knobs
     raycse tune   --space search_spaces/NAME.yaml [--seeds 3]    Ray Tune + Optuna search across seeds
     raycse tune   --resume EXP_DIR                              continue an interrupted search
     raycse analyze EXP_DIR [--export-best PATH]                 table, best config, PNG plots
+    raycse mine   --corpus PAIRS --pair-column A --output FILE    hard-negative mining -> triplets
 
 Flags override the YAML config; ``--set section.key=value`` reaches any config key.
 User errors print one line ``raycse: error: ...`` and exit 2.
@@ -149,10 +150,13 @@ def _train_parser(sub) -> None:
 
 def _eval_parser(sub) -> None:
     p = _command(
-        sub, "eval", help="score a model on STS12-16, STS-B test and SICK-R (SentEval layout)",
+        sub, "eval", help="score a model: STS12-16, STS-B, SICK-R (SentEval layout), STS-B dev, BEIR retrieval",
         description="Spearman x100 of cosine similarity on the 7 STS tasks ('all' setting for STS12-16) and their "
                     "mean. Each unique sentence is embedded once, in length-sorted batches. Get the data with "
-                    "SentEval's data/downstream/get_transfer_data.bash and pass its data/downstream directory.")
+                    "SentEval's data/downstream/get_transfer_data.bash and pass its data/downstream directory. "
+                    "--beir-dir adds retrieval (nDCG@10, MRR@10, Recall@100) on a BEIR-layout directory. "
+                    "MODEL may be a local directory, 'default', a hub name, or a raycse output on object "
+                    "storage (s3://.../model), fetched once into a local cache.")
     p.add_argument("model", help="model directory (raycse output, sentence-transformers or HF) or 'default'")
     p.add_argument("--senteval-dir", help="SentEval data root holding STS/ and SICK/")
     p.add_argument("--tasks", nargs="+", default=None,
