@@ -376,8 +376,13 @@ def _eval_beir(args, beir, embed, encoder) -> dict:
     print(f"[raycse] {args.model}: BEIR {args.beir_dir} ({args.split}): {len(beir.docs)} documents, "
           f"{len(beir.queries)} queries with relevant documents", file=sys.stderr)
     from raycse.encoder import resolve_model
+    from raycse.evaluation.beir import RAY_THRESHOLD
 
     model_path = None if args.pooling else resolve_model(args.model)  # what the Ray actors load for big corpora
+    if model_path and len(beir.docs) > RAY_THRESHOLD:
+        from raycse.train.runtime import ensure_ray
+
+        ensure_ray()
     docs = embed_documents(beir, lambda xs: embed(xs, progress=True), model_path,
                            args.max_length or encoder.max_seq_length, precision=args.precision)
     scores = retrieval_metrics(beir.qrels, search(docs, embed(beir.queries), beir))

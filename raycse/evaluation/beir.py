@@ -152,7 +152,8 @@ def retrieval_metrics(qrels: dict[str, dict[str, int]], run: dict[str, dict[str,
 def embed_documents(data: BeirData, embed: Callable[[Sequence[str]], np.ndarray], model_path: Optional[str] = None,
                     max_length: int = 256, actors: int = 1, precision: str = "fp32",
                     ray_threshold: int = RAY_THRESHOLD) -> np.ndarray:
-    """Document vectors: in this process, or on the Ray Data actor pool for corpora over ``ray_threshold``."""
+    """Document vectors: in this process, or on the Ray Data actor pool for corpora over ``ray_threshold``
+    (Ray started by the caller)."""
     if len(data.docs) <= ray_threshold or model_path is None:
         return embed(data.docs)
     import types
@@ -161,9 +162,7 @@ def embed_documents(data: BeirData, embed: Callable[[Sequence[str]], np.ndarray]
     import ray
 
     from raycse.grouping.embed import embed_corpus
-    from raycse.train.runtime import ensure_ray
 
-    ensure_ray()
     table = pa.table({"_id": np.arange(len(data.docs), dtype=np.int64), "text": data.docs})
     corpus = types.SimpleNamespace(dataset=ray.data.from_arrow(table), num_examples=len(data.docs))
     return embed_corpus(corpus, model_path, max_length, actors=actors, precision=precision)
