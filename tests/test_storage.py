@@ -79,3 +79,53 @@ def test_train_with_corpus_checkpoints_and_output_on_s3_then_eval(ray_cluster, s
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "already exists and is not empty" in err[0]
+
+
+def test_killed_driver_resumes_from_s3_and_ends_with_the_planned_steps(ray_cluster, s3_server, tiny_model,
+                                                                         stsb_dev, tmp_path, capsys):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import boto3
+
+    from conftest import make_sentences
+
+    bucket = s3_server()
+    s3 = boto3.client("s3")
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(make_sentences(600, seed=4)) + "\n")
+    s3.upload_file(str(corpus), bucket, "data/c.txt")
+    argv = ["train", "--model", str(tiny_model), "--corpus", f"s3://{bucket}/data/c.txt",
+            "--output", f"s3://{bucket}/out", "--storage-path", f"s3://{bucket}/ckpt", "--stsb-dev", str(stsb_dev),
+            "--num-workers", "2", "--cpus-per-worker", "1", "--batch-size", "8", "--max-length", "16",
+            "--epochs", "2", "--max-steps", "40", "--eval-steps", "1000", "--log-steps", "5",
+            "--set", "train.checkpoint_steps=4"]
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
+    proc = subprocess.Popen([sys.executable, "-m", "raycse", *argv], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def whole_checkpoints():
+        listed = s3.list_objects_v2(Bucket=bucket, Prefix="ckpt/train/").get("Contents", [])
+        return [o["Key"] for o in listed if o["Key"].endswith("state/MANIFEST.json")]
+
+    deadline = time.time() + 300
+    try:
+        while len(whole_checkpoints()) < 2:
+            assert proc.poll() is None, "the run ended before it was killed"
+            assert time.time() < deadline, "no checkpoint reached S3 in time"
+            time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver dies mid-run, like a lost session
+        proc.wait()
+    assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="out/")  # no half-published output
+    time.sleep(3)  # Ray notices the dead driver and ends its Train run
+    capsys.readouterr()
+    assert main(argv) == 0  # the same command again
+    out = capsys.readouterr().out
+    resumed = [line for line in out.splitlines() if "resuming from step" in line]
+    assert resumed and int(resumed[0].split("resuming from step ")[1].split()[0]) >= 4, out[-2000:]
+    metrics = json.loads(s3.get_object(Bucket=bucket, Key="out/metrics.json")["Body"].read())
+    assert metrics["last"]["step"] == 40

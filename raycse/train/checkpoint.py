@@ -119,3 +119,44 @@ def latest_valid(run_dir: Path) -> Optional[tuple[int, str]]:
         if best is None or step > best[0]:
             best = (step, str(d))
     return best
+
+
+def _verify_remote(fs, root: str) -> tuple[Optional[str], Optional[int]]:
+    """(problem or None, step) of a checkpoint on object storage: manifest, presence and sizes (the
+    digests are checked where it is loaded, after the download)."""
+    import pyarrow.fs as pafs
+
+    try:
+        with fs.open_input_stream(f"{root}/{STATE_DIR}/{MANIFEST}") as fh:
+            manifest = json.loads(fh.read())
+        with fs.open_input_stream(f"{root}/{STATE_DIR}/train.json") as fh:
+            step = int(json.loads(fh.read())["step"])
+    except (OSError, ValueError, KeyError):
+        return "no readable manifest (the checkpoint was not finished)", None
+    infos = {i.path: i for i in fs.get_file_info([f"{root}/{rel}" for rel in manifest])}
+    for rel, meta in manifest.items():
+        info = infos.get(f"{root}/{rel}")
+        if info is None or info.type != pafs.FileType.File:
+            return f"{rel} is missing", None
+        if info.size != meta["bytes"]:
+            return f"{rel} has {info.size} bytes, expected {meta['bytes']}", None
+    return None, step
+
+
+def latest_valid_uri(run_uri: str) -> Optional[tuple[int, str]]:
+    """:func:`latest_valid` for a run directory on object storage (``s3://bucket/ckpt/train``)."""
+    import pyarrow.fs as pafs
+
+    fs, root = pafs.FileSystem.from_uri(run_uri)
+    scheme = run_uri.split("://", 1)[0]
+    infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    best = None
+    for d in sorted(i.path for i in infos if i.type == pafs.FileType.Directory
+                    and i.base_name.startswith("checkpoint_")):
+        problem, step = _verify_remote(fs, d)
+        if problem is not None:
+            print(f"[raycse] warning: skipping checkpoint {d.rsplit('/', 1)[-1]}: {problem}", flush=True)
+            continue
+        if best is None or step > best[0]:
+            best = (step, f"{scheme}://{d}")
+    return best

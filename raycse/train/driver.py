@@ -226,9 +226,11 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         grouping_log: list[dict] = []
         fit_seconds: list[float] = []
         stop = min(total, stop_at or total)
-        # A restarted driver continues from the furthest whole checkpoint (local storage; with a URI
-        # Ray Train's own latest checkpoint is used).
-        resume = ckpt.latest_valid(Path(storage) / run_name) if storage_path and "://" not in storage else None
+        # A restarted driver continues from the furthest whole checkpoint, local or on object storage.
+        resume = None
+        if storage_path:
+            resume = (ckpt.latest_valid_uri(f"{storage.rstrip('/')}/{run_name}") if "://" in storage
+                      else ckpt.latest_valid(Path(storage) / run_name))
         done = resume[0] if resume else 0
         if resume:
             print(f"[raycse] resuming from step {done} ({resume[1]})", flush=True)
@@ -244,8 +246,8 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
                 per_rank = prepared.per_rank
                 grouping_log += prepared.grouping_log
             else:
-                embed_from = model_path if latest_dir is None else str(Path(latest_dir) / ckpt.MODEL_DIR)
-                per_rank, logs = lay_out_phase(run, corpus, phase, spe, total, embed_from)
+                with _model_of(latest_dir, model_path) as embed_from:
+                    per_rank, logs = lay_out_phase(run, corpus, phase, spe, total, embed_from)
                 grouping_log += logs
             trainer = TorchTrainer(
                 train_loop_per_worker,
@@ -274,7 +276,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
             result = _fit_and_release(trainer, t, registry, run_key,
                                       {"CPU": cpus, **({"GPU": 1} if t.use_gpu else {})})
             fit_seconds.append(time.perf_counter() - t_fit)
-            latest_dir = result.checkpoint.path if result.checkpoint is not None else latest_dir
+            latest_dir = _checkpoint_location(result.checkpoint, storage) or latest_dir
         best, best_metrics = result.checkpoint, dict(result.metrics or {})
         if dev is not None and result.best_checkpoints:
             scored = [cm for cm in result.best_checkpoints if dev.key in cm[1]]
@@ -318,6 +320,30 @@ def _close_tracking(tracking, ok: bool, final: Optional[dict] = None) -> None:
         tracking_mod.close_run(tracking, ok, final)
     except Exception as exc:  # the run itself is done (or failing for its own reason): say so, go on
         print(f"[raycse] warning: could not close the tracking run ({str(exc).splitlines()[0][:160]})", flush=True)
+
+
+def _checkpoint_location(checkpoint, storage: str) -> Optional[str]:
+    """A checkpoint's path as a URI where the storage is one (Ray gives the path without its scheme)."""
+    if checkpoint is None:
+        return None
+    if "://" in storage and "://" not in checkpoint.path:
+        return f"{storage.split('://', 1)[0]}://{checkpoint.path}"
+    return checkpoint.path
+
+
+@contextlib.contextmanager
+def _model_of(checkpoint: Optional[str], default: str):
+    """The model directory a regrouping embeds with: the latest checkpoint's (downloaded from object
+    storage to a temporary directory on this node while it is used), else ``default``."""
+    if checkpoint is None:
+        yield default
+    elif "://" not in checkpoint:
+        yield str(Path(checkpoint) / ckpt.MODEL_DIR)
+    else:
+        import ray.train
+
+        with ray.train.Checkpoint(checkpoint).as_directory() as local:
+            yield str(Path(local) / ckpt.MODEL_DIR)
 
 
 @contextlib.contextmanager
