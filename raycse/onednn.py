@@ -82,9 +82,9 @@ def _probe() -> dict:
     return {"default_s": default, "onednn_s": onednn}
 
 
-@functools.lru_cache(maxsize=1)
 def choice() -> dict:
-    """Whether float32 CPU linears go to oneDNN here: {"onednn": bool, "why": str}, probed once per machine."""
+    """Whether float32 CPU linears go to oneDNN here: {"onednn": bool, "why": str}; the environment's
+    RAYCSE_ONEDNN is read at every call, the probe runs once per machine."""
     forced = os.environ.get("RAYCSE_ONEDNN", "").strip()
     if forced == "0":
         return {"onednn": False, "why": "RAYCSE_ONEDNN=0"}
@@ -92,7 +92,12 @@ def choice() -> dict:
         return {"onednn": False, "why": "oneDNN's linear op is not available in this PyTorch"}
     if forced == "1":
         return {"onednn": True, "why": "RAYCSE_ONEDNN=1"}
-    key, path = _probe_key(), _cache_file()
+    return _probed(_probe_key())
+
+
+@functools.lru_cache(maxsize=4)
+def _probed(key: str) -> dict:
+    path = _cache_file()
     try:
         cache = json.loads(path.read_text())
     except (OSError, ValueError):
