@@ -97,8 +97,12 @@ def test_job_submitted_to_a_real_head_succeeds_and_its_model_loads(tiny_model, c
     env.pop("RAY_ADDRESS", None)
     ray_bin = str(Path(sys.executable).parent / "ray")
     temp_dir = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
+    # every port of its own: the session's Ray (another test's) holds the defaults, e.g. the job agent's 52365
+    agent, agent_grpc, runtime_env_agent, metrics = (_free_port() for _ in range(4))
     head = subprocess.Popen([ray_bin, "start", "--head", "--block", f"--port={port}", "--dashboard-host=127.0.0.1",
-                             f"--dashboard-port={dash}", "--num-cpus=2", f"--temp-dir={temp_dir}",
+                             f"--dashboard-port={dash}", f"--dashboard-agent-listen-port={agent}",
+                             f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={runtime_env_agent}",
+                             f"--metrics-export-port={metrics}", "--num-cpus=2", f"--temp-dir={temp_dir}",
                              "--disable-usage-stats"], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     out = tmp_path / "job_out"

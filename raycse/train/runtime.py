@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Optional
 
@@ -25,7 +26,9 @@ def ensure_ray(num_cpus: Optional[int] = None) -> None:
     # autoscaling cluster). A local cluster has none to drain, and the actor's process costs ~3
     # CPU-seconds per fit (a Tune trial makes one fit per seed). Workers inherit this from here.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-    ray.init(num_cpus=num_cpus, dashboard_host="127.0.0.1", log_to_driver=True,
+    # logging_level WARNING: Ray's "Started a local Ray instance" is not a line a raycse user needs
+    # (an error must stay the one line that names it)
+    ray.init(num_cpus=num_cpus, dashboard_host="127.0.0.1", log_to_driver=True, logging_level=logging.WARNING,
              object_store_memory=int(os.environ.get("RAYCSE_OBJECT_STORE_BYTES", 1 << 30)))
 
 
