@@ -6,8 +6,9 @@ SimCSE on all-MiniLM-L6-v2 (the embedded default), CPU, fp32, max length 32, wik
 sentences. Each (batch, way) runs in a fresh process: warm-up step, then ``--steps`` timed steps
 (forward + backward + AdamW); peak memory = the process's peak resident set (ru_maxrss) minus its
 resident set before the first step. The largest batch that fits in ``--budget-gb`` is projected
-from a straight line through the measured peaks (memory grows linearly with the batch: activations
-plain, the B x d vectors and the loss's B x B logits cached). Both ways side by side, as a ratio.
+from the measured peaks: a straight line in the batch (activations plain; the B x d vectors cached)
+plus the loss's B x B logits (3 fp32 copies), which dominate a cached step at tens of thousands.
+Both ways side by side, as a ratio.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import sys
 import numpy as np
 
 from common import machine
+
+LOGITS_GB = 12 / 1e9  # GB per B^2: SimCSE's B x B fp32 logits, their softmax and their gradient
 
 
 def one(batch: int, chunk: int, steps: int) -> dict:
@@ -89,11 +92,12 @@ def main() -> None:
               f"{p['sent_per_s']:13.1f} {c['sent_per_s']:14.1f} {c['sent_per_s'] / p['sent_per_s']:12.2f}")
     for chunk, name in ((0, "plain"), (args.chunk, f"cached (chunk {args.chunk})")):
         xs = np.array(args.batches, dtype=float)
-        ys = np.array([rows[b, chunk]["peak_gb"] for b in args.batches])
+        ys = np.array([rows[b, chunk]["peak_gb"] for b in args.batches]) - LOGITS_GB * xs ** 2
         slope, icept = np.polyfit(xs, ys, 1)
-        fits = int((args.budget_gb - icept) / slope) if slope > 0 else float("inf")
-        print(f"largest batch in {args.budget_gb:g} GB, {name}: ~{fits} (projected: {slope * 1024:.3f} GB per 1,024 "
-              f"sentences + {icept:.2f} GB)")
+        # a + b B + c B^2 = budget (c: the B x B logits, their softmax and gradient in fp32)
+        fits = int((-slope + np.sqrt(slope ** 2 + 4 * LOGITS_GB * (args.budget_gb - icept))) / (2 * LOGITS_GB))
+        print(f"largest batch in {args.budget_gb:g} GB, {name}: ~{fits} (projected: {icept:.2f} GB + "
+              f"{slope * 1024:.3f} GB per 1,024 sentences + 3 x 4 bytes x B^2 for the logits)")
 
 
 if __name__ == "__main__":
