@@ -57,13 +57,14 @@ def _prepare_output(out: Path, overwrite: bool) -> Path:
 
 
 def check_data_fits_objective(run: RunConfig) -> None:
-    accepts = registry.build(run.objective.name, run.objective.params).accepts  # HiCL's depends on its base
+    objective = registry.build(run.objective.name, run.objective.params)
+    accepts = objective.accepts  # HiCL's depends on its base
     if run.data.is_pairs and "pairs" not in accepts:
         raise ConfigError(f"objective '{run.objective.name}' trains on single sentences; drop data.pair_column "
                           f"(or choose a pair objective: simcse (supervised) or bsc)")
     if not run.data.is_pairs and "single" not in accepts:
         raise ConfigError(f"objective '{run.objective.name}' needs pairs: set data.pair_column (and label_column)")
-    if run.data.negative_column and not registry.build(run.objective.name, run.objective.params).takes_negatives:
+    if run.data.negative_column and not objective.takes_negatives:
         raise ConfigError(f"objective '{run.objective.name}' does not use hard negatives; drop data.negative_column "
                           f"or choose simcse (supervised) or bsc")
 

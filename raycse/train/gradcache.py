@@ -20,7 +20,7 @@ backward per forward) and averages the gradients itself, which is what DDP does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -47,7 +47,6 @@ class Call:
     bounds: list[tuple[int, int]]
     states: list[tuple]
     leaf: Tensor
-    outputs: list[Tensor] = field(default_factory=list)
 
 
 class ChunkedEncoder:
