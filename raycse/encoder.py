@@ -61,7 +61,7 @@ def resolve_model(name_or_path: str) -> str:
     if p.exists():
         if not (p / "config.json").is_file():
             raise ModelError(f"model directory {p} has no config.json: point --model at a Hugging Face model directory")
-        return str(p)
+        return str(p.resolve())  # absolute: Ray workers do not run in the driver's working directory
     if name_or_path.startswith((".", "/", "~")) or os.sep + os.sep in name_or_path or name_or_path.count("/") > 1:
         raise ModelError(f"model path does not exist: {name_or_path}; {OFFLINE_HINT}")
     from transformers import AutoConfig

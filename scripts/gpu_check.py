@@ -131,6 +131,36 @@ def unpad_vs_sdpa(model: str, device: torch.device, dtype, batch: int, lengths: 
     return out
 
 
+def step_speed(model: str, device: torch.device, dtype, batches: tuple, steps: int) -> dict:
+    """Steady SimCSE optimizer steps without Ray (tokenizing included): the ceiling for part two's loop."""
+    texts = sentences(max(batches) * 2, 24)
+    enc = Encoder.from_pretrained(model).to(device).train()
+    obj = registry.build("simcse", {})
+    opt = torch.optim.AdamW(enc.parameters(), lr=1e-5)
+    out = {}
+    for batch in batches:
+        for buckets in (1, 2):
+            enc.length_buckets = buckets
+            times = []
+            for step in range(steps + 2):  # two warm-up steps
+                sync(device)
+                t0 = time.perf_counter()
+                rows = texts[(step % 2) * batch:(step % 2 + 1) * batch]
+                b = {k: v.to(device, non_blocking=True) for k, v in obj.collate(rows, enc.tokenizer, 32).items()}
+                with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                    loss = obj(enc, b).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                sync(device)
+                times.append(time.perf_counter() - t0)
+            med = sorted(times[2:])[len(times[2:]) // 2]
+            out[f"batch{batch}_buckets{buckets}"] = {"sent_per_s": batch / med, "ms_per_step": med * 1e3}
+            print(f"[gpu-check] SimCSE step without Ray, batch {batch}, length buckets {buckets}: "
+                  f"{batch / med:.0f} sentences/s ({med * 1e3:.1f} ms/step, median of {steps})", flush=True)
+    return out
+
+
 def simcse_loop(model: str, device: torch.device, dtype, steps: int) -> dict:
     """A short SimCSE run on wiki_sample sentences; STS-B dev before and after where the data exists."""
     shared = Path(os.environ.get("RAYCSE_SHARED", ROOT.parent / "shared")) / "data"
@@ -165,7 +195,7 @@ def simcse_loop(model: str, device: torch.device, dtype, steps: int) -> dict:
     return {"steps": steps, "loss_first": losses[0], "loss_last": losses[-1], "dev_before": before, "dev_after": after}
 
 
-def part_two(model: str) -> dict:
+def part_two(model: str, steps: int, batch: int, stsb_dev: str | None) -> dict:
     try:
         import ray  # noqa: F401
     except ImportError:
@@ -177,14 +207,24 @@ def part_two(model: str) -> dict:
     for workers in ([1, 2] if gpus >= 2 else [1]):
         tmp = Path(tempfile.mkdtemp())
         cmd = [sys.executable, "-m", "raycse", "train", "--model", model, "--corpus", str(shared), "--use-gpu",
-               "--num-workers", str(workers), "--max-steps", "50", "--max-sentences", "4096",
-               "--output", str(tmp / "out")]
+               "--num-workers", str(workers), "--max-steps", str(steps), "--batch-size", str(batch),
+               "--output", str(tmp / "out")] + (["--stsb-dev", stsb_dev] if stsb_dev else [])
         t0 = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-        out[f"{workers}_workers"] = {"rc": r.returncode, "seconds": time.perf_counter() - t0,
-                                     "tail": r.stdout[-400:] + r.stderr[-400:]}
-        print(f"[gpu-check] raycse train --use-gpu, {workers} worker(s): rc {r.returncode}, "
-              f"{time.perf_counter() - t0:.0f} s", flush=True)
+        seconds = time.perf_counter() - t0
+        metrics_file = tmp / "out" / "metrics.json"
+        record = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
+        metrics = {**record.get("last", {}), **record.get("best", {})}
+        keep = ("train_examples_per_s", "train_seconds", "total_steps", "stsb_dev_spearman_initial",
+                "stsb_dev_spearman", "peak_rss_mb")
+        row = {"rc": r.returncode, "seconds": seconds, **{k: metrics.get(k) for k in keep},
+               "tail": r.stdout[-600:] + r.stderr[-1500:]}
+        out[f"{workers}_workers"] = row
+        print(f"[gpu-check] raycse train --use-gpu, {workers} worker(s), batch {batch}, {steps} steps: rc "
+              f"{r.returncode}, {seconds:.0f} s whole command, {row['train_examples_per_s']} sentences/s in "
+              f"the loop, STS-B dev {row['stsb_dev_spearman_initial']} -> {row['stsb_dev_spearman']}", flush=True)
+        if r.returncode:
+            print(row["tail"], flush=True)
         shutil.rmtree(tmp, ignore_errors=True)
     return out
 
@@ -197,6 +237,10 @@ def main() -> int:
     ap.add_argument("--lengths", type=int, nargs="+", default=[32, 128])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--loop-steps", type=int, default=100)
+    ap.add_argument("--speed-batches", type=int, nargs="+", default=[128, 1024])
+    ap.add_argument("--train-steps", type=int, default=200, help="part two: steps of raycse train")
+    ap.add_argument("--train-batch", type=int, default=128, help="part two: sentences per worker per step")
+    ap.add_argument("--stsb-dev", default=None, help="part two: STS-B dev file (default: raycse's auto lookup)")
     ap.add_argument("--part", type=int, choices=[1, 2], nargs="+", default=[1, 2])
     ap.add_argument("--json", default=None, help="write everything measured here")
     args = ap.parse_args()
@@ -219,9 +263,10 @@ def main() -> int:
     if 1 in args.part:
         report["objective_steps"] = objective_steps(model, device, dtype)
         report["unpad_vs_sdpa"] = unpad_vs_sdpa(model, device, dtype, args.batch, tuple(args.lengths), args.reps)
+        report["step_speed"] = step_speed(model, device, dtype, tuple(args.speed_batches), args.reps * 4)
         report["simcse_loop"] = simcse_loop(model, device, dtype, args.loop_steps)
     if 2 in args.part:
-        report["part_two"] = part_two(model)
+        report["part_two"] = part_two(model, args.train_steps, args.train_batch, args.stsb_dev)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2, default=str))
     failed = [k for k, v in report.get("objective_steps", {}).items() if not v["ok"]]

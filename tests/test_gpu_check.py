@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_gpu_check_part_one_smoke_on_cpu(tmp_path):
     out = tmp_path / "report.json"
     r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--device", "cpu", "--model", "tiny",
-                        "--batch", "8", "--lengths", "16", "32", "--reps", "1", "--loop-steps", "3", "--part", "1",
+                        "--batch", "8", "--lengths", "16", "32", "--reps", "1", "--loop-steps", "3", "--speed-batches", "4",
+                        "--part", "1",
                         "--json", str(out)], capture_output=True, text=True, timeout=600,
                        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
                             "HF_HUB_OFFLINE": "1"})
@@ -24,6 +25,8 @@ def test_gpu_check_part_one_smoke_on_cpu(tmp_path):
         row = report["unpad_vs_sdpa"][length]
         assert row["equal"] and row["sdpa_padded"]["sent_per_s"] > 0 and row["unpadded"]["sent_per_s"] > 0
     assert report["simcse_loop"]["steps"] == 3
+    assert set(report["step_speed"]) == {"batch4_buckets1", "batch4_buckets2"}
+    assert all(v["sent_per_s"] > 0 for v in report["step_speed"].values())
     r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True, text=True,
                        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert r.returncode == 2 and "no CUDA device here" in r.stderr  # a CPU box says so

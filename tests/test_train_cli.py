@@ -3,6 +3,7 @@
 import json
 import math
 import re
+import os
 import subprocess
 from pathlib import Path
 import sys
@@ -39,14 +40,18 @@ def _train_args(model, corpus, out, dev, *extra):
             "--max-length", "16", "--eval-steps", "4", "--log-steps", "4", "--epochs", "3", "--max-steps", "16", *extra]
 
 
-def test_train_two_workers_loss_goes_down_and_model_reloads(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path, capsys):
+def test_train_two_workers_loss_goes_down_and_model_reloads(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path, capsys,
+                                                            monkeypatch):
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel
 
     from raycse.encoder import Encoder
 
     out = tmp_path / "run"
-    assert main(_train_args(tiny_model, corpus, out, stsb_dev, "--pooling", "cls")) == 0
+    # paths relative to the user's directory, which Ray's workers do not share (a GPU run failed so)
+    monkeypatch.chdir(tmp_path)
+    rel_model, rel_corpus = os.path.relpath(tiny_model), os.path.relpath(corpus)
+    assert main(_train_args(rel_model, rel_corpus, Path("run"), stsb_dev, "--pooling", "cls")) == 0
     from raycse.machine import describe
 
     assert capsys.readouterr().out.startswith(f"[raycse] driver on {describe()}")  # the log names its machine

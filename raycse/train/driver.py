@@ -183,6 +183,8 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     if run.data.format != "hf":
         resolve_sources(run.data.corpus)  # a missing file fails before Ray starts
     model_path = resolve_model(run.model.name_or_path)  # fail before Ray starts
+    if Path(os.path.expanduser(run.model.name_or_path)).exists():
+        run.model.name_or_path = model_path  # a relative path means nothing in a worker's directory
     dev = load_selection(run.eval)  # the model-selection data (STS-B dev or BEIR), read before Ray starts
     remote = run.output_dir if objstore.is_uri(run.output_dir) else None
     if remote and objstore.prefix_exists(remote) and not overwrite:
