@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import WIKI, cpu
+from common import WIKI
 
 AVX2_CAPS = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 

@@ -257,6 +257,8 @@ def _mine_parser(sub) -> None:
                    help="faiss search: exact, IVF, or auto (exact up to 50,000 candidates)")
     p.add_argument("--shards", type=int, default=1, help="search the candidates in N Ray tasks")
     p.add_argument("--max-length", type=int, default=128, help="token limit when embedding")
+    p.add_argument("--embed-actors", type=int, default=None,
+                   help="embedding actors, 1 CPU each (default: one per CPU of the cluster)")
     p.add_argument("--seed", type=int, default=0, help="seed of the corpus read and the IVF training")
 
 
@@ -450,7 +452,7 @@ def cmd_mine(args) -> int:
 
     settings = MineSettings(num_negatives=args.num_negatives, range_min=args.range_min, range_max=args.range_max,
                             margin=args.margin, max_score=args.max_score, search=args.search, shards=args.shards,
-                            max_length=args.max_length)
+                            max_length=args.max_length, embed_actors=args.embed_actors or 1)
     missing = [f for f, v in (("--corpus", args.corpus), ("--pair-column", args.pair_column),
                               ("--output", args.output)) if not v]
     if missing:
@@ -468,6 +470,9 @@ def cmd_mine(args) -> int:
     model = resolve_model(args.model)  # everything checked before Ray starts
     ensure_ray()
     quiet_ray_data()
+    from raycse.train.runtime import cluster_cpus
+
+    settings.embed_actors = args.embed_actors or cluster_cpus()
     from raycse.data.dataset import ray_data_errors
 
     with ray_data_errors():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,9 @@ S3_PORT = _free_port()
 os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{S3_PORT}", AWS_ACCESS_KEY_ID="testing",
                   AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# raycse's per-machine caches (kernel probe, starting scores) in a directory of this session's own,
+# so no run of the tests reads what an earlier one left in the home directory
+os.environ["RAYCSE_CACHE"] = tempfile.mkdtemp(prefix="raycse-test-cache-")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 WORDS = (

@@ -67,8 +67,10 @@ def test_mined_negatives_are_hard_and_safe(ray_cluster, planted_model, tmp_path,
 
     path, rows, topic_of = _pairs(tmp_path)
     out = tmp_path / "triplets.jsonl"
+    # --embed-actors 4: every CPU of the test cluster; the pool must still leave its input split room to run
     argv = ["mine", "--corpus", str(path), "--text-column", "q", "--pair-column", "a", "--output", str(out),
-            "--model", str(tiny_model), "--num-negatives", "2", "--range-max", "10", "--max-length", "16"]
+            "--model", str(tiny_model), "--num-negatives", "2", "--range-max", "10", "--max-length", "16",
+            "--embed-actors", "4"]
     assert main(argv) == 0
     assert "--negative-column negative_1,negative_2" in capsys.readouterr().out
     triplets = [json.loads(line) for line in out.read_text().splitlines()]

@@ -38,14 +38,27 @@ def column(by: str) -> str:
     return "pair" if by == "second" else "text"
 
 
+def _num_blocks(ds) -> int:
+    try:
+        return ds.num_blocks()  # known for a materialized corpus (load_corpus, mine's pairs)
+    except Exception:  # a lazy dataset does not say: assume it streams enough blocks
+        return 1 << 30
+
+
 def embed_corpus(corpus, model_path: str, max_length: int, actors: int = 1, batch_size: int = 256,
                  use_gpu: bool = False, precision: str = "auto", by: str = "first") -> np.ndarray:
     import ray.data
 
-    ds = corpus.dataset.select_columns(["_id", column(by)]).rename_columns({column(by): "text"}).map_batches(
+    ds = corpus.dataset.select_columns(["_id", column(by)]).rename_columns({column(by): "text"})
+    if actors > 1 and _num_blocks(corpus.dataset) < 2 * actors:
+        # A block goes to one actor whole: one file read as one block kept a pool of N at 1 busy actor.
+        # Split before the pool starts: its actors may hold every CPU the split's tasks would need.
+        ds = ds.repartition(4 * actors).materialize()
+    ds = ds.map_batches(
         Embedder, fn_constructor_kwargs={"model_path": model_path, "max_length": max_length,
                                          "batch_size": batch_size, "use_gpu": use_gpu, "precision": precision},
-        compute=ray.data.ActorPoolStrategy(size=actors), batch_size=batch_size * 4, batch_format="numpy",
+        # from 1 actor up to `actors`: a pool that waited for all of them could wait for ever on a busy cluster
+        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors), batch_size=batch_size * 4, batch_format="numpy",
         num_gpus=1 if use_gpu else 0, num_cpus=0 if use_gpu else 1)
     out = None
     for b in ds.iter_batches(batch_format="numpy", batch_size=None):

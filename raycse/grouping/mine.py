@@ -55,6 +55,8 @@ class MineSettings:
             raise ConfigError(f"--search must be exact, ivf or auto, got {self.search!r}")
         if self.shards < 1:
             raise ConfigError(f"--shards must be >= 1, got {self.shards}")
+        if self.embed_actors < 1:
+            raise ConfigError(f"--embed-actors must be >= 1, got {self.embed_actors}")
 
 
 @dataclass
@@ -148,8 +150,12 @@ def mine(data, model_path: str, output: Path, s: MineSettings, candidates_file: 
     t["read"] = time.perf_counter()
     embed = dict(actors=s.embed_actors, batch_size=s.batch_size)
     q_vec = normalize(embed_corpus(pairs, model_path, s.max_length, by="first", **embed))
-    p_vec = normalize(embed_corpus(pairs, model_path, s.max_length, by="second", **embed))
     c_vec = normalize(embed_corpus(_texts_corpus(candidates), model_path, s.max_length, **embed))
+    if candidates_file:
+        p_vec = normalize(embed_corpus(pairs, model_path, s.max_length, by="second", **embed))
+    else:  # the candidates are the positives: their vectors are already there
+        row_of = {text: i for i, text in enumerate(candidates)}
+        p_vec = c_vec[[row_of[text] for text in positive]]
     t["embed"] = time.perf_counter()
     method = s.search if s.search != "auto" else ("exact" if len(candidates) <= 50000 else "ivf")
     depth = min(len(candidates), s.range_max + 2)  # + the positive and the query itself, if they are candidates

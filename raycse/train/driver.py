@@ -32,6 +32,7 @@ from raycse.card import model_card
 from raycse.config import RunConfig
 from raycse.encoder import resolve_model
 from raycse.errors import ConfigError
+from raycse.evaluation import initial_scores
 from raycse.evaluation.selection import load_selection
 from raycse.objectives import registry
 from raycse.outputs import staging_dir
@@ -226,6 +227,8 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         cpus = t.cpus_per_worker or max(1, cluster_cpus() // t.num_workers)
         storage = storage_path or str(staging / "ray")
         dev_ref = ray.put(dev) if dev is not None else None
+        initial_cache = {"key": initial_scores.key(model_path, run, dev) if dev is not None else None,
+                         "file": initial_scores.cache_file()}
         grouping_log: list[dict] = []
         fit_seconds: list[float] = []
         stop = min(total, stop_at or total)
@@ -254,7 +257,8 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
                 grouping_log += logs
             trainer = TorchTrainer(
                 train_loop_per_worker,
-                train_loop_config={"run": run.to_dict(), "dev": dev_ref, "threads": max(1, round(cpus)),
+                train_loop_config={"run": run.to_dict(), "dev": dev_ref, "initial_cache": initial_cache,
+                                   "threads": max(1, round(cpus)),
                                    "total_steps": total, "phase_end": phase_end,
                                    "resume_path": latest_dir, "eval_at": list(eval_at),
                                    "score_sink": score_sink, "tracking": tracking},

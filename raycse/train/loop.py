@@ -22,6 +22,7 @@ from torch import nn
 
 from raycse.config import RunConfig
 from raycse.encoder import Encoder
+from raycse.evaluation import initial_scores
 from raycse.objectives import registry
 from raycse.objectives.base import LossOutput, Objective
 from raycse.train import checkpoint as ckpt
@@ -221,10 +222,16 @@ def train_loop_per_worker(config: dict) -> None:
 
     tlog = tracking.Logger(config.get("tracking"), rank)  # rank 0 logs; a no-op elsewhere
     nodes = worker_nodes(world_size)  # recorded in the metrics: where the run's workers were
-    if step == 0 and run.eval.before_training:
-        initial = evaluate()
-        if initial is not None:
-            tlog.log({score_key: initial}, 0)
+    remembered = False
+    if step == 0 and run.eval.before_training and dev is not None and rank == 0:
+        # the starting model's score is the same in every run: computed once per machine
+        cache = config.get("initial_cache") or {"key": None, "file": ""}
+        initial = initial_scores.lookup(cache["key"], cache["file"])
+        remembered = initial is not None
+        if initial is None:
+            initial = evaluate()
+            initial_scores.store(cache["key"], initial, cache["file"])
+        tlog.log({score_key: initial}, 0)
     log.setLevel(logging.INFO)
     if rank == 0:
         from raycse import machine, onednn
@@ -235,7 +242,8 @@ def train_loop_per_worker(config: dict) -> None:
         log.info(f"[raycse] {world_size} worker(s), steps {step}..{phase_end} of {total}, "
                  f"global batch {run.train.batch_size * world_size}, precision {dtype or 'fp32'}, "
                  f"threads {torch.get_num_threads()}" + (", resumed" if step else "")
-                 + (f", {dev.label} before: {initial:.2f}" if initial is not None and step == 0 else ""))
+                 + (f", {dev.label} before: {initial:.2f}" if initial is not None and step == 0 else "")
+                 + (" (remembered from an earlier run: raycse.evaluation.initial_scores)" if remembered else ""))
     if step >= phase_end:  # a restart after this phase had finished: report its state again
         score = evaluate()
         report({"step": step, "loss_history": history, "total_steps": total,
