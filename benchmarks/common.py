@@ -49,3 +49,11 @@ def train_run(out: str, settings: dict):
     result = train(cfg, overwrite=True)
     ray.shutdown()
     return result
+
+
+def add_recipe_args(ap) -> None:
+    """The SimCSE recipe the throughput benchmarks share with their sentence-transformers peer."""
+    ap.add_argument("--sentences", type=int, default=4096)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--max-length", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=3e-5)

@@ -15,7 +15,7 @@ import json
 import tempfile
 import time
 
-from common import STSB_DEV, WIKI, first_sentences, machine, train_run
+from common import STSB_DEV, WIKI, add_recipe_args, first_sentences, machine, train_run
 from raycse.evaluation.sts import evaluate_datasets, read_stsb
 
 
@@ -61,10 +61,7 @@ def run_peer(texts: list[str], args, precision: str, dev) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sentences", type=int, default=4096)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--max-length", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=3e-5)
+    add_recipe_args(ap)
     ap.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     ap.add_argument("--json", default=None, help="write the rows to this file")
     args = ap.parse_args()
