@@ -88,7 +88,7 @@ def choice() -> dict:
     forced = os.environ.get("RAYCSE_ONEDNN", "").strip()
     if forced == "0":
         return {"onednn": False, "why": "RAYCSE_ONEDNN=0"}
-    if not _op_works():
+    if not op_works():
         return {"onednn": False, "why": "oneDNN's linear op is not available in this PyTorch"}
     if forced == "1":
         return {"onednn": True, "why": "RAYCSE_ONEDNN=1"}
@@ -118,7 +118,7 @@ def _probed(key: str) -> dict:
 
 
 @functools.lru_cache(maxsize=1)
-def _op_works() -> bool:
+def op_works() -> bool:
     """oneDNN's op is PyTorch-internal (inductor uses it): check once that it exists and agrees with
     ``F.linear``, so a PyTorch without it, or with another signature, just keeps its own kernels."""
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):

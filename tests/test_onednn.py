@@ -8,7 +8,14 @@ import torch.nn.functional as F
 from raycse import onednn
 from raycse.encoder import Encoder
 
-pytestmark = pytest.mark.skipif(not onednn.available(), reason="this PyTorch build has no oneDNN")
+# Whether a machine *uses* oneDNN is its probe's verdict (noisy on a busy 2-core box); what is tested here
+# is that the path, when used, is right: forced on, skipped only where PyTorch lacks the op.
+pytestmark = pytest.mark.skipif(not onednn.op_works(), reason="this PyTorch build has no usable oneDNN linear")
+
+
+@pytest.fixture(autouse=True)
+def _onednn_forced_on(monkeypatch):
+    monkeypatch.setenv("RAYCSE_ONEDNN", "1")
 
 
 def _ops(fn) -> set:
