@@ -51,13 +51,14 @@ def columns_of(d) -> ExampleColumns:
 
 # --------------------------------------------------------------------------------------- sources
 def resolve_sources(spec: str) -> list[str]:
-    """Comma-separated paths; local globs expanded (sorted), URIs passed to Ray as they are."""
+    """Comma-separated paths; local ones made absolute, globs expanded (sorted); URIs passed to Ray as they are."""
     out: list[str] = []
     for part in [s.strip() for s in str(spec).split(",") if s.strip()]:
         if "://" in part:
             out.append(part)
             continue
-        part = os.path.expanduser(part)
+        # absolute: Ray's read tasks do not run in the driver's working directory
+        part = os.path.abspath(os.path.expanduser(part))
         if any(ch in part for ch in "*?["):
             matches = sorted(p for p in glob.glob(part, recursive=True) if os.path.isfile(p))
             if not matches:
