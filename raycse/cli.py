@@ -452,7 +452,8 @@ def cmd_mine(args) -> int:
 
     settings = MineSettings(num_negatives=args.num_negatives, range_min=args.range_min, range_max=args.range_max,
                             margin=args.margin, max_score=args.max_score, search=args.search, shards=args.shards,
-                            max_length=args.max_length, embed_actors=args.embed_actors or 1)
+                            max_length=args.max_length,
+                            embed_actors=1 if args.embed_actors is None else args.embed_actors)
     missing = [f for f, v in (("--corpus", args.corpus), ("--pair-column", args.pair_column),
                               ("--output", args.output)) if not v]
     if missing:
@@ -472,7 +473,8 @@ def cmd_mine(args) -> int:
     quiet_ray_data()
     from raycse.train.runtime import cluster_cpus
 
-    settings.embed_actors = args.embed_actors or cluster_cpus()
+    if args.embed_actors is None:  # default: one per CPU of the cluster (0 was refused above)
+        settings.embed_actors = cluster_cpus()
     from raycse.data.dataset import ray_data_errors
 
     with ray_data_errors():

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import time
 from pathlib import Path
@@ -41,7 +40,9 @@ def available() -> bool:
 
 
 def _cache_file() -> Path:
-    return Path(os.environ.get("RAYCSE_CACHE", Path.home() / ".cache" / "raycse")) / "kernels.json"
+    from raycse.machine import cache_dir
+
+    return cache_dir() / "kernels.json"
 
 
 def _probe_key() -> str:
@@ -97,20 +98,13 @@ def choice() -> dict:
 
 @functools.lru_cache(maxsize=4)
 def _probed(key: str) -> dict:
+    from raycse.machine import read_json_cache, write_json_cache
+
     path = _cache_file()
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cache = {}
+    cache = read_json_cache(path)
     if key not in cache:
         cache[key] = _probe()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(cache, indent=1))
-            tmp.replace(path)
-        except OSError:  # a read-only home: the probe's answer still holds for this process
-            pass
+        write_json_cache(path, cache)
     m = cache[key]
     ratio = m["default_s"] / m["onednn_s"]
     use = ratio > 1.05  # only a clear win changes kernels

@@ -113,7 +113,9 @@ def fetch(uri: str, cache_root: Optional[Path] = None) -> Path:
     """The local copy of the complete prefix ``uri``, downloaded once into a cache keyed by its manifest."""
     manifest = read_manifest(uri)
     key = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:24]
-    cache = Path(cache_root or os.environ.get("RAYCSE_CACHE", Path.home() / ".cache" / "raycse")) / "fetched"
+    from raycse.machine import cache_dir
+
+    cache = Path(cache_root or cache_dir()) / "fetched"
     dest = cache / key
     if (dest / MANIFEST).is_file():
         return dest

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -26,7 +25,9 @@ def cache_file() -> str:
 
 
 def _cache_file() -> Path:
-    return Path(os.environ.get("RAYCSE_CACHE", Path.home() / ".cache" / "raycse")) / "initial_scores.json"
+    from raycse.machine import cache_dir
+
+    return cache_dir() / "initial_scores.json"
 
 
 def _files_stamp(model_path: str) -> list:
@@ -68,28 +69,17 @@ def key(model_path: str, run, selection) -> Optional[str]:
 
 
 def lookup(cache_key: Optional[str], path: str) -> Optional[float]:
-    if cache_key is None:
-        return None
-    try:
-        value = json.loads(Path(path).read_text()).get(cache_key)
-    except (OSError, ValueError):
-        return None
+    from raycse.machine import read_json_cache
+
+    value = read_json_cache(Path(path)).get(cache_key) if cache_key is not None else None
     return float(value) if isinstance(value, (int, float)) else None
 
 
 def store(cache_key: Optional[str], score: float, path: str) -> None:
+    from raycse.machine import read_json_cache, write_json_cache
+
     if cache_key is None:
         return
-    path = Path(path)
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cache = {}
+    cache = read_json_cache(Path(path))
     cache[cache_key] = float(score)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=1))
-        tmp.replace(path)  # whole or not at all; concurrent writers can only lose an entry
-    except OSError:  # a read-only home: the score still serves this run
-        pass
+    write_json_cache(Path(path), cache)
