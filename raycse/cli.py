@@ -64,6 +64,8 @@ TRAIN_FLAGS = [
      "instead unless --unpad false)"),
     ("--unpad", "train.unpad", "BERT-family encoders run their layers on real tokens only (padding only inside "
      "attention; same loss, faster)"),
+    ("--score-before", "eval.before_training", "score the starting model before training: auto (only when this "
+     "machine remembers the score: free) | true (compute it when it is not remembered) | false"),
     ("--eval-steps", "eval.eval_steps", "score STS-B dev and checkpoint every N steps"),
     ("--stsb-dev", "eval.stsb_dev", "STS-B dev csv for model selection; none: train without dev scoring, keeping "
      "the last checkpoint; auto: ../shared/data/stsbenchmark/sts-dev.csv where it exists"),

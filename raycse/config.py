@@ -266,8 +266,11 @@ class EvalConfig:
     stsb_dev: Optional[str] = "auto"
     eval_steps: int = 125
     batch_size: int = 128
-    # Score STS-B dev once before training too (the "before" number); tuning runs may skip it.
-    before_training: bool = True
+    # Score the starting model before training (the "before" number of the log and the model card).
+    # auto: only when this machine remembers it (raycse.evaluation.initial_scores, free), so a first
+    # run does not pay a full dev scoring (~9 s for MiniLM on 2 CPUs) for a number nobody asked for;
+    # true: always (computed once per machine, remembered after); false: never.
+    before_training: str = "auto"
     # fp32: exact, as 'raycse eval' scores by default; train: the training run's autocast (bf16
     # scores move by ~0.01 and the pass is ~1.4x faster on CPU: worth it where many runs are
     # compared, as in tuning); or bf16 / auto as for training.
@@ -281,6 +284,8 @@ class EvalConfig:
         _at_least("eval.eval_steps", self.eval_steps, 1)
         _at_least("eval.batch_size", self.batch_size, 1)
         _choice("eval.precision", self.precision, PRECISIONS + ("train",))
+        self.before_training = str(self.before_training).lower()  # YAML's true / false arrive as bools
+        _choice("eval.before_training", self.before_training, ("auto", "true", "false"))
         self.selection()
 
     def selection(self) -> tuple[str, Optional[str], Optional[str]]:

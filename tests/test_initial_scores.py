@@ -17,7 +17,7 @@ def _run(tiny_model, corpus, dev, out, **eval_cfg):
     run.train.cpus_per_worker, run.eval.stsb_dev, run.output_dir = 1, str(dev), str(out)
     for k, v in eval_cfg.items():
         setattr(run.eval, k, v)
-    return train(run).metrics["best"]["stsb_dev_spearman_initial"]
+    return train(run).metrics["best"].get("stsb_dev_spearman_initial")
 
 
 def test_starting_score_is_remembered_and_keyed_by_what_it_depends_on(ray_cluster, tiny_model, corpus, tmp_path,
@@ -28,13 +28,16 @@ def test_starting_score_is_remembered_and_keyed_by_what_it_depends_on(ray_cluste
 
     monkeypatch.setenv("RAYCSE_CACHE", str(tmp_path / "cache"))
     dev = write_stsb(tmp_path / "dev.csv")
-    first = _run(tiny_model, corpus, dev, tmp_path / "a")  # (its value is the evaluator's, tested elsewhere)
     cache_file = tmp_path / "cache" / "initial_scores.json"
+    # by default (auto) a first run does not pay for a starting score nobody asked for
+    assert _run(tiny_model, corpus, dev, tmp_path / "a0") is None and not cache_file.exists()
+    first = _run(tiny_model, corpus, dev, tmp_path / "a", before_training="true")  # (value: tested elsewhere)
     stored = json.loads(cache_file.read_text())
-    assert list(stored.values()) == [first]
-    # a second run reads the number back instead of scoring: plant another value and see it come out
+    assert list(stored.values()) == [first] and isinstance(first, float)
+    # a later run reads the number back instead of scoring (auto too): plant another value and see it
     cache_file.write_text(json.dumps({k: 12.345 for k in stored}))
     assert _run(tiny_model, corpus, dev, tmp_path / "b") == 12.345
+    assert _run(tiny_model, corpus, dev, tmp_path / "c", before_training="false") is None
 
     # the key follows the data, the model's files, the evaluation settings, and refuses a random head
     run = RunConfig()

@@ -54,7 +54,8 @@ def mlflow_server(tmp_path_factory):
 def _train_args(model, corpus, out, dev, tracking):
     return ["train", "--model", str(model), "--corpus", str(corpus), "--output", str(out), "--stsb-dev", str(dev),
             "--num-workers", "2", "--cpus-per-worker", "1", "--batch-size", "16", "--max-length", "16",
-            "--max-steps", "8", "--eval-steps", "4", "--log-steps", "2", "--tracking", tracking]
+            "--max-steps", "8", "--eval-steps", "4", "--log-steps", "2", "--tracking", tracking,
+            "--score-before", "true"]
 
 
 def test_train_and_tune_runs_in_mlflow(ray_cluster, mlflow_server, tiny_model, corpus, stsb_dev, tmp_path):

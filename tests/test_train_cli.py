@@ -51,7 +51,8 @@ def test_train_two_workers_loss_goes_down_and_model_reloads(ray_cluster, tiny_mo
     # paths relative to the user's directory, which Ray's workers do not share (a GPU run failed so)
     monkeypatch.chdir(tmp_path)
     rel_model, rel_corpus = os.path.relpath(tiny_model), os.path.relpath(corpus)
-    assert main(_train_args(rel_model, rel_corpus, Path("run"), stsb_dev, "--pooling", "cls")) == 0
+    assert main(_train_args(rel_model, rel_corpus, Path("run"), stsb_dev, "--pooling", "cls",
+                                  "--score-before", "true")) == 0
     from raycse.machine import describe
 
     assert capsys.readouterr().out.startswith(f"[raycse] driver on {describe()}")  # the log names its machine

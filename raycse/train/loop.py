@@ -223,15 +223,16 @@ def train_loop_per_worker(config: dict) -> None:
     tlog = tracking.Logger(config.get("tracking"), rank)  # rank 0 logs; a no-op elsewhere
     nodes = worker_nodes(world_size)  # recorded in the metrics: where the run's workers were
     remembered = False
-    if step == 0 and run.eval.before_training and dev is not None and rank == 0:
-        # the starting model's score is the same in every run: computed once per machine
+    if step == 0 and run.eval.before_training != "false" and dev is not None and rank == 0:
+        # the starting model's score is the same in every run: computed once per machine, on request
         cache = config.get("initial_cache") or {"key": None, "file": ""}
         initial = initial_scores.lookup(cache["key"], cache["file"])
         remembered = initial is not None
-        if initial is None:
+        if initial is None and run.eval.before_training == "true":
             initial = evaluate()
             initial_scores.store(cache["key"], initial, cache["file"])
-        tlog.log({score_key: initial}, 0)
+        if initial is not None:
+            tlog.log({score_key: initial}, 0)
     log.setLevel(logging.INFO)
     if rank == 0:
         from raycse import machine, onednn
@@ -243,7 +244,9 @@ def train_loop_per_worker(config: dict) -> None:
                  f"global batch {run.train.batch_size * world_size}, precision {dtype or 'fp32'}, "
                  f"threads {torch.get_num_threads()}" + (", resumed" if step else "")
                  + (f", {dev.label} before: {initial:.2f}" if initial is not None and step == 0 else "")
-                 + (" (remembered from an earlier run: raycse.evaluation.initial_scores)" if remembered else ""))
+                 + (" (remembered from an earlier run: raycse.evaluation.initial_scores)" if remembered else "")
+                 + (f", {dev.label} before: not measured (--score-before true measures it)"
+                    if initial is None and step == 0 and dev is not None and run.eval.before_training == "auto" else ""))
     if step >= phase_end:  # a restart after this phase had finished: report its state again
         score = evaluate()
         report({"step": step, "loss_history": history, "total_steps": total,
