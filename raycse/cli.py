@@ -189,7 +189,7 @@ def _tune_parser(sub) -> None:
                     "(fixed run settings + knobs with ranges). Results go to STORAGE_PATH/NAME; analyse them "
                     "with 'raycse analyze'.")
     p.add_argument("--space", help="search space YAML (see search_spaces/)")
-    p.add_argument("--resume", metavar="EXP_DIR", help="continue this interrupted experiment instead")
+    p.add_argument("--resume", metavar="EXP_DIR", help="continue this interrupted experiment (directory or URI) instead")
     p.add_argument("--num-samples", type=int, default=8, help="configurations to try")
     p.add_argument("--seeds", type=int, default=3, help="seeds per configuration (0..k-1)")
     p.add_argument("--rungs", type=int, default=3,
@@ -201,7 +201,8 @@ def _tune_parser(sub) -> None:
     p.add_argument("--reduction-factor", type=int, default=2, help="ASHA keeps 1/F of trials at each rung")
     p.add_argument("--search-seed", type=int, default=0, help="seed of the searcher (TPE / random sampler)")
     p.add_argument("--concurrent", type=int, default=None, help="trials at once (default: as many as the CPUs fit)")
-    p.add_argument("--storage-path", default="outputs/tune", help="where experiments are written (path or URI)")
+    p.add_argument("--storage-path", default="outputs/tune", help="where experiments are written: a path or a URI (s3://bucket/prefix, gs://, ...; "
+                        "credentials and endpoint from the standard environment, e.g. AWS_ENDPOINT_URL)")
     p.add_argument("--name", default=None, help="experiment name (default SPACE-DATE-TIME)")
     p.add_argument("--learn-from-truncated", action="store_true",
                    help="let Optuna treat an early-stopped trial's last value as final (default: it is PRUNED)")
@@ -224,12 +225,13 @@ def _analyze_parser(sub) -> None:
         description="Prints every trial (knobs, mean +- std over seeds, worst, per-seed scores, status) and the best "
                     "configuration; writes optimization_history.png, param_importances.png, score_vs_knobs.png and "
                     "seed_spread.png.")
-    p.add_argument("exp_dir", help="experiment directory printed by 'raycse tune'")
-    p.add_argument("--plot-dir", default=None, help="where the PNGs go (default EXP_DIR/plots)")
+    p.add_argument("exp_dir", help="experiment directory or URI printed by 'raycse tune'")
+    p.add_argument("--plot-dir", default=None, help="where the PNGs go, path or URI (default EXP_DIR/plots)")
     p.add_argument("--no-plots", dest="plots", action="store_false", help="print the table only, no PNGs")
     p.add_argument("--top", type=int, default=5, help="configurations in the per-seed spread plot")
     p.add_argument("--export-best", default=None, metavar="PATH",
-                   help="copy the best configuration's best-seed model here (loadable by transformers and ST)")
+                   help="copy the best configuration's best-seed model here, path or URI (loadable by transformers "
+                        "and ST; a URI by raycse eval), written whole or not at all")
 
 
 def _mine_parser(sub) -> None:

@@ -142,3 +142,59 @@ def fetch(uri: str, cache_root: Optional[Path] = None) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return dest
+
+
+def join(base: str, *parts: str) -> str:
+    """``base/part/...`` for a local path or a URI (``os.path.join`` would be wrong on Windows-style
+    bases and ``Path`` turns ``s3://b`` into ``s3:/b``)."""
+    if is_uri(base):
+        return "/".join([str(base).rstrip("/"), *parts])
+    return str(Path(base, *parts))
+
+
+def read_text(uri: str) -> str:
+    """One object's text; FileNotFoundError when it is not there."""
+    fs, path = _fs(uri)
+    try:
+        with fs.open_input_stream(path) as fh:
+            return fh.read().decode()
+    except OSError as exc:  # pyarrow reports a missing S3 key as an OSError
+        raise FileNotFoundError(uri) from exc
+
+
+def write_text(uri: str, text: str) -> None:
+    """One object, written whole (an object store's PUT is atomic)."""
+    fs, path = _fs(uri)
+    with fs.open_output_stream(path) as fh:
+        fh.write(text.encode())
+
+
+def upload_file(local: Path, uri: str) -> None:
+    fs, path = _fs(uri)
+    with open(local, "rb") as src, fs.open_output_stream(path) as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+
+
+def list_dir(uri: str) -> list[tuple[str, bool]]:
+    """(name, is a directory) of the entries right under ``uri``; [] where there is nothing."""
+    import pyarrow.fs as pafs
+
+    fs, path = _fs(uri)
+    infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    return sorted((i.base_name, i.type == pafs.FileType.Directory) for i in infos)
+
+
+def mirror(uri: str, local: Path, wanted) -> Path:
+    """Copy the files right under ``uri`` whose names ``wanted(name)`` accepts, and those of its
+    sub-directories, one level down, into ``local`` (the small records of a tune experiment, without
+    its models and checkpoints)."""
+    local.mkdir(parents=True, exist_ok=True)
+    for name, is_dir in list_dir(uri):
+        if is_dir:
+            for sub, sub_is_dir in list_dir(join(uri, name)):
+                if not sub_is_dir and wanted(sub):
+                    (local / name).mkdir(exist_ok=True)
+                    (local / name / sub).write_text(read_text(join(uri, name, sub)))
+        elif wanted(name):
+            (local / name).write_text(read_text(join(uri, name)))
+    return local

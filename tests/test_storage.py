@@ -129,3 +129,75 @@ def test_killed_driver_resumes_from_s3_and_ends_with_the_planned_steps(ray_clust
     assert resumed and int(resumed[0].split("resuming from step ")[1].split()[0]) >= 4, out[-2000:]
     metrics = json.loads(s3.get_object(Bucket=bucket, Key="out/metrics.json")["Body"].read())
     assert metrics["last"]["step"] == 40
+
+
+def test_tune_on_s3_interrupted_resumed_analyzed_and_exported(ray_cluster, s3_server, tiny_model, corpus, stsb_dev,
+                                                               tmp_path, capsys):
+    """`raycse tune --storage-path s3://...` killed after its first trial, resumed by URI; `raycse analyze`
+    reads the experiment from S3, writes its plots and the best model there, and `raycse eval` loads it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import boto3
+
+    from raycse.analysis import load_trials
+    from test_tune import _tiny_space
+
+    bucket = s3_server()
+    s3 = boto3.client("s3")
+    exp = f"s3://{bucket}/tune/exp"
+    space = _tiny_space(tmp_path, tiny_model, corpus, stsb_dev)
+    local_files = {p.name for p in tmp_path.iterdir()}
+    argv = ["tune", "--space", space, "--num-samples", "2", "--seeds", "1", "--rungs", "1", "--concurrent", "1",
+            "--storage-path", f"s3://{bucket}/tune", "--name", "exp"]
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
+    proc = subprocess.Popen([sys.executable, "-m", "raycse", *argv], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    deadline = time.time() + 300
+    done = []
+    try:
+        while not done:
+            assert proc.poll() is None, "tune exited before a trial finished"
+            assert time.time() < deadline, "no trial result reached S3 in time"
+            time.sleep(1)
+            listed = s3.list_objects_v2(Bucket=bucket, Prefix="tune/exp/").get("Contents", [])
+            if any(o["Key"].endswith("/result.json") for o in listed):
+                done = [t for t in load_trials(exp) if t.results]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the experiment's driver dies, like a lost laptop session
+        proc.wait()
+    first = done[0]
+    before = (first.path / "result.json").read_text()
+    time.sleep(3)  # Ray notices the dead driver and releases its trial actors
+    capsys.readouterr()
+    assert main(["tune", "--resume", exp]) == 0
+    trials = load_trials(exp)
+    assert len(trials) == 2 and all(t.complete for t in trials)
+    again = next(t for t in trials if t.name == first.name)
+    assert (again.path / "result.json").read_text() == before  # the finished trial was not run again
+    assert all(t.location.startswith(f"{exp}/trial_") for t in trials)
+    # each seed's model is on S3, published whole; the trials' resumable Train checkpoints were freed
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="tune/exp/", MaxKeys=5000)["Contents"]}
+    for t in trials:
+        assert f"tune/exp/{t.name}/seed0/model_out/{MANIFEST}" in keys
+        assert not [k for k in keys if k.startswith(f"tune/exp/{t.name}/seed0/train/")]
+    assert {p.name for p in tmp_path.iterdir()} == local_files  # the driver's directory received nothing
+
+    capsys.readouterr()
+    best = f"s3://{bucket}/best"
+    assert main(["analyze", exp, "--export-best", best]) == 0
+    out = capsys.readouterr().out
+    assert f"best model exported to {best}" in out and len(out.split("----")[0].splitlines()) >= 1
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]}
+    assert {f"best/{MANIFEST}", "best/config.json", "best/README.md"} <= keys
+    assert {f"tune/exp/plots/{n}.png" for n in ("optimization_history", "seed_spread")} <= keys
+    assert main(["eval", best, "--stsb-dev", str(stsb_dev)]) == 0
+    assert "STSB-dev" in capsys.readouterr().out
+    # the same export again is refused in one line; an experiment URI with nothing there too
+    assert main(["analyze", exp, "--no-plots", "--export-best", best]) == 2
+    assert main(["analyze", f"s3://{bucket}/tune/missing"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "is not empty" in err[0] and "not a raycse tune experiment" in err[1]

@@ -2,7 +2,8 @@
 
 Reads the experiment directory as Tune wrote it (``<trial>/params.json`` and ``result.json``,
 one JSON line per reported rung), so it works on finished, stopped or interrupted experiments
-and needs no running cluster.
+and needs no running cluster. An experiment on object storage (``s3://...``) is read the same way
+from a local copy of those small records; plots and ``export_best`` may be URIs too.
 
     from raycse.analysis import analyze
     report = analyze("outputs/tune/simcse-20261121-120000", plots=True, export_best="best_model")
@@ -19,8 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from raycse import storage
 from raycse.errors import ConfigError
 from raycse.outputs import staging_dir
+
+# what analysis reads of an experiment: Tune's records, not the models and checkpoints beside them
+RECORDS = ("params.json", "result.json", "error.txt", "space.yaml", "raycse_tune.json")
 
 
 @dataclass
@@ -31,6 +36,7 @@ class TrialRecord:
     results: list[dict]
     error: Optional[str] = None
     tune_status: Optional[str] = None  # from Tune's experiment state: TERMINATED, RUNNING, PENDING, ERROR
+    location: str = ""  # where the trial's directory really is: path or URI (``path`` may be a local copy)
 
     @property
     def short_name(self) -> str:
@@ -66,8 +72,8 @@ class Report:
     table: str
     best: Optional[TrialRecord]
     best_text: str
-    plots: list[Path] = field(default_factory=list)
-    exported: Optional[Path] = None
+    plots: list = field(default_factory=list)  # Paths, or URIs when written to object storage
+    exported: Optional[Path | str] = None
 
 
 def tune_statuses(exp_dir: Path) -> dict:
@@ -86,7 +92,26 @@ def tune_statuses(exp_dir: Path) -> dict:
         return {}
 
 
-def load_trials(exp_dir: Path) -> list[TrialRecord]:
+def local_records(exp_dir: str) -> Path:
+    """A local copy of the records of an experiment on object storage (never its models)."""
+    import tempfile
+
+    import atexit
+
+    wanted = lambda name: name in RECORDS or name.startswith("experiment_state")  # noqa: E731
+    local = Path(tempfile.mkdtemp(prefix="raycse-exp-"))
+    atexit.register(shutil.rmtree, local, True)
+    return storage.mirror(exp_dir, local, wanted)
+
+
+def load_trials(exp_dir) -> list[TrialRecord]:
+    """The trials of an experiment directory or URI, oldest first."""
+    if storage.is_uri(exp_dir):
+        trials = load_trials(local_records(str(exp_dir)))
+        for t in trials:
+            t.location = storage.join(str(exp_dir), t.name)
+        return trials
+    exp_dir = Path(exp_dir)
     statuses = tune_statuses(exp_dir)
     trials = []
     for d in sorted(p for p in exp_dir.iterdir() if p.is_dir() and (p / "params.json").is_file()):
@@ -97,7 +122,7 @@ def load_trials(exp_dir: Path) -> list[TrialRecord]:
                     results.append(json.loads(line))
         err = (d / "error.txt").read_text().strip().splitlines()[-1] if (d / "error.txt").is_file() else None
         trials.append(TrialRecord(d.name, d, json.loads((d / "params.json").read_text()), results, err,
-                                  statuses.get(d.name)))
+                                  statuses.get(d.name), str(d)))
     trials.sort(key=lambda t: t.results[0].get("timestamp", 0) if t.results else float("inf"))
     return trials
 
@@ -128,11 +153,12 @@ def analyze(exp_dir: str, plots: bool = True, plot_dir: Optional[str] = None, ex
     """Table, best configuration, PNG plots (in ``plot_dir``, default EXP_DIR/plots) and optional export."""
     from raycse.tune.search import load_settings
 
-    exp = Path(exp_dir).resolve()
-    if not exp.is_dir():
+    remote = storage.is_uri(exp_dir)
+    exp = str(exp_dir).rstrip("/") if remote else Path(exp_dir).resolve()
+    if not remote and not exp.is_dir():
         raise ConfigError(f"experiment directory not found: {exp}")
     if export_best:
-        check_export_path(Path(export_best))  # before any plot is written
+        check_export_path(export_best)  # before any plot is written
     settings, _ = load_settings(exp)
     trials = load_trials(exp)
     if not trials:
@@ -146,20 +172,33 @@ def analyze(exp_dir: str, plots: bool = True, plot_dir: Optional[str] = None, ex
     best_text = "no trial has reported a score yet"
     if best is not None:
         m = best.last
-        best_text = (f"best: {best.short_name} ({best.path})\n  target ({settings.target}) {m['target']:.2f}  mean {m['mean']:.2f} +- "
+        best_text = (f"best: {best.short_name} ({best.location})\n  target ({settings.target}) {m['target']:.2f}  mean {m['mean']:.2f} +- "
                      f"{m['std']:.2f}  worst {m['worst']:.2f}\n  config: "
                      + ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(best.params.items()))
                      + "\n  seeds: " + ", ".join(f"{s}: {v:.2f}" for s, v in zip(m["seeds"], m["seed_scores"])))
     report = Report(trials, table, best, best_text)
     if plots:
-        out = Path(plot_dir) if plot_dir else exp / "plots"
-        out.mkdir(parents=True, exist_ok=True)
-        from raycse.analysis.plots import write_plots
-
-        report.plots = write_plots(trials, knobs, out, settings.target, top)
+        report.plots = _write_plots(trials, knobs, plot_dir or storage.join(str(exp), "plots"), settings.target, top)
     if export_best:
-        report.exported = export_model(best, Path(export_best), exp.name, settings.target)
+        report.exported = export_model(best, export_best, str(exp).rstrip("/").rsplit("/", 1)[-1], settings.target)
     return report
+
+
+def _write_plots(trials, knobs, out: str, target: str, top: int) -> list:
+    """PNGs into ``out``; on object storage each is drawn locally, then uploaded (one PUT: whole)."""
+    import tempfile
+
+    from raycse.analysis.plots import write_plots
+
+    if not storage.is_uri(out):
+        Path(out).mkdir(parents=True, exist_ok=True)
+        return write_plots(trials, knobs, Path(out), target, top)
+    with tempfile.TemporaryDirectory() as tmp:
+        uploaded = []
+        for png in write_plots(trials, knobs, Path(tmp), target, top):
+            storage.upload_file(png, storage.join(out, png.name))
+            uploaded.append(storage.join(out, png.name))
+        return uploaded
 
 
 def _export_card(staging: Path, run_dir: Path, dest: Path, best: TrialRecord, seed: int, experiment: str,
@@ -176,30 +215,47 @@ def _export_card(staging: Path, run_dir: Path, dest: Path, best: TrialRecord, se
     (staging / "README.md").write_text(model_card(run, summary, dest, search))
 
 
-def check_export_path(dest: Path) -> None:
+def check_export_path(dest) -> None:
+    if storage.is_uri(dest):
+        if storage.prefix_exists(str(dest)):
+            raise ConfigError(f"--export-best {dest} is not empty; choose another URI")
+        return
+    dest = Path(dest)
     if dest.is_file():
         raise ConfigError(f"--export-best {dest} is a file; give a directory path for the model")
     if dest.exists() and any(dest.iterdir()):
         raise ConfigError(f"--export-best {dest} exists and is not empty; choose another path")
 
 
-def export_model(best: Optional[TrialRecord], dest: Path, experiment: str = "", target: str = "mean") -> Path:
-    """Copy the best trial's best seed's model (atomically: staged beside ``dest``, then renamed), with
-    a model card naming the search's best configuration and its seeds."""
+def export_model(best: Optional[TrialRecord], dest, experiment: str = "", target: str = "mean"):
+    """Copy the best trial's best seed's model, with a model card naming the search's best
+    configuration and its seeds: staged beside ``dest`` and renamed, or, for a URI, published with
+    its manifest last (raycse.storage), so it appears whole or not at all. Returns ``dest``."""
     from raycse.tune.trial import SEED_MODEL
 
     if best is None:
         raise ConfigError("no finished trial to export")
     m = best.last
     seed = m["seeds"][max(range(len(m["seed_scores"])), key=lambda i: m["seed_scores"][i])]
-    src = best.path / f"seed{seed}" / SEED_MODEL / "model"
+    run_dir = _seed_output(best, seed, SEED_MODEL)
+    src = run_dir / "model"
     if not (src / "config.json").is_file():
         raise ConfigError(f"the best trial's model is missing ({src}); was the experiment directory moved or pruned?")
     check_export_path(dest)
+    if storage.is_uri(dest):
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            staging = Path(tmp) / "model"
+            shutil.copytree(src, staging)
+            _export_card(staging, run_dir, str(dest), best, seed, experiment, target)
+            storage.publish(staging, str(dest))
+        return str(dest)
+    dest = Path(dest)
     staging = staging_dir(dest)
     try:
         shutil.copytree(src, staging, dirs_exist_ok=True)
-        _export_card(staging, src.parent, dest, best, seed, experiment, target)
+        _export_card(staging, run_dir, dest, best, seed, experiment, target)
         if dest.exists():
             dest.rmdir()
         os.replace(staging, dest)
@@ -207,6 +263,20 @@ def export_model(best: Optional[TrialRecord], dest: Path, experiment: str = "", 
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return dest
+
+
+def _seed_output(best: TrialRecord, seed: int, seed_model: str) -> Path:
+    """The local directory of a seed's saved output (model, metrics.json, config.yaml); one on
+    object storage is fetched (checked against its manifest) into the local cache first."""
+    location = storage.join(best.location or str(best.path), f"seed{seed}", seed_model)
+    if not storage.is_uri(location):
+        return Path(location)
+    from raycse.errors import DataError
+
+    try:
+        return storage.fetch(location)
+    except DataError as err:
+        raise ConfigError(f"the best trial's model cannot be read: {err}") from None
 
 
 __all__ = ["analyze", "export_model", "load_trials", "Report", "TrialRecord"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,6 +19,7 @@ from typing import Optional
 from ray.tune import Callback
 from ray.tune.logger import TBXLoggerCallback
 
+from raycse import storage
 from raycse.config import parse_tracking
 from raycse.errors import ConfigError
 from raycse.tune.space import SearchSpace, load_space
@@ -150,19 +151,23 @@ def preflight(space: SearchSpace, settings: TuneSettings) -> tuple[int, float, b
     return concurrent, per_worker, parallel
 
 
-def drop_train_checkpoints(trial_path: str) -> None:
+def drop_train_checkpoints(trial_path: str, fs=None) -> None:
     """Delete a finished trial's Train checkpoints (``seed*/SEED_RUN``) and the staging directories
     of seed runs that were cut short (``seed*/.model_out.partial-*``), keeping each seed's final model.
 
     Why: a trial never runs again once Tune has ended it (complete, stopped by ASHA, errored), and
     each seed's resumable checkpoints hold weights + optimizer state (~360 MB each for MiniLM):
     ten trials of 2 seeds filled 50 GB before this. A seed run that ASHA's stop killed never got to
-    remove its staging directory itself. Works for local paths and storage URIs."""
+    remove its staging directory itself. A local path, a URI, or (Tune's ``trial.path`` on object
+    storage) a path within ``fs``."""
     import pyarrow.fs as pafs
 
     from raycse.outputs import staging_prefix
 
-    fs, root = pafs.FileSystem.from_uri(trial_path if "://" in trial_path else str(Path(trial_path).resolve()))
+    if fs is not None:
+        root = trial_path
+    else:
+        fs, root = pafs.FileSystem.from_uri(trial_path if "://" in trial_path else str(Path(trial_path).resolve()))
     try:
         seeds = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
     except OSError:
@@ -211,16 +216,16 @@ class DropTrainCheckpoints(Callback):
     down, so its directory is freed at the next trial's end (or the experiment's), not under them."""
 
     def __init__(self):
-        self.ending: list[str] = []
+        self.ending: list = []
 
     def _ended(self, trial, finished: bool) -> None:
-        for path in self.ending:
-            drop_train_checkpoints(path)
+        for path, fs in self.ending:
+            drop_train_checkpoints(path, fs)
         self.ending = []
         if finished:
-            drop_train_checkpoints(trial.path)
-        else:
-            self.ending.append(trial.path)
+            _drop(trial)
+        else:  # (path, filesystem): this callback is pickled with the experiment, a Trial is not needed
+            self.ending.append((trial.path, trial.storage.storage_filesystem))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         last = trial.last_result or {}
@@ -232,7 +237,12 @@ class DropTrainCheckpoints(Callback):
     def on_experiment_end(self, trials, **info):
         for t in trials:
             if t.status in ("TERMINATED", "ERROR"):
-                drop_train_checkpoints(t.path)
+                _drop(t)
+
+
+def _drop(trial) -> None:
+    # trial.path is a path within the experiment's filesystem (no s3:// on object storage)
+    drop_train_checkpoints(trial.path, trial.storage.storage_filesystem)
 
 
 def prepare_seeds(space: SearchSpace, seeds: list) -> tuple[dict, int]:
@@ -266,7 +276,7 @@ def _trainable(settings: TuneSettings, space: SearchSpace, exp_dir: Path, num_ex
     from ray import tune
 
     setup = TrialSetup(space, list(settings.seeds), settings.rungs, settings.target, num_examples,
-                       str(exp_dir.parent), exp_dir.name, cpus_per_worker, bool(settings.parallel_seeds), prepared,
+                       _parent(exp_dir), _name(exp_dir), cpus_per_worker, bool(settings.parallel_seeds), prepared,
                        registry)
     return tune.with_resources(tune.with_parameters(run_trial, setup=setup), {"CPU": TRIAL_CPU})
 
@@ -287,7 +297,7 @@ def _callbacks(space: SearchSpace, exp_dir: Path, tracking: Optional[str] = None
 
     timeout = space.run_config({}).train.worker_start_timeout_s + RELEASE_MARGIN_S
     return [EndTrialRuns(_registry_name(exp_dir), timeout), DropTrainCheckpoints(),
-            *_tracking_callbacks(tracking, exp_dir.name)]
+            *_tracking_callbacks(tracking, _name(exp_dir))]
 
 
 def _tracking_callbacks(tracking: Optional[str], experiment: str) -> list:
@@ -347,12 +357,9 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
 
     settings.validate()
     space = load_space(settings.space)
-    if "://" in str(storage_path):  # refuse rather than make a local folder named "s3:"
-        raise ConfigError(f"raycse tune --storage-path {storage_path}: experiments on object storage are not "
-                          f"supported yet; give a local or shared-filesystem path")
     name = name or f"{Path(settings.space).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    exp_dir = Path(storage_path).resolve() / name
-    if exp_dir.exists():
+    exp_dir = experiment_location(storage_path, name)
+    if (storage.prefix_exists(str(exp_dir)) if storage.is_uri(exp_dir) else exp_dir.exists()):
         raise ConfigError(f"experiment directory {exp_dir} exists; continue it with --resume {exp_dir} or pick "
                           f"another --name")
     ensure_ray()
@@ -360,11 +367,9 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
     concurrent, per_worker, settings.parallel_seeds = preflight(space, settings)
     prepared, num_examples = prepare_seeds(space, list(settings.seeds))  # data errors before any file
     trainable = _trainable(settings, space, exp_dir, num_examples, per_worker, prepared, _registry(exp_dir))
-    exp_dir.mkdir(parents=True)
-    shutil.copy(settings.space, exp_dir / "space.yaml")
-    settings_dict = {**asdict(settings), "space": str(exp_dir / "space.yaml"), "num_examples": num_examples,
-                     "concurrent": concurrent, "cpus_per_worker": per_worker}
-    (exp_dir / SETTINGS).write_text(json.dumps(settings_dict, indent=2))
+    settings_dict = {**asdict(settings), "space": storage.join(str(exp_dir), "space.yaml"),
+                     "num_examples": num_examples, "concurrent": concurrent, "cpus_per_worker": per_worker}
+    write_records(exp_dir, Path(settings.space).read_text(), settings_dict)
     print(f"[raycse] experiment {exp_dir}: {settings.num_samples} configurations x {len(settings.seeds)} seeds, "
           f"{settings.rungs} rung(s), {settings.searcher} search, scheduler {settings.scheduler}, "
           f"{concurrent} concurrent trial(s), seeds {'side by side' if settings.parallel_seeds else 'in turn'}, "
@@ -374,31 +379,68 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
         tune_config=tune.TuneConfig(search_alg=_optuna_search(space, settings), scheduler=_scheduler(settings),
                                     num_samples=settings.num_samples, max_concurrent_trials=concurrent,
                                     time_budget_s=settings.time_budget_s, trial_dirname_creator=trial_dirname),
-        run_config=tune.RunConfig(name=name, storage_path=str(exp_dir.parent), verbose=1,
+        run_config=tune.RunConfig(name=name, storage_path=_parent(exp_dir), verbose=1,
                                   checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                                   callbacks=_callbacks(space, exp_dir, settings.tracking)),
     )
     return exp_dir, tuner.fit()
 
 
-def load_settings(exp_dir: Path) -> tuple[TuneSettings, dict]:
-    path = Path(exp_dir) / SETTINGS
-    if not path.is_file():
+def experiment_location(storage_path: str, name: str):
+    """Where an experiment lives: a local Path (made absolute), or a URI string (``s3://...``), which
+    Tune's own storage layer writes to."""
+    if storage.is_uri(storage_path):
+        return storage.join(str(storage_path), name)
+    return Path(storage_path).resolve() / name
+
+
+def _parent(exp_dir) -> str:
+    return str(exp_dir).rstrip("/").rsplit("/", 1)[0] if storage.is_uri(exp_dir) else str(Path(exp_dir).parent)
+
+
+def _name(exp_dir) -> str:
+    return str(exp_dir).rstrip("/").rsplit("/", 1)[1] if storage.is_uri(exp_dir) else Path(exp_dir).name
+
+
+def write_records(exp_dir, space_text: str, settings_dict: dict) -> None:
+    """The search space and settings, beside Tune's own state, before the first trial."""
+    if storage.is_uri(exp_dir):
+        storage.write_text(storage.join(exp_dir, "space.yaml"), space_text)
+        storage.write_text(storage.join(exp_dir, SETTINGS), json.dumps(settings_dict, indent=2))
+        return
+    exp_dir.mkdir(parents=True)
+    (exp_dir / "space.yaml").write_text(space_text)
+    (exp_dir / SETTINGS).write_text(json.dumps(settings_dict, indent=2))
+
+
+def load_settings(exp_dir) -> tuple[TuneSettings, dict]:
+    """The experiment's settings; for an experiment on object storage, ``space`` is a local copy."""
+    try:
+        raw = json.loads(storage.read_text(storage.join(str(exp_dir), SETTINGS)) if storage.is_uri(exp_dir)
+                         else (Path(exp_dir) / SETTINGS).read_text())
+    except FileNotFoundError:
         raise ConfigError(f"{exp_dir} is not a raycse tune experiment (no {SETTINGS}); pass the directory "
-                          f"'raycse tune' printed")
-    raw = json.loads(path.read_text())
+                          f"'raycse tune' printed") from None
     extra = {k: raw.pop(k) for k in ("num_examples", "cpus_per_worker")}
+    if storage.is_uri(exp_dir):
+        import atexit
+        import shutil
+
+        local = Path(tempfile.mkdtemp(prefix="raycse-space-")) / "space.yaml"
+        atexit.register(shutil.rmtree, local.parent, True)
+        local.write_text(storage.read_text(raw["space"]))
+        raw["space"] = str(local)
     return TuneSettings(**raw), extra
 
 
 def resume(exp_dir: str):
-    """Continue an interrupted experiment: finished trials are kept, unfinished ones continue from
-    their last reported rung."""
+    """Continue an interrupted experiment (a local path or a URI): finished trials are kept,
+    unfinished ones continue from their last reported rung."""
     from ray import tune
 
     from raycse.train.runtime import ensure_ray, quiet_ray_data
 
-    exp = Path(exp_dir).resolve()
+    exp = str(exp_dir).rstrip("/") if storage.is_uri(exp_dir) else Path(exp_dir).resolve()
     settings, extra = load_settings(exp)
     space = load_space(settings.space)
     ensure_ray()
