@@ -1,11 +1,93 @@
 """Run by tests/test_multinode.py in its own process: a Ray cluster of three nodes on this machine
 (Ray's own ray.cluster_utils.Cluster: a head with no CPUs, two worker nodes of 1 CPU), an S3 server
-on 127.0.0.1, and a 2-worker training run with corpus, checkpoints and model on S3. Prints one JSON
-line with what the test checks."""
+on 127.0.0.1, and on them: a 2-worker training run with corpus, checkpoints and model on S3; a run
+whose worker node is removed mid-run and replaced; a 2-trial tune with its experiment on S3.
+Prints one JSON line with what the test checks."""
 
 import json
 import os
+import subprocess
 import sys
+import tempfile
+import threading
+import time
+
+
+def whole_checkpoints(s3, bucket: str, prefix: str) -> list:
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+    return [o["Key"] for o in listed if o["Key"].endswith("state/MANIFEST.json")]
+
+
+def private_ray_address() -> str:
+    """What `ensure_ray` connects to without RAY_ADDRESS while this cluster runs (it must not join it)."""
+    code = ("from raycse.train.runtime import ensure_ray\nensure_ray(1)\nimport ray\n"
+            "print(ray.get_runtime_context().gcs_address)")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
+    return out.stdout.strip().splitlines()[-1] if out.returncode == 0 else f"failed: {out.stderr[-500:]}"
+
+
+def replace_a_node_mid_run(cluster, workers, s3, tiny_model: str, stsb_dev: str, records: str) -> dict:
+    """Train with checkpoints on S3; after two whole checkpoints, remove one worker node (its rank
+    dies with it) and add a replacement: the run resumes from the latest checkpoint on S3."""
+    from raycse.config import RunConfig
+    from raycse.train.driver import train
+
+    run = RunConfig()
+    run.model.name_or_path, run.model.max_length = tiny_model, 16
+    run.data.corpus = "s3://raycse-multinode/data/corpus.txt"
+    run.train.num_workers, run.train.cpus_per_worker, run.train.batch_size = 2, 1, 8
+    run.train.epochs, run.train.max_steps, run.train.checkpoint_steps = 40, 300, 10
+    run.train.max_failures, run.train.record_batches, run.train.log_steps = 2, records, 100
+    run.eval.stsb_dev, run.eval.eval_steps = stsb_dev, 1000
+    run.output_dir = "s3://raycse-multinode/runs/replaced"
+    box = {}
+
+    def go():
+        try:
+            box["result"] = train(run, storage_path="s3://raycse-multinode/ckpt-replaced")
+        except BaseException as exc:  # reported in the JSON line
+            box["error"] = repr(exc)[-1000:]
+
+    thread = threading.Thread(target=go)
+    thread.start()
+    deadline, removed, replacement = time.time() + 300, None, None
+    while thread.is_alive() and time.time() < deadline:
+        if len(whole_checkpoints(s3, "raycse-multinode", "ckpt-replaced/")) >= 2:
+            removed = workers[1]
+            cluster.remove_node(removed, allow_graceful=False)
+            replacement = cluster.add_node(num_cpus=1)
+            break
+        time.sleep(0.2)
+    thread.join(timeout=600)
+    rank0 = [json.loads(line)["step"] for line in open(os.path.join(records, "rank0.jsonl"))]
+    result = box.get("result")
+    return {"error": box.get("error"), "removed": removed.node_id if removed else None,
+            "replacement": replacement.node_id if replacement else None,
+            "steps": result.metrics["last"]["step"] if result else None,
+            "worker_nodes": result.metrics["last"]["worker_nodes"] if result else [],
+            "rank0_steps": rank0}
+
+
+def tune_two_trials(tiny_model: str, stsb_dev: str, tmp: str) -> dict:
+    import yaml
+
+    from raycse.analysis import load_trials
+    from raycse.tune import TuneSettings, tune_search
+
+    space = os.path.join(tmp, "space.yaml")
+    with open(space, "w") as fh:
+        yaml.safe_dump({"run": {"model": {"name_or_path": tiny_model, "max_length": 16},
+                                "data": {"corpus": "s3://raycse-multinode/data/corpus.txt"},
+                                "objective": {"name": "simcse"},
+                                "train": {"batch_size": 16, "max_steps": 4, "cpus_per_worker": 1},
+                                "eval": {"stsb_dev": stsb_dev, "eval_steps": 1000, "precision": "train"}},
+                        "search": {"tau": {"loguniform": [0.02, 0.2]}}}, fh)
+    settings = TuneSettings(space=space, num_samples=2, seeds=[0], rungs=1, scheduler="none")
+    exp, results = tune_search(settings, "s3://raycse-multinode/tune", "exp")
+    trials = load_trials(exp)
+    return {"exp": str(exp), "errors": [str(r.error) for r in results if r.error],
+            "complete": [t.complete for t in trials], "locations": [t.location for t in trials]}
 
 
 def main(tiny_model: str, corpus: str, stsb_dev: str, port: int) -> None:
@@ -43,7 +125,7 @@ def main(tiny_model: str, corpus: str, stsb_dev: str, port: int) -> None:
         cwd_before = sorted(os.listdir("."))
         result = train(run, storage_path="s3://raycse-multinode/checkpoints")
         keys = [o["Key"] for o in s3.list_objects_v2(Bucket="raycse-multinode")["Contents"]]
-        print(json.dumps({
+        report = {
             "worker_nodes": result.metrics["last"]["worker_nodes"],  # each rank's own Ray node id
             "cluster_worker_nodes": sorted(n.node_id for n in workers),
             "head_node": cluster.head_node.node_id,
@@ -51,7 +133,14 @@ def main(tiny_model: str, corpus: str, stsb_dev: str, port: int) -> None:
             "model_dir": result.model_dir,
             "s3_keys": keys,
             "cwd_unchanged": sorted(os.listdir(".")) == cwd_before,
-        }))
+            "cluster_address": cluster.address,
+            "private_address": private_ray_address(),
+        }
+        with tempfile.TemporaryDirectory() as tmp:
+            report["tune"] = tune_two_trials(tiny_model, stsb_dev, tmp)
+            report["replaced"] = replace_a_node_mid_run(cluster, workers, s3, tiny_model, stsb_dev,
+                                                        os.path.join(tmp, "records"))
+        print(json.dumps(report))
     finally:
         ray.shutdown()
         cluster.shutdown()

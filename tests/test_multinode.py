@@ -1,6 +1,9 @@
 """Beyond one machine: a three-node Ray cluster on this machine (ray.cluster_utils.Cluster, what
 Ray's own tests use), in its own process: the two Train workers land on different nodes, corpus,
-checkpoints and model live on the S3 server, and the driver's disk receives nothing."""
+checkpoints and model live on the S3 server, and the driver's disk receives nothing; a worker node
+removed mid-run and replaced: the run resumes from its latest checkpoint on S3 and ends with the
+planned steps; a 2-trial tune on the same cluster, its experiment on S3. A raycse process started
+beside it without RAY_ADDRESS starts its own Ray instead of joining it."""
 
 import json
 import os
@@ -20,7 +23,7 @@ def test_two_workers_on_two_nodes_with_everything_on_s3(tiny_model, corpus, stsb
     run_dir = tmp_path / "driver-cwd"
     run_dir.mkdir()
     r = subprocess.run([sys.executable, str(HERE / "multinode_run.py"), str(tiny_model), str(corpus), str(stsb_dev),
-                        str(_free_port())], capture_output=True, text=True, timeout=900, cwd=run_dir,
+                        str(_free_port())], capture_output=True, text=True, timeout=1500, cwd=run_dir,
                        env={**os.environ, "PYTHONPATH": str(HERE.parent)})
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     out = json.loads([line for line in r.stdout.splitlines() if line.startswith("{")][-1])
@@ -31,3 +34,16 @@ def test_two_workers_on_two_nodes_with_everything_on_s3(tiny_model, corpus, stsb
     assert "runs/multinode/raycse_manifest.json" in keys and "runs/multinode/model/config.json" in keys
     assert any(k.startswith("checkpoints/") for k in keys)
     assert out["cwd_unchanged"] and not list(run_dir.iterdir())  # nothing but logs (Ray's, in /tmp/ray)
+    assert out["private_address"] != out["cluster_address"] and not out["private_address"].startswith("failed")
+    tune = out["tune"]
+    assert tune["exp"] == "s3://raycse-multinode/tune/exp" and not tune["errors"] and tune["complete"] == [True, True]
+    assert all(loc.startswith("s3://raycse-multinode/tune/exp/trial_") for loc in tune["locations"])
+    replaced = out["replaced"]
+    assert replaced["error"] is None and replaced["removed"], replaced
+    assert replaced["steps"] == 300  # the planned count, after the restart
+    # the rank that lived on the removed node now runs on its replacement
+    assert replaced["replacement"] in replaced["worker_nodes"] and replaced["removed"] not in replaced["worker_nodes"]
+    steps = replaced["rank0_steps"]
+    restart = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
+    assert steps[restart] > 0 and steps[restart] % 10 == 0  # from a checkpoint on S3, not from step 0
+    assert steps[restart:] == list(range(steps[restart], 300))

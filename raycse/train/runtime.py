@@ -12,7 +12,10 @@ from raycse.precision import autocast, cpu_supports_bf16, resolve_precision  # n
 
 
 def ensure_ray(num_cpus: Optional[int] = None) -> None:
-    """Connect to the cluster in RAY_ADDRESS if set (``ray job submit``), else start a local one."""
+    """Connect to the cluster in RAY_ADDRESS if set (``ray job submit``; ``auto``: the one ``ray start``
+    started on this machine), else start a private local one: never another process's cluster found
+    by chance (``ray.init()`` alone joins the newest ``ray start`` / test cluster on the machine, where
+    this run's CPU settings are refused)."""
     import ray
 
     if ray.is_initialized():
@@ -28,8 +31,8 @@ def ensure_ray(num_cpus: Optional[int] = None) -> None:
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     # logging_level WARNING: Ray's "Started a local Ray instance" is not a line a raycse user needs
     # (an error must stay the one line that names it)
-    ray.init(num_cpus=num_cpus, dashboard_host="127.0.0.1", log_to_driver=True, logging_level=logging.WARNING,
-             object_store_memory=int(os.environ.get("RAYCSE_OBJECT_STORE_BYTES", 1 << 30)))
+    ray.init(address="local", num_cpus=num_cpus, dashboard_host="127.0.0.1", log_to_driver=True,
+             logging_level=logging.WARNING, object_store_memory=int(os.environ.get("RAYCSE_OBJECT_STORE_BYTES", 1 << 30)))
 
 
 # glibc malloc settings for the Train workers. The training loop runs in a worker thread, which
