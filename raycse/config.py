@@ -153,6 +153,11 @@ class GroupingConfig:
     def needs_embeddings(self) -> bool:
         return self.strategy in ("knn", "cluster")
 
+    @property
+    def regroups_in_fit(self) -> bool:
+        """The training workers regroup before every epoch with their current weights (raycse.train.regroup)."""
+        return self.needs_embeddings and self.regroup_every_epoch
+
 
 @dataclass
 class ObjectiveConfig:

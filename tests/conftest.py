@@ -104,8 +104,11 @@ def ray_cluster():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=4, object_store_memory=512 * 2**20, dashboard_host="127.0.0.1",
-                 log_to_driver=True, configure_logging=False)
+        from raycse.train.runtime import private_cluster_options
+
+        # (its own dashboard port, told to its processes: see private_cluster_options)
+        ray.init(address="local", num_cpus=4, object_store_memory=512 * 2**20, log_to_driver=True,
+                 configure_logging=False, **private_cluster_options())
     yield ray
     ray.shutdown()
 

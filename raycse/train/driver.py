@@ -3,9 +3,8 @@
 Data path: the corpus is read and cleaned by Ray Data (:mod:`raycse.data.dataset`), grouped and
 packed into one row per worker batch (:mod:`raycse.grouping`), and handed to the workers as one
 ordered dataset per rank. Strategies that group by the model's embeddings (knn, cluster) with
-``grouping.regroup_every_epoch`` run one ``fit`` per epoch: after each epoch the corpus is
-re-embedded with the latest checkpoint and the next fit resumes from it (same run name and
-storage, so Ray Train hands the checkpoint back to the workers).
+``grouping.regroup_every_epoch`` hand the workers the corpus instead: they regroup it before every
+epoch with the weights they hold, inside the one running fit (:mod:`raycse.train.regroup`).
 
 The output directory appears only when a run succeeds: everything is written to a hidden
 staging directory beside it and renamed at the end, so a failed or interrupted run never
@@ -146,10 +145,10 @@ def prepare_data(run: RunConfig) -> Optional[PreparedData]:
     quiet_ray_data()
     corpus = load_run_corpus(run)
     spe, total = plan_steps(run, corpus.num_examples)
-    phases = plan_phases(run, spe, total)
-    if len(phases) != 1:
-        return None
-    per_rank, logs = lay_out_phase(run, corpus, phases[0], spe, total, resolve_model(run.model.name_or_path))
+    if run.grouping.regroups_in_fit:
+        return None  # every trial's workers group with their own weights
+    per_rank, logs = lay_out_phase(run, corpus, plan_phases(run, spe, total)[0], spe, total,
+                                   resolve_model(run.model.name_or_path))
     return PreparedData(data_key(run), corpus.stats, corpus.num_examples, per_rank, logs)
 
 
@@ -251,15 +250,17 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
             if prepared is not None:  # the only phase (a resumed fit skips the rows it has done)
                 per_rank = prepared.per_rank
                 grouping_log += prepared.grouping_log
-            else:
-                with _model_of(latest_dir, model_path) as embed_from:
-                    per_rank, logs = lay_out_phase(run, corpus, phase, spe, total, embed_from)
+            elif run.grouping.regroups_in_fit:  # the workers group it, epoch by epoch
+                per_rank = {"corpus": corpus.dataset}
+            else:  # a fixed grouping is the starting model's, also for a resumed run
+                per_rank, logs = lay_out_phase(run, corpus, phase, spe, total, model_path)
                 grouping_log += logs
             trainer = TorchTrainer(
                 train_loop_per_worker,
                 train_loop_config={"run": run.to_dict(), "dev": dev_ref, "initial_cache": initial_cache,
                                    "threads": max(1, round(cpus)),
-                                   "total_steps": total, "phase_end": phase_end,
+                                   "total_steps": total, "phase_end": phase_end, "steps_per_epoch": spe,
+                                   "regroup_in_fit": run.grouping.regroups_in_fit,
                                    "resume_path": latest_dir, "eval_at": list(eval_at),
                                    "score_sink": score_sink, "tracking": tracking},
                 scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu,
@@ -284,6 +285,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
                                       {"CPU": cpus, **({"GPU": 1} if t.use_gpu else {})})
             fit_seconds.append(time.perf_counter() - t_fit)
             latest_dir = _checkpoint_location(result.checkpoint, storage) or latest_dir
+            grouping_log += (result.metrics or {}).get("grouping") or []  # (the in-fit regroups' record)
         best, best_metrics = result.checkpoint, dict(result.metrics or {})
         if dev is not None and result.best_checkpoints:
             scored = [cm for cm in result.best_checkpoints if dev.key in cm[1]]
@@ -336,21 +338,6 @@ def _checkpoint_location(checkpoint, storage: str) -> Optional[str]:
     if "://" in storage and "://" not in checkpoint.path:
         return f"{storage.split('://', 1)[0]}://{checkpoint.path}"
     return checkpoint.path
-
-
-@contextlib.contextmanager
-def _model_of(checkpoint: Optional[str], default: str):
-    """The model directory a regrouping embeds with: the latest checkpoint's (downloaded from object
-    storage to a temporary directory on this node while it is used), else ``default``."""
-    if checkpoint is None:
-        yield default
-    elif "://" not in checkpoint:
-        yield str(Path(checkpoint) / ckpt.MODEL_DIR)
-    else:
-        import ray.train
-
-        with ray.train.Checkpoint(checkpoint).as_directory() as local:
-            yield str(Path(local) / ckpt.MODEL_DIR)
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ from raycse.evaluation import initial_scores
 from raycse.objectives import registry
 from raycse.objectives.base import LossOutput, Objective
 from raycse.train import checkpoint as ckpt
-from raycse.train import gradcache
+from raycse.train import gradcache, regroup
 from raycse.train import tracking
 from raycse.train.runtime import autocast, quiet_ray_data, release_freed_memory, resolve_precision, seed_everything
 from raycse.unpad import use_fast_dropout
@@ -132,6 +132,8 @@ def record_batch(directory: Path, rank: int, step: int, epoch: int, examples: li
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / f"rank{rank}.jsonl", "a", encoding="utf-8") as fh:
         fh.write(json.dumps({"step": step, "epoch": epoch, "time": time.time(), "pid": os.getpid(),
+                             # a digest of the dropout stream: a resumed run must continue it exactly
+                             "rng": int(torch.get_rng_state().to(torch.int64).sum()),
                              "examples": examples}) + "\n")
 
 
@@ -176,6 +178,7 @@ def train_loop_per_worker(config: dict) -> None:
     eval_dtype = dtype if run.eval.precision == "train" else resolve_precision(run.eval.precision, device)
 
     step, history, initial = 0, [], None
+    grouping = {"layout": None, "log": []}  # in-fit regrouping: this epoch's batches and every epoch's record
     # Resume from the furthest whole checkpoint: Ray's latest (after a worker failure) or the one the
     # driver found (a restarted run); a checkpoint that fails its manifest check is skipped.
     candidates = [c for c in (ray.train.get_checkpoint(),) if c is not None]
@@ -196,7 +199,9 @@ def train_loop_per_worker(config: dict) -> None:
     if chosen is not None:
         with chosen[1].as_directory() as d:
             state = ckpt.load(Path(d), core, opt, sched, rank)
+            grouping["layout"] = regroup.Layout.load(Path(d) / ckpt.STATE_DIR)
         step, history, initial = int(state["step"]), list(state["loss_history"]), state.get("initial")
+        grouping["log"] = list(state.get("grouping") or [])
         if sink is not None and state.get(score_key) is not None:
             sink.post(step, float(state[score_key]))  # scored before the restart; may not have been read
 
@@ -216,6 +221,8 @@ def train_loop_per_worker(config: dict) -> None:
             sink.post(int(metrics["step"]), float(metrics[score_key]))
         with tempfile.TemporaryDirectory() as tmp:
             if rank == 0:
+                if grouping["layout"] is not None:  # a restart mid-epoch trains on the same batches
+                    grouping["layout"].save(Path(tmp) / ckpt.STATE_DIR)
                 ckpt.write(Path(tmp), core, opt, sched, {**metrics, "initial": initial})
             ckpt.write_rng(Path(tmp), rank)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
@@ -259,7 +266,12 @@ def train_loop_per_worker(config: dict) -> None:
     eval_every = run.eval.eval_steps
     eval_at = {int(s) for s in config.get("eval_at") or ()}  # extra scored steps (Tune's rung ends)
     ckpt_every = run.train.checkpoint_steps or eval_every
-    for row in ray.train.get_dataset_shard(f"rank{rank}").iter_rows():
+    if config.get("regroup_in_fit"):
+        rows = regroup.regrouped_rows(core.encoder, run, rank, world_size, device, dtype,
+                                      int(config["steps_per_epoch"]), total, phase_end, step, grouping)
+    else:
+        rows = ray.train.get_dataset_shard(f"rank{rank}").iter_rows()
+    for row in rows:
         if int(row["step"]) < step:
             continue  # done before the checkpoint this run resumed from
         if step >= phase_end:
@@ -317,7 +329,7 @@ def train_loop_per_worker(config: dict) -> None:
                 history.append(sum(window) / len(window))
                 window = []
             extra = {"step": step, "epoch": epoch, "loss": history[-1], "loss_history": list(history),
-                     "worker_nodes": nodes,
+                     "worker_nodes": nodes, **({"grouping": list(grouping["log"])} if grouping["log"] else {}),
                      "train_examples_per_s": seen / max(train_time, 1e-9), "train_seconds": train_time,
                      "total_steps": total, **peak_memory(device),
                      **{f"last_{k}": v for k, v in out.metrics.items()}}

@@ -21,8 +21,5 @@ def plan_steps(run: RunConfig, num_examples: int) -> tuple[int, int]:
 
 
 def plan_phases(run: RunConfig, steps_per_epoch: int, total: int) -> list[list[int]]:
-    """Epochs per ``fit``: one fit per epoch when the grouping re-embeds with the current model."""
-    epochs = [e for e in range(run.train.epochs) if e * steps_per_epoch < total]
-    if run.grouping.needs_embeddings and run.grouping.regroup_every_epoch:
-        return [[e] for e in epochs]
-    return [epochs]
+    """Epochs per ``fit``: all in one (groupings that follow the model regroup inside it)."""
+    return [[e for e in range(run.train.epochs) if e * steps_per_epoch < total]]

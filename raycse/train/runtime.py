@@ -31,8 +31,26 @@ def ensure_ray(num_cpus: Optional[int] = None) -> None:
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     # logging_level WARNING: Ray's "Started a local Ray instance" is not a line a raycse user needs
     # (an error must stay the one line that names it)
-    ray.init(address="local", num_cpus=num_cpus, dashboard_host="127.0.0.1", log_to_driver=True,
-             logging_level=logging.WARNING, object_store_memory=int(os.environ.get("RAYCSE_OBJECT_STORE_BYTES", 1 << 30)))
+    ray.init(address="local", num_cpus=num_cpus, log_to_driver=True, logging_level=logging.WARNING,
+             object_store_memory=int(os.environ.get("RAYCSE_OBJECT_STORE_BYTES", 1 << 30)), **private_cluster_options())
+
+
+def private_cluster_options() -> dict:
+    """``ray.init`` options for a private local cluster whose own processes find it.
+
+    Why: Ray Train's PlacementGroupCleaner asks the state API whether its controller is alive, and
+    the state API of a process without RAY_ADDRESS picks *a* Ray instance on the machine. With a
+    second one running (another user's run, a test cluster) it asked the wrong one, found no such
+    controller, and removed the live run's placement group: its workers were killed mid-step. The
+    dashboard (the state API's server) gets a port chosen here, and every process of this job is
+    told it (RAY_API_SERVER_ADDRESS, job-wide runtime env); it listens on 127.0.0.1 only."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return {"dashboard_host": "127.0.0.1", "dashboard_port": port,
+            "runtime_env": {"env_vars": {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}}}
 
 
 # glibc malloc settings for the Train workers. The training loop runs in a worker thread, which

@@ -1,0 +1,211 @@
+"""Regrouping inside the running fit: knn / cluster batch orders rebuilt before every epoch by the
+training workers themselves, with the weights they hold (grouping.regroup_every_epoch).
+
+Before epoch e each worker embeds its share of the corpus (rows ``rank::world``) in eval mode
+without gradients, rank 0 gathers the vectors, builds the epoch's group order and packing (the
+same :func:`raycse.grouping.strategies.group_order` and :func:`raycse.grouping.batches.pack` the
+driver uses for epoch layouts) and broadcasts the batches, and every rank reads its own batches
+(``b % world == rank``) from its copy of the corpus. No fit ends, no checkpoint is reloaded and no
+separate embedding pool starts (each regroup used to cost a new ``TorchTrainer.fit``: ~29 s of
+start-up on 2 cores, BENCHMARKS.md).
+
+Restarts stay exact: the current epoch's batches travel in every checkpoint (``state/layout.npz``,
+covered by its manifest), so a run resumed mid-epoch reads the batches it was training on instead
+of regrouping with later weights; one resumed exactly at an epoch boundary regroups with the same
+weights the uninterrupted run had there.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterator, Optional
+
+import numpy as np
+import torch
+
+from raycse.grouping.batches import Packing, pack
+from raycse.grouping.embed import column
+from raycse.grouping.strategies import group_order
+
+LAYOUT_FILE = "layout.npz"
+COLUMNS = ("text", "pair", "score", "negatives")
+
+
+class CorpusTable:
+    """Every example's columns by row id, read once by each worker from the unsplit corpus dataset
+    (every batch may hold examples from anywhere in the corpus)."""
+
+    def __init__(self, shard):
+        ids, cols = [], {}
+        for b in shard.iter_batches(batch_format="numpy", batch_size=4096):
+            ids.append(np.asarray(b["_id"], dtype=np.int64))
+            for c in COLUMNS:
+                if c in b:
+                    cols.setdefault(c, []).append(b[c])
+        order = np.argsort(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
+        self.n = len(order)
+        self.columns = {c: [x for part in parts for x in part] for c, parts in cols.items()}
+        self.columns = {c: [v[i] for i in order] for c, v in self.columns.items()}
+
+    def row(self, ids: np.ndarray, step: int, epoch: int) -> dict:
+        """One batch as the loop's dataset rows look (lists per column)."""
+        out = {"step": step, "epoch": epoch}
+        for c, values in self.columns.items():
+            out[c] = [_plain(values[int(i)]) for i in ids]
+        return out
+
+
+def _plain(value):
+    return value.tolist() if isinstance(value, np.ndarray) else value
+
+
+@dataclass
+class Layout:
+    epoch: int
+    batches: np.ndarray  # (num_batches, batch_size) row ids; batch b -> step first + b // world, rank b % world
+    info: dict = field(default_factory=dict)
+
+    def save(self, state_dir: Path) -> None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        np.savez(state_dir / LAYOUT_FILE, epoch=np.array([self.epoch]), batches=self.batches)
+
+    @staticmethod
+    def load(state_dir: Path) -> Optional["Layout"]:
+        path = state_dir / LAYOUT_FILE
+        if not path.is_file():
+            return None
+        with np.load(path, allow_pickle=False) as z:
+            return Layout(int(z["epoch"][0]), z["batches"].astype(np.int64))
+
+
+def embed_share(encoder, table: CorpusTable, by: str, rank: int, world: int, max_length: int, batch_size: int,
+                dtype: Optional[torch.dtype]) -> np.ndarray:
+    """This rank's rows (``rank::world``), embedded in eval mode with no gradients."""
+    texts = table.columns[column(by)][rank::world]
+    with torch.no_grad():
+        return encoder.encode(texts, batch_size=batch_size, max_length=max_length, autocast_dtype=dtype)
+
+
+def gather_vectors(share: np.ndarray, n: int, rank: int, world: int, device: torch.device) -> Optional[np.ndarray]:
+    """Rank 0 gets every row's vector in row order; the others None. Shares differ by at most one
+    row: padded to equal shapes, as collectives need."""
+    if world == 1:
+        return share
+    import torch.distributed as dist
+
+    rows = -(-n // world)
+    padded = torch.zeros(rows, share.shape[1], dtype=torch.float32, device=device)
+    padded[:len(share)] = torch.from_numpy(share).to(device)
+    parts = [torch.empty_like(padded) for _ in range(world)] if rank == 0 else None
+    dist.gather(padded, parts, dst=0)
+    if rank != 0:
+        return None
+    out = np.zeros((n, share.shape[1]), dtype=np.float32)
+    for r, part in enumerate(parts):
+        count = len(range(r, n, world))
+        out[r::world] = part[:count].cpu().numpy()
+    return out
+
+
+def broadcast_batches(batches: Optional[np.ndarray], rank: int, world: int, device: torch.device) -> np.ndarray:
+    if world == 1:
+        return batches
+    import torch.distributed as dist
+
+    shape = torch.tensor(batches.shape if rank == 0 else (0, 0), dtype=torch.int64, device=device)
+    dist.broadcast(shape, src=0)
+    data = (torch.from_numpy(np.ascontiguousarray(batches)).to(device) if rank == 0
+            else torch.empty(tuple(shape.tolist()), dtype=torch.int64, device=device))
+    dist.broadcast(data, src=0)
+    return data.cpu().numpy()
+
+
+def build_layout(vectors: np.ndarray, grouping, batch_size: int, world: int, seed: int, epoch: int,
+                 max_steps: int) -> Layout:
+    """Rank 0: the epoch's group order from the gathered vectors, packed into batches (the driver's
+    epoch layout, on this process: a Ray task from inside the fit would wait for CPUs the workers hold)."""
+    t0 = time.perf_counter()
+    order = group_order(replace(grouping, shards=1), len(vectors), seed, epoch, vectors=lambda: vectors)
+    packing = pack(order, batch_size, world)
+    if packing.steps(world) > max_steps:
+        packing = Packing(packing.batches[:max_steps * world], packing.split_groups,
+                          len(vectors) - max_steps * world * batch_size)
+    info = {"epoch": epoch, **order.info, "split_groups": packing.split_groups, "dropped": packing.dropped,
+            "groups": int(len(order.sizes)), "mean_group_size": float(order.sizes.mean()) if len(order.sizes) else 0.0,
+            "in_fit": True}
+    info["seconds"] = time.perf_counter() - t0
+    return Layout(epoch, packing.batches, info)
+
+
+def epoch_rows(table: CorpusTable, layout: Layout, rank: int, world: int, first_step: int,
+               from_step: int) -> Iterator[dict]:
+    for b in range(rank, len(layout.batches), world):
+        step = first_step + b // world
+        if step >= from_step:
+            yield table.row(layout.batches[b], step, layout.epoch)
+
+
+def _collective_device(device: torch.device, world: int) -> torch.device:
+    if world > 1:
+        import torch.distributed as dist
+
+        if dist.get_backend() == "nccl":  # NCCL moves CUDA tensors only
+            return device
+    return torch.device("cpu")
+
+
+def regroup(encoder, table: CorpusTable, run, rank: int, world: int, device: torch.device,
+            dtype: Optional[torch.dtype], epoch: int, max_steps: int) -> Layout:
+    """Every rank: embed this rank's share, gather to rank 0, group there, broadcast the batches."""
+    t0 = time.perf_counter()
+    g = run.grouping
+    share = embed_share(encoder, table, g.by, rank, world, run.model.max_length, g.embed_batch_size, dtype)
+    embed_s = time.perf_counter() - t0
+    coll = _collective_device(device, world)
+    vectors = gather_vectors(share, table.n, rank, world, coll)
+    layout = (build_layout(vectors, g, run.train.batch_size, world, run.train.seed, epoch, max_steps)
+              if rank == 0 else None)
+    batches = broadcast_batches(layout.batches if layout is not None else None, rank, world, coll)
+    if layout is None:
+        return Layout(epoch, batches)
+    layout.info.update(embed_seconds=embed_s, seconds=time.perf_counter() - t0)
+    return layout
+
+
+def regrouped_rows(encoder, run, rank: int, world: int, device: torch.device, dtype: Optional[torch.dtype],
+                   steps_per_epoch: int, total: int, end: int, start: int, state: dict) -> Iterator[dict]:
+    """The loop's batch rows from step ``start`` to ``end``, each epoch regrouped when the loop asks
+    for its first batch (after the previous epoch's last step: the weights are current). ``state``:
+    the loop's {"layout": the resumed epoch's Layout or None, "log": every epoch's record}, updated."""
+    import logging
+
+    import ray.train
+
+    log = logging.getLogger("raycse.train")
+    table = None
+    for epoch in range(run.train.epochs):
+        first = epoch * steps_per_epoch
+        if first >= end:
+            return
+        if min(first + steps_per_epoch, total) <= start:
+            continue  # done before the checkpoint this run resumed from
+        layout = state.get("layout")
+        if layout is None or layout.epoch != epoch:
+            if table is None:
+                table = CorpusTable(ray.train.get_dataset_shard("corpus"))
+            layout = regroup(encoder, table, run, rank, world, device, dtype, epoch, total - first)
+            state["layout"] = layout
+            if rank == 0:
+                info = layout.info
+                state["log"] = [e for e in state["log"] if e.get("epoch") != epoch] + [info]
+                log.info(f"[raycse] epoch {epoch}: {run.grouping.strategy} regrouped in the fit with the current "
+                         f"weights: {info['groups']} groups, mean size {info['mean_group_size']:.2f}, "
+                         f"{info['split_groups']} split, {info['seconds']:.1f} s (embedding "
+                         f"{info['embed_seconds']:.1f} s)"
+                         + (f", kNN {info['knn_method']} recall {info['knn_recall']:.3f}"
+                            if info.get("knn_recall") is not None else ""))
+        elif table is None:
+            table = CorpusTable(ray.train.get_dataset_shard("corpus"))
+        yield from epoch_rows(table, layout, rank, world, first, max(start, first))

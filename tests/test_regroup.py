@@ -1,0 +1,85 @@
+"""kNN regrouping inside the running fit: the training workers regroup before every epoch with the
+weights they hold, in one fit, and a run restarted mid-run trains on exactly the batches an
+uninterrupted run trains on."""
+
+import collections
+import json
+import os
+import signal
+import threading
+import time
+
+from conftest import make_sentences
+
+
+def _run(tiny_model, corpus, out, records, max_failures=0):
+    from raycse.config import RunConfig
+
+    run = RunConfig()
+    run.model.name_or_path, run.model.max_length = str(tiny_model), 16
+    run.data.corpus = str(corpus)
+    run.grouping.strategy, run.grouping.group_size, run.grouping.neighbours = "knn", 4, 8
+    run.train.num_workers, run.train.cpus_per_worker, run.train.batch_size = 2, 1, 8
+    run.train.epochs, run.train.checkpoint_steps, run.train.log_steps = 3, 5, 100
+    run.train.max_failures, run.train.record_batches = max_failures, str(records)
+    run.eval.stsb_dev, run.output_dir = "none", str(out)
+    return run
+
+
+def _batches(records):
+    """(rank, step) -> (epoch, examples, RNG digest), the last time each was trained (a restart repeats
+    some steps)."""
+    out = {}
+    for rank in (0, 1):
+        for line in (records / f"rank{rank}.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            out[(rank, r["step"])] = (r["epoch"], r["examples"], r["rng"])  # rng: the dropout stream's state
+    return out
+
+
+def test_knn_regroups_in_one_fit_and_a_restart_replays_the_same_batches(ray_cluster, tiny_model, tmp_path):
+    from raycse.train.driver import train
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(make_sentences(480, seed=21)) + "\n")
+    result = train(_run(tiny_model, corpus, tmp_path / "a", tmp_path / "rec-a"), storage_path=str(tmp_path / "sa"))
+    m = result.metrics
+    spe = m["steps_per_epoch"]
+    assert spe == 30 and m["last"]["step"] == 90 and len(m["fit_seconds"]) == 1  # one fit for three epochs
+    assert [g["epoch"] for g in m["grouping"]] == [0, 1, 2] and all(g["in_fit"] for g in m["grouping"])
+    uninterrupted = _batches(tmp_path / "rec-a")
+    assert len(uninterrupted) == 2 * 90
+    by_epoch = collections.defaultdict(list)
+    for (rank, step), (epoch, examples, _) in uninterrupted.items():
+        assert epoch == step // spe
+        by_epoch[epoch].append(tuple(examples))
+    for epoch, batches in by_epoch.items():
+        seen = [x for b in batches for x in b]
+        assert len(seen) == len(set(seen)) == 2 * spe * 8  # no example twice in an epoch, across both ranks
+    assert set(by_epoch[1]) != set(by_epoch[0]) and set(by_epoch[2]) != set(by_epoch[1])  # regrouped
+
+    # the same run, a worker killed mid-run: it resumes from a checkpoint and replays the same batches
+    run = _run(tiny_model, corpus, tmp_path / "b", tmp_path / "rec-b", max_failures=1)
+    box = {}
+    thread = threading.Thread(target=lambda: box.update(result=train(run, storage_path=str(tmp_path / "sb"))))
+    thread.start()
+    killed_at, deadline = None, time.time() + 240
+    rec = tmp_path / "rec-b" / "rank1.jsonl"
+    while time.time() < deadline and thread.is_alive():
+        lines = rec.read_text().splitlines() if rec.is_file() else []
+        if lines and json.loads(lines[-1])["step"] >= 37:  # in epoch 1, past its first checkpoints
+            last = json.loads(lines[-1])
+            try:
+                os.kill(last["pid"], signal.SIGKILL)  # the Train worker of rank 1
+            except ProcessLookupError:
+                continue
+            killed_at = last["step"]
+            break
+        time.sleep(0.05)
+    thread.join(timeout=300)
+    assert killed_at is not None and killed_at < 89, "the run finished before a worker could be killed"
+    assert box["result"].metrics["last"]["step"] == 90
+    steps = [json.loads(line)["step"] for line in (tmp_path / "rec-b" / "rank0.jsonl").read_text().splitlines()]
+    restart = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
+    assert 0 < steps[restart] <= killed_at + 1 and steps[restart] % 5 == 0  # from a checkpoint, not from 0
+    assert _batches(tmp_path / "rec-b") == uninterrupted
