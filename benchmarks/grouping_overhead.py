@@ -3,9 +3,9 @@
     python benchmarks/grouping_overhead.py --sentences 4096 --epochs 2
 
 SimCSE on all-MiniLM-L6-v2, 1 worker, batch 64, max length 32, precision auto, same seed. The kNN
-run re-embeds the corpus with the current model before each epoch (Ray Data actor pool), searches
-neighbours with faiss and packs groups of 8; each epoch is its own Ray Train fit resumed from the
-checkpoint. Reported: wall time of the whole run, its parts, and the ratio.
+run regroups before each epoch inside its one Ray Train fit: the training worker embeds the corpus
+with its current weights, searches neighbours with faiss and packs groups of 8
+(raycse.train.regroup). Reported: wall time of the whole run, its parts, and the ratio.
 """
 
 from __future__ import annotations

@@ -83,3 +83,5 @@ def test_knn_regroups_in_one_fit_and_a_restart_replays_the_same_batches(ray_clus
     restart = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
     assert 0 < steps[restart] <= killed_at + 1 and steps[restart] % 5 == 0  # from a checkpoint, not from 0
     assert _batches(tmp_path / "rec-b") == uninterrupted
+    weights = [(tmp_path / run / "model" / "model.safetensors").read_bytes() for run in ("a", "b")]
+    assert weights[0] == weights[1]  # and the same model, to the bit
