@@ -29,9 +29,12 @@ def cpu_load(processes: int = 2, limit_s: int = 900):
 
 def live_groups() -> list:
     """Placement groups not yet removed, from Ray's state API."""
+    import ray
     from ray.util.state import list_placement_groups
 
-    return [g for g in list_placement_groups(limit=1000) if g.state in ("CREATED", "PENDING", "RESCHEDULING")]
+    # this session's cluster by address: with no address the state API may pick another instance
+    groups = list_placement_groups(address=ray.get_runtime_context().gcs_address, limit=1000)
+    return [g for g in groups if g.state in ("CREATED", "PENDING", "RESCHEDULING")]
 
 
 def _space(tmp_path, tiny_model, corpus, stsb_dev, **train):
