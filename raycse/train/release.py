@@ -91,9 +91,14 @@ class RunRegistry:
 
 def start_registry(name: Optional[str] = None):
     """A RunRegistry actor owned by the caller (it ends with the caller's process); ``name`` lets
-    objects that are pickled and restored (Tune's callbacks) find it again with ``ray.get_actor``."""
+    objects that are pickled and restored (Tune's callbacks) find it again with ``ray.get_actor``.
+    It lives on the caller's node: anywhere else, losing a worker node could take it down with the
+    run it should outlive (a node removed mid-run ended the run with ActorDiedError)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
     return ray.remote(num_cpus=0, max_concurrency=8)(RunRegistry).options(
-        name=name, scheduling_strategy="DEFAULT").remote()
+        name=name, scheduling_strategy=here).remote()
 
 
 class RegisterRun(ControllerCallback, WorkerGroupCallback):
