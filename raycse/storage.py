@@ -49,11 +49,24 @@ def _files(local: Path) -> list[Path]:
     return sorted(p for p in local.rglob("*") if p.is_file())
 
 
+def _unreachable(uri: str, exc: OSError) -> RaycseError:
+    return RaycseError(f"cannot use {uri}: {str(exc).splitlines()[0][:300]} (check the bucket, and the credentials "
+                       f"and endpoint in the environment: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)")
+
+
 def prefix_exists(uri: str) -> bool:
     import pyarrow.fs as pafs
 
     fs, root = _fs(uri)
-    info = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+    try:
+        bucket = root.split("/", 1)[0]
+        if fs.get_file_info(bucket).type == pafs.FileType.NotFound:  # a typo'd bucket, not an empty prefix
+            raise RaycseError(f"cannot use {uri}: bucket {bucket!r} does not exist (create it, or fix the URI)")
+        info = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+    except FileNotFoundError:
+        return False
+    except OSError as exc:  # no server, no credentials: one line, not a traceback
+        raise _unreachable(uri, exc) from None
     return bool(info)
 
 
@@ -158,15 +171,22 @@ def read_text(uri: str) -> str:
     try:
         with fs.open_input_stream(path) as fh:
             return fh.read().decode()
-    except OSError as exc:  # pyarrow reports a missing S3 key as an OSError
-        raise FileNotFoundError(uri) from exc
+    except FileNotFoundError:
+        raise FileNotFoundError(uri) from None
+    except OSError as exc:
+        if "NoSuchKey" in str(exc) or "does not exist" in str(exc).lower():
+            raise FileNotFoundError(uri) from None
+        raise _unreachable(uri, exc) from None
 
 
 def write_text(uri: str, text: str) -> None:
     """One object, written whole (an object store's PUT is atomic)."""
     fs, path = _fs(uri)
-    with fs.open_output_stream(path) as fh:
-        fh.write(text.encode())
+    try:
+        with fs.open_output_stream(path) as fh:
+            fh.write(text.encode())
+    except OSError as exc:
+        raise _unreachable(uri, exc) from None
 
 
 def upload_file(local: Path, uri: str) -> None:
