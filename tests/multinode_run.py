@@ -60,7 +60,7 @@ def replace_a_node_mid_run(cluster, workers, s3, tiny_model: str, stsb_dev: str,
             break
         time.sleep(0.2)
     thread.join(timeout=600)
-    rank0 = [json.loads(line)["step"] for line in open(os.path.join(records, "rank0.jsonl"))]
+    rank0 = [(json.loads(line)["step"], json.loads(line)["pid"]) for line in open(os.path.join(records, "rank0.jsonl"))]
     result = box.get("result")
     return {"error": box.get("error"), "removed": removed.node_id if removed else None,
             "replacement": replacement.node_id if replacement else None,

@@ -262,6 +262,8 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
                                    "total_steps": total, "phase_end": phase_end, "steps_per_epoch": spe,
                                    "regroup_in_fit": run.grouping.regroups_in_fit,
                                    "resume_path": latest_dir, "eval_at": list(eval_at),
+                                   "checkpoint_dir": (f"{storage.rstrip('/')}/{run_name}" if "://" in storage
+                                                      else str(Path(storage) / run_name)),
                                    "score_sink": score_sink, "tracking": tracking},
                 scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu,
                                              resources_per_worker={"CPU": cpus}),

@@ -150,6 +150,26 @@ def worker_nodes(world_size: int) -> list[str]:
     return nodes
 
 
+def latest_in_storage(run_dir: Optional[str], rank: int, world_size: int) -> Optional[str]:
+    """The furthest whole checkpoint in the run's storage, as rank 0 sees it, shared with every rank.
+
+    Why: after a worker (or its node) is lost, Ray Train restarts the group with the latest checkpoint
+    its controller has registered, which can lag the uploads by a report or more (a node removed
+    right after two checkpoints reached S3 restarted the run from step 0). One rank looks, so every
+    rank loads the same one."""
+    import torch.distributed as dist
+
+    path = None
+    if run_dir and rank == 0:
+        found = ckpt.latest_valid_uri(run_dir) if "://" in run_dir else ckpt.latest_valid(Path(run_dir))
+        path = found[1] if found else None
+    if world_size > 1 and dist.is_available() and dist.is_initialized():
+        box = [path]
+        dist.broadcast_object_list(box, src=0)
+        path = box[0]
+    return path
+
+
 def train_loop_per_worker(config: dict) -> None:
     import ray
     import ray.train
@@ -184,6 +204,9 @@ def train_loop_per_worker(config: dict) -> None:
     candidates = [c for c in (ray.train.get_checkpoint(),) if c is not None]
     if config.get("resume_path"):
         candidates.append(ray.train.Checkpoint(config["resume_path"]))
+    found = latest_in_storage(config.get("checkpoint_dir"), rank, world_size)
+    if found:
+        candidates.append(ray.train.Checkpoint(found))
     chosen = None
     for cand in candidates:
         with cand.as_directory() as d:
