@@ -226,5 +226,5 @@ def test_truncated_checkpoint_is_skipped_with_a_warning(ray_cluster, tiny_model,
     run.output_dir, run.train.max_steps = str(tmp_path / "b"), 8
     result = train(run, storage_path=str(store))
     out = capsys.readouterr().out
-    assert f"skipping checkpoint {latest.name}" in out and "resuming from step 4" in out
+    assert f"skipped damaged checkpoint {latest.name}" in out and "resumed from step 4" in out
     assert result.metrics["last"]["step"] == 8

@@ -260,7 +260,7 @@ def test_globs_several_files_and_character_cap(ray_cluster, tmp_path):
 
 
 def test_knn_regrouping_each_epoch_through_ray_train(ray_cluster, tiny_model, stsb_dev, tmp_path):
-    """Two epochs, kNN regrouped with the epoch-1 model (a second fit resumed from the checkpoint);
+    """Two epochs, kNN regrouped with the epoch-1 model (inside the one fit, by the workers);
     every sentence reaches exactly one worker per epoch, every worker runs the same steps."""
     from conftest import make_sentences
     from raycse.cli import main

@@ -125,8 +125,8 @@ def test_killed_driver_resumes_from_s3_and_ends_with_the_planned_steps(ray_clust
     capsys.readouterr()
     assert main(argv) == 0  # the same command again
     out = capsys.readouterr().out
-    resumed = [line for line in out.splitlines() if "resuming from step" in line]
-    assert resumed and int(resumed[0].split("resuming from step ")[1].split()[0]) >= 4, out[-2000:]
+    resumed = [line for line in out.splitlines() if "resumed from step" in line]
+    assert resumed and int(resumed[0].split("resumed from step ")[1].split()[0]) >= 4, out[-2000:]
     metrics = json.loads(s3.get_object(Bucket=bucket, Key="out/metrics.json")["Body"].read())
     assert metrics["last"]["step"] == 40
 

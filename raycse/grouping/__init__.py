@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from raycse.grouping.batches import Packing, batch_rows, pack, split_by_rank
+from raycse.grouping.batches import Packing, batch_rows, pack_epoch, split_by_rank
 from raycse.grouping.strategies import GroupOrder, group_order
 
 log = logging.getLogger("raycse.grouping")
@@ -41,13 +41,9 @@ def epoch_batches(corpus, grouping, batch_size: int, world_size: int, seed: int,
     t0 = time.perf_counter()
     order = group_order(grouping, corpus.num_examples, seed, epoch, vectors=vectors,
                         shingles=lambda: shingle_keys(corpus, seed, epoch, grouping.shingle_size, grouping.by))
-    packing = pack(order, batch_size, world_size)
-    if max_steps is not None and packing.steps(world_size) > max_steps:
-        packing = Packing(packing.batches[:max_steps * world_size], packing.split_groups,
-                          corpus.num_examples - max_steps * world_size * batch_size)
+    packing, info = pack_epoch(order, batch_size, world_size, max_steps)
     rows = batch_rows(corpus.dataset, packing, corpus.num_examples, world_size, first_step, epoch)
-    info = {**order.info, "split_groups": packing.split_groups, "dropped": packing.dropped,
-            "groups": int(len(order.sizes)), "seconds": time.perf_counter() - t0, "mean_group_size": float(order.sizes.mean()) if len(order.sizes) else 0.0}
+    info["seconds"] = time.perf_counter() - t0
     log.info(f"[raycse] epoch {epoch}: {grouping.strategy} grouping, {info['groups']} groups "
              f"(mean size {info['mean_group_size']:.2f}), {packing.steps(world_size)} steps, "
              f"{packing.split_groups} group(s) split, {packing.dropped} example(s) left out")

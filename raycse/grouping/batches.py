@@ -17,6 +17,7 @@ intact: a row-per-sentence dataset is re-blocked and mixed on its way to the wor
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -76,6 +77,21 @@ def pack(order: GroupOrder, batch_size: int, world_size: int) -> Packing:
     split = sum(len(set(batch_of[g].tolist()) - {-1}) > 1 for g in groups if len(g) > 1)
     return Packing(arr, int(split), len(order.order) - arr.size)
 
+
+def pack_epoch(order: GroupOrder, batch_size: int, world_size: int,
+               max_steps: Optional[int] = None) -> tuple[Packing, dict]:
+    """One epoch's packing, cut to ``max_steps`` steps (the run's last epoch may be short), and the
+    facts the epoch log reports: the one place both the driver's layouts and the in-fit regroup
+    pack an order."""
+    packing = pack(order, batch_size, world_size)
+    n = len(order.order)
+    if max_steps is not None and packing.steps(world_size) > max_steps:
+        packing = Packing(packing.batches[:max_steps * world_size], packing.split_groups,
+                          n - max_steps * world_size * batch_size)
+    info = {**order.info, "split_groups": packing.split_groups, "dropped": packing.dropped,
+            "groups": int(len(order.sizes)),
+            "mean_group_size": float(order.sizes.mean()) if len(order.sizes) else 0.0}
+    return packing, info
 
 class _Tag:
     """map_batches: add each corpus row's (batch, slot) for this epoch; drop rows left out."""

@@ -105,15 +105,18 @@ def step_of(root: Path) -> int:
     return int(json.loads((root / STATE_DIR / "train.json").read_text())["step"])
 
 
-def latest_valid(run_dir: Path) -> Optional[tuple[int, str]]:
+def latest_valid(run_dir: Path, skipped: Optional[list] = None) -> Optional[tuple[int, str]]:
     """(step, path) of the furthest whole checkpoint under a Ray Train run directory; a checkpoint
-    that fails :func:`verify` is reported and skipped, never loaded."""
+    that fails :func:`verify` is reported (and added to ``skipped`` as "name: problem") and skipped,
+    never loaded."""
     best = None
     for d in sorted(p for p in run_dir.glob("checkpoint_*") if p.is_dir()) if run_dir.is_dir() else []:
         problem = verify(d)
         if problem is not None:
             log.warning(f"[raycse] skipping checkpoint {d}: {problem}")
             print(f"[raycse] warning: skipping checkpoint {d.name}: {problem}", flush=True)
+            if skipped is not None:
+                skipped.append(f"{d.name}: {problem}")
             continue
         step = step_of(d)
         if best is None or step > best[0]:
@@ -143,7 +146,7 @@ def _verify_remote(fs, root: str) -> tuple[Optional[str], Optional[int]]:
     return None, step
 
 
-def latest_valid_uri(run_uri: str) -> Optional[tuple[int, str]]:
+def latest_valid_uri(run_uri: str, skipped: Optional[list] = None) -> Optional[tuple[int, str]]:
     """:func:`latest_valid` for a run directory on object storage (``s3://bucket/ckpt/train``)."""
     import pyarrow.fs as pafs
 
@@ -156,6 +159,8 @@ def latest_valid_uri(run_uri: str) -> Optional[tuple[int, str]]:
         problem, step = _verify_remote(fs, d)
         if problem is not None:
             print(f"[raycse] warning: skipping checkpoint {d.rsplit('/', 1)[-1]}: {problem}", flush=True)
+            if skipped is not None:
+                skipped.append(f"{d.rsplit('/', 1)[-1]}: {problem}")
             continue
         if best is None or step > best[0]:
             best = (step, f"{scheme}://{d}")

@@ -39,7 +39,7 @@ from raycse.train import checkpoint as ckpt
 from raycse.train import release
 from raycse.train import tracking as tracking_mod
 from raycse.train.loop import CHECKPOINT_RANK, SCORE_METRIC, train_loop_per_worker
-from raycse.train.plan import plan_phases, plan_steps
+from raycse.train.plan import planned_epochs, plan_steps
 from raycse.train.runtime import cluster_cpus, ensure_ray, quiet_ray_data, train_worker_env
 
 
@@ -69,9 +69,9 @@ def check_data_fits_objective(run: RunConfig) -> None:
                           f"or choose simcse (supervised) or bsc")
 
 
-def lay_out_phase(run: RunConfig, corpus, phase: list[int], spe: int, total: int, embed_from: str):
-    """The per-rank datasets of one fit (its epochs one after the other) and each epoch's grouping log.
-    Strategies that group by embeddings embed the corpus once per phase, with ``embed_from``."""
+def lay_out_epochs(run: RunConfig, corpus, spe: int, total: int, embed_from: str):
+    """The per-rank datasets of the fit (its epochs one after the other) and each epoch's grouping log.
+    Strategies that group by embeddings embed the corpus once, with ``embed_from``."""
     from raycse.grouping import epoch_batches
     from raycse.grouping.batches import concat_epochs
     from raycse.grouping.embed import embed_corpus
@@ -81,7 +81,7 @@ def lay_out_phase(run: RunConfig, corpus, phase: list[int], spe: int, total: int
         lambda: embed_corpus(corpus, embed_from, run.model.max_length, run.grouping.embed_actors,
                              run.grouping.embed_batch_size, t.use_gpu, t.precision, run.grouping.by))
     per_epoch, logs = [], []
-    for epoch in phase:
+    for epoch in planned_epochs(run, spe, total):
         first = epoch * spe
         eb = epoch_batches(corpus, run.grouping, t.batch_size, t.num_workers, t.seed, epoch, first,
                            vectors=vectors, max_steps=total - first)
@@ -93,6 +93,25 @@ def lay_out_phase(run: RunConfig, corpus, phase: list[int], spe: int, total: int
                      if eb.info.get("knn_recall") is not None else ""), flush=True)
         per_epoch.append(eb.datasets)
     return concat_epochs(per_epoch), logs
+
+
+def fit_datasets(run: RunConfig, corpus, prepared, spe: int, total: int, model_path: str):
+    """The fit's datasets and the grouping log so far: laid out before this run (``prepared``), the
+    whole corpus for the workers to regroup epoch by epoch, or laid out now with the starting model."""
+    if prepared is not None:
+        return prepared.per_rank, list(prepared.grouping_log)
+    if run.grouping.regroups_in_fit:
+        return {"corpus": corpus.dataset}, []
+    return lay_out_epochs(run, corpus, spe, total, model_path)
+
+
+def report_resume(resumed: Optional[dict]) -> None:
+    """Say where the fit's last (re)start took its state from and which damaged checkpoints it passed over."""
+    if not resumed:
+        return
+    for item in resumed.get("skipped") or []:
+        print(f"[raycse] warning: skipped damaged checkpoint {item}", flush=True)
+    print(f"[raycse] resumed from step {resumed['step']} ({resumed['path']})", flush=True)
 
 
 def row_expander(run: RunConfig):
@@ -147,8 +166,7 @@ def prepare_data(run: RunConfig) -> Optional[PreparedData]:
     spe, total = plan_steps(run, corpus.num_examples)
     if run.grouping.regroups_in_fit:
         return None  # every trial's workers group with their own weights
-    per_rank, logs = lay_out_phase(run, corpus, plan_phases(run, spe, total)[0], spe, total,
-                                   resolve_model(run.model.name_or_path))
+    per_rank, logs = lay_out_epochs(run, corpus, spe, total, resolve_model(run.model.name_or_path))
     return PreparedData(data_key(run), corpus.stats, corpus.num_examples, per_rank, logs)
 
 
@@ -228,66 +246,39 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         dev_ref = ray.put(dev) if dev is not None else None
         initial_cache = {"key": initial_scores.key(model_path, run, dev) if dev is not None else None,
                          "file": initial_scores.cache_file()}
-        grouping_log: list[dict] = []
-        fit_seconds: list[float] = []
-        stop = min(total, stop_at or total)
-        # A restarted driver continues from the furthest whole checkpoint, local or on object storage.
-        resume = None
-        if storage_path:
-            resume = (ckpt.latest_valid_uri(f"{storage.rstrip('/')}/{run_name}") if "://" in storage
-                      else ckpt.latest_valid(Path(storage) / run_name))
-        done = resume[0] if resume else 0
-        if resume:
-            print(f"[raycse] resuming from step {done} ({resume[1]})", flush=True)
-        latest_dir = resume[1] if resume else None
-        result = None
-        for phase in plan_phases(run, spe, total):
-            phase_end = min(stop, (phase[-1] + 1) * spe)
-            if phase_end <= done and result is None and phase_end < stop:
-                continue  # finished before the restart
-            if phase[0] * spe >= stop:
-                break
-            if prepared is not None:  # the only phase (a resumed fit skips the rows it has done)
-                per_rank = prepared.per_rank
-                grouping_log += prepared.grouping_log
-            elif run.grouping.regroups_in_fit:  # the workers group it, epoch by epoch
-                per_rank = {"corpus": corpus.dataset}
-            else:  # a fixed grouping is the starting model's, also for a resumed run
-                per_rank, logs = lay_out_phase(run, corpus, phase, spe, total, model_path)
-                grouping_log += logs
-            trainer = TorchTrainer(
-                train_loop_per_worker,
-                train_loop_config={"run": run.to_dict(), "dev": dev_ref, "initial_cache": initial_cache,
-                                   "threads": max(1, round(cpus)),
-                                   "total_steps": total, "phase_end": phase_end, "steps_per_epoch": spe,
-                                   "regroup_in_fit": run.grouping.regroups_in_fit,
-                                   "resume_path": latest_dir, "eval_at": list(eval_at),
-                                   "checkpoint_dir": (f"{storage.rstrip('/')}/{run_name}" if "://" in storage
-                                                      else str(Path(storage) / run_name)),
-                                   "score_sink": score_sink, "tracking": tracking},
-                scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu,
-                                             resources_per_worker={"CPU": cpus}),
-                datasets=per_rank,
-                dataset_config=_dataset_config(),
-                run_config=TrainRunConfig(
-                    name=run_name, storage_path=storage,
-                    worker_runtime_env={"env_vars": train_worker_env()},
-                    # a run that cannot get its workers fails after worker_start_attempts tries
-                    failure_config=FailureConfig(max_failures=t.max_failures,
-                                                 controller_failure_limit=t.worker_start_attempts - 1),
-                    callbacks=[release.RegisterRun(registry, run_key)],
-                    checkpoint_config=CheckpointConfig(
-                        num_to_keep=t.keep_checkpoints,
-                        checkpoint_score_attribute=CHECKPOINT_RANK if dev is not None else None,
-                        checkpoint_score_order="max"),
-                ),
-            )
-            t_fit = time.perf_counter()
-            result = _fit_and_release(trainer, t, registry, run_key,
-                                      {"CPU": cpus, **({"GPU": 1} if t.use_gpu else {})})
-            fit_seconds.append(time.perf_counter() - t_fit)
-            latest_dir = _checkpoint_location(result.checkpoint, storage) or latest_dir
-            grouping_log += (result.metrics or {}).get("grouping") or []  # (the in-fit regroups' record)
+        per_rank, grouping_log = fit_datasets(run, corpus, prepared, spe, total, model_path)
+        # One fit for every epoch. A restarted driver (same storage_path and run_name) resumes inside it:
+        # the workers load the furthest whole checkpoint under checkpoint_dir (train.loop.latest_in_storage).
+        trainer = TorchTrainer(
+            train_loop_per_worker,
+            train_loop_config={"run": run.to_dict(), "dev": dev_ref, "initial_cache": initial_cache,
+                               "threads": max(1, round(cpus)),
+                               "total_steps": total, "stop_at": min(total, stop_at or total),
+                               "steps_per_epoch": spe, "regroup_in_fit": run.grouping.regroups_in_fit,
+                               "eval_at": list(eval_at), "checkpoint_dir": objstore.join(storage, run_name),
+                               "score_sink": score_sink, "tracking": tracking},
+            scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu,
+                                         resources_per_worker={"CPU": cpus}),
+            datasets=per_rank,
+            dataset_config=_dataset_config(),
+            run_config=TrainRunConfig(
+                name=run_name, storage_path=storage,
+                worker_runtime_env={"env_vars": train_worker_env()},
+                # a run that cannot get its workers fails after worker_start_attempts tries
+                failure_config=FailureConfig(max_failures=t.max_failures,
+                                             controller_failure_limit=t.worker_start_attempts - 1),
+                callbacks=[release.RegisterRun(registry, run_key)],
+                checkpoint_config=CheckpointConfig(
+                    num_to_keep=t.keep_checkpoints,
+                    checkpoint_score_attribute=CHECKPOINT_RANK if dev is not None else None,
+                    checkpoint_score_order="max"),
+            ),
+        )
+        t_fit = time.perf_counter()
+        result = _fit_and_release(trainer, t, registry, run_key, {"CPU": cpus, **({"GPU": 1} if t.use_gpu else {})})
+        fit_seconds = [time.perf_counter() - t_fit]
+        grouping_log += (result.metrics or {}).get("grouping") or []  # (the in-fit regroups' record)
+        report_resume((result.metrics or {}).get("resumed"))
         best, best_metrics = result.checkpoint, dict(result.metrics or {})
         if dev is not None and result.best_checkpoints:
             scored = [cm for cm in result.best_checkpoints if dev.key in cm[1]]
@@ -331,15 +322,6 @@ def _close_tracking(tracking, ok: bool, final: Optional[dict] = None) -> None:
         tracking_mod.close_run(tracking, ok, final)
     except Exception as exc:  # the run itself is done (or failing for its own reason): say so, go on
         print(f"[raycse] warning: could not close the tracking run ({str(exc).splitlines()[0][:160]})", flush=True)
-
-
-def _checkpoint_location(checkpoint, storage: str) -> Optional[str]:
-    """A checkpoint's path as a URI where the storage is one (Ray gives the path without its scheme)."""
-    if checkpoint is None:
-        return None
-    if "://" in storage and "://" not in checkpoint.path:
-        return f"{storage.split('://', 1)[0]}://{checkpoint.path}"
-    return checkpoint.path
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from raycse import storage as objstore
 from raycse.config import RunConfig
 from raycse.encoder import Encoder
 from raycse.evaluation import initial_scores
@@ -150,24 +151,26 @@ def worker_nodes(world_size: int) -> list[str]:
     return nodes
 
 
-def latest_in_storage(run_dir: Optional[str], rank: int, world_size: int) -> Optional[str]:
-    """The furthest whole checkpoint in the run's storage, as rank 0 sees it, shared with every rank.
+def latest_in_storage(run_dir: Optional[str], rank: int, world_size: int) -> tuple[Optional[str], list]:
+    """The furthest whole checkpoint in the run's storage as rank 0 sees it, shared with every rank,
+    and the damaged ones rank 0 skipped ("name: problem").
 
     Why: after a worker (or its node) is lost, Ray Train restarts the group with the latest checkpoint
     its controller has registered, which can lag the uploads by a report or more (a node removed
-    right after two checkpoints reached S3 restarted the run from step 0). One rank looks, so every
-    rank loads the same one."""
+    right after two checkpoints reached S3 restarted the run from step 0); a restarted driver has no
+    registered checkpoint at all. One rank looks, so every rank loads the same one."""
     import torch.distributed as dist
 
-    path = None
+    path, skipped = None, []
     if run_dir and rank == 0:
-        found = ckpt.latest_valid_uri(run_dir) if "://" in run_dir else ckpt.latest_valid(Path(run_dir))
+        found = (ckpt.latest_valid_uri(run_dir, skipped) if objstore.is_uri(run_dir)
+                 else ckpt.latest_valid(Path(run_dir), skipped))
         path = found[1] if found else None
     if world_size > 1 and dist.is_available() and dist.is_initialized():
         box = [path]
         dist.broadcast_object_list(box, src=0)
         path = box[0]
-    return path
+    return path, skipped
 
 
 def train_loop_per_worker(config: dict) -> None:
@@ -191,20 +194,18 @@ def train_loop_per_worker(config: dict) -> None:
 
     dev = ray.get(config["dev"]) if config.get("dev") is not None else None  # evaluation.selection.Selection
     score_key = run.eval.score_key()
-    total, phase_end = int(config["total_steps"]), int(config["phase_end"])
+    total, stop_at = int(config["total_steps"]), int(config["stop_at"])  # stop_at < total: a Tune rung
     opt, sched = build_optimizer(module, run, total)
     dtype = resolve_precision(run.train.precision, device)
     scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
     eval_dtype = dtype if run.eval.precision == "train" else resolve_precision(run.eval.precision, device)
 
-    step, history, initial = 0, [], None
+    step, history, initial, resumed = 0, [], None, None
     grouping = {"layout": None, "log": []}  # in-fit regrouping: this epoch's batches and every epoch's record
-    # Resume from the furthest whole checkpoint: Ray's latest (after a worker failure) or the one the
-    # driver found (a restarted run); a checkpoint that fails its manifest check is skipped.
+    # Resume from the furthest whole checkpoint: Ray's latest (after a worker failure) or the furthest
+    # in the run's storage (a restarted driver; Ray's lagging); one failing its manifest check is skipped.
     candidates = [c for c in (ray.train.get_checkpoint(),) if c is not None]
-    if config.get("resume_path"):
-        candidates.append(ray.train.Checkpoint(config["resume_path"]))
-    found = latest_in_storage(config.get("checkpoint_dir"), rank, world_size)
+    found, skipped = latest_in_storage(config.get("checkpoint_dir"), rank, world_size)
     if found:
         candidates.append(ray.train.Checkpoint(found))
     chosen = None
@@ -213,6 +214,7 @@ def train_loop_per_worker(config: dict) -> None:
             problem = ckpt.verify(Path(d))
             if problem is not None:
                 log.warning(f"[raycse] skipping checkpoint {cand.path}: {problem}")
+                skipped.append(f"{Path(cand.path).name}: {problem}")
                 continue
             if chosen is None or ckpt.step_of(Path(d)) > chosen[0]:
                 chosen = (ckpt.step_of(Path(d)), cand)
@@ -224,6 +226,8 @@ def train_loop_per_worker(config: dict) -> None:
             state = ckpt.load(Path(d), core, opt, sched, rank)
             grouping["layout"] = regroup.Layout.load(Path(d) / ckpt.STATE_DIR)
         step, history, initial = int(state["step"]), list(state["loss_history"]), state.get("initial")
+        # (the driver reports it after the fit: workers' lines reach its log late)
+        resumed = {"step": step, "path": chosen[1].path, "skipped": skipped}
         grouping["log"] = list(state.get("grouping") or [])
         if sink is not None and state.get(score_key) is not None:
             sink.post(step, float(state[score_key]))  # scored before the restart; may not have been read
@@ -270,34 +274,34 @@ def train_loop_per_worker(config: dict) -> None:
         kernels = onednn.choice()
         log.info(f"[raycse] rank 0 on {machine.describe()}, torch {torch.__version__}; fp32 CPU linears on "
                  f"{'oneDNN' if kernels['onednn'] else 'PyTorch default kernels'} ({kernels['why']})")
-        log.info(f"[raycse] {world_size} worker(s), steps {step}..{phase_end} of {total}, "
+        log.info(f"[raycse] {world_size} worker(s), steps {step}..{stop_at} of {total}, "
                  f"global batch {run.train.batch_size * world_size}, precision {dtype or 'fp32'}, "
                  f"threads {torch.get_num_threads()}" + (", resumed" if step else "")
                  + (f", {dev.label} before: {initial:.2f}" if initial is not None and step == 0 else "")
                  + (" (remembered from an earlier run: raycse.evaluation.initial_scores)" if remembered else "")
                  + (f", {dev.label} before: not measured (--score-before true measures it)"
                     if initial is None and step == 0 and dev is not None and run.eval.before_training == "auto" else ""))
-    if step >= phase_end:  # a restart after this phase had finished: report its state again
+    if step >= stop_at:  # a restart after this run had reached stop_at: report its state again
         score = evaluate()
-        report({"step": step, "loss_history": history, "total_steps": total,
+        report({"step": step, "loss_history": history, "total_steps": total, "resumed": resumed,
                 CHECKPOINT_RANK: score if score is not None else -1e9 + step,
                 **({score_key: score, score_key + "_initial": initial} if score is not None else {})})
         return
     module.train()
     window = []
-    train_time, seen = 0.0, 0  # examples (sentences or pairs) over all workers, this phase
+    train_time, seen = 0.0, 0  # examples (sentences or pairs) over all workers, this fit
     eval_every = run.eval.eval_steps
     eval_at = {int(s) for s in config.get("eval_at") or ()}  # extra scored steps (Tune's rung ends)
     ckpt_every = run.train.checkpoint_steps or eval_every
     if config.get("regroup_in_fit"):
         rows = regroup.regrouped_rows(core.encoder, run, rank, world_size, device, dtype,
-                                      int(config["steps_per_epoch"]), total, phase_end, step, grouping)
+                                      int(config["steps_per_epoch"]), total, stop_at, step, grouping)
     else:
         rows = ray.train.get_dataset_shard(f"rank{rank}").iter_rows()
     for row in rows:
         if int(row["step"]) < step:
             continue  # done before the checkpoint this run resumed from
-        if step >= phase_end:
+        if step >= stop_at:
             break
         if int(row["step"]) != step:
             raise RuntimeError(f"rank {rank} expected the batch of step {step}, got step {row['step']}")
@@ -346,13 +350,13 @@ def train_loop_per_worker(config: dict) -> None:
                      f"{seen / max(train_time, 1e-9):.1f} examples/s")
             tlog.log({"loss": sum(recent) / len(recent), "lr": sched.get_last_lr()[0],
                       "examples_per_s": seen / max(train_time, 1e-9), "epoch": epoch}, step)
-        scored = step % eval_every == 0 or step == phase_end or step in eval_at  # each fit's end is scored
+        scored = step % eval_every == 0 or step == stop_at or step in eval_at  # each fit's end is scored
         if scored or step % ckpt_every == 0:
             if window:
                 history.append(sum(window) / len(window))
                 window = []
             extra = {"step": step, "epoch": epoch, "loss": history[-1], "loss_history": list(history),
-                     "worker_nodes": nodes, **({"grouping": list(grouping["log"])} if grouping["log"] else {}),
+                     "worker_nodes": nodes, "resumed": resumed, **({"grouping": list(grouping["log"])} if grouping["log"] else {}),
                      "train_examples_per_s": seen / max(train_time, 1e-9), "train_seconds": train_time,
                      "total_steps": total, **peak_memory(device),
                      **{f"last_{k}": v for k, v in out.metrics.items()}}

@@ -1,4 +1,4 @@
-"""How many steps a run takes and how they split into fits: pure arithmetic on the config.
+"""How many steps a run takes and which epochs hold them: pure arithmetic on the config.
 
 Kept apart from the driver (which imports torch, transformers and Ray Train) because a Tune trial
 needs the step count for its rung ends and should not pay ~1.5 s of imports for it.
@@ -20,6 +20,6 @@ def plan_steps(run: RunConfig, num_examples: int) -> tuple[int, int]:
     return spe, min(spe * t.epochs, t.max_steps or spe * t.epochs)
 
 
-def plan_phases(run: RunConfig, steps_per_epoch: int, total: int) -> list[list[int]]:
-    """Epochs per ``fit``: all in one (groupings that follow the model regroup inside it)."""
-    return [[e for e in range(run.train.epochs) if e * steps_per_epoch < total]]
+def planned_epochs(run: RunConfig, steps_per_epoch: int, total: int) -> list[int]:
+    """The epochs that have steps (``max_steps`` may end the run early); all run in one fit."""
+    return [e for e in range(run.train.epochs) if e * steps_per_epoch < total]

@@ -3,7 +3,7 @@ training workers themselves, with the weights they hold (grouping.regroup_every_
 
 Before epoch e each worker embeds its share of the corpus (rows ``rank::world``) in eval mode
 without gradients, rank 0 gathers the vectors, builds the epoch's group order and packing (the
-same :func:`raycse.grouping.strategies.group_order` and :func:`raycse.grouping.batches.pack` the
+same :func:`raycse.grouping.strategies.group_order` and :func:`raycse.grouping.batches.pack_epoch` the
 driver uses for epoch layouts) and broadcasts the batches, and every rank reads its own batches
 (``b % world == rank``) from its copy of the corpus. No fit ends, no checkpoint is reloaded and no
 separate embedding pool starts (each regroup used to cost a new ``TorchTrainer.fit``: ~29 s of
@@ -25,7 +25,7 @@ from typing import Iterator, Optional
 import numpy as np
 import torch
 
-from raycse.grouping.batches import Packing, pack
+from raycse.grouping.batches import pack_epoch
 from raycse.grouping.embed import column
 from raycse.grouping.strategies import group_order
 
@@ -128,13 +128,8 @@ def build_layout(vectors: np.ndarray, grouping, batch_size: int, world: int, see
     epoch layout, on this process: a Ray task from inside the fit would wait for CPUs the workers hold)."""
     t0 = time.perf_counter()
     order = group_order(replace(grouping, shards=1), len(vectors), seed, epoch, vectors=lambda: vectors)
-    packing = pack(order, batch_size, world)
-    if packing.steps(world) > max_steps:
-        packing = Packing(packing.batches[:max_steps * world], packing.split_groups,
-                          len(vectors) - max_steps * world * batch_size)
-    info = {"epoch": epoch, **order.info, "split_groups": packing.split_groups, "dropped": packing.dropped,
-            "groups": int(len(order.sizes)), "mean_group_size": float(order.sizes.mean()) if len(order.sizes) else 0.0,
-            "in_fit": True}
+    packing, info = pack_epoch(order, batch_size, world, max_steps)
+    info.update(epoch=epoch, in_fit=True)
     info["seconds"] = time.perf_counter() - t0
     return Layout(epoch, packing.batches, info)
 
@@ -191,10 +186,10 @@ def regrouped_rows(encoder, run, rank: int, world: int, device: torch.device, dt
             return
         if min(first + steps_per_epoch, total) <= start:
             continue  # done before the checkpoint this run resumed from
+        if table is None:  # read once, only by a run with an epoch left to train
+            table = CorpusTable(ray.train.get_dataset_shard("corpus"))
         layout = state.get("layout")
         if layout is None or layout.epoch != epoch:
-            if table is None:
-                table = CorpusTable(ray.train.get_dataset_shard("corpus"))
             layout = regroup(encoder, table, run, rank, world, device, dtype, epoch, total - first)
             state["layout"] = layout
             if rank == 0:
@@ -206,6 +201,4 @@ def regrouped_rows(encoder, run, rank: int, world: int, device: torch.device, dt
                          f"{info['embed_seconds']:.1f} s)"
                          + (f", kNN {info['knn_method']} recall {info['knn_recall']:.3f}"
                             if info.get("knn_recall") is not None else ""))
-        elif table is None:
-            table = CorpusTable(ray.train.get_dataset_shard("corpus"))
         yield from epoch_rows(table, layout, rank, world, first, max(start, first))

@@ -167,7 +167,8 @@ def drop_train_checkpoints(trial_path: str, fs=None) -> None:
     if fs is not None:
         root = trial_path
     else:
-        fs, root = pafs.FileSystem.from_uri(trial_path if "://" in trial_path else str(Path(trial_path).resolve()))
+        fs, root = pafs.FileSystem.from_uri(trial_path if storage.is_uri(trial_path)
+                                            else str(Path(trial_path).resolve()))
     try:
         seeds = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
     except OSError:
