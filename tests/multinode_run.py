@@ -35,9 +35,11 @@ def replace_a_node_mid_run(cluster, workers, s3, tiny_model: str, stsb_dev: str,
 
     run = RunConfig()
     run.model.name_or_path, run.model.max_length = tiny_model, 16
-    run.data.corpus = "s3://raycse-multinode/data/corpus.txt"
+    # 1,024 sentences: 64 steps an epoch, so 100 steps are 2 epochs (each epoch's random layout is a
+    # Ray Data pass of ~7 s here; 256 sentences made it 19 of them)
+    run.data.corpus = "s3://raycse-multinode/data/corpus-1k.txt"
     run.train.num_workers, run.train.cpus_per_worker, run.train.batch_size = 2, 1, 8
-    run.train.epochs, run.train.max_steps, run.train.checkpoint_steps = 40, 300, 10
+    run.train.epochs, run.train.max_steps, run.train.checkpoint_steps = 2, 100, 10
     run.train.max_failures, run.train.record_batches, run.train.log_steps = 2, records, 100
     run.eval.stsb_dev, run.eval.eval_steps = stsb_dev, 1000
     run.output_dir = "s3://raycse-multinode/runs/replaced"
@@ -90,7 +92,7 @@ def tune_two_trials(tiny_model: str, stsb_dev: str, tmp: str) -> dict:
             "complete": [t.complete for t in trials], "locations": [t.location for t in trials]}
 
 
-def main(tiny_model: str, corpus: str, stsb_dev: str, port: int) -> None:
+def main(tiny_model: str, corpus: str, big_corpus: str, stsb_dev: str, port: int) -> None:
     os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="testing",
                       AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1", RAY_AUTH_MODE="disabled",
                       HF_HUB_OFFLINE="1")
@@ -103,6 +105,7 @@ def main(tiny_model: str, corpus: str, stsb_dev: str, port: int) -> None:
     s3 = boto3.client("s3")
     s3.create_bucket(Bucket="raycse-multinode")
     s3.upload_file(corpus, "raycse-multinode", "data/corpus.txt")
+    s3.upload_file(big_corpus, "raycse-multinode", "data/corpus-1k.txt")
 
     import ray
     from ray.cluster_utils import Cluster
@@ -148,4 +151,4 @@ def main(tiny_model: str, corpus: str, stsb_dev: str, port: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
