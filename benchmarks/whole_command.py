@@ -6,8 +6,9 @@ one epoch, fp32, one process's worth of CPUs, and save the model. Each runs as i
 from launch to exit (imports, Ray start-up, workers, data, dev scoring where the command does it by
 default, saving); "steady" is sentences / seconds of training steps, from each one's own record.
 The peer does what a plain sentence-transformers script does: load, train, save (no dev scoring).
-raycse runs twice: "cold", with its per-machine caches empty (the first command on a new machine:
-kernel probe, the starting model's dev score), then "warm" (the same command again).
+raycse runs twice: "cold", with its per-machine caches empty (the first command on a new machine: the
+kernel probe runs), then "warm" (the same command again). Both with raycse's defaults: dev scored at the
+end, the starting model's score only when remembered (``--score-before auto``; neither run has one).
 
     python benchmarks/whole_command.py --sentences 4096 --isa native avx2
 
@@ -73,7 +74,7 @@ def one_isa(isa: str, args, tmp: Path) -> dict:
     line = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, '.'); from common import cpu; "
                            "print(cpu())"], capture_output=True, text=True, env=env,
                           cwd=Path(__file__).parent).stdout.strip()
-    # raycse's per-machine caches (kernel probe, the starting model's dev score) start empty: the first
+    # raycse's per-machine caches (kernel probe, starting dev scores) start empty: the first
     # command on a new machine ("cold"), then the same command again ("warm")
     env["RAYCSE_CACHE"] = str(tmp / f"cache-{isa}")
     whole = {}

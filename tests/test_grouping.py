@@ -217,6 +217,33 @@ def test_same_seed_same_order_different_seed_different_order(ray_cluster, tmp_pa
     assert order(7, "random") == order(7, "random") != order(8, "random")
 
 
+def test_several_epochs_laid_out_in_one_pass_follow_each_epochs_plan(ray_cluster, tmp_path):
+    """Three epochs (the last cut short by max_steps) laid out together: each rank reads every step
+    once, in order, and each (step, rank) row holds exactly the texts of the plan's batch, in its order."""
+    from conftest import make_sentences
+    from raycse.data.dataset import load_corpus
+    from raycse.grouping import lay_out, plan_epoch
+
+    path = _corpus_file(tmp_path, make_sentences(100, seed=5))
+    corpus = load_corpus(DataConfig(corpus=str(path)), seed=3)
+    text_of = {r["_id"]: r["text"] for r in corpus.dataset.iter_rows()}
+    world, bs = 2, 8
+    spe = corpus.num_examples // bs // world  # 6
+    plans = [plan_epoch(corpus, GroupingConfig(strategy="random"), bs, world, 3, e, e * spe,
+                        max_steps=(spe if e < 2 else 2)) for e in range(3)]
+    assert [p.packing.steps(world) for p in plans] == [spe, spe, 2]
+    assert not np.array_equal(plans[0].packing.batches, plans[1].packing.batches)  # each epoch its own order
+    datasets = lay_out(corpus, plans, world)
+    for rank in range(world):
+        rows = list(datasets[f"rank{rank}"].iter_rows())
+        assert [r["step"] for r in rows] == list(range(2 * spe + 2))
+        for r in rows:
+            e = r["epoch"]
+            assert e == min(r["step"] // spe, 2)
+            b = (r["step"] - e * spe) * world + rank  # batch b of epoch e goes to rank b % world
+            assert list(r["text"]) == [text_of[int(i)] for i in plans[e].packing.batches[b]]
+
+
 def test_bad_corpora_give_one_clear_line(ray_cluster, tmp_path):
     from raycse.data.dataset import load_corpus
 

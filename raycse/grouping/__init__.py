@@ -1,7 +1,8 @@
 """Batch construction: group orders (random, knn, shingle, cluster) packed into per-worker batch rows.
 
 corpus (raycse.data.dataset) -> features (embed) -> group order (strategies, knn) -> batches.
-:func:`epoch_batches` is the one entry point the train driver calls per epoch.
+:func:`plan_epoch` groups and packs one epoch; :func:`lay_out` turns the planned epochs into the
+per-rank batch rows the train workers read, in one pass.
 """
 
 from __future__ import annotations
@@ -19,6 +20,16 @@ log = logging.getLogger("raycse.grouping")
 
 
 @dataclass
+class EpochPlan:
+    """One epoch's group order packed into batches (row ids), before any Ray Data work."""
+    epoch: int
+    first_step: int
+    packing: Packing
+    order: GroupOrder
+    info: dict = field(default_factory=dict)
+
+
+@dataclass
 class EpochBatches:
     datasets: dict  # rank{r} -> materialized Ray Dataset of batch rows, in step order
     steps: int
@@ -27,9 +38,9 @@ class EpochBatches:
     info: dict = field(default_factory=dict)
 
 
-def epoch_batches(corpus, grouping, batch_size: int, world_size: int, seed: int, epoch: int, first_step: int,
-                  vectors: Optional[Callable[[], np.ndarray]] = None, max_steps: Optional[int] = None) -> EpochBatches:
-    """Group, pack and lay out one epoch of batches for ``world_size`` workers.
+def plan_epoch(corpus, grouping, batch_size: int, world_size: int, seed: int, epoch: int, first_step: int,
+               vectors: Optional[Callable[[], np.ndarray]] = None, max_steps: Optional[int] = None) -> EpochPlan:
+    """Group and pack one epoch for ``world_size`` workers.
 
     ``vectors``: returns the corpus embeddings by row id (knn, cluster), e.g. :func:`embed_corpus`
     with the current model.
@@ -42,9 +53,24 @@ def epoch_batches(corpus, grouping, batch_size: int, world_size: int, seed: int,
     order = group_order(grouping, corpus.num_examples, seed, epoch, vectors=vectors,
                         shingles=lambda: shingle_keys(corpus, seed, epoch, grouping.shingle_size, grouping.by))
     packing, info = pack_epoch(order, batch_size, world_size, max_steps)
-    rows = batch_rows(corpus.dataset, packing, corpus.num_examples, world_size, first_step, epoch)
     info["seconds"] = time.perf_counter() - t0
     log.info(f"[raycse] epoch {epoch}: {grouping.strategy} grouping, {info['groups']} groups "
              f"(mean size {info['mean_group_size']:.2f}), {packing.steps(world_size)} steps, "
              f"{packing.split_groups} group(s) split, {packing.dropped} example(s) left out")
-    return EpochBatches(split_by_rank(rows, world_size), packing.steps(world_size), packing, order, info)
+    return EpochPlan(epoch, first_step, packing, order, info)
+
+
+def lay_out(corpus, plans: list[EpochPlan], world_size: int) -> dict:
+    """The planned epochs' batch rows, one after the other: ``rank{r}`` -> a materialized dataset in
+    step order (all epochs in one Ray Data pass)."""
+    rows = batch_rows(corpus.dataset, [p.packing for p in plans], corpus.num_examples, world_size,
+                      [p.first_step for p in plans], [p.epoch for p in plans])
+    return split_by_rank(rows, world_size)
+
+
+def epoch_batches(corpus, grouping, batch_size: int, world_size: int, seed: int, epoch: int, first_step: int,
+                  vectors: Optional[Callable[[], np.ndarray]] = None, max_steps: Optional[int] = None) -> EpochBatches:
+    """One epoch planned and laid out (:func:`plan_epoch` + :func:`lay_out`)."""
+    plan = plan_epoch(corpus, grouping, batch_size, world_size, seed, epoch, first_step, vectors, max_steps)
+    return EpochBatches(lay_out(corpus, [plan], world_size), plan.packing.steps(world_size), plan.packing,
+                        plan.order, plan.info)

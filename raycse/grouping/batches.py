@@ -9,9 +9,10 @@ worker runs the same number of steps (no DDP hang) and at most one global batch 
 example is left out per epoch (the final partial step).
 
 Rows (:func:`batch_rows`): the corpus rows are tagged with their batch and slot by a broadcast
-lookup table, grouped by batch on the cluster (``groupby().map_groups``), sorted into step
-order and split into one dataset per rank. Storing a whole batch per row is what keeps groups
-intact: a row-per-sentence dataset is re-blocked and mixed on its way to the workers.
+lookup table (one copy per epoch), grouped by batch on the cluster (``groupby().map_groups``),
+sorted into step order and split into one dataset per rank, every epoch in one pass. Storing a
+whole batch per row is what keeps groups intact: a row-per-sentence dataset is re-blocked and
+mixed on its way to the workers.
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ def pack_epoch(order: GroupOrder, batch_size: int, world_size: int,
     return packing, info
 
 class _Tag:
-    """map_batches: add each corpus row's (batch, slot) for this epoch; drop rows left out."""
+    """map_batches: one copy of each corpus row per epoch it is trained in, with its global slot
+    (``slot_of[e, row]``: the epoch's batch offset * batch size + its slot, -1 when left out)."""
 
     def __init__(self, slot_of):
         self.slot_of = slot_of
@@ -105,20 +107,26 @@ class _Tag:
 
         if not isinstance(self.slot_of, np.ndarray):
             self.slot_of = ray.get(self.slot_of)
-        slots = self.slot_of[table["_id"].to_numpy()]
-        keep = slots >= 0
-        table = table.filter(pa.array(keep))
-        return table.append_column("_slot", pa.array(slots[keep]))
+        ids = table["_id"].to_numpy()
+        copies = []
+        for epoch_slots in self.slot_of:
+            slots = epoch_slots[ids]
+            keep = slots >= 0
+            copies.append(table.filter(pa.array(keep)).append_column("_slot", pa.array(slots[keep])))
+        return pa.concat_tables(copies)
 
 
-def _to_row(batch_size: int, world_size: int, first_step: int, epoch: int):
-    """map_groups: the rows of one batch (in slot order) -> one row holding the whole batch."""
+def _to_row(batch_size: int, world_size: int, offsets: np.ndarray, first_steps: list[int], epochs: list[int]):
+    """map_groups: the rows of one batch (in slot order) -> one row holding the whole batch.
+    Global batch ``g`` is batch ``g - offsets[i]`` of the i-th epoch laid out."""
 
     def to_row(group: dict) -> dict:
         order = np.argsort(group["_slot"])
-        b = int(group["_slot"][0]) // batch_size
-        row = {"step": np.array([first_step + b // world_size]), "rank": np.array([b % world_size]),
-               "epoch": np.array([epoch]), "batch": np.array([b])}
+        g = int(group["_slot"][0]) // batch_size
+        i = int(np.searchsorted(offsets, g, side="right")) - 1
+        b = g - int(offsets[i])
+        row = {"step": np.array([first_steps[i] + b // world_size]), "rank": np.array([b % world_size]),
+               "epoch": np.array([epochs[i]]), "batch": np.array([g])}
         for col in ("text", "pair", "score", "negatives"):
             if col in group:
                 cell = np.empty(1, dtype=object)
@@ -129,22 +137,30 @@ def _to_row(batch_size: int, world_size: int, first_step: int, epoch: int):
     return to_row
 
 
-def batch_rows(corpus_ds, packing: Packing, num_examples: int, world_size: int, first_step: int, epoch: int):
-    """The epoch's batches as a Ray Dataset, one row per (step, rank), sorted by step then rank."""
+def batch_rows(corpus_ds, packings: list[Packing], num_examples: int, world_size: int, first_steps: list[int],
+               epochs: list[int]):
+    """Several epochs' batches as one Ray Dataset, one row per (step, rank), sorted by step then rank.
+
+    All epochs in one pass (one tagging map, one groupby, one sort): a pass costs ~7 s of Ray Data
+    scheduling on 2 cores whatever its size, and small corpora are trained for many epochs."""
     import ray
 
-    bs = packing.batches.shape[1] if packing.batches.size else 1
-    slot_of = np.full(num_examples, -1, dtype=np.int64)
-    slot_of[packing.batches.reshape(-1)] = np.arange(packing.batches.size)
+    bs = next((p.batches.shape[1] for p in packings if p.batches.size), 1)
+    counts = [len(p.batches) for p in packings]
+    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    slot_of = np.full((len(packings), num_examples), -1, dtype=np.int64)
+    for e, p in enumerate(packings):
+        slot_of[e, p.batches.reshape(-1)] = offsets[e] * bs + np.arange(p.batches.size)
     tagged = corpus_ds.map_batches(_Tag(ray.put(slot_of)), batch_format="pyarrow", zero_copy_batch=False)
     keyed = tagged.map_batches(_add_batch_key(bs), batch_format="pyarrow")
+    total = int(sum(counts))
     # Few partitions: Ray's default (200) costs seconds of scheduling for a few hundred batches.
-    parts = max(1, min(16, len(packing.batches) // 256))
-    rows = keyed.groupby("_b", num_partitions=parts).map_groups(_to_row(bs, world_size, first_step, epoch),
-                                                                batch_format="numpy")
+    parts = max(1, min(16, total // 256))
+    rows = keyed.groupby("_b", num_partitions=parts).map_groups(
+        _to_row(bs, world_size, offsets, list(first_steps), list(epochs)), batch_format="numpy")
     # Known key range: give the sort its boundaries instead of letting it sample.
-    # (batch = step * world_size + rank, so this is step order.)
-    bounds = [len(packing.batches) * i // parts for i in range(1, parts)]
+    # (global batch = epochs laid out one after the other, each step * world_size + rank: step order)
+    bounds = [total * i // parts for i in range(1, parts)]
     return rows.sort("batch", boundaries=bounds or None)
 
 
@@ -184,12 +200,3 @@ def _quiet(ds):
     repeats itself in the worker's log at every step."""
     ds.context.enable_progress_bars = False
     return ds
-
-
-def concat_epochs(per_epoch: list[dict]) -> dict:
-    """Per-rank datasets of several epochs, one after the other, materialized in that order."""
-    if len(per_epoch) == 1:
-        return per_epoch[0]
-    with preserve_order():
-        return {name: _quiet(per_epoch[0][name].union(*[e[name] for e in per_epoch[1:]]).materialize())
-                for name in per_epoch[0]}

@@ -72,27 +72,25 @@ def check_data_fits_objective(run: RunConfig) -> None:
 def lay_out_epochs(run: RunConfig, corpus, spe: int, total: int, embed_from: str):
     """The per-rank datasets of the fit (its epochs one after the other) and each epoch's grouping log.
     Strategies that group by embeddings embed the corpus once, with ``embed_from``."""
-    from raycse.grouping import epoch_batches
-    from raycse.grouping.batches import concat_epochs
+    from raycse.grouping import lay_out, plan_epoch
     from raycse.grouping.embed import embed_corpus
 
     t = run.train
     vectors = functools.lru_cache(maxsize=1)(
         lambda: embed_corpus(corpus, embed_from, run.model.max_length, run.grouping.embed_actors,
                              run.grouping.embed_batch_size, t.use_gpu, t.precision, run.grouping.by))
-    per_epoch, logs = [], []
+    plans = []
     for epoch in planned_epochs(run, spe, total):
         first = epoch * spe
-        eb = epoch_batches(corpus, run.grouping, t.batch_size, t.num_workers, t.seed, epoch, first,
-                           vectors=vectors, max_steps=total - first)
-        logs.append({"epoch": epoch, **eb.info})
+        plan = plan_epoch(corpus, run.grouping, t.batch_size, t.num_workers, t.seed, epoch, first,
+                          vectors=vectors, max_steps=total - first)
+        plans.append(plan)
         if run.grouping.strategy != "random":
-            print(f"[raycse] epoch {epoch}: {run.grouping.strategy} grouping: {eb.info['groups']} groups, "
-                  f"mean size {eb.info['mean_group_size']:.2f}, {eb.info['split_groups']} split"
-                  + (f", kNN {eb.info['knn_method']} recall {eb.info['knn_recall']:.3f}"
-                     if eb.info.get("knn_recall") is not None else ""), flush=True)
-        per_epoch.append(eb.datasets)
-    return concat_epochs(per_epoch), logs
+            print(f"[raycse] epoch {epoch}: {run.grouping.strategy} grouping: {plan.info['groups']} groups, "
+                  f"mean size {plan.info['mean_group_size']:.2f}, {plan.info['split_groups']} split"
+                  + (f", kNN {plan.info['knn_method']} recall {plan.info['knn_recall']:.3f}"
+                     if plan.info.get("knn_recall") is not None else ""), flush=True)
+    return lay_out(corpus, plans, t.num_workers), [{"epoch": p.epoch, **p.info} for p in plans]
 
 
 def fit_datasets(run: RunConfig, corpus, prepared, spe: int, total: int, model_path: str):
