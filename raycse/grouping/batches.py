@@ -94,6 +94,7 @@ def pack_epoch(order: GroupOrder, batch_size: int, world_size: int,
             "mean_group_size": float(order.sizes.mean()) if len(order.sizes) else 0.0}
     return packing, info
 
+
 class _Tag:
     """map_batches: one copy of each corpus row per epoch it is trained in, with its global slot
     (``slot_of[e, row]``: the epoch's batch offset * batch size + its slot, -1 when left out)."""
