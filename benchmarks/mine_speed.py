@@ -44,7 +44,7 @@ def main() -> None:
     from raycse.config import DataConfig
     from raycse.encoder import resolve_model
     from raycse.grouping.mine import MineSettings, mine
-    from raycse.train.runtime import ensure_ray, quiet_ray_data
+    from raycse.train.runtime import ensure_ray, setup_ray_data
 
     pairs = make_pairs(args.pairs)
     print(f"# {machine()}; {len(pairs)} pairs from {WIKI.name}; all-MiniLM-L6-v2, max length 64, "
@@ -53,7 +53,7 @@ def main() -> None:
         src = Path(tmp) / "pairs.jsonl"
         src.write_text("\n".join(json.dumps(p) for p in pairs) + "\n")
         ensure_ray()
-        quiet_ray_data()
+        setup_ray_data()
         t0 = time.perf_counter()
         result = mine(DataConfig(corpus=str(src), text_column="q", pair_column="a"), resolve_model("default"),
                       Path(tmp) / "triplets.jsonl",

@@ -452,7 +452,7 @@ def cmd_mine(args) -> int:
     from raycse.data.dataset import resolve_sources
     from raycse.encoder import resolve_model
     from raycse.grouping.mine import MineSettings, mine
-    from raycse.train.runtime import ensure_ray, quiet_ray_data
+    from raycse.train.runtime import ensure_ray, setup_ray_data
 
     settings = MineSettings(num_negatives=args.num_negatives, range_min=args.range_min, range_max=args.range_max,
                             margin=args.margin, max_score=args.max_score, search=args.search, shards=args.shards,
@@ -474,7 +474,7 @@ def cmd_mine(args) -> int:
         resolve_sources(args.candidates)
     model = resolve_model(args.model)  # everything checked before Ray starts
     ensure_ray()
-    quiet_ray_data()
+    setup_ray_data()
     from raycse.train.runtime import cluster_cpus
 
     if args.embed_actors is None:  # default: one per CPU of the cluster (0 was refused above)

@@ -193,6 +193,8 @@ class preserve_order:
 def split_by_rank(rows, world_size: int) -> dict:
     """One materialized dataset per rank (``rank0``, ``rank1``, ...), each in step order."""
     with preserve_order():
+        if world_size > 1:
+            rows = rows.materialize()  # else each rank's filter runs the whole groupby and sort again
         return {f"rank{r}": _quiet(rows.filter(expr=f"rank == {r}").materialize()) for r in range(world_size)}
 
 

@@ -40,7 +40,7 @@ from raycse.train import release
 from raycse.train import tracking as tracking_mod
 from raycse.train.loop import CHECKPOINT_RANK, SCORE_METRIC, train_loop_per_worker
 from raycse.train.plan import planned_epochs, plan_steps
-from raycse.train.runtime import cluster_cpus, ensure_ray, quiet_ray_data, train_worker_env
+from raycse.train.runtime import cluster_cpus, ensure_ray, setup_ray_data, train_worker_env
 
 
 @dataclass
@@ -159,7 +159,7 @@ def prepare_data(run: RunConfig) -> Optional[PreparedData]:
     than one fit (groupings re-embedded every epoch depend on the model being trained)."""
     run.validate()
     ensure_ray()
-    quiet_ray_data()
+    setup_ray_data()
     corpus = load_run_corpus(run)
     spe, total = plan_steps(run, corpus.num_examples)
     if run.grouping.regroups_in_fit:
@@ -219,7 +219,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
 
         print(f"[raycse] driver on {describe()}", flush=True)  # the first line of the log names the machine
         ensure_ray()
-        quiet_ray_data()
+        setup_ray_data()
         if registry is None:
             registry = own_registry = release.start_registry()
         run_key = run_key or f"train-{staging.name}"
@@ -338,6 +338,13 @@ def _environ(**values: str):
                 os.environ[k] = v
 
 
+# How often Ray Train's controller polls its workers (Ray's default: 2 s). Reports, the end of the
+# run and a dead worker are all seen at a poll: at 2 s a fit ended ~1.5 s after its last step on
+# average. 0.5 s costs the controller a few ms a second and took 2-4 s off a 2-step run on 2 CPUs
+# (BENCHMARKS.md, fixed cost). A value set in the environment wins.
+HEALTH_CHECK_INTERVAL_S = "0.5"
+
+
 def _fit_and_release(trainer, t, registry, run_key: str, per_worker: dict):
     """One ``fit`` whose workers and placement group are gone when it returns or raises.
 
@@ -349,7 +356,9 @@ def _fit_and_release(trainer, t, registry, run_key: str, per_worker: dict):
         raise RuntimeError(f"Train run {run_key} was ended (its Tune trial stopped) before this fit started")
     release_s = t.worker_start_timeout_s + release.RELEASE_MARGIN_S
     try:
-        with _environ(RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S=str(t.worker_start_timeout_s)):
+        with _environ(RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S=str(t.worker_start_timeout_s),
+                      RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S",
+                                                                       HEALTH_CHECK_INTERVAL_S)):
             result = trainer.fit()
         if result.error:
             raise result.error

@@ -29,7 +29,7 @@ from raycse.objectives.base import LossOutput, Objective
 from raycse.train import checkpoint as ckpt
 from raycse.train import gradcache, regroup
 from raycse.train import tracking
-from raycse.train.runtime import autocast, quiet_ray_data, release_freed_memory, resolve_precision, seed_everything
+from raycse.train.runtime import autocast, setup_ray_data, release_freed_memory, resolve_precision, seed_everything
 from raycse.unpad import use_fast_dropout
 
 SCORE_METRIC = "stsb_dev_spearman"  # the default model-selection key (eval.metric: stsb_dev)
@@ -179,7 +179,7 @@ def train_loop_per_worker(config: dict) -> None:
     import ray.train.torch
 
     run = RunConfig.from_dict(config["run"])
-    quiet_ray_data(progress_bars=False)
+    setup_ray_data(progress_bars=False)
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(max(1, int(config.get("threads", 1))))

@@ -354,7 +354,7 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
     """Run a search; returns (experiment directory, ResultGrid)."""
     from ray import tune
 
-    from raycse.train.runtime import ensure_ray, quiet_ray_data
+    from raycse.train.runtime import ensure_ray, setup_ray_data
 
     settings.validate()
     space = load_space(settings.space)
@@ -364,7 +364,7 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
         raise ConfigError(f"experiment directory {exp_dir} exists; continue it with --resume {exp_dir} or pick "
                           f"another --name")
     ensure_ray()
-    quiet_ray_data()
+    setup_ray_data()
     concurrent, per_worker, settings.parallel_seeds = preflight(space, settings)
     prepared, num_examples = prepare_seeds(space, list(settings.seeds))  # data errors before any file
     trainable = _trainable(settings, space, exp_dir, num_examples, per_worker, prepared, _registry(exp_dir))
@@ -439,13 +439,13 @@ def resume(exp_dir: str):
     unfinished ones continue from their last reported rung."""
     from ray import tune
 
-    from raycse.train.runtime import ensure_ray, quiet_ray_data
+    from raycse.train.runtime import ensure_ray, setup_ray_data
 
     exp = str(exp_dir).rstrip("/") if storage.is_uri(exp_dir) else Path(exp_dir).resolve()
     settings, extra = load_settings(exp)
     space = load_space(settings.space)
     ensure_ray()
-    quiet_ray_data()
+    setup_ray_data()
     if not tune.Tuner.can_restore(str(exp)):
         raise ConfigError(f"{exp} has no Tune state to resume (the run stopped before its first trial started); "
                           f"start it again")

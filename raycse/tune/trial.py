@@ -105,9 +105,9 @@ def _train_outside_trial(run_dict: dict, seed_dir: str, stop: int, eval_at: list
     directories of models still being written (``.model_out.partial-*`` left behind)."""
     from raycse.config import RunConfig
     from raycse.train.driver import train
-    from raycse.train.runtime import quiet_ray_data
+    from raycse.train.runtime import setup_ray_data
 
-    quiet_ray_data(progress_bars=False)  # k runs' bars interleaved in one log are ~4,000 lines per trial
+    setup_ray_data(progress_bars=False)  # k runs' bars interleaved in one log are ~4,000 lines per trial
     run = RunConfig.from_dict(run_dict)
     run.output_dir = os.path.join(seed_dir, SEED_MODEL)
     return train(run, overwrite=True, storage_path=seed_dir, run_name=SEED_RUN, stop_at=stop, eval_at=eval_at,
