@@ -340,8 +340,9 @@ def _environ(**values: str):
 
 # How often Ray Train's controller polls its workers (Ray's default: 2 s). Reports, the end of the
 # run and a dead worker are all seen at a poll: at 2 s a fit ended ~1.5 s after its last step on
-# average. 0.5 s costs the controller a few ms a second and took 2-4 s off a 2-step run on 2 CPUs
-# (BENCHMARKS.md, fixed cost). A value set in the environment wins.
+# average. 0.5 s costs the controller a few ms a second; it took 2.4 and 4.4 s off a 2-step run in two
+# paired runs on 2 CPUs (BENCHMARKS.md, fixed cost, has it with the shuffle setting of
+# runtime.setup_ray_data). A value set in the environment wins.
 HEALTH_CHECK_INTERVAL_S = "0.5"
 
 

@@ -29,7 +29,7 @@ from raycse.objectives.base import LossOutput, Objective
 from raycse.train import checkpoint as ckpt
 from raycse.train import gradcache, regroup
 from raycse.train import tracking
-from raycse.train.runtime import autocast, setup_ray_data, release_freed_memory, resolve_precision, seed_everything
+from raycse.train.runtime import autocast, release_freed_memory, resolve_precision, seed_everything, setup_ray_data
 from raycse.unpad import use_fast_dropout
 
 SCORE_METRIC = "stsb_dev_spearman"  # the default model-selection key (eval.metric: stsb_dev)

@@ -106,9 +106,9 @@ def setup_ray_data(progress_bars: bool = True) -> None:
       progress bars (their data is already materialized; the bar only repeats itself in the log).
     - Shuffles (the layout's groupby and sort): the pull-based sort shuffle. Ray 2.60's default
       (SHUFFLE_V2) starts aggregator actors, new processes, for every groupby and sort: 2.6-4.1 s a
-      layout of 4,096 sentences on 2 CPUs, vs 0.2-0.3 s (BENCHMARKS.md, fixed cost). raycse shuffles
-      batch rows and sentences (MBs to a few GBs), well within the pull-based shuffle's range.
-      RAY_DATA_DEFAULT_SHUFFLE_STRATEGY, where set, wins.
+      layout of 4,096 sentences on 2 CPUs, vs 0.2-0.3 s (BENCHMARKS.md, fixed cost). The pull-based
+      shuffle was Ray Data's default before SHUFFLE_V2. RAY_DATA_DEFAULT_SHUFFLE_STRATEGY, where set,
+      wins (e.g. ``shuffle_v2`` for a corpus of many GB on a large cluster).
     """
     import logging
 
