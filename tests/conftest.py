@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import tempfile
 from pathlib import Path
 
@@ -60,6 +61,16 @@ def make_tiny_model(path: Path, dropout: float = 0.1, seed: int = 0) -> Path:
     BertModel(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+RAY_FORWARDED = re.compile(r"^(\x1b\[\d+m)?\([^)]*pid=")  # Ray forwarding a worker's log (log_to_driver)
+
+
+def own_lines(stderr: str) -> list[str]:
+    """A command's own stderr lines: without the lines Ray forwards from workers of earlier runs in this
+    session, which can arrive late, while a later command runs. Split on newlines only: a forwarded
+    progress bar is one line whose "\r"-separated updates follow the worker's prefix."""
+    return [line for line in stderr.strip().split("\n") if line.strip() and not RAY_FORWARDED.match(line)]
 
 
 def make_sentences(n: int, seed: int = 0, min_len: int = 4, max_len: int = 14) -> list[str]:

@@ -11,6 +11,8 @@ from raycse.cli import main
 from raycse.errors import DataError
 from raycse.evaluation.beir import read_beir, retrieval_metrics
 
+from conftest import own_lines
+
 
 def test_metrics_worked_out_by_hand():
     # q1: ranking d3 (score .9), d1 (.8), d2 (.7), d4 (.1); relevant d1 (grade 2), d2 (grade 1)
@@ -90,7 +92,7 @@ def test_beir_bad_layouts_fail_in_one_line(tmp_path, tiny_model, capsys):
     with pytest.raises(DataError, match="names query 'q9' that queries.jsonl lacks"):
         read_beir(root)
     assert main(["eval", str(tiny_model), "--beir-dir", str(tmp_path / "nope")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = own_lines(capsys.readouterr().err)
     assert len(err) == 1 and "BEIR directory not found" in err[0] and "beir" in err[0].lower()
 
 

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from conftest import make_sentences
+from conftest import make_sentences, own_lines
 from raycse.config import RunConfig
 from raycse.precision import autocast
 from raycse.train.gradcache import ChunkedEncoder, cached_step, replay
@@ -133,6 +133,6 @@ def test_same_seed_same_model_with_and_without_the_cache(ray_cluster, tiny_model
     assert abs(a - b).max() < 1e-4 and abs(a - base).max() > 1e-3  # trained, and trained alike
     capsys.readouterr()
     assert train(tmp_path / "bad", "--set", "train.cache_chunk_size=9") == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = own_lines(capsys.readouterr().err)
     assert len(err) == 1 and "cache_chunk_size must be between 1 and the batch size" in err[-1]
     assert not (tmp_path / "bad").exists()

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import WORDS
+from conftest import WORDS, own_lines
 from raycse.cli import main
 
 TOPICS = 6
@@ -107,7 +107,7 @@ def test_mine_bad_input_is_one_line_and_writes_nothing(tiny_model, tmp_path, cap
              (["--output", str(tmp_path / "t.jsonl"), "--margin", "-1"], "--margin must be >= 0")]
     for extra, message in cases:
         assert main(base + extra) == 2
-        err = capsys.readouterr().err.strip().splitlines()
+        err = own_lines(capsys.readouterr().err)
         assert len(err) == 1 and message in err[0], (extra, err)
     assert main(["mine", "--corpus", str(path), "--output", str(tmp_path / "t.jsonl")]) == 2
     assert "needs --pair-column" in capsys.readouterr().err

@@ -10,6 +10,8 @@ from raycse.cli import main
 from raycse.errors import DataError, RaycseError
 from raycse.storage import MANIFEST, fetch, publish
 
+from conftest import own_lines
+
 
 def _local_dir(tmp_path, name="out"):
     d = tmp_path / name
@@ -77,7 +79,7 @@ def test_train_with_corpus_checkpoints_and_output_on_s3_then_eval(ray_cluster, s
     assert main(["eval", f"{out}/model", "--stsb-dev", str(stsb_dev)]) == 0
     assert "STSB-dev" in capsys.readouterr().out
     assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = own_lines(capsys.readouterr().err)
     assert len(err) == 1 and "already exists and is not empty" in err[0]
 
 
@@ -199,5 +201,5 @@ def test_tune_on_s3_interrupted_resumed_analyzed_and_exported(ray_cluster, s3_se
     # the same export again is refused in one line; an experiment URI with nothing there too
     assert main(["analyze", exp, "--no-plots", "--export-best", best]) == 2
     assert main(["analyze", f"s3://{bucket}/tune/missing"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = own_lines(capsys.readouterr().err)
     assert len(err) == 2 and "is not empty" in err[0] and "not a raycse tune experiment" in err[1]

@@ -13,6 +13,8 @@ import torch
 from raycse.objectives import registry
 from raycse.objectives.contrastive import info_nce_hard
 
+from conftest import own_lines
+
 
 def _cos(u, v):
     return sum(a * b for a, b in zip(u, v)) / math.sqrt(sum(a * a for a in u) * sum(b * b for b in v))
@@ -155,7 +157,7 @@ def test_train_supervised_with_hard_negatives_end_to_end(ray_cluster, tiny_model
                            (["--negative-column", "neg1", "--objective", "sgopt"], "trains on single sentences")):
         bad = tmp_path / "bad"
         assert main(base + extra + ["--output", str(bad)]) == 2
-        err = capsys.readouterr().err.strip().splitlines()
+        err = own_lines(capsys.readouterr().err)
         assert len(err) == 1 and message in err[0], err
         assert not bad.exists()
     empty = tmp_path / "empty.jsonl"

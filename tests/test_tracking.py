@@ -12,6 +12,8 @@ import pytest
 
 from raycse.cli import main
 
+from conftest import own_lines
+
 pytest.importorskip("mlflow")
 
 
@@ -99,7 +101,7 @@ def test_unreachable_tracking_server_fails_fast_and_writes_nothing(tiny_model, c
     t0 = time.time()
     argv = _train_args(tiny_model, corpus, out, stsb_dev, f"mlflow:http://127.0.0.1:{_free_port()}")
     assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = own_lines(capsys.readouterr().err)
     assert len(err) == 1 and "cannot reach the MLflow tracking server" in err[0]
     assert time.time() - t0 < 60 and not out.exists() and not list(tmp_path.glob(".run.partial-*"))
     assert main(_train_args(tiny_model, corpus, out, stsb_dev, "wandb:x")) == 2

@@ -2,7 +2,6 @@
 
 import json
 import math
-import re
 import os
 import subprocess
 from pathlib import Path
@@ -13,6 +12,8 @@ import pytest
 import torch
 
 from raycse.cli import main
+
+from conftest import own_lines
 
 
 class _log_records:
@@ -88,13 +89,10 @@ def test_train_two_workers_loss_goes_down_and_model_reloads(ray_cluster, tiny_mo
         assert fact in card, fact
 
 
-RAY_FORWARDED = re.compile(r"^(\x1b\[\d+m)?\([^)]*pid=")  # Ray forwarding a worker's log (log_to_driver)
-
-
 def _expect_error(capsys, argv, match, out_dir):
     capsys.readouterr()  # what earlier tests' Ray processes printed late is not this command's output
     assert main(argv) == 2
-    err = [line for line in capsys.readouterr().err.strip().splitlines() if not RAY_FORWARDED.match(line)]
+    err = own_lines(capsys.readouterr().err)
     assert len(err) == 1 and err[0].startswith("raycse: error:"), err
     assert match in err[0], err[0]
     assert not out_dir.exists()
