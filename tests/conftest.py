@@ -32,6 +32,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # so no run of the tests reads what an earlier one left in the home directory
 os.environ["RAYCSE_CACHE"] = tempfile.mkdtemp(prefix="raycse-test-cache-")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The tests import mlflow themselves (to read runs back): set before that import what raycse sets before
+# its own (raycse.train.tracking.mlflow_env: no telemetry thread racing the environment)
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 WORDS = (
     "the a of and to in is was for on with as by at from that this it an be are were his her their "

@@ -22,13 +22,18 @@ from raycse.config import parse_tracking as parse
 from raycse.errors import RaycseError
 
 EXPERIMENT = "raycse"
-# MLflow retries an unreachable server for minutes by default: a tracking problem must not stall a run
-_HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
-             "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+# MLflow client settings (a value already in the environment wins):
+# - MLflow retries an unreachable server for minutes by default: a tracking problem must not stall a run.
+# - No MLflow telemetry: it phones home (there is no network here), and its background thread removes
+#   _MLFLOW_TELEMETRY_SESSION_ID from os.environ while a request copies the environment, which failed
+#   a run's first request with KeyError('_MLFLOW_TELEMETRY_SESSION_ID') in a test run.
+_MLFLOW_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+               "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_DISABLE_TELEMETRY": "true"}
 
 
-def bounded_http() -> None:
-    for key, value in _HTTP_ENV.items():
+def mlflow_env() -> None:
+    """Set the MLflow client's environment before it is first imported."""
+    for key, value in _MLFLOW_ENV.items():
         os.environ.setdefault(key, value)
 
 
@@ -61,7 +66,7 @@ def open_run(spec: Optional[str], name: str, params: dict) -> Optional[Tracking]
     kind, target = parsed
     if kind == "tensorboard":
         return Tracking(kind, target, name=name)
-    bounded_http()
+    mlflow_env()
     try:
         from mlflow.tracking import MlflowClient
 
@@ -104,7 +109,7 @@ class Logger:
 
             self.writer = SummaryWriter(os.path.join(self.tracking.target, self.tracking.name), flush_secs=10)
         else:
-            bounded_http()
+            mlflow_env()
             from mlflow.tracking import MlflowClient
 
             self.client = MlflowClient(tracking_uri=self.tracking.target)

@@ -309,11 +309,11 @@ def _tracking_callbacks(tracking: Optional[str], experiment: str) -> list:
         return []
     kind, target = parsed
     if kind == "mlflow":
+        from raycse.train.tracking import mlflow_env
+
+        mlflow_env()  # before mlflow is first imported
         from ray.air.integrations.mlflow import MLflowLoggerCallback
 
-        from raycse.train.tracking import bounded_http
-
-        bounded_http()
         return [MLflowLoggerCallback(tracking_uri=target, experiment_name=experiment, save_artifact=False,
                                      tags={"raycse.experiment": experiment})]
     return [TensorBoardTo(str(Path(target) / experiment))]
