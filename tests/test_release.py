@@ -119,6 +119,44 @@ def test_a_run_that_cannot_get_its_workers_fails_within_its_bound(ray_cluster, t
         remove_placement_group(holder)
 
 
+def test_a_corpus_read_on_a_full_cluster_fails_within_its_bound(ray_cluster, tiny_model, corpus, stsb_dev,
+                                                                 tmp_path):
+    """Something else holds every CPU: Ray Data would wait for one for ever; the run's corpus read
+    waits as long as its workers would (2 attempts x 3 s), then fails naming the holder; nothing is
+    written, and its probe does not stay queued for the CPUs once they are free."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from raycse.capacity import ClusterBusyError
+    from raycse.config import RunConfig
+    from raycse.train.driver import train
+
+    holder = placement_group([{"CPU": 4}])
+    ray.get(holder.ready(), timeout=60)
+    try:
+        run = RunConfig()
+        run.model.name_or_path, run.model.max_length = str(tiny_model), 16
+        run.data.corpus, run.train.batch_size, run.train.max_steps = str(corpus), 16, 2
+        run.train.worker_start_timeout_s, run.train.worker_start_attempts = 3, 2
+        run.eval.stsb_dev, run.output_dir = str(stsb_dev), str(tmp_path / "out")
+        start = time.monotonic()
+        with pytest.raises(ClusterBusyError) as err:
+            train(run)
+        took = time.monotonic() - start
+        message = str(err.value)
+        assert f"no CPU of the Ray cluster came free in 6 s to read the corpus {corpus}" in message, message
+        assert holder.id.hex()[:12] in message and "0 of 4 CPUs free" in message, message
+        assert "raise train.worker_start_timeout_s" in message and "\n" not in message, message
+        assert 6 <= took < 6 + 30, took
+        assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.partial-*"))
+    finally:
+        remove_placement_group(holder)
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("CPU", 0) < 4:  # the cancelled probe holds none
+        assert time.monotonic() < deadline, ray.available_resources()
+        time.sleep(0.2)
+
+
 def test_fits_one_after_another_release_their_cpus(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path):
     """A knn run (regrouped inside its one fit, then the model saved) and --seeds-in-turn (a fit per
     seed and rung): each worker needs 3 of the 4 CPUs, so a fit whose placement group outlived it

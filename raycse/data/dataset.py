@@ -30,6 +30,7 @@ from typing import Optional
 
 import numpy as np
 
+from raycse.capacity import DEFAULT_CPU_WAIT_S, wait_for_a_cpu
 from raycse.data.corpus import CorpusStats, ExampleColumns, detect_format, file_examples, text_key
 from raycse.errors import DataError
 
@@ -270,12 +271,14 @@ def _select_and_number(table, keep: Optional[np.ndarray], first_id: int):
     return table.add_column(0, "_id", ids)
 
 
-def load_corpus(d, seed: int, dedup: Optional[bool] = None, expand=None) -> Corpus:
+def load_corpus(d, seed: int, dedup: Optional[bool] = None, expand=None,
+                cpu_wait_s: float = DEFAULT_CPU_WAIT_S, cpu_wait_knob: Optional[str] = None) -> Corpus:
     """Read, clean, pre-shuffle and number a corpus as a distributed Ray Dataset (see the module doc).
 
     ``expand(text, rng) -> list[str]``: extra rows made from each text (an objective's
     ``row_expander``, e.g. CompCSE's subsampling), added before the shuffle, deduplication and
-    ``data.max_sentences`` (which therefore counts the extra rows too)."""
+    ``data.max_sentences`` (which therefore counts the extra rows too). The read waits at most
+    ``cpu_wait_s`` for a free CPU (``cpu_wait_knob`` raises it), then fails naming what holds them."""
     import ray
 
     dedup = d.dedup if dedup is None else dedup
@@ -283,6 +286,7 @@ def load_corpus(d, seed: int, dedup: Optional[bool] = None, expand=None) -> Corp
     # DEFAULT scheduling: inside a Tune trial, tasks would otherwise be pinned to the trial's tiny bundle
     finish = ray.remote(num_returns=2, scheduling_strategy="DEFAULT")(_finish_block)
     number = ray.remote(scheduling_strategy="DEFAULT")(_select_and_number)
+    wait_for_a_cpu(cpu_wait_s, f"read the corpus {d.corpus}", cpu_wait_knob)
     with ray_data_errors():
         blocks = ds.to_arrow_refs()
         parts = [finish.remote(ref, seed, i, expand) for i, ref in enumerate(blocks)]

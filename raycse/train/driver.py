@@ -124,10 +124,14 @@ def objective_knobs(run: RunConfig) -> dict:
 
 
 def load_run_corpus(run: RunConfig):
-    """``run``'s corpus as the train loop sees it: read, cleaned, expanded by the objective, numbered."""
+    """``run``'s corpus as the train loop sees it: read, cleaned, expanded by the objective, numbered.
+    The read waits for a free CPU as long as the run's workers would wait to start."""
     from raycse.data.dataset import load_corpus
 
-    return load_corpus(run.data, run.train.seed, expand=row_expander(run))
+    t = run.train
+    return load_corpus(run.data, t.seed, expand=row_expander(run),
+                       cpu_wait_s=t.worker_start_timeout_s * t.worker_start_attempts,
+                       cpu_wait_knob="train.worker_start_timeout_s")
 
 
 def data_key(run: RunConfig) -> str:

@@ -34,6 +34,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed Ray
     raise ImportError(f"raycse needs Ray 2.60 (Ray Train V2 controller callbacks); this is Ray {ray.__version__}: "
                       f"pip install 'ray[default,train,data,tune]==2.60.*'") from exc
 
+from raycse.capacity import held_resources
 from raycse.errors import ResourceError
 
 # How long the release waits for controllers to abort and groups to go beyond the worker start
@@ -163,18 +164,6 @@ def release(registry, prefix: str, timeout_s: float, close: bool = False) -> int
     end_runs(entries, timeout_s)
     ray.get(registry.forget.remote(prefix, [e.controller_id for e in entries]), timeout=60)
     return len(entries)
-
-
-def held_resources() -> str:
-    """What holds the cluster's CPUs now: free/total CPUs and every live placement group."""
-    total, free = ray.cluster_resources(), ray.available_resources()
-    groups = []
-    for pid, info in ray.util.placement_group_table().items():
-        if info.get("state") in ("CREATED", "PENDING", "RESCHEDULING"):
-            cpus = sum(b.get("CPU", 0) for b in info.get("bundles", {}).values())
-            groups.append(f"{pid[:12]} {info['state'].lower()} {cpus:g} CPU")
-    return (f"{free.get('CPU', 0):g} of {total.get('CPU', 0):g} CPUs free; placement groups: "
-            + (", ".join(groups) if groups else "none"))
 
 
 def worker_start_error(error: BaseException, num_workers: int, resources: dict, timeout_s: float,
