@@ -191,25 +191,8 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     before the next fit starts and before this returns or raises.
     """
     import ray
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig as TrainRunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
 
-    from raycse.data.dataset import resolve_sources
-
-    run.validate()
-    if not run.data.corpus:
-        raise ConfigError("no corpus given: pass --corpus FILE (text, .jsonl or .parquet) or set data.corpus")
-    check_data_fits_objective(run)
-    if run.data.format != "hf":
-        resolve_sources(run.data.corpus)  # a missing file fails before Ray starts
-    model_path = resolve_model(run.model.name_or_path)  # fail before Ray starts
-    if Path(os.path.expanduser(run.model.name_or_path)).exists():
-        run.model.name_or_path = model_path  # a relative path means nothing in a worker's directory
-    dev = load_selection(run.eval)  # the model-selection data (STS-B dev or BEIR), read before Ray starts
-    remote = run.output_dir if objstore.is_uri(run.output_dir) else None
-    if remote and objstore.prefix_exists(remote) and not overwrite:
-        raise ConfigError(f"output {remote} already exists and is not empty; choose another --output or pass "
-                          f"--overwrite")
+    model_path, dev, remote = check_inputs(run, overwrite)  # everything a user can get wrong, before Ray starts
     # an output on object storage is built in a local directory and published at the end
     local_root = Path(tempfile.mkdtemp(prefix="raycse-output-")) if remote else None
     out = local_root / "out" if remote else Path(run.output_dir).resolve()
@@ -229,82 +212,35 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         run_key = run_key or f"train-{staging.name}"
         if prepared is not None and prepared.key != data_key(run):
             prepared = None  # one of this run's knobs changes its batches
-        corpus = None if prepared is not None else load_run_corpus(run)
-        stats = prepared.stats if prepared is not None else corpus.stats
-        num_examples = prepared.num_examples if prepared is not None else corpus.num_examples
-        print(f"[raycse] corpus {run.data.corpus}: {stats.summary()}"
-              + (" (read and laid out once for this experiment)" if prepared is not None else ""), flush=True)
-        if stats.decode_replaced:
-            print(f"[raycse] warning: {stats.decode_replaced} line(s) had undecodable bytes, replaced with U+FFFD "
-                  f"(set data.on_decode_error: error to refuse them)", flush=True)
-        t = run.train
+        corpus, stats, num_examples = read_corpus(run, prepared)
         spe, total = plan_steps(run, num_examples)
-        if dev is None:
-            why = ("eval.stsb_dev is none" if run.eval.stsb_dev is None or run.eval.stsb_dev.lower() == "none"
-                   else "no STS-B dev file found (set eval.stsb_dev / --stsb-dev)")
-            print(f"[raycse] {why}: training without evaluation, keeping the last checkpoint", flush=True)
-        cpus = t.cpus_per_worker or max(1, cluster_cpus() // t.num_workers)
-        storage = storage_path or str(staging / "ray")
-        dev_ref = ray.put(dev) if dev is not None else None
-        initial_cache = {"key": initial_scores.key(model_path, run, dev) if dev is not None else None,
-                         "file": initial_scores.cache_file()}
+        say_when_unscored(run, dev)
         per_rank, grouping_log = fit_datasets(run, corpus, prepared, spe, total, model_path)
-        # One fit for every epoch. A restarted driver (same storage_path and run_name) resumes inside it:
-        # the workers load the furthest whole checkpoint under checkpoint_dir (train.loop.latest_in_storage).
-        trainer = TorchTrainer(
-            train_loop_per_worker,
-            train_loop_config={"run": run.to_dict(), "dev": dev_ref, "initial_cache": initial_cache,
-                               "threads": max(1, round(cpus)),
-                               "total_steps": total, "stop_at": min(total, stop_at or total),
-                               "steps_per_epoch": spe, "regroup_in_fit": run.grouping.regroups_in_fit,
-                               "eval_at": list(eval_at), "checkpoint_dir": objstore.join(storage, run_name),
-                               "score_sink": score_sink, "tracking": tracking},
-            scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu,
-                                         resources_per_worker={"CPU": cpus}),
-            datasets=per_rank,
-            dataset_config=_dataset_config(),
-            run_config=TrainRunConfig(
-                name=run_name, storage_path=storage,
-                worker_runtime_env={"env_vars": train_worker_env()},
-                # a run that cannot get its workers fails after worker_start_attempts tries
-                failure_config=FailureConfig(max_failures=t.max_failures,
-                                             controller_failure_limit=t.worker_start_attempts - 1),
-                callbacks=[release.RegisterRun(registry, run_key)],
-                checkpoint_config=CheckpointConfig(
-                    num_to_keep=t.keep_checkpoints,
-                    checkpoint_score_attribute=CHECKPOINT_RANK if dev is not None else None,
-                    checkpoint_score_order="max"),
-            ),
-        )
+        cpus = run.train.cpus_per_worker or max(1, cluster_cpus() // run.train.num_workers)
+        storage = storage_path or str(staging / "ray")
+        loop_config = {"run": run.to_dict(), "dev": ray.put(dev) if dev is not None else None,
+                       "initial_cache": {"key": initial_scores.key(model_path, run, dev) if dev is not None else None,
+                                         "file": initial_scores.cache_file()},
+                       "threads": max(1, round(cpus)), "total_steps": total, "stop_at": min(total, stop_at or total),
+                       "steps_per_epoch": spe, "regroup_in_fit": run.grouping.regroups_in_fit,
+                       "eval_at": list(eval_at), "checkpoint_dir": objstore.join(storage, run_name),
+                       "score_sink": score_sink, "tracking": tracking}
+        trainer = build_trainer(run, per_rank, cpus, storage, run_name, release.RegisterRun(registry, run_key),
+                                dev is not None, loop_config)
         t_fit = time.perf_counter()
-        result = _fit_and_release(trainer, t, registry, run_key, {"CPU": cpus, **({"GPU": 1} if t.use_gpu else {})})
+        result = _fit_and_release(trainer, run.train, registry, run_key,
+                                  {"CPU": cpus, **({"GPU": 1} if run.train.use_gpu else {})})
         fit_seconds = [time.perf_counter() - t_fit]
         grouping_log += (result.metrics or {}).get("grouping") or []  # (the in-fit regroups' record)
         report_resume((result.metrics or {}).get("resumed"))
-        best, best_metrics = result.checkpoint, dict(result.metrics or {})
-        if dev is not None and result.best_checkpoints:
-            scored = [cm for cm in result.best_checkpoints if dev.key in cm[1]]
-            if scored:
-                best, best_metrics = max(scored, key=lambda cm: cm[1][dev.key])
-        if best is None:
-            raise RuntimeError("training finished without a checkpoint")
-        with best.as_directory() as d:
-            shutil.copytree(Path(d) / ckpt.MODEL_DIR, staging / "model")
+        best, best_metrics = best_checkpoint(result, dev)
         summary = {"best": best_metrics, "last": result.metrics, "corpus": stats.__dict__,
                    "num_examples": num_examples, "steps_per_epoch": spe, "grouping": grouping_log,
                    "data_prepared_before": prepared is not None,
                    "fit_seconds": fit_seconds,
                    "objective_knobs": objective_knobs(run), "score_key": run.eval.score_key()}
-        (staging / "metrics.json").write_text(json.dumps(summary, indent=2, default=str))
-        (staging / "config.yaml").write_text(yaml.safe_dump(run.to_dict(), sort_keys=False))
-        (staging / "model" / "README.md").write_text(
-            model_card(run.to_dict(), json.loads(json.dumps(summary, default=str)), f"{final}/model"))
-        shutil.rmtree(staging / "ray", ignore_errors=True)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staging, out)
-        if remote:
-            objstore.publish(out, remote, overwrite, parts=("model",))
+        write_output(staging, run, best, summary, final)
+        publish(staging, out, remote, overwrite)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         _close_tracking(tracking, ok=False)
@@ -317,6 +253,111 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     _close_tracking(tracking, ok=True, final={f"best_{k}": v for k, v in best_metrics.items()
                                               if k == run.eval.score_key()})
     return TrainResult(final, f"{final}/model", summary)
+
+
+def check_inputs(run: RunConfig, overwrite: bool) -> tuple[str, object, Optional[str]]:
+    """Fail on anything a user can fix before Ray starts; the resolved model path, the model-selection
+    data (or None) and the output URI (None for a local output)."""
+    from raycse.data.dataset import resolve_sources
+
+    run.validate()
+    if not run.data.corpus:
+        raise ConfigError("no corpus given: pass --corpus FILE (text, .jsonl or .parquet) or set data.corpus")
+    check_data_fits_objective(run)
+    if run.data.format != "hf":
+        resolve_sources(run.data.corpus)  # a missing file
+    model_path = resolve_model(run.model.name_or_path)
+    if Path(os.path.expanduser(run.model.name_or_path)).exists():
+        run.model.name_or_path = model_path  # a relative path means nothing in a worker's directory
+    dev = load_selection(run.eval)  # the model-selection data (STS-B dev or BEIR)
+    remote = run.output_dir if objstore.is_uri(run.output_dir) else None
+    if remote and objstore.prefix_exists(remote) and not overwrite:
+        raise ConfigError(f"output {remote} already exists and is not empty; choose another --output or pass "
+                          f"--overwrite")
+    return model_path, dev, remote
+
+
+def read_corpus(run: RunConfig, prepared: Optional[PreparedData]):
+    """(corpus, its stats, its example count): read now, or from ``prepared`` (corpus None); said in the log."""
+    corpus = None if prepared is not None else load_run_corpus(run)
+    stats = prepared.stats if prepared is not None else corpus.stats
+    num_examples = prepared.num_examples if prepared is not None else corpus.num_examples
+    print(f"[raycse] corpus {run.data.corpus}: {stats.summary()}"
+          + (" (read and laid out once for this experiment)" if prepared is not None else ""), flush=True)
+    if stats.decode_replaced:
+        print(f"[raycse] warning: {stats.decode_replaced} line(s) had undecodable bytes, replaced with U+FFFD "
+              f"(set data.on_decode_error: error to refuse them)", flush=True)
+    return corpus, stats, num_examples
+
+
+def say_when_unscored(run: RunConfig, dev) -> None:
+    if dev is None:
+        why = ("eval.stsb_dev is none" if run.eval.stsb_dev is None or run.eval.stsb_dev.lower() == "none"
+               else "no STS-B dev file found (set eval.stsb_dev / --stsb-dev)")
+        print(f"[raycse] {why}: training without evaluation, keeping the last checkpoint", flush=True)
+
+
+def build_trainer(run: RunConfig, per_rank: dict, cpus: float, storage: str, run_name: str, register,
+                  scored: bool, loop_config: dict):
+    """One ``TorchTrainer`` for every epoch. A restarted driver (same storage and run name) resumes
+    inside it: the workers load the furthest whole checkpoint under ``loop_config["checkpoint_dir"]``
+    (train.loop.latest_in_storage)."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig as TrainRunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    t = run.train
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config=loop_config,
+        scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu, resources_per_worker={"CPU": cpus}),
+        datasets=per_rank,
+        dataset_config=_dataset_config(),
+        run_config=TrainRunConfig(
+            name=run_name, storage_path=storage,
+            worker_runtime_env={"env_vars": train_worker_env()},
+            # a run that cannot get its workers fails after worker_start_attempts tries
+            failure_config=FailureConfig(max_failures=t.max_failures,
+                                         controller_failure_limit=t.worker_start_attempts - 1),
+            callbacks=[register],
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=t.keep_checkpoints,
+                checkpoint_score_attribute=CHECKPOINT_RANK if scored else None,
+                checkpoint_score_order="max"),
+        ),
+    )
+
+
+def best_checkpoint(result, dev) -> tuple:
+    """(checkpoint, its metrics) of the best-scored checkpoint Ray kept, else the last one."""
+    best, best_metrics = result.checkpoint, dict(result.metrics or {})
+    if dev is not None and result.best_checkpoints:
+        scored = [cm for cm in result.best_checkpoints if dev.key in cm[1]]
+        if scored:
+            best, best_metrics = max(scored, key=lambda cm: cm[1][dev.key])
+    if best is None:
+        raise RuntimeError("training finished without a checkpoint")
+    return best, best_metrics
+
+
+def write_output(staging: Path, run: RunConfig, best, summary: dict, final: str) -> None:
+    """The model of ``best``, its card, metrics.json and config.yaml into ``staging``."""
+    with best.as_directory() as d:
+        shutil.copytree(Path(d) / ckpt.MODEL_DIR, staging / "model")
+    (staging / "metrics.json").write_text(json.dumps(summary, indent=2, default=str))
+    (staging / "config.yaml").write_text(yaml.safe_dump(run.to_dict(), sort_keys=False))
+    (staging / "model" / "README.md").write_text(
+        model_card(run.to_dict(), json.loads(json.dumps(summary, default=str)), f"{final}/model"))
+    shutil.rmtree(staging / "ray", ignore_errors=True)
+
+
+def publish(staging: Path, out: Path, remote: Optional[str], overwrite: bool) -> None:
+    """``staging`` becomes ``out`` in one rename; then, for an output on object storage, it is uploaded
+    (objects under a staging prefix, the manifest last)."""
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(staging, out)
+    if remote:
+        objstore.publish(out, remote, overwrite, parts=("model",))
 
 
 def _close_tracking(tracking, ok: bool, final: Optional[dict] = None) -> None:

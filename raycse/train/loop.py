@@ -173,37 +173,14 @@ def latest_in_storage(run_dir: Optional[str], rank: int, world_size: int) -> tup
     return path, skipped
 
 
-def train_loop_per_worker(config: dict) -> None:
-    import ray
+def choose_checkpoint(config: dict, rank: int, world_size: int) -> tuple[Optional[object], list]:
+    """The furthest whole checkpoint to resume from (a ``ray.train.Checkpoint``, or None) and the
+    damaged ones passed over ("name: problem").
+
+    Candidates: Ray's latest (after a worker failure) and the furthest in the run's storage (a
+    restarted driver; Ray's can lag); one failing its manifest check is skipped."""
     import ray.train
-    import ray.train.torch
 
-    run = RunConfig.from_dict(config["run"])
-    setup_ray_data(progress_bars=False)
-    ctx = ray.train.get_context()
-    rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
-    torch.set_num_threads(max(1, int(config.get("threads", 1))))
-    # Same init everywhere (DDP also broadcasts rank 0's weights); different dropout masks per rank.
-    seed_everything(run.train.seed)
-    module = build_module(run)
-    seed_everything(run.train.seed + 1000 * rank)
-    module = ray.train.torch.prepare_model(module)
-    device = ray.train.torch.get_device()
-    core = unwrap(module)
-    tokenizer = core.encoder.tokenizer
-
-    dev = ray.get(config["dev"]) if config.get("dev") is not None else None  # evaluation.selection.Selection
-    score_key = run.eval.score_key()
-    total, stop_at = int(config["total_steps"]), int(config["stop_at"])  # stop_at < total: a Tune rung
-    opt, sched = build_optimizer(module, run, total)
-    dtype = resolve_precision(run.train.precision, device)
-    scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
-    eval_dtype = dtype if run.eval.precision == "train" else resolve_precision(run.eval.precision, device)
-
-    step, history, initial, resumed = 0, [], None, None
-    grouping = {"layout": None, "log": []}  # in-fit regrouping: this epoch's batches and every epoch's record
-    # Resume from the furthest whole checkpoint: Ray's latest (after a worker failure) or the furthest
-    # in the run's storage (a restarted driver; Ray's lagging); one failing its manifest check is skipped.
     candidates = [c for c in (ray.train.get_checkpoint(),) if c is not None]
     found, skipped = latest_in_storage(config.get("checkpoint_dir"), rank, world_size)
     if found:
@@ -218,156 +195,252 @@ def train_loop_per_worker(config: dict) -> None:
                 continue
             if chosen is None or ckpt.step_of(Path(d)) > chosen[0]:
                 chosen = (ckpt.step_of(Path(d)), cand)
-    # Rank 0 also posts each STS-B dev score to this sink the moment it has it (Tune's trials read
-    # their seeds' rung scores from it while the fits go on).
-    sink = config.get("score_sink") if rank == 0 else None
-    if chosen is not None:
-        with chosen[1].as_directory() as d:
-            state = ckpt.load(Path(d), core, opt, sched, rank)
-            grouping["layout"] = regroup.Layout.load(Path(d) / ckpt.STATE_DIR)
-        step, history, initial = int(state["step"]), list(state["loss_history"]), state.get("initial")
-        # (the driver reports it after the fit: workers' lines reach its log late)
-        resumed = {"step": step, "path": chosen[1].path, "skipped": skipped}
-        grouping["log"] = list(state.get("grouping") or [])
-        if sink is not None and state.get(score_key) is not None:
-            sink.post(step, float(state[score_key]))  # scored before the restart; may not have been read
+    return (chosen[1] if chosen else None), skipped
 
-    def evaluate() -> Optional[float]:
-        if dev is None or rank != 0:
+
+class WorkerRun:
+    """One rank's part of a fit: its model, optimizer and progress, and the loop's steps over them.
+
+    ``train_loop_per_worker`` runs them in order: build, :meth:`resume`, find the ranks' nodes,
+    :meth:`score_before_training`, :meth:`log_start`, then :meth:`fit` (or :meth:`report_again` when
+    the run had already reached its end)."""
+
+    def __init__(self, config: dict):
+        import ray
+        import ray.train
+        import ray.train.torch
+
+        run = self.run = RunConfig.from_dict(config["run"])
+        self.config = config
+        ctx = ray.train.get_context()
+        self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
+        torch.set_num_threads(max(1, int(config.get("threads", 1))))
+        # Same init everywhere (DDP also broadcasts rank 0's weights); different dropout masks per rank.
+        seed_everything(run.train.seed)
+        module = build_module(run)
+        seed_everything(run.train.seed + 1000 * self.rank)
+        self.module = ray.train.torch.prepare_model(module)
+        self.device = ray.train.torch.get_device()
+        self.core = unwrap(self.module)
+        self.dev = ray.get(config["dev"]) if config.get("dev") is not None else None  # evaluation.selection.Selection
+        self.score_key = run.eval.score_key()
+        self.total, self.stop_at = int(config["total_steps"]), int(config["stop_at"])  # stop_at < total: a Tune rung
+        self.opt, self.sched = build_optimizer(self.module, run, self.total)
+        self.dtype = resolve_precision(run.train.precision, self.device)
+        self.scaler = torch.amp.GradScaler("cuda") if self.dtype == torch.float16 else None
+        self.eval_dtype = (self.dtype if run.eval.precision == "train"
+                           else resolve_precision(run.eval.precision, self.device))
+        # Rank 0 also posts each STS-B dev score to this sink the moment it has it (Tune's trials read
+        # their seeds' rung scores from it while the fits go on).
+        self.sink = config.get("score_sink") if self.rank == 0 else None
+        self.tlog = tracking.Logger(config.get("tracking"), self.rank)  # rank 0 logs; a no-op elsewhere
+        self.nodes: list = []  # every rank's Ray node (worker_nodes), recorded in the metrics
+        # progress (restored by resume): steps done, loss per checkpoint, the score before training
+        self.step, self.history, self.initial, self.resumed = 0, [], None, None
+        self.grouping = {"layout": None, "log": []}  # in-fit regrouping: this epoch's batches and every epoch's record
+        self.window, self.train_time, self.seen = [], 0.0, 0  # losses since the last checkpoint; this fit's speed
+
+    def resume(self) -> None:
+        """Continue from the furthest whole checkpoint, if there is one (every rank loads the same)."""
+        chosen, skipped = choose_checkpoint(self.config, self.rank, self.world_size)
+        if chosen is None:
+            return
+        with chosen.as_directory() as d:
+            state = ckpt.load(Path(d), self.core, self.opt, self.sched, self.rank)
+            self.grouping["layout"] = regroup.Layout.load(Path(d) / ckpt.STATE_DIR)
+        self.step, self.history, self.initial = int(state["step"]), list(state["loss_history"]), state.get("initial")
+        # (the driver reports it after the fit: workers' lines reach its log late)
+        self.resumed = {"step": self.step, "path": chosen.path, "skipped": skipped}
+        self.grouping["log"] = list(state.get("grouping") or [])
+        if self.sink is not None and state.get(self.score_key) is not None:
+            self.sink.post(self.step, float(state[self.score_key]))  # scored before the restart; may not have been read
+
+    def evaluate(self) -> Optional[float]:
+        """Rank 0's model-selection score of the current weights (None elsewhere or without dev data)."""
+        if self.dev is None or self.rank != 0:
             return None
         # encode() switches the encoder to eval mode and back by itself
-        score = dev.score(lambda xs: core.encoder.encode(xs, batch_size=run.eval.batch_size, autocast_dtype=eval_dtype))
+        score = self.dev.score(lambda xs: self.core.encoder.encode(xs, batch_size=self.run.eval.batch_size,
+                                                                   autocast_dtype=self.eval_dtype))
         release_freed_memory()
         return score
 
-    def report(metrics: dict) -> None:
+    def report(self, metrics: dict) -> None:
+        """Post the score, then write and report this step's checkpoint (rank 0: the model; every rank: its RNG)."""
+        import ray.train
+
         # The score goes out before the checkpoint is written (~1.3 s for MiniLM's weights + optimizer):
         # a Tune trial decides its rung on it meanwhile. A run restarted before the checkpoint exists
         # repeats the steps from the previous one and posts a score again (the trial keeps the first).
-        if sink is not None and metrics.get(score_key) is not None:
-            sink.post(int(metrics["step"]), float(metrics[score_key]))
+        if self.sink is not None and metrics.get(self.score_key) is not None:
+            self.sink.post(int(metrics["step"]), float(metrics[self.score_key]))
         with tempfile.TemporaryDirectory() as tmp:
-            if rank == 0:
-                if grouping["layout"] is not None:  # a restart mid-epoch trains on the same batches
-                    grouping["layout"].save(Path(tmp) / ckpt.STATE_DIR)
-                ckpt.write(Path(tmp), core, opt, sched, {**metrics, "initial": initial})
-            ckpt.write_rng(Path(tmp), rank)
+            if self.rank == 0:
+                if self.grouping["layout"] is not None:  # a restart mid-epoch trains on the same batches
+                    self.grouping["layout"].save(Path(tmp) / ckpt.STATE_DIR)
+                ckpt.write(Path(tmp), self.core, self.opt, self.sched, {**metrics, "initial": self.initial})
+            ckpt.write_rng(Path(tmp), self.rank)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
-    tlog = tracking.Logger(config.get("tracking"), rank)  # rank 0 logs; a no-op elsewhere
-    nodes = worker_nodes(world_size)  # recorded in the metrics: where the run's workers were
-    remembered = False
-    if step == 0 and run.eval.before_training != "false" and dev is not None and rank == 0:
-        # the starting model's score is the same in every run: computed once per machine, on request
-        cache = config.get("initial_cache") or {"key": None, "file": ""}
-        initial = initial_scores.lookup(cache["key"], cache["file"])
-        remembered = initial is not None
-        if initial is None and run.eval.before_training == "true":
-            initial = evaluate()
-            initial_scores.store(cache["key"], initial, cache["file"])
-        if initial is not None:
-            tlog.log({score_key: initial}, 0)
-    log.setLevel(logging.INFO)
-    if rank == 0:
+    def score_before_training(self) -> bool:
+        """The starting model's score, when asked for; True when it was remembered from an earlier run.
+
+        It is the same in every run: computed once per machine, on request (eval.before_training)."""
+        before = self.run.eval.before_training
+        if self.step != 0 or before == "false" or self.dev is None or self.rank != 0:
+            return False
+        cache = self.config.get("initial_cache") or {"key": None, "file": ""}
+        self.initial = initial_scores.lookup(cache["key"], cache["file"])
+        remembered = self.initial is not None
+        if self.initial is None and before == "true":
+            self.initial = self.evaluate()
+            initial_scores.store(cache["key"], self.initial, cache["file"])
+        if self.initial is not None:
+            self.tlog.log({self.score_key: self.initial}, 0)
+        return remembered
+
+    def log_start(self, remembered: bool) -> None:
+        """Rank 0's first lines: the machine and kernels, then the run's shape and starting score."""
+        log.setLevel(logging.INFO)
+        if self.rank != 0:
+            return
         from raycse import machine, onednn
 
+        run, dev, initial, step = self.run, self.dev, self.initial, self.step
         kernels = onednn.choice()
         log.info(f"[raycse] rank 0 on {machine.describe()}, torch {torch.__version__}; fp32 CPU linears on "
                  f"{'oneDNN' if kernels['onednn'] else 'PyTorch default kernels'} ({kernels['why']})")
-        log.info(f"[raycse] {world_size} worker(s), steps {step}..{stop_at} of {total}, "
-                 f"global batch {run.train.batch_size * world_size}, precision {dtype or 'fp32'}, "
+        log.info(f"[raycse] {self.world_size} worker(s), steps {step}..{self.stop_at} of {self.total}, "
+                 f"global batch {run.train.batch_size * self.world_size}, precision {self.dtype or 'fp32'}, "
                  f"threads {torch.get_num_threads()}" + (", resumed" if step else "")
                  + (f", {dev.label} before: {initial:.2f}" if initial is not None and step == 0 else "")
                  + (" (remembered from an earlier run: raycse.evaluation.initial_scores)" if remembered else "")
                  + (f", {dev.label} before: not measured (--score-before true measures it)"
                     if initial is None and step == 0 and dev is not None and run.eval.before_training == "auto" else ""))
-    if step >= stop_at:  # a restart after this run had reached stop_at: report its state again
-        score = evaluate()
-        report({"step": step, "loss_history": history, "total_steps": total, "resumed": resumed,
-                CHECKPOINT_RANK: score if score is not None else -1e9 + step,
-                **({score_key: score, score_key + "_initial": initial} if score is not None else {})})
-        return
-    module.train()
-    window = []
-    train_time, seen = 0.0, 0  # examples (sentences or pairs) over all workers, this fit
-    eval_every = run.eval.eval_steps
-    eval_at = {int(s) for s in config.get("eval_at") or ()}  # extra scored steps (Tune's rung ends)
-    ckpt_every = run.train.checkpoint_steps or eval_every
-    if config.get("regroup_in_fit"):
-        rows = regroup.regrouped_rows(core.encoder, run, rank, world_size, device, dtype,
-                                      int(config["steps_per_epoch"]), total, stop_at, step, grouping)
-    else:
-        rows = ray.train.get_dataset_shard(f"rank{rank}").iter_rows()
-    for row in rows:
-        if int(row["step"]) < step:
-            continue  # done before the checkpoint this run resumed from
-        if step >= stop_at:
-            break
-        if int(row["step"]) != step:
-            raise RuntimeError(f"rank {rank} expected the batch of step {step}, got step {row['step']}")
-        epoch = int(row["epoch"])
-        t0 = time.perf_counter()
-        examples = row_examples(row)
-        if run.train.record_batches:
-            record_batch(Path(run.train.record_batches), rank, step, epoch, examples)
-        batch = move(core.objective.collate(examples, tokenizer, run.model.max_length), device)
+
+    def report_again(self) -> None:
+        """A restart after this run had reached stop_at: report its state again."""
+        score = self.evaluate()
+        self.report({"step": self.step, "loss_history": self.history, "total_steps": self.total,
+                     "resumed": self.resumed, CHECKPOINT_RANK: score if score is not None else -1e9 + self.step,
+                     **({self.score_key: score, self.score_key + "_initial": self.initial} if score is not None else {})})
+
+    def rows(self):
+        """This rank's batch rows, one per step: regrouped epoch by epoch inside the fit, or laid out by the driver."""
+        import ray.train
+
+        if self.config.get("regroup_in_fit"):
+            return regroup.regrouped_rows(self.core.encoder, self.run, self.rank, self.world_size, self.device,
+                                          self.dtype, int(self.config["steps_per_epoch"]), self.total, self.stop_at,
+                                          self.step, self.grouping)
+        return ray.train.get_dataset_shard(f"rank{self.rank}").iter_rows()
+
+    def train_step(self, batch: dict) -> LossOutput:
+        """One optimizer step on ``batch`` (forward, backward, clip, step, schedule); its loss output."""
+        run, scaler, opt = self.run, self.scaler, self.opt
         if run.train.cache_chunk_size:  # GradCache: both passes and the gradient average in one call
-            out = gradcache.cached_step(core, batch, run.train.cache_chunk_size, lambda: autocast(device, dtype),
+            out = gradcache.cached_step(self.core, batch, run.train.cache_chunk_size,
+                                        lambda: autocast(self.device, self.dtype),
                                         scaler.scale if scaler is not None else None)
             if scaler is not None:
                 scaler.unscale_(opt)
         else:
-            with autocast(device, dtype):
-                out = module(batch)
+            with autocast(self.device, self.dtype):
+                out = self.module(batch)
             if scaler is not None:
                 scaler.scale(out.loss).backward()
                 scaler.unscale_(opt)
             else:
                 out.loss.backward()
-        loss = out.loss
         if run.train.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(module.parameters(), run.train.max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), run.train.max_grad_norm)
         if scaler is not None:
             scaler.step(opt)
             scaler.update()
         else:
             opt.step()
-        sched.step()
-        if step == 0:
-            check_gradients_reach_all(core)
+        self.sched.step()
+        if self.step == 0:
+            check_gradients_reach_all(self.core)
         opt.zero_grad(set_to_none=True)
-        step += 1
-        value = float(loss.detach())
-        if not math.isfinite(value):
-            raise FloatingPointError(f"loss became {value} at step {step}; lower train.lr or use precision fp32")
-        window.append(value)
-        train_time += time.perf_counter() - t0
-        seen += len(examples) * world_size
-        if rank == 0 and (step % run.train.log_steps == 0 or step == total):
-            recent = window[-run.train.log_steps:]
-            log.info(f"[raycse] step {step}/{total} ({100 * step / total:.0f}%) epoch {epoch} "
-                     f"loss {sum(recent) / len(recent):.4f} lr {sched.get_last_lr()[0]:.2e} "
-                     f"{seen / max(train_time, 1e-9):.1f} examples/s")
-            tlog.log({"loss": sum(recent) / len(recent), "lr": sched.get_last_lr()[0],
-                      "examples_per_s": seen / max(train_time, 1e-9), "epoch": epoch}, step)
-        scored = step % eval_every == 0 or step == stop_at or step in eval_at  # each fit's end is scored
-        if scored or step % ckpt_every == 0:
-            if window:
-                history.append(sum(window) / len(window))
-                window = []
-            extra = {"step": step, "epoch": epoch, "loss": history[-1], "loss_history": list(history),
-                     "worker_nodes": nodes, "resumed": resumed, **({"grouping": list(grouping["log"])} if grouping["log"] else {}),
-                     "train_examples_per_s": seen / max(train_time, 1e-9), "train_seconds": train_time,
-                     "total_steps": total, **peak_memory(device),
-                     **{f"last_{k}": v for k, v in out.metrics.items()}}
-            score = evaluate() if scored else None
-            if score is not None:
-                extra[score_key] = score
-                extra[score_key + "_initial"] = initial
-                log.info(f"[raycse] step {step}: {dev.label} {score:.2f}")
-                tlog.log({score_key: score}, step)
-            # Ray keeps the top train.keep_checkpoints by this rank (+ the latest): scored checkpoints
-            # first, then the most recent resume points, so a damaged latest one has a fallback.
-            extra[CHECKPOINT_RANK] = score if score is not None else -1e9 + step
-            report(extra)
-    tlog.close()
+        return out
+
+    def log_progress(self, epoch: int) -> None:
+        """Rank 0, every train.log_steps: the recent mean loss, learning rate and examples/s."""
+        if self.rank != 0 or not (self.step % self.run.train.log_steps == 0 or self.step == self.total):
+            return
+        recent = self.window[-self.run.train.log_steps:]
+        loss, lr, speed = sum(recent) / len(recent), self.sched.get_last_lr()[0], self.seen / max(self.train_time, 1e-9)
+        log.info(f"[raycse] step {self.step}/{self.total} ({100 * self.step / self.total:.0f}%) epoch {epoch} "
+                 f"loss {loss:.4f} lr {lr:.2e} {speed:.1f} examples/s")
+        self.tlog.log({"loss": loss, "lr": lr, "examples_per_s": speed, "epoch": epoch}, self.step)
+
+    def checkpoint(self, epoch: int, out: LossOutput, scored: bool) -> None:
+        """Close the loss window, score (when ``scored``) and report a checkpoint at this step."""
+        if self.window:
+            self.history.append(sum(self.window) / len(self.window))
+            self.window = []
+        extra = {"step": self.step, "epoch": epoch, "loss": self.history[-1], "loss_history": list(self.history),
+                 "worker_nodes": self.nodes, "resumed": self.resumed,
+                 **({"grouping": list(self.grouping["log"])} if self.grouping["log"] else {}),
+                 "train_examples_per_s": self.seen / max(self.train_time, 1e-9), "train_seconds": self.train_time,
+                 "total_steps": self.total, **peak_memory(self.device),
+                 **{f"last_{k}": v for k, v in out.metrics.items()}}
+        score = self.evaluate() if scored else None
+        if score is not None:
+            extra[self.score_key] = score
+            extra[self.score_key + "_initial"] = self.initial
+            log.info(f"[raycse] step {self.step}: {self.dev.label} {score:.2f}")
+            self.tlog.log({self.score_key: score}, self.step)
+        # Ray keeps the top train.keep_checkpoints by this rank (+ the latest): scored checkpoints
+        # first, then the most recent resume points, so a damaged latest one has a fallback.
+        extra[CHECKPOINT_RANK] = score if score is not None else -1e9 + self.step
+        self.report(extra)
+
+    def fit(self) -> None:
+        """Train from ``step`` to ``stop_at``, checkpointing (and scoring) on the way."""
+        run, rank = self.run, self.rank
+        self.module.train()
+        eval_every = run.eval.eval_steps
+        eval_at = {int(s) for s in self.config.get("eval_at") or ()}  # extra scored steps (Tune's rung ends)
+        ckpt_every = run.train.checkpoint_steps or eval_every
+        for row in self.rows():
+            if int(row["step"]) < self.step:
+                continue  # done before the checkpoint this run resumed from
+            if self.step >= self.stop_at:
+                break
+            if int(row["step"]) != self.step:
+                raise RuntimeError(f"rank {rank} expected the batch of step {self.step}, got step {row['step']}")
+            epoch = int(row["epoch"])
+            t0 = time.perf_counter()
+            examples = row_examples(row)
+            if run.train.record_batches:
+                record_batch(Path(run.train.record_batches), rank, self.step, epoch, examples)
+            batch = move(self.core.objective.collate(examples, self.core.encoder.tokenizer, run.model.max_length),
+                         self.device)
+            out = self.train_step(batch)
+            self.step += 1
+            value = float(out.loss.detach())
+            if not math.isfinite(value):
+                raise FloatingPointError(f"loss became {value} at step {self.step}; lower train.lr or use precision fp32")
+            self.window.append(value)
+            self.train_time += time.perf_counter() - t0
+            self.seen += len(examples) * self.world_size
+            self.log_progress(epoch)
+            step = self.step
+            scored = step % eval_every == 0 or step == self.stop_at or step in eval_at  # each fit's end is scored
+            if scored or step % ckpt_every == 0:
+                self.checkpoint(epoch, out, scored)
+        self.tlog.close()
+
+
+def train_loop_per_worker(config: dict) -> None:
+    setup_ray_data(progress_bars=False)
+    worker = WorkerRun(config)
+    worker.resume()
+    worker.nodes = worker_nodes(worker.world_size)  # (a collective: every rank, in the same order)
+    worker.log_start(worker.score_before_training())
+    if worker.step >= worker.stop_at:
+        worker.report_again()
+        return
+    worker.fit()
