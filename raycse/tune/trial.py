@@ -114,6 +114,25 @@ def _train_outside_trial(run_dict: dict, seed_dir: str, stop: int, eval_at: list
                  score_sink=sink, prepared=prepared, registry=registry, run_key=run_key).metrics
 
 
+def seed_runs(params: dict, setup: TrialSetup) -> dict:
+    """seed -> the trial's RunConfig for that seed (no tracking of its own: the experiment's tracker logs the trial)."""
+    runs = {s: setup.space.run_config(params, seed=s) for s in setup.seeds}
+    for run in runs.values():
+        run.train.tracking = None
+        if setup.cpus_per_worker:
+            run.train.cpus_per_worker = setup.cpus_per_worker
+    return runs
+
+
+def rung_metrics(values: list, setup: TrialSetup, step: int, rung: int, final_rung: int) -> dict:
+    """What a trial reports for a rung: the target over its seeds' scores, their spread, each seed's score."""
+    return {TARGET: target_value(values, setup.target), "mean": float(np.mean(values)),
+            "std": float(np.std(values)), "worst": float(np.min(values)), "best_seed": float(np.max(values)),
+            "seed_scores": values, "seeds": list(setup.seeds), "step": step, "rung": rung,
+            "final_rung": final_rung,
+            **{f"seed{s}_score": v for s, v in zip(setup.seeds, values)}}  # scalars for trackers
+
+
 def run_trial(params: dict, setup: TrialSetup) -> None:
     import ray
     from ray import tune
@@ -134,11 +153,7 @@ def run_trial(params: dict, setup: TrialSetup) -> None:
     if previous is not None:
         with previous.as_directory() as d:
             progress = json.loads((Path(d) / "progress.json").read_text())
-    runs = {s: setup.space.run_config(params, seed=s) for s in setup.seeds}
-    for run in runs.values():
-        run.train.tracking = None  # the experiment's tracker logs the trial; its seeds' runs do not
-        if setup.cpus_per_worker:
-            run.train.cpus_per_worker = setup.cpus_per_worker
+    runs = seed_runs(params, setup)
     ends = rung_ends(plan_steps(runs[setup.seeds[0]], setup.num_examples)[1], setup.rungs)
     # rung index -> score per seed; rungs reported before an interruption are kept as they were
     scores = {s: dict(enumerate(progress["scores"][str(s)])) for s in setup.seeds}
@@ -181,12 +196,7 @@ def run_trial(params: dict, setup: TrialSetup) -> None:
             ray.get(list(running.values()))  # the final models are written before the last report
         progress["scores"] = {str(s): [scores[s][i] for i in range(r + 1)] for s in setup.seeds}
         progress["steps"].append(stop)
-        values = [scores[s][r] for s in setup.seeds]
-        metrics = {TARGET: target_value(values, setup.target), "mean": float(np.mean(values)),
-                   "std": float(np.std(values)), "worst": float(np.min(values)), "best_seed": float(np.max(values)),
-                   "seed_scores": values, "seeds": list(setup.seeds), "step": stop, "rung": r + 1,
-                   "final_rung": len(ends),
-                   **{f"seed{s}_score": v for s, v in zip(setup.seeds, values)}}  # scalars for trackers
+        metrics = rung_metrics([scores[s][r] for s in setup.seeds], setup, stop, r + 1, len(ends))
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "progress.json").write_text(json.dumps(progress))
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
