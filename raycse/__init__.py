@@ -5,7 +5,7 @@ Data flow, one package per floor: ``data`` (corpus, batch orders) -> ``encoder``
 driver and per-worker loop) -> ``evaluation`` (STS) -> ``cli``.
 """
 
-__version__ = "0.1.0"
+from raycse._version import __version__  # noqa: F401 - the package's version
 
 
 def train(run, overwrite: bool = False):

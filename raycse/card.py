@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from raycse import __version__
+from raycse._version import __version__
 
 PAPERS = {  # as the README's objectives table cites them
     "simcse": "SimCSE, Gao et al. 2021",

@@ -40,7 +40,6 @@ from torch import Tensor, nn
 from raycse.errors import ConfigError
 from raycse.objectives.base import LossOutput, Objective, Params, positive
 from raycse.objectives.contrastive import gather, gather_no_grad, local_offset
-from raycse.objectives.registry import register
 
 NORMALIZATIONS = ("l2", "coord_l2", "coord", "none")
 
@@ -90,7 +89,6 @@ def supcon_rows(logits: Tensor, pos: Tensor, row_weight: Tensor) -> Tensor:
     return (per_row * weight).sum() / logits.shape[0]
 
 
-@register
 class BSC(Objective):
     name = "bsc"
     Params = BSCParams

@@ -48,7 +48,6 @@ from torch import Tensor, nn
 from raycse.errors import ConfigError
 from raycse.objectives.base import LossOutput, Objective, Params, positive
 from raycse.objectives.contrastive import info_nce
-from raycse.objectives.registry import register
 from raycse.views import halves, special_ids
 
 
@@ -166,7 +165,6 @@ def pad_cat(batches: list[dict], pad_id: int) -> dict:
     return {"input_ids": ids, "attention_mask": mask}
 
 
-@register
 class CompCSE(Objective):
     name = "compcse"
     Params = CompCSEParams

@@ -18,7 +18,7 @@ One tau: ``tau`` set on HiCL is used by every term, the base's included (unless
 ``base_params`` names the base's own); left unset, every term uses the base's default.
 
 The base objective runs unchanged on a :class:`SegmentedEncoder`, a stand-in for the encoder that
-slices, encodes and pools; so HiCL composes with every registered objective that encodes only
+slices, encodes and pools; so HiCL composes with every other objective that encodes only
 through it (``sliceable``: ``simcse``, ``bsc``, ``laser``) without a class per combination;
 ``compcse`` and ``sgopt`` are refused before anything starts. Why it is fast: attention is quadratic,
 so l segments of L tokens cost about l*L^2 instead of (l*L)^2.
@@ -36,10 +36,9 @@ import torch
 from torch import Tensor, nn
 
 from raycse.errors import ConfigError
-from raycse.objectives import registry
 from raycse.objectives.base import LossOutput, Objective, Params, positive
+from raycse.objectives.catalog import BASES
 from raycse.objectives.contrastive import info_nce
-from raycse.objectives.registry import register
 from raycse.views import Pieces, segment_mean, slice_pieces, special_ids
 
 
@@ -56,10 +55,10 @@ class HiCLParams(Params):
     tau: Optional[float] = None
 
     def validate(self) -> None:
-        if not registry.get(self.base).sliceable:
-            able = [n for n in registry.names() if registry.get(n).sliceable]
+        if self.base not in BASES.classes or not BASES.get(self.base).sliceable:
+            able = [n for n in BASES.names() if BASES.get(n).sliceable]
             raise ConfigError(f"objective.base {self.base!r} cannot be sliced by HiCL; choose one of: {', '.join(able)}")
-        registry.build_params(self.base, self.base_params)
+        BASES.build_params(self.base, self.base_params)
         if self.alpha < 0 or self.beta < 0 or self.alpha + self.beta > 1:
             raise ConfigError(f"objective.alpha and beta must be >= 0 with alpha + beta <= 1, got {self.alpha} + {self.beta}")
         if self.slice_length < 1:
@@ -87,7 +86,6 @@ class SegmentedEncoder(nn.Module):
         return h
 
 
-@register
 class HiCL(Objective):
     name = "hicl"
     Params = HiCLParams
@@ -96,9 +94,9 @@ class HiCL(Objective):
     def __init__(self, params: HiCLParams):
         super().__init__(params)
         base_params = dict(params.base_params)
-        if params.tau is not None and "tau" in registry.knobs(params.base):
+        if params.tau is not None and "tau" in BASES.knobs(params.base):
             base_params.setdefault("tau", params.tau)
-        self.base = registry.build(params.base, base_params)
+        self.base = BASES.build(params.base, base_params)
         self.tau = (params.tau if params.tau is not None
                     else getattr(self.base.params, "tau", 0.05))  # the local and entailment terms'.
         # over SimCSE, HiCL is the unsupervised method of its paper: supervised pairs are not sliced

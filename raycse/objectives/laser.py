@@ -26,7 +26,6 @@ import torch
 from raycse.errors import ConfigError
 from raycse.objectives.base import LossOutput, Objective, Params, positive
 from raycse.objectives.contrastive import info_nce
-from raycse.objectives.registry import register
 from raycse.views import elongate, random_repeats, special_ids
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -82,7 +81,6 @@ class LaserParams(Params):
                               "the rest of the line); choose first or random")
 
 
-@register
 class Laser(Objective):
     name = "laser"
     Params = LaserParams

@@ -45,7 +45,6 @@ from torch import Tensor, nn
 from raycse.errors import ConfigError
 from raycse.objectives.base import LossOutput, Objective, Params, positive
 from raycse.objectives.contrastive import cosine_logits, gather, local_offset
-from raycse.objectives.registry import register
 from raycse.unpad import backbone_forward
 
 LAYER_POOLINGS = ("max", "mean")
@@ -96,7 +95,6 @@ class ProjectionHead(nn.Module):
         return self.net(x)
 
 
-@register
 class SGOPT(Objective):
     name = "sgopt"
     Params = SGOPTParams

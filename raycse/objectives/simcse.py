@@ -26,7 +26,6 @@ from torch import Tensor
 
 from raycse.objectives.base import LossOutput, Objective, Params, positive, stack_twice
 from raycse.objectives.contrastive import info_nce, info_nce_hard
-from raycse.objectives.registry import register
 from raycse.errors import ConfigError
 
 
@@ -41,7 +40,6 @@ class SimCSEParams(Params):
             raise ConfigError(f"objective.hard_negative_weight must be >= 0, got {self.hard_negative_weight}")
 
 
-@register
 class SimCSE(Objective):
     name = "simcse"
     Params = SimCSEParams

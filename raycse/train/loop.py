@@ -434,8 +434,18 @@ class WorkerRun:
         self.tlog.close()
 
 
+def quiet_report_lines() -> None:
+    """Drop Ray Train's per-report INFO line in this worker: it prints the whole metrics dict of every
+    checkpoint (the loss history and grouping record included, growing with the run) after raycse's
+    own line for the same step. Its logger is named by its file; Ray's warnings still show."""
+    from ray.train.v2._internal.execution import context
+
+    logging.getLogger(context.__file__).setLevel(logging.WARNING)
+
+
 def train_loop_per_worker(config: dict) -> None:
     setup_ray_data(progress_bars=False)
+    quiet_report_lines()
     worker = WorkerRun(config)
     worker.resume()
     worker.nodes = worker_nodes(worker.world_size)  # (a collective: every rank, in the same order)
