@@ -48,6 +48,19 @@ def _space(tmp_path, tiny_model, corpus, stsb_dev, **train):
     return str(path)
 
 
+def _two_step_run(tiny_model, corpus, stsb_dev, out, **train):
+    """A 2-step run of the tiny model with ``train`` settings."""
+    from raycse.config import RunConfig
+
+    run = RunConfig()
+    run.model.name_or_path, run.model.max_length = str(tiny_model), 16
+    run.data.corpus, run.train.batch_size, run.train.max_steps = str(corpus), 16, 2
+    for key, value in train.items():
+        setattr(run.train, key, value)
+    run.eval.stsb_dev, run.output_dir = str(stsb_dev), str(out)
+    return run
+
+
 def test_asha_stops_under_cpu_load_leave_no_placement_group(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path):
     """4 trials of 2 seeds, grace period 1, reduction factor 3: ASHA stops a trial after its first
     rung while its seeds' runs are still going and later trials follow, with CPU load beside them.
@@ -81,7 +94,6 @@ def test_a_run_that_cannot_get_its_workers_fails_within_its_bound(ray_cluster, t
     from ray.util.placement_group import placement_group, remove_placement_group
 
     from raycse.analysis import analyze
-    from raycse.config import RunConfig
     from raycse.errors import ResourceError
     from raycse.train.driver import train
     from raycse.tune import TuneSettings, tune_search
@@ -89,11 +101,8 @@ def test_a_run_that_cannot_get_its_workers_fails_within_its_bound(ray_cluster, t
     holder = placement_group([{"CPU": 3}])
     ray.get(holder.ready(), timeout=60)
     try:
-        run = RunConfig()
-        run.model.name_or_path, run.model.max_length = str(tiny_model), 16
-        run.data.corpus, run.train.batch_size, run.train.max_steps = str(corpus), 16, 2
-        run.train.cpus_per_worker, run.train.worker_start_timeout_s, run.train.worker_start_attempts = 2, 3, 2
-        run.eval.stsb_dev, run.output_dir = str(stsb_dev), str(tmp_path / "out")
+        run = _two_step_run(tiny_model, corpus, stsb_dev, tmp_path / "out", cpus_per_worker=2,
+                            worker_start_timeout_s=3, worker_start_attempts=2)
         start = time.monotonic()
         with pytest.raises(ResourceError) as err:
             train(run)
@@ -128,17 +137,13 @@ def test_a_corpus_read_on_a_full_cluster_fails_within_its_bound(ray_cluster, tin
     from ray.util.placement_group import placement_group, remove_placement_group
 
     from raycse.capacity import ClusterBusyError
-    from raycse.config import RunConfig
     from raycse.train.driver import train
 
     holder = placement_group([{"CPU": 4}])
     ray.get(holder.ready(), timeout=60)
     try:
-        run = RunConfig()
-        run.model.name_or_path, run.model.max_length = str(tiny_model), 16
-        run.data.corpus, run.train.batch_size, run.train.max_steps = str(corpus), 16, 2
-        run.train.worker_start_timeout_s, run.train.worker_start_attempts = 3, 2
-        run.eval.stsb_dev, run.output_dir = str(stsb_dev), str(tmp_path / "out")
+        run = _two_step_run(tiny_model, corpus, stsb_dev, tmp_path / "out", worker_start_timeout_s=3,
+                            worker_start_attempts=2)
         start = time.monotonic()
         with pytest.raises(ClusterBusyError) as err:
             train(run)
