@@ -1,17 +1,18 @@
 """The cluster's capacity as a run sees it: bounded waits for CPUs and what holds them.
 
-On the lowest floor: the corpus read (raycse.data), the training driver and the release of runs
-(raycse.train) all wait for, or name, the cluster's CPUs."""
+Below raycse.data and raycse.train: the corpus read, the training driver and the release of runs
+all wait for, or name, the cluster's CPUs. Its default wait comes from TrainConfig's defaults."""
 
 from __future__ import annotations
 
 from typing import Optional
 
+from raycse.config import TrainConfig
 from raycse.errors import ResourceError
 
 # How long a corpus read waits for a CPU by default: the workers' default wait for their start
-# (train.worker_start_timeout_s x train.worker_start_attempts); a training run passes its own values.
-DEFAULT_CPU_WAIT_S = 180.0
+# (train.worker_start_timeout_s x train.worker_start_attempts, 180 s); a training run passes its own.
+DEFAULT_CPU_WAIT_S = TrainConfig.worker_start_timeout_s * TrainConfig.worker_start_attempts
 
 
 class ClusterBusyError(ResourceError):

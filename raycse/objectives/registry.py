@@ -5,7 +5,7 @@ Adding an objective: its file (a ``Params`` dataclass, ``collate``, ``loss``) an
 
 from __future__ import annotations
 
-from raycse.objectives.catalog import BASES, RENAMED, Catalog  # noqa: F401 - RENAMED re-exported
+from raycse.objectives.catalog import BASES, Catalog
 from raycse.objectives.hicl import HiCL
 
 OBJECTIVES = Catalog([*BASES.classes.values(), HiCL])
