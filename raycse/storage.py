@@ -180,7 +180,16 @@ def read_text(uri: str) -> str:
 
 
 def write_text(uri: str, text: str) -> None:
-    """One object, written whole (an object store's PUT is atomic)."""
+    """One object or local file, written whole (an object store's PUT is atomic; a local file is
+    written beside and renamed over)."""
+    if not is_uri(uri):
+        tmp = Path(f"{uri}.partial-{uuid.uuid4().hex[:8]}")
+        try:
+            tmp.write_text(text)
+            os.replace(tmp, uri)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return
     fs, path = _fs(uri)
     try:
         with fs.open_output_stream(path) as fh:

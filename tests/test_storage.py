@@ -135,8 +135,10 @@ def test_killed_driver_resumes_from_s3_and_ends_with_the_planned_steps(ray_clust
 
 def test_tune_on_s3_interrupted_resumed_analyzed_and_exported(ray_cluster, s3_server, tiny_model, corpus, stsb_dev,
                                                                tmp_path, capsys):
-    """`raycse tune --storage-path s3://...` killed after its first trial, resumed by URI; `raycse analyze`
-    reads the experiment from S3, writes its plots and the best model there, and `raycse eval` loads it."""
+    """`raycse tune --storage-path s3://...` killed the moment its first trial saved its rung (before
+    or after Tune's own record of it reached S3), resumed by URI: that trial is told to Tune again,
+    not trained again. `raycse analyze` reads the experiment from S3, writes its plots and the best
+    model there, and `raycse eval` loads it."""
     import os
     import signal
     import subprocess
@@ -146,6 +148,7 @@ def test_tune_on_s3_interrupted_resumed_analyzed_and_exported(ray_cluster, s3_se
     import boto3
 
     from raycse.analysis import load_trials
+    from raycse.tune.trial import RUNGS
     from test_tune import _tiny_space
 
     bucket = s3_server()
@@ -159,27 +162,29 @@ def test_tune_on_s3_interrupted_resumed_analyzed_and_exported(ray_cluster, s3_se
     proc = subprocess.Popen([sys.executable, "-m", "raycse", *argv], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
     deadline = time.time() + 300
-    done = []
+    saved = []
     try:
-        while not done:
+        while not saved:
             assert proc.poll() is None, "tune exited before a trial finished"
-            assert time.time() < deadline, "no trial result reached S3 in time"
-            time.sleep(1)
+            assert time.time() < deadline, "no trial saved its rung on S3 in time"
+            time.sleep(0.5)
             listed = s3.list_objects_v2(Bucket=bucket, Prefix="tune/exp/").get("Contents", [])
-            if any(o["Key"].endswith("/result.json") for o in listed):
-                done = [t for t in load_trials(exp) if t.results]
+            saved = [o["Key"] for o in listed if o["Key"].endswith(f"/{RUNGS}")]
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the experiment's driver dies, like a lost laptop session
         proc.wait()
-    first = done[0]
-    before = (first.path / "result.json").read_text()
+    first = saved[0].split("/")[2]
+    rungs = json.loads(s3.get_object(Bucket=bucket, Key=saved[0])["Body"].read())
+    model = f"tune/exp/{first}/seed0/model_out/{MANIFEST}"
+    written = s3.head_object(Bucket=bucket, Key=model)["LastModified"]
     time.sleep(3)  # Ray notices the dead driver and releases its trial actors
     capsys.readouterr()
     assert main(["tune", "--resume", exp]) == 0
     trials = load_trials(exp)
     assert len(trials) == 2 and all(t.complete for t in trials)
-    again = next(t for t in trials if t.name == first.name)
-    assert (again.path / "result.json").read_text() == before  # the finished trial was not run again
+    again = next(t for t in trials if t.name == first)
+    assert [r["seed_scores"] for r in again.results] == [[rungs["scores"]["0"][0]]]
+    assert s3.head_object(Bucket=bucket, Key=model)["LastModified"] == written  # not trained again
     assert all(t.location.startswith(f"{exp}/trial_") for t in trials)
     # each seed's model is on S3, published whole; the trials' resumable Train checkpoints were freed
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="tune/exp/", MaxKeys=5000)["Contents"]}

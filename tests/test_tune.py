@@ -146,6 +146,7 @@ def test_interrupted_search_resumes_without_rerunning_finished_trials(ray_cluste
                                                                        tmp_path):
     from raycse.analysis import analyze, load_trials
     from raycse.tune import resume
+    from raycse.tune.trial import RUNGS
 
     space = _tiny_space(tmp_path, tiny_model, corpus, stsb_dev)
     exp = tmp_path / "tune" / "exp"
@@ -155,25 +156,26 @@ def test_interrupted_search_resumes_without_rerunning_finished_trials(ray_cluste
                              str(tmp_path / "tune"), "--name", "exp"], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
+    saved = []
     try:
-        while time.time() < deadline:
-            done = [t for t in (load_trials(exp) if exp.is_dir() else []) if t.results]
-            if done:
-                break
+        while not saved:  # killed the moment a trial saved its rung: Tune may or may not have recorded it
             assert proc.poll() is None, "tune exited before a trial finished"
-            time.sleep(1)
-        assert done, "no trial finished in time"
+            assert time.time() < deadline, "no trial finished in time"
+            time.sleep(0.5)
+            saved = sorted(exp.glob(f"*/{RUNGS}"))
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # interrupt the experiment driver like a lost laptop session
         proc.wait()
-    first = done[0]
-    before = (first.path / "result.json").read_text()
+    first = saved[0].parent
+    scores = json.loads(saved[0].read_text())["scores"]["0"]
+    written = (first / "seed0" / "model_out" / "metrics.json").stat().st_mtime_ns
     time.sleep(3)  # let Ray notice the dead driver and release its trial actors
     _, results = resume(str(exp))
     trials = load_trials(exp)
     assert len(trials) == 2 and all(t.complete for t in trials)
     again = next(t for t in trials if t.name == first.name)
-    assert (again.path / "result.json").read_text() == before  # the finished trial was not run again
+    assert [r["seed_scores"] for r in again.results] == [scores]  # one row per rung, the scores saved
+    assert (first / "seed0" / "model_out" / "metrics.json").stat().st_mtime_ns == written  # not trained again
     assert len(analyze(str(exp), plots=False).table.splitlines()) == 4
     assert json.loads((exp / "raycse_tune.json").read_text())["num_samples"] == 2
 

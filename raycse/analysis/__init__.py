@@ -104,6 +104,19 @@ def local_records(exp_dir: str) -> Path:
     return storage.mirror(exp_dir, local, wanted)
 
 
+def read_results(path: Path) -> list[dict]:
+    """A trial's reports, one per rung: a rung told again after a resume (its driver was lost
+    before Tune recorded it) keeps its first row."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    seen = set()
+    kept = []
+    for row in rows:
+        if row.get("rung") is None or row["rung"] not in seen:
+            kept.append(row)
+            seen.add(row.get("rung"))
+    return kept
+
+
 def load_trials(exp_dir) -> list[TrialRecord]:
     """The trials of an experiment directory or URI, oldest first."""
     if storage.is_uri(exp_dir):
@@ -115,11 +128,7 @@ def load_trials(exp_dir) -> list[TrialRecord]:
     statuses = tune_statuses(exp_dir)
     trials = []
     for d in sorted(p for p in exp_dir.iterdir() if p.is_dir() and (p / "params.json").is_file()):
-        results = []
-        if (d / "result.json").is_file():
-            for line in (d / "result.json").read_text().splitlines():
-                if line.strip():
-                    results.append(json.loads(line))
+        results = read_results(d / "result.json") if (d / "result.json").is_file() else []
         err = (d / "error.txt").read_text().strip().splitlines()[-1] if (d / "error.txt").is_file() else None
         trials.append(TrialRecord(d.name, d, json.loads((d / "params.json").read_text()), results, err,
                                   statuses.get(d.name), str(d)))

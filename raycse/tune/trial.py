@@ -9,9 +9,10 @@ score. ASHA decides between rungs, so seeds are never compared at different step
 By default the seeds run side by side, one fit each for the whole trial, posting their rung
 scores through a queue as they go (a rung costs one evaluation, not a new fit). Where the
 cluster cannot hold k runs at once (GPUs), they run one after another and each rung continues
-every seed's run from its checkpoint with the full run's learning-rate schedule. Progress is
-saved with every report (a small JSON checkpoint), so a resumed experiment neither loses nor
-reruns a finished rung.
+every seed's run from its checkpoint with the full run's learning-rate schedule. Each rung's
+scores are saved before its report, in the trial's directory on the experiment's storage and in
+a small Tune checkpoint, so a resumed experiment neither loses nor reruns a finished rung, even
+when the driver died before Tune's own record of the trial reached storage.
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ from typing import Optional
 
 import numpy as np
 
+from raycse import storage
+
 TARGET = "target"
 SEED_RUN = "train"  # Ray Train run name of each seed, under TRIAL/seed<s>/ (its checkpoints)
 SEED_MODEL = "model_out"  # each seed's final model and metrics, TRIAL/seed<s>/model_out
+RUNGS = "rungs.json"  # the rungs a trial reported, its seeds' scores at each: TRIAL/rungs.json and its Tune checkpoint
 
 
 def is_final(result: dict) -> bool:
@@ -148,19 +152,16 @@ def run_trial(params: dict, setup: TrialSetup) -> None:
 
     ctx = tune.get_context()
     trial_dir = Path(ctx.get_trial_dir())
-    progress = {"scores": {str(s): [] for s in setup.seeds}, "steps": []}
-    previous = tune.get_checkpoint()
-    if previous is not None:
-        with previous.as_directory() as d:
-            progress = json.loads((Path(d) / "progress.json").read_text())
+    trial_root = storage.join(setup.storage_path, setup.experiment, trial_dir.name)  # the trial's directory
+    told = tune_progress(tune.get_checkpoint(), setup.seeds)
+    progress = max(told, saved_progress(trial_root), key=lambda p: len(p["steps"]))
     runs = seed_runs(params, setup)
     ends = rung_ends(plan_steps(runs[setup.seeds[0]], setup.num_examples)[1], setup.rungs)
-    # rung index -> score per seed; rungs reported before an interruption are kept as they were
+    # rung index -> score per seed; rungs scored before an interruption are kept as they were
     scores = {s: dict(enumerate(progress["scores"][str(s)])) for s in setup.seeds}
 
     def launch(seed: int, stop: int):
-        # the trial's own directory in the experiment directory
-        seed_dir = os.path.join(setup.storage_path, setup.experiment, trial_dir.name, f"seed{seed}")
+        seed_dir = storage.join(trial_root, f"seed{seed}")
         return train_task.remote(runs[seed].to_dict(), seed_dir, stop, ends, QueueSink(queue, seed),
                                  setup.prepared.get(seed), setup.registry, f"{ctx.get_trial_id()}/seed{seed}")
 
@@ -179,13 +180,28 @@ def run_trial(params: dict, setup: TrialSetup) -> None:
             if step in ends:
                 scores[seed].setdefault(ends.index(step), score)
 
+    def report(rung: int) -> None:
+        progress["scores"] = {str(s): [scores[s][i] for i in range(rung + 1)] for s in setup.seeds}
+        progress["steps"] = ends[:rung + 1]
+        # on the experiment's storage before Tune hears of it: Tune's own record of the trial's
+        # checkpoint reaches storage seconds later, and a driver lost in between would rerun the rung
+        storage.write_text(storage.join(trial_root, RUNGS), json.dumps(progress))
+        metrics = rung_metrics([scores[s][rung] for s in setup.seeds], setup, ends[rung], rung + 1, len(ends))
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / RUNGS).write_text(json.dumps(progress))
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
+
     # Parallel: every seed's run goes once to the end, scoring at each rung's step, and the trial
     # reports a rung when all seeds have scored it (ASHA stopping the trial ends the runs with it).
     # Sequential: each rung continues every seed's run from its checkpoint, one after another.
-    running = {s: launch(s, ends[-1]) for s in setup.seeds} if setup.parallel_seeds else {}
+    left = len(progress["steps"]) < len(ends)
+    running = {s: launch(s, ends[-1]) for s in setup.seeds} if setup.parallel_seeds and left else {}
     for r, stop in enumerate(ends):
+        if r < len(told["steps"]):
+            continue  # Tune has this rung's report
         if r < len(progress["steps"]):
-            continue  # reported before the experiment was interrupted
+            report(r)  # scored and saved before the driver was lost, with Tune's record of it: told again, not rerun
+            continue
         if not setup.parallel_seeds:
             for seed in setup.seeds:
                 if r not in scores[seed]:
@@ -194,9 +210,23 @@ def run_trial(params: dict, setup: TrialSetup) -> None:
         collect(r, running)
         if r == len(ends) - 1:
             ray.get(list(running.values()))  # the final models are written before the last report
-        progress["scores"] = {str(s): [scores[s][i] for i in range(r + 1)] for s in setup.seeds}
-        progress["steps"].append(stop)
-        metrics = rung_metrics([scores[s][r] for s in setup.seeds], setup, stop, r + 1, len(ends))
-        with tempfile.TemporaryDirectory() as tmp:
-            (Path(tmp) / "progress.json").write_text(json.dumps(progress))
-            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
+        report(r)
+
+
+def tune_progress(checkpoint, seeds: list[int]) -> dict:
+    """The rungs a trial reported, from the checkpoint Tune restored it with (none for a new trial)."""
+    if checkpoint is None:
+        return {"scores": {str(s): [] for s in seeds}, "steps": []}
+    with checkpoint.as_directory() as d:
+        path = Path(d) / RUNGS
+        if not path.is_file():
+            path = Path(d) / "progress.json"  # its earlier name: experiments saved before stay resumable
+        return json.loads(path.read_text())
+
+
+def saved_progress(trial_root: str) -> dict:
+    """The rungs a trial saved on the experiment's storage, or none."""
+    try:
+        return json.loads(storage.read_text(storage.join(trial_root, RUNGS)))
+    except FileNotFoundError:
+        return {"scores": {}, "steps": []}
