@@ -30,6 +30,7 @@ def test_two_workers_on_two_nodes_with_everything_on_s3(tiny_model, corpus, stsb
                        env={**os.environ, "PYTHONPATH": str(HERE.parent)})
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     out = json.loads([line for line in r.stdout.splitlines() if line.startswith("{")][-1])
+    print("seconds by phase:", out["seconds"])
     assert len(set(out["worker_nodes"])) == 2  # rank 0 and rank 1 on different nodes
     assert set(out["worker_nodes"]) == set(out["cluster_worker_nodes"]) and out["head_node"] not in out["worker_nodes"]
     assert out["steps"] == 6 and out["model_dir"] == "s3://raycse-multinode/runs/multinode/model"
