@@ -264,12 +264,12 @@ def test_ended_trial_keeps_only_each_seeds_final_model(tmp_path):
         for d in ("train/checkpoint_000000", ".model_out.partial-1a2b3c4d", "model_out/model"):
             (trial / seed / d).mkdir(parents=True)
             (trial / seed / d / "f.bin").write_bytes(b"x")
-    (trial / "progress.json").write_text("{}")
+    (trial / "rungs.json").write_text("{}")
     drop_train_checkpoints(str(trial))
     for seed in ("seed0", "seed1"):
         assert sorted(p.name for p in (trial / seed).iterdir()) == ["model_out"]
         assert (trial / seed / "model_out" / "model" / "f.bin").is_file()
-    assert (trial / "progress.json").is_file()
+    assert (trial / "rungs.json").is_file()  # the trial's record of its rungs stays
     drop_train_checkpoints(str(tmp_path / "missing"))  # a trial that never wrote anything
 
 
