@@ -200,7 +200,7 @@ def run_trial(params: dict, setup: TrialSetup) -> None:
         if r < len(told["steps"]):
             continue  # Tune has this rung's report
         if r < len(progress["steps"]):
-            report(r)  # scored and saved before the driver was lost, with Tune's record of it: told again, not rerun
+            report(r)  # saved, but the driver died before Tune's record of it reached storage: told again, not rerun
             continue
         if not setup.parallel_seeds:
             for seed in setup.seeds:
