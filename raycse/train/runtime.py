@@ -20,8 +20,10 @@ def ensure_ray(num_cpus: Optional[int] = None) -> None:
 
     if ray.is_initialized():
         return
+    # logging_level WARNING: Ray's "Connecting to existing Ray cluster" / "Started a local Ray
+    # instance" are not lines a raycse user needs (an error must stay the one line that names it)
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True, logging_level=logging.WARNING)
         return
     # A private local cluster; its dashboard (needed by Train's state queries) listens on 127.0.0.1 only.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -29,8 +31,6 @@ def ensure_ray(num_cpus: Optional[int] = None) -> None:
     # autoscaling cluster). A local cluster has none to drain, and the actor's process costs ~3
     # CPU-seconds per fit (a Tune trial makes one fit per seed). Workers inherit this from here.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-    # logging_level WARNING: Ray's "Started a local Ray instance" is not a line a raycse user needs
-    # (an error must stay the one line that names it)
     ray.init(address="local", num_cpus=num_cpus, log_to_driver=True, logging_level=logging.WARNING,
              object_store_memory=int(os.environ.get("RAYCSE_OBJECT_STORE_BYTES", 1 << 30)), **private_cluster_options())
 
