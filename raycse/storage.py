@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from raycse.errors import DataError, RaycseError
+from raycse.outputs import write_text_atomic
 
 MANIFEST = "raycse_manifest.json"
 
@@ -183,12 +184,7 @@ def write_text(uri: str, text: str) -> None:
     """One object or local file, written whole (an object store's PUT is atomic; a local file is
     written beside and renamed over)."""
     if not is_uri(uri):
-        tmp = Path(f"{uri}.partial-{uuid.uuid4().hex[:8]}")
-        try:
-            tmp.write_text(text)
-            os.replace(tmp, uri)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_text_atomic(Path(uri), text)
         return
     fs, path = _fs(uri)
     try:
