@@ -153,8 +153,9 @@ def run_trial(params: dict, setup: TrialSetup) -> None:
     ctx = tune.get_context()
     trial_dir = Path(ctx.get_trial_dir())
     trial_root = storage.join(setup.storage_path, setup.experiment, trial_dir.name)  # the trial's directory
-    told = tune_progress(tune.get_checkpoint(), setup.seeds)
-    progress = max(told, saved_progress(trial_root), key=lambda p: len(p["steps"]))
+    told = tune_progress(tune.get_checkpoint()) or no_progress(setup.seeds)
+    reported = len(told["steps"])  # rungs Tune has (report() below updates progress, which may be told)
+    progress = max(told, saved_progress(trial_root) or told, key=lambda p: len(p["steps"]))
     runs = seed_runs(params, setup)
     ends = rung_ends(plan_steps(runs[setup.seeds[0]], setup.num_examples)[1], setup.rungs)
     # rung index -> score per seed; rungs scored before an interruption are kept as they were
@@ -185,10 +186,11 @@ def run_trial(params: dict, setup: TrialSetup) -> None:
         progress["steps"] = ends[:rung + 1]
         # on the experiment's storage before Tune hears of it: Tune's own record of the trial's
         # checkpoint reaches storage seconds later, and a driver lost in between would rerun the rung
-        storage.write_text(storage.join(trial_root, RUNGS), json.dumps(progress))
+        text = json.dumps(progress)
+        storage.write_text(storage.join(trial_root, RUNGS), text)
         metrics = rung_metrics([scores[s][rung] for s in setup.seeds], setup, ends[rung], rung + 1, len(ends))
         with tempfile.TemporaryDirectory() as tmp:
-            (Path(tmp) / RUNGS).write_text(json.dumps(progress))
+            (Path(tmp) / RUNGS).write_text(text)
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
 
     # Parallel: every seed's run goes once to the end, scoring at each rung's step, and the trial
@@ -197,7 +199,7 @@ def run_trial(params: dict, setup: TrialSetup) -> None:
     left = len(progress["steps"]) < len(ends)
     running = {s: launch(s, ends[-1]) for s in setup.seeds} if setup.parallel_seeds and left else {}
     for r, stop in enumerate(ends):
-        if r < len(told["steps"]):
+        if r < reported:
             continue  # Tune has this rung's report
         if r < len(progress["steps"]):
             report(r)  # saved, but the driver died before Tune's record of it reached storage: told again, not rerun
@@ -213,10 +215,15 @@ def run_trial(params: dict, setup: TrialSetup) -> None:
         report(r)
 
 
-def tune_progress(checkpoint, seeds: list[int]) -> dict:
-    """The rungs a trial reported, from the checkpoint Tune restored it with (none for a new trial)."""
+def no_progress(seeds: list[int]) -> dict:
+    """The record of a trial that has reported no rung yet."""
+    return {"scores": {str(s): [] for s in seeds}, "steps": []}
+
+
+def tune_progress(checkpoint) -> Optional[dict]:
+    """The rungs a trial reported, from the checkpoint Tune restored it with (None for a new trial)."""
     if checkpoint is None:
-        return {"scores": {str(s): [] for s in seeds}, "steps": []}
+        return None
     with checkpoint.as_directory() as d:
         path = Path(d) / RUNGS
         if not path.is_file():
@@ -224,9 +231,9 @@ def tune_progress(checkpoint, seeds: list[int]) -> dict:
         return json.loads(path.read_text())
 
 
-def saved_progress(trial_root: str) -> dict:
-    """The rungs a trial saved on the experiment's storage, or none."""
+def saved_progress(trial_root: str) -> Optional[dict]:
+    """The rungs a trial saved on the experiment's storage, or None."""
     try:
         return json.loads(storage.read_text(storage.join(trial_root, RUNGS)))
     except FileNotFoundError:
-        return {"scores": {}, "steps": []}
+        return None
