@@ -7,6 +7,7 @@ import contextlib
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -61,28 +62,55 @@ def _two_step_run(tiny_model, corpus, stsb_dev, out, **train):
     return run
 
 
-def test_asha_stops_under_cpu_load_leave_no_placement_group(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path):
-    """3 trials of 2 seeds, grace period 1, reduction factor 3: ASHA stops a trial after its first
-    rung while its seeds' runs are still going and a later trial follows, with CPU load beside them.
-    Every trial ends and no placement group outlives the experiment."""
+def _agreeing_dev_files(tiny_model, tmp_path) -> tuple[str, str]:
+    """Two STS-B dev files of the same pairs: gold = the tiny model's own cosine (any run of it scores
+    high there) and 5 minus that (it scores low). A trial's dev file then decides its rank for ASHA on
+    every machine, where random gold left the order to float rounding (AVX2 and AVX-512 differed)."""
+    import numpy as np
+
+    from conftest import make_sentences
+    from raycse.encoder import Encoder
+
+    sents = make_sentences(80, seed=3)
+    z = Encoder.from_pretrained(str(tiny_model), pooling="mean").encode(sents)  # (CLS vectors barely differ)
+    z /= np.linalg.norm(z, axis=1, keepdims=True)
+    gold = [2.5 * (1.0 + float(z[2 * i] @ z[2 * i + 1])) for i in range(40)]
+    paths = []
+    for name, scores in (("agree", gold), ("disagree", [5.0 - g for g in gold])):
+        path = tmp_path / f"sts-dev-{name}.csv"
+        path.write_text("".join(f"main-news\tfile\t2012\t{i:04d}\t{g:.6f}\t{sents[2 * i]}\t{sents[2 * i + 1]}\n"
+                                for i, g in enumerate(scores)))
+        paths.append(str(path))
+    return paths[0], paths[1]
+
+
+def test_asha_stops_under_cpu_load_leave_no_placement_group(ray_cluster, tiny_model, corpus, tmp_path):
+    """2 trials of 2 seeds, grace period 1: ASHA stops the second trial after its first rung while
+    its seeds' runs are still going, with CPU load beside them. Every trial ends and no placement
+    group outlives the experiment. The second trial is scored on reversed gold (see
+    _agreeing_dev_files), so its stop does not hang on float rounding."""
     from raycse.analysis import load_trials
     from raycse.tune import TuneSettings, tune_search
 
+    agree, disagree = _agreeing_dev_files(tiny_model, tmp_path)
+    space = yaml.safe_load(Path(_space(tmp_path, tiny_model, corpus, agree)).read_text())
+    space["run"]["model"]["pooling"] = "mean"
+    space["search"]["eval.stsb_dev"] = {"choice": [agree, disagree]}
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     assert not live_groups()
-    settings = TuneSettings(space=_space(tmp_path, tiny_model, corpus, stsb_dev), num_samples=3, seeds=[0, 1],
-                            rungs=2, grace_period=1, reduction_factor=3, concurrent=1, searcher="random",
-                            search_seed=2)  # search seed 2: ASHA stops trial 2 (seed 0 stops none of 4)
+    settings = TuneSettings(space=str(tmp_path / "space.yaml"), num_samples=2, seeds=[0, 1], rungs=2,
+                            grace_period=1, reduction_factor=3, concurrent=1, searcher="random",
+                            search_seed=6)  # Optuna's random sampler, seed 6: agree, then disagree
     start = time.monotonic()
     with cpu_load():
         exp, results = tune_search(settings, str(tmp_path / "tune"), "exp")
     took = time.monotonic() - start
-    trials = load_trials(exp)
-    assert len(trials) == 3 and not any(r.error for r in results)
-    stopped = [t for t in trials if t.status(True) == "stopped at rung 1/2"]
-    assert stopped, [t.status(True) for t in trials]  # the stop path ran (several times, usually)
-    assert all(t.status(True) in ("complete", "stopped at rung 1/2") for t in trials)
+    trials = sorted(load_trials(exp), key=lambda t: t.short_name.split("_")[-1].zfill(4))
+    assert [t.params["eval.stsb_dev"] for t in trials] == [agree, disagree], [t.params for t in trials]
+    assert not any(r.error for r in results)
+    assert [t.status(True) for t in trials] == ["complete", "stopped at rung 1/2"], [t.status(True) for t in trials]
     assert not live_groups()
-    print(f"3 trials ({len(stopped)} stopped by ASHA) in {took:.0f} s")
+    print(f"2 trials (the second stopped by ASHA) in {took:.0f} s")
 
 
 def test_a_run_that_cannot_get_its_workers_fails_within_its_bound(ray_cluster, tiny_model, corpus, stsb_dev,
