@@ -131,33 +131,51 @@ def unpad_vs_sdpa(model: str, device: torch.device, dtype, batch: int, lengths: 
     return out
 
 
+def varied_sentences(n: int, seed: int = 1) -> list[str]:
+    """Sentences of 4 to 40 words: batches of many different padded lengths, as a corpus gives."""
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.randint(4, 41, (n,), generator=g).tolist()
+    idx = torch.randint(len(WORDS), (n, 40), generator=g).tolist()
+    return [" ".join(WORDS[i] for i in row[:c]) for row, c in zip(idx, counts)]
+
+
 def step_speed(model: str, device: torch.device, dtype, batches: tuple, steps: int) -> dict:
-    """Steady SimCSE optimizer steps without Ray (tokenizing included): the ceiling for part two's loop."""
-    texts = sentences(max(batches) * 2, 24)
+    """Steady SimCSE optimizer steps without Ray (tokenizing included): the ceiling for part two's loop.
+
+    Two kinds of batches: ``repeated`` (two fixed batches of 24-word sentences, every row at the max
+    length: one tensor shape) and ``fresh`` (a new batch of 4-40-word sentences every step: new
+    shapes, as the Ray worker sees). In the Ray worker the step ran at 30-45% of the repeated one
+    (BENCHMARKS.md, "On a GPU"); the fresh rows tell how much of that the shapes explain."""
+    repeated = sentences(max(batches) * 2, 24)
+    fresh = varied_sentences(max(batches) * (steps + 2))
     enc = Encoder.from_pretrained(model).to(device).train()
     obj = registry.build("simcse", {})
     opt = torch.optim.AdamW(enc.parameters(), lr=1e-5)
     out = {}
     for batch in batches:
-        for buckets in (1, 2):
-            enc.length_buckets = buckets
-            times = []
-            for step in range(steps + 2):  # two warm-up steps
-                sync(device)
-                t0 = time.perf_counter()
-                rows = texts[(step % 2) * batch:(step % 2 + 1) * batch]
-                b = {k: v.to(device, non_blocking=True) for k, v in obj.collate(rows, enc.tokenizer, 32).items()}
-                with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                    loss = obj(enc, b).loss
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                sync(device)
-                times.append(time.perf_counter() - t0)
-            med = sorted(times[2:])[len(times[2:]) // 2]
-            out[f"batch{batch}_buckets{buckets}"] = {"sent_per_s": batch / med, "ms_per_step": med * 1e3}
-            print(f"[gpu-check] SimCSE step without Ray, batch {batch}, length buckets {buckets}: "
-                  f"{batch / med:.0f} sentences/s ({med * 1e3:.1f} ms/step, median of {steps})", flush=True)
+        for kind in ("repeated", "fresh"):
+            for buckets in (1, 2):
+                enc.length_buckets = buckets
+                times = []
+                for step in range(steps + 2):  # two warm-up steps
+                    sync(device)
+                    t0 = time.perf_counter()
+                    rows = (repeated[(step % 2) * batch:(step % 2 + 1) * batch] if kind == "repeated"
+                            else fresh[step * batch:(step + 1) * batch])
+                    b = {k: v.to(device, non_blocking=True) for k, v in obj.collate(rows, enc.tokenizer, 32).items()}
+                    with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                        loss = obj(enc, b).loss
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    sync(device)
+                    times.append(time.perf_counter() - t0)
+                med = sorted(times[2:])[len(times[2:]) // 2]
+                key = f"batch{batch}_buckets{buckets}" + ("_fresh" if kind == "fresh" else "")
+                out[key] = {"sent_per_s": batch / med, "ms_per_step": med * 1e3}
+                print(f"[gpu-check] SimCSE step without Ray, batch {batch}, {kind} batches, length buckets "
+                      f"{buckets}: {batch / med:.0f} sentences/s ({med * 1e3:.1f} ms/step, median of {steps})",
+                      flush=True)
     return out
 
 

@@ -25,7 +25,8 @@ def test_gpu_check_part_one_smoke_on_cpu(tmp_path):
         row = report["unpad_vs_sdpa"][length]
         assert row["equal"] and row["sdpa_padded"]["sent_per_s"] > 0 and row["unpadded"]["sent_per_s"] > 0
     assert report["simcse_loop"]["steps"] == 3
-    assert set(report["step_speed"]) == {"batch4_buckets1", "batch4_buckets2"}
+    assert set(report["step_speed"]) == {"batch4_buckets1", "batch4_buckets2", "batch4_buckets1_fresh",
+                                         "batch4_buckets2_fresh"}
     assert all(v["sent_per_s"] > 0 for v in report["step_speed"].values())
     r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True, text=True,
                        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
