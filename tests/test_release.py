@@ -88,7 +88,7 @@ def test_asha_stops_under_cpu_load_leave_no_placement_group(ray_cluster, tiny_mo
     """2 trials of 2 seeds, grace period 1: ASHA stops the second trial after its first rung while
     its seeds' runs are still going, with CPU load beside them. Every trial ends and no placement
     group outlives the experiment. The second trial is scored on reversed gold (see
-    _agreeing_dev_files), so its stop does not hang on float rounding."""
+    _agreeing_dev_files), so its stop does not depend on float rounding."""
     from raycse.analysis import load_trials
     from raycse.tune import TuneSettings, tune_search
 
