@@ -81,11 +81,14 @@ def make_sentences(n: int, seed: int = 0, min_len: int = 4, max_len: int = 14) -
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(min_len, max_len))) for _ in range(n)]
 
 
-def write_stsb(path: Path, n: int = 40, seed: int = 1) -> Path:
+def write_stsb(path: Path, n: int = 40, seed: int = 1, gold=None) -> Path:
+    """An STS-B file of n pairs of make_sentences(2n, seed): gold scores random in [0, 5], or
+    ``gold(sentences)`` (one score per pair) when given."""
     rng = random.Random(seed)
     sents = make_sentences(2 * n, seed=seed)
-    rows = [f"main-news\tfile\t2012\t{i:04d}\t{rng.uniform(0, 5):.3f}\t{sents[2 * i]}\t{sents[2 * i + 1]}"
-            for i in range(n)]
+    scores = ([f"{rng.uniform(0, 5):.3f}" for _ in range(n)] if gold is None
+              else [f"{g:.6f}" for g in gold(sents)])
+    rows = [f"main-news\tfile\t2012\t{i:04d}\t{scores[i]}\t{sents[2 * i]}\t{sents[2 * i + 1]}" for i in range(n)]
     path.write_text("\n".join(rows) + "\n")
     return path
 

@@ -68,20 +68,19 @@ def _agreeing_dev_files(tiny_model, tmp_path) -> tuple[str, str]:
     every machine, where random gold left the order to float rounding (AVX2 and AVX-512 differed)."""
     import numpy as np
 
-    from conftest import make_sentences
+    from conftest import write_stsb
     from raycse.encoder import Encoder
 
-    sents = make_sentences(80, seed=3)
-    z = Encoder.from_pretrained(str(tiny_model), pooling="mean").encode(sents)  # (CLS vectors barely differ)
-    z /= np.linalg.norm(z, axis=1, keepdims=True)
-    gold = [2.5 * (1.0 + float(z[2 * i] @ z[2 * i + 1])) for i in range(40)]
-    paths = []
-    for name, scores in (("agree", gold), ("disagree", [5.0 - g for g in gold])):
-        path = tmp_path / f"sts-dev-{name}.csv"
-        path.write_text("".join(f"main-news\tfile\t2012\t{i:04d}\t{g:.6f}\t{sents[2 * i]}\t{sents[2 * i + 1]}\n"
-                                for i, g in enumerate(scores)))
-        paths.append(str(path))
-    return paths[0], paths[1]
+    encoder = Encoder.from_pretrained(str(tiny_model), pooling="mean")  # (its CLS vectors barely differ)
+
+    def cosines(sents):
+        z = encoder.encode(sents)
+        z /= np.linalg.norm(z, axis=1, keepdims=True)
+        return [2.5 * (1.0 + float(z[i] @ z[i + 1])) for i in range(0, len(sents), 2)]
+
+    agree = write_stsb(tmp_path / "sts-dev-agree.csv", seed=3, gold=cosines)
+    disagree = write_stsb(tmp_path / "sts-dev-disagree.csv", seed=3, gold=lambda s: [5.0 - g for g in cosines(s)])
+    return str(agree), str(disagree)
 
 
 def test_asha_stops_under_cpu_load_leave_no_placement_group(ray_cluster, tiny_model, corpus, tmp_path):
