@@ -121,11 +121,10 @@ def ray_cluster():
     import ray
 
     if not ray.is_initialized():
-        from raycse.train.runtime import private_cluster_options
+        from raycse.train.runtime import start_local_ray
 
-        # (its own dashboard port, told to its processes: see private_cluster_options)
-        ray.init(address="local", num_cpus=4, object_store_memory=512 * 2**20, log_to_driver=True,
-                 configure_logging=False, **private_cluster_options())
+        # the product's own local cluster (raycse.train.runtime.ensure_ray), with a smaller object store
+        start_local_ray(4, object_store_memory=512 * 2**20, log_to_driver=True, configure_logging=False)
     yield ray
     ray.shutdown()
 

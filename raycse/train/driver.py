@@ -187,8 +187,9 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     ``prepared``: the data from :func:`prepare_data`, used when its key matches this run's.
     ``registry``/``run_key``: the :class:`raycse.train.release.RunRegistry` where this run's fits
     are recorded and the key they go under (a Tune trial's, so its driver can end them); by
-    default a registry of this call's own. Every fit's workers and placement group are released
-    before the next fit starts and before this returns or raises.
+    default this driver process's (:func:`raycse.train.release.driver_registry`). Every fit's
+    workers and placement group are released before the next fit starts and before this returns
+    or raises.
     """
     import ray
 
@@ -198,7 +199,6 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     out = local_root / "out" if remote else Path(run.output_dir).resolve()
     staging = _prepare_output(out, overwrite)
     final = remote or str(out)
-    own_registry = None
     tracking = None
     try:
         tracking = tracking_mod.open_run(run.train.tracking, out.name, run.to_dict())  # unreachable: fails now
@@ -208,7 +208,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         ensure_ray()
         setup_ray_data()
         if registry is None:
-            registry = own_registry = release.start_registry()
+            registry = release.driver_registry()
         run_key = run_key or f"train-{staging.name}"
         if prepared is not None and prepared.key != data_key(run):
             prepared = None  # one of this run's knobs changes its batches
@@ -248,8 +248,6 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     finally:
         if local_root is not None:
             shutil.rmtree(local_root, ignore_errors=True)
-        if own_registry is not None:
-            ray.kill(own_registry)
     _close_tracking(tracking, ok=True, final={f"best_{k}": v for k, v in best_metrics.items()
                                               if k == run.eval.score_key()})
     return TrainResult(final, f"{final}/model", summary)

@@ -7,7 +7,8 @@ with the CPUs busy at that moment two such groups were seen to stay CREATED for 
 trial's runs waited for those CPUs for ever (issue 18). So raycse ends its runs itself.
 
 - Each run's controller registers itself, and each placement group it starts, in a
-  :class:`RunRegistry` actor under a key (``TRIAL_ID/seedS`` in Tune, one key per ``train()``).
+  :class:`RunRegistry` actor under a key (``TRIAL_ID/seedS`` in Tune, one key per ``train()``; the
+  ``train()`` calls of one driver share its registry).
 - Whoever ends a run (the Tune driver when a trial ends, before the next trial is offered its
   CPUs; ``train()`` after every ``fit``) calls :func:`release`: ask each controller to abort
   (it shuts its workers down and removes its group), wait a bounded time, kill what is left,
@@ -100,6 +101,22 @@ def start_registry(name: Optional[str] = None):
     here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
     return ray.remote(num_cpus=0, max_concurrency=8)(RunRegistry).options(
         name=name, scheduling_strategy=here).remote()
+
+
+_DRIVER_REGISTRY: dict = {}  # (this node's id, job id) -> this process's RunRegistry
+
+
+def driver_registry():
+    """This driver process's RunRegistry, started on first use and kept for its later ``train()``
+    calls. Why: each registry is a Ray worker process (~3 CPU-seconds to start on 2 cores, a tenth
+    of a short fit); the runs under it have keys of their own, and it ends with this process. A new
+    Ray session (ray.shutdown, then init) gets a new one."""
+    ctx = ray.get_runtime_context()
+    session = (ctx.get_node_id(), ctx.get_job_id())  # a new cluster's nodes have new ids
+    if session not in _DRIVER_REGISTRY:
+        _DRIVER_REGISTRY.clear()  # a handle of an earlier session points at nothing
+        _DRIVER_REGISTRY[session] = start_registry()
+    return _DRIVER_REGISTRY[session]
 
 
 class RegisterRun(ControllerCallback, WorkerGroupCallback):

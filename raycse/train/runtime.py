@@ -25,17 +25,28 @@ def ensure_ray(num_cpus: Optional[int] = None) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True, logging_level=logging.WARNING)
         return
-    # A private local cluster; its dashboard (needed by Train's state queries) listens on 127.0.0.1 only.
+    start_local_ray(num_cpus, log_to_driver=True, logging_level=logging.WARNING,
+                    object_store_memory=int(os.environ.get("RAYCSE_OBJECT_STORE_BYTES", 1 << 30)))
+
+
+def start_local_ray(num_cpus: Optional[int] = None, **init_kwargs) -> None:
+    """Start a private local Ray with raycse's settings (``ensure_ray``'s, and the test suite's)."""
+    import ray
+
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # Ray Train starts a PreemptionWatcher actor per fit to follow node drains (spot nodes of an
     # autoscaling cluster). A local cluster has none to drain, and the actor's process costs ~3
     # CPU-seconds per fit (a Tune trial makes one fit per seed). Workers inherit this from here.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-    ray.init(address="local", num_cpus=num_cpus, log_to_driver=True, logging_level=logging.WARNING,
-             object_store_memory=int(os.environ.get("RAYCSE_OBJECT_STORE_BYTES", 1 << 30)), **private_cluster_options())
+    ray.init(address="local", num_cpus=num_cpus, **init_kwargs, **private_cluster_options(num_cpus))
 
 
-def private_cluster_options() -> dict:
+# Ray's helper actors of one Train fit that hold no CPU (controller, synchronization, dataset
+# manager, placement-group cleaner, run registry, Ray Data's stats and autoscaling actors).
+FIT_HELPER_ACTORS = 8
+
+
+def private_cluster_options(num_cpus: Optional[int] = None) -> dict:
     """``ray.init`` options for a private local cluster whose own processes find it.
 
     Why: Ray Train's PlacementGroupCleaner asks the state API whether its controller is alive, and
@@ -49,8 +60,13 @@ def private_cluster_options() -> dict:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+    # Ray keeps idle workers only while all its workers, actors included, number at most the CPUs:
+    # a fit's CPU-less helper actors pushed the idle ones over, so every Ray Data task of the next
+    # fit started a new Python process (~3 CPU-seconds on 2 cores). Room for those actors keeps them.
+    soft_limit = (num_cpus or os.cpu_count() or 1) + FIT_HELPER_ACTORS
     return {"dashboard_host": "127.0.0.1", "dashboard_port": port,
-            "runtime_env": {"env_vars": {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}}}
+            "runtime_env": {"env_vars": {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}},
+            "_system_config": {"num_workers_soft_limit": soft_limit}}
 
 
 # glibc malloc settings for the Train workers. The training loop runs in a worker thread, which
