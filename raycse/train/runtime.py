@@ -41,9 +41,10 @@ def start_local_ray(num_cpus: Optional[int] = None, **init_kwargs) -> None:
     ray.init(address="local", num_cpus=num_cpus, **init_kwargs, **private_cluster_options(num_cpus))
 
 
-# Ray's helper actors of one Train fit that hold no CPU (controller, synchronization, dataset
-# manager, placement-group cleaner, run registry, Ray Data's stats and autoscaling actors).
-FIT_HELPER_ACTORS = 8
+# Worker processes a Train fit brings up besides its workers' (which hold a CPU each): controller,
+# synchronization, dataset manager, placement-group cleaners, Ray Data's stats and autoscaling
+# actors; in Tune also the trial, its score queue and each seed's driver task. Counted on a 2-CPU box.
+FIT_HELPER_PROCESSES = 10
 
 
 def private_cluster_options(num_cpus: Optional[int] = None) -> dict:
@@ -62,8 +63,10 @@ def private_cluster_options(num_cpus: Optional[int] = None) -> dict:
         port = sock.getsockname()[1]
     # Ray keeps idle workers only while all its workers, actors included, number at most the CPUs:
     # a fit's CPU-less helper actors pushed the idle ones over, so every Ray Data task of the next
-    # fit started a new Python process (~3 CPU-seconds on 2 cores). Room for those actors keeps them.
-    soft_limit = (num_cpus or os.cpu_count() or 1) + FIT_HELPER_ACTORS
+    # fit started a new Python process (~3 CPU-seconds on 2 cores), and every Tune trial's seed task
+    # imported raycse again. Room for the helpers of as many fits as there are CPUs keeps them; the
+    # idle workers kept are still at most as many as ran at once.
+    soft_limit = (num_cpus or os.cpu_count() or 1) * (1 + FIT_HELPER_PROCESSES)
     return {"dashboard_host": "127.0.0.1", "dashboard_port": port,
             "runtime_env": {"env_vars": {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}},
             "_system_config": {"num_workers_soft_limit": soft_limit}}
