@@ -7,6 +7,15 @@ import json
 from conftest import write_stsb
 
 
+def registries_ever() -> int:
+    """RunRegistry actors this cluster has started, ended ones included (Ray's state API)."""
+    import ray
+    from ray.util.state import list_actors
+
+    return len(list_actors(address=ray.get_runtime_context().gcs_address, limit=10000,
+                           filters=[("class_name", "=", "RunRegistry")]))
+
+
 def _run(tiny_model, corpus, dev, out, **eval_cfg):
     from raycse.config import RunConfig
     from raycse.train.driver import train
@@ -25,9 +34,12 @@ def test_starting_score_is_remembered_and_keyed_by_what_it_depends_on(ray_cluste
     from raycse.config import RunConfig
     from raycse.evaluation import initial_scores
     from raycse.evaluation.selection import load_selection
+    from raycse.train.release import driver_registry
 
     monkeypatch.setenv("RAYCSE_CACHE", str(tmp_path / "cache"))
     dev = write_stsb(tmp_path / "dev.csv")
+    registry = driver_registry()  # (started here if no earlier test trained in this process)
+    started = registries_ever()
     cache_file = tmp_path / "cache" / "initial_scores.json"
     # by default (auto) a first run does not pay for a starting score nobody asked for
     assert _run(tiny_model, corpus, dev, tmp_path / "a0") is None and not cache_file.exists()
@@ -38,6 +50,8 @@ def test_starting_score_is_remembered_and_keyed_by_what_it_depends_on(ray_cluste
     cache_file.write_text(json.dumps({k: 12.345 for k in stored}))
     assert _run(tiny_model, corpus, dev, tmp_path / "b") == 12.345
     assert _run(tiny_model, corpus, dev, tmp_path / "c", before_training="false") is None
+    # the four train() calls of this driver recorded their fits in its one registry: none started another
+    assert registries_ever() == started and driver_registry() == registry
 
     # the key follows the data, the model's files, the evaluation settings, and refuses a random head
     run = RunConfig()
