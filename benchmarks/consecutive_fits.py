@@ -30,17 +30,10 @@ def machine_cpu_seconds() -> float:
 
 
 def start_cluster(before: bool) -> None:
-    import ray
+    from raycse.train.runtime import start_local_ray
 
-    from raycse.train.runtime import private_cluster_options, start_local_ray
-
-    if before:  # Ray's default worker-pool limit (the number of CPUs, actors included)
-        options = {k: v for k, v in private_cluster_options().items() if k != "_system_config"}
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")  # as start_local_ray does
-        ray.init(address="local", log_to_driver=False, logging_level=logging.WARNING, **options)
-    else:
-        start_local_ray(log_to_driver=False, logging_level=logging.WARNING)
+    # before: Ray's own system config, whose worker-pool limit is the number of CPUs (actors included)
+    start_local_ray(log_to_driver=False, logging_level=logging.WARNING, **({"_system_config": {}} if before else {}))
 
 
 def one_fit(out: str, before: bool, args) -> tuple[float, float]:

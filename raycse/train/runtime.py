@@ -30,7 +30,8 @@ def ensure_ray(num_cpus: Optional[int] = None) -> None:
 
 
 def start_local_ray(num_cpus: Optional[int] = None, **init_kwargs) -> None:
-    """Start a private local Ray with raycse's settings (``ensure_ray``'s, and the test suite's)."""
+    """Start a private local Ray with raycse's settings (``ensure_ray``'s, and the test suite's);
+    ``init_kwargs`` go to ``ray.init`` and win over :func:`private_cluster_options`."""
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -38,7 +39,7 @@ def start_local_ray(num_cpus: Optional[int] = None, **init_kwargs) -> None:
     # autoscaling cluster). A local cluster has none to drain, and the actor's process costs ~3
     # CPU-seconds per fit (a Tune trial makes one fit per seed). Workers inherit this from here.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-    ray.init(address="local", num_cpus=num_cpus, **init_kwargs, **private_cluster_options(num_cpus))
+    ray.init(address="local", num_cpus=num_cpus, **{**private_cluster_options(num_cpus), **init_kwargs})
 
 
 # Worker processes a Train fit brings up besides its workers' (which hold a CPU each): controller,
