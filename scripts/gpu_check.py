@@ -18,6 +18,7 @@ writes everything measured.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -56,10 +57,13 @@ def tiny_bert(path: Path) -> Path:
     return path
 
 
-def sentences(n: int, words: int, seed: int = 0) -> list[str]:
+def sentences(n: int, words: int, seed: int = 0, min_words: int | None = None) -> list[str]:
+    """n sentences of ``words`` words, or of ``min_words`` to ``words`` words each when it is given
+    (batches of many padded lengths, as a corpus gives)."""
     g = torch.Generator().manual_seed(seed)
+    counts = torch.randint(min_words, words + 1, (n,), generator=g).tolist() if min_words else [words] * n
     idx = torch.randint(len(WORDS), (n, words), generator=g)
-    return [" ".join(WORDS[i] for i in row) for row in idx.tolist()]
+    return [" ".join(WORDS[i] for i in row[:c]) for row, c in zip(idx.tolist(), counts)]
 
 
 def sync(device: torch.device) -> None:
@@ -131,12 +135,22 @@ def unpad_vs_sdpa(model: str, device: torch.device, dtype, batch: int, lengths: 
     return out
 
 
-def varied_sentences(n: int, seed: int = 1) -> list[str]:
-    """Sentences of 4 to 40 words: batches of many different padded lengths, as a corpus gives."""
-    g = torch.Generator().manual_seed(seed)
-    counts = torch.randint(4, 41, (n,), generator=g).tolist()
-    idx = torch.randint(len(WORDS), (n, 40), generator=g).tolist()
-    return [" ".join(WORDS[i] for i in row[:c]) for row, c in zip(idx, counts)]
+def median_step_s(enc, obj, opt, device: torch.device, dtype, rows_at, steps: int) -> float:
+    """Median seconds of ``steps`` SimCSE optimizer steps after two warm-up ones, tokenizing
+    included; ``rows_at(step)`` is that step's batch of sentences."""
+    times = []
+    for step in range(steps + 2):
+        sync(device)
+        t0 = time.perf_counter()
+        b = {k: v.to(device, non_blocking=True) for k, v in obj.collate(rows_at(step), enc.tokenizer, 32).items()}
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            loss = obj(enc, b).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return sorted(times[2:])[len(times[2:]) // 2]
 
 
 def step_speed(model: str, device: torch.device, dtype, batches: tuple, steps: int) -> dict:
@@ -147,30 +161,18 @@ def step_speed(model: str, device: torch.device, dtype, batches: tuple, steps: i
     shapes, as the Ray worker sees). In the Ray worker the step ran at 30-45% of the repeated one
     (BENCHMARKS.md, "On a GPU"); the fresh rows tell how much of that the shapes explain."""
     repeated = sentences(max(batches) * 2, 24)
-    fresh = varied_sentences(max(batches) * (steps + 2))
+    fresh = sentences(max(batches) * (steps + 2), 40, seed=1, min_words=4)
+    kinds = {"repeated": lambda batch, step: repeated[(step % 2) * batch:(step % 2 + 1) * batch],
+             "fresh": lambda batch, step: fresh[step * batch:(step + 1) * batch]}
     enc = Encoder.from_pretrained(model).to(device).train()
     obj = registry.build("simcse", {})
     opt = torch.optim.AdamW(enc.parameters(), lr=1e-5)
     out = {}
     for batch in batches:
-        for kind in ("repeated", "fresh"):
+        for kind, rows in kinds.items():
             for buckets in (1, 2):
                 enc.length_buckets = buckets
-                times = []
-                for step in range(steps + 2):  # two warm-up steps
-                    sync(device)
-                    t0 = time.perf_counter()
-                    rows = (repeated[(step % 2) * batch:(step % 2 + 1) * batch] if kind == "repeated"
-                            else fresh[step * batch:(step + 1) * batch])
-                    b = {k: v.to(device, non_blocking=True) for k, v in obj.collate(rows, enc.tokenizer, 32).items()}
-                    with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                        loss = obj(enc, b).loss
-                    loss.backward()
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-                    sync(device)
-                    times.append(time.perf_counter() - t0)
-                med = sorted(times[2:])[len(times[2:]) // 2]
+                med = median_step_s(enc, obj, opt, device, dtype, functools.partial(rows, batch), steps)
                 key = f"batch{batch}_buckets{buckets}" + ("_fresh" if kind == "fresh" else "")
                 out[key] = {"sent_per_s": batch / med, "ms_per_step": med * 1e3}
                 print(f"[gpu-check] SimCSE step without Ray, batch {batch}, {kind} batches, length buckets "
