@@ -28,13 +28,26 @@ S3_PORT = _free_port()
 os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{S3_PORT}", AWS_ACCESS_KEY_ID="testing",
                   AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# raycse's per-machine caches (kernel probe, starting scores) in a directory of this session's own,
-# so no run of the tests reads what an earlier one left in the home directory
-os.environ["RAYCSE_CACHE"] = tempfile.mkdtemp(prefix="raycse-test-cache-")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The tests import mlflow themselves (to read runs back): set before that import what raycse sets before
 # its own (raycse.train.tracking.mlflow_env: no telemetry thread racing the environment)
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+
+
+def pytest_configure(config):
+    """raycse's per-machine caches (kernel probe, starting scores) in a directory of this session's own,
+    so no run of the tests reads what an earlier one left in the home directory. A hook, not module
+    code: Ray workers import this module (test functions refer to its helpers) and made one each."""
+    config._raycse_cache = tempfile.mkdtemp(prefix="raycse-test-cache-")
+    os.environ["RAYCSE_CACHE"] = config._raycse_cache
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    shutil.rmtree(getattr(config, "_raycse_cache", ""), ignore_errors=True)
+
 
 WORDS = (
     "the a of and to in is was for on with as by at from that this it an be are were his her their "

@@ -106,6 +106,22 @@ def start_registry(name: Optional[str] = None):
 _DRIVER_REGISTRY: dict = {}  # (this node's id, job id) -> this process's RunRegistry
 
 
+def stop_registry(registry, name: Optional[str] = None, timeout_s: float = 30) -> None:
+    """End ``registry`` (a RunRegistry from :func:`start_registry`) and wait, bounded, until its
+    ``name`` is free again: a driver that runs several experiments (the Python API, a notebook)
+    keeps no process per experiment, and can resume one of them under the same name."""
+    ray.kill(registry, no_restart=True)
+    deadline = time.monotonic() + timeout_s
+    while name is not None:
+        try:
+            ray.get_actor(name)
+        except ValueError:
+            return  # gone
+        if time.monotonic() > deadline:
+            raise ResourceError(f"the run registry {name} did not end in {timeout_s:g} s after it was killed")
+        time.sleep(0.1)
+
+
 def driver_registry():
     """This driver process's RunRegistry, started on first use and kept for its later ``train()``
     calls. Why: each registry is a Ray worker process (~3 CPU-seconds to start on 2 cores, a tenth

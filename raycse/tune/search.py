@@ -12,6 +12,7 @@ import math
 import os
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -282,11 +283,28 @@ def _trainable(settings: TuneSettings, space: SearchSpace, exp_dir: Path, num_ex
     return tune.with_resources(tune.with_parameters(run_trial, setup=setup), {"CPU": TRIAL_CPU})
 
 
-def _registry(exp_dir: Path):
-    """The experiment's RunRegistry (raycse.train.release), named after its directory."""
-    from raycse.train.release import start_registry
+@contextmanager
+def _experiment_registry(exp_dir, space: SearchSpace):
+    """The experiment's RunRegistry (raycse.train.release), named after its directory, for the
+    length of its fit: then any run still registered (an interrupted fit's) is ended and the
+    registry with it, so the driver keeps nothing of the experiment."""
+    from raycse.train.release import release, start_registry, stop_registry
 
-    return start_registry(_registry_name(exp_dir))
+    name = _registry_name(exp_dir)
+    registry = start_registry(name)
+    try:
+        yield registry
+    finally:
+        try:
+            release(registry, "", _release_timeout(space))
+        finally:
+            stop_registry(registry, name)
+
+
+def _release_timeout(space: SearchSpace) -> float:
+    from raycse.train.release import RELEASE_MARGIN_S
+
+    return space.run_config({}).train.worker_start_timeout_s + RELEASE_MARGIN_S
 
 
 def _registry_name(exp_dir: Path) -> str:
@@ -294,10 +312,7 @@ def _registry_name(exp_dir: Path) -> str:
 
 
 def _callbacks(space: SearchSpace, exp_dir: Path, tracking: Optional[str] = None) -> list:
-    from raycse.train.release import RELEASE_MARGIN_S
-
-    timeout = space.run_config({}).train.worker_start_timeout_s + RELEASE_MARGIN_S
-    return [EndTrialRuns(_registry_name(exp_dir), timeout), DropTrainCheckpoints(),
+    return [EndTrialRuns(_registry_name(exp_dir), _release_timeout(space)), DropTrainCheckpoints(),
             *_tracking_callbacks(tracking, _name(exp_dir))]
 
 
@@ -367,7 +382,6 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
     setup_ray_data()
     concurrent, per_worker, settings.parallel_seeds = preflight(space, settings)
     prepared, num_examples = prepare_seeds(space, list(settings.seeds))  # data errors before any file
-    trainable = _trainable(settings, space, exp_dir, num_examples, per_worker, prepared, _registry(exp_dir))
     settings_dict = {**asdict(settings), "space": storage.join(str(exp_dir), "space.yaml"),
                      "num_examples": num_examples, "concurrent": concurrent, "cpus_per_worker": per_worker}
     write_records(exp_dir, Path(settings.space).read_text(), settings_dict)
@@ -375,16 +389,18 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
           f"{settings.rungs} rung(s), {settings.searcher} search, scheduler {settings.scheduler}, "
           f"{concurrent} concurrent trial(s), seeds {'side by side' if settings.parallel_seeds else 'in turn'}, "
           f"{per_worker:g} CPU per Train worker", flush=True)
-    tuner = tune.Tuner(
-        trainable,
-        tune_config=tune.TuneConfig(search_alg=_optuna_search(space, settings), scheduler=_scheduler(settings),
-                                    num_samples=settings.num_samples, max_concurrent_trials=concurrent,
-                                    time_budget_s=settings.time_budget_s, trial_dirname_creator=trial_dirname),
-        run_config=tune.RunConfig(name=name, storage_path=_parent(exp_dir), verbose=1,
-                                  checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-                                  callbacks=_callbacks(space, exp_dir, settings.tracking)),
-    )
-    return exp_dir, tuner.fit()
+    with _experiment_registry(exp_dir, space) as registry:
+        trainable = _trainable(settings, space, exp_dir, num_examples, per_worker, prepared, registry)
+        tuner = tune.Tuner(
+            trainable,
+            tune_config=tune.TuneConfig(search_alg=_optuna_search(space, settings), scheduler=_scheduler(settings),
+                                        num_samples=settings.num_samples, max_concurrent_trials=concurrent,
+                                        time_budget_s=settings.time_budget_s, trial_dirname_creator=trial_dirname),
+            run_config=tune.RunConfig(name=name, storage_path=_parent(exp_dir), verbose=1,
+                                      checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                                      callbacks=_callbacks(space, exp_dir, settings.tracking)),
+        )
+        return exp_dir, tuner.fit()
 
 
 def experiment_location(storage_path: str, name: str):
@@ -451,7 +467,8 @@ def resume(exp_dir: str):
                           f"start it again")
     print(f"[raycse] resuming {exp}", flush=True)
     prepared, _ = prepare_seeds(space, list(settings.seeds))  # the laid-out batches died with the last driver
-    tuner = tune.Tuner.restore(str(exp), _trainable(settings, space, exp, extra["num_examples"],
-                                                    extra["cpus_per_worker"], prepared, _registry(exp)),
-                               resume_unfinished=True, resume_errored=True)
-    return exp, tuner.fit()
+    with _experiment_registry(exp, space) as registry:
+        tuner = tune.Tuner.restore(str(exp), _trainable(settings, space, exp, extra["num_examples"],
+                                                        extra["cpus_per_worker"], prepared, registry),
+                                   resume_unfinished=True, resume_errored=True)
+        return exp, tuner.fit()
