@@ -3,6 +3,8 @@ server mode): published whole (manifest last), refused when incomplete, fetched 
 `raycse train` with corpus, checkpoints and output on S3, and `raycse eval` of the model there."""
 
 import json
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -106,6 +108,8 @@ def test_killed_driver_resumes_from_s3_and_ends_with_the_planned_steps(ray_clust
             "--epochs", "2", "--max-steps", "40", "--eval-steps", "1000", "--log-steps", "5",
             "--set", "train.checkpoint_steps=4"]
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
+    scratch = lambda: set(Path(tempfile.gettempdir()).glob("raycse-output-*"))  # noqa: E731 - local builds
+    before = scratch()
     proc = subprocess.Popen([sys.executable, "-m", "raycse", *argv], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -123,6 +127,8 @@ def test_killed_driver_resumes_from_s3_and_ends_with_the_planned_steps(ray_clust
         os.killpg(proc.pid, signal.SIGKILL)  # the driver dies mid-run, like a lost session
         proc.wait()
     assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="out/")  # no half-published output
+    left = scratch() - before
+    assert left  # the killed driver's local build of the output
     time.sleep(3)  # Ray notices the dead driver and ends its Train run
     capsys.readouterr()
     assert main(argv) == 0  # the same command again
@@ -131,6 +137,7 @@ def test_killed_driver_resumes_from_s3_and_ends_with_the_planned_steps(ray_clust
     assert resumed and int(resumed[0].split("resumed from step ")[1].split()[0]) >= 4, out[-2000:]
     metrics = json.loads(s3.get_object(Bucket=bucket, Key="out/metrics.json")["Body"].read())
     assert metrics["last"]["step"] == 40
+    assert not any(p.exists() for p in left)  # removed by the run after it
 
 
 def test_tune_on_s3_interrupted_resumed_analyzed_and_exported(ray_cluster, s3_server, tiny_model, corpus, stsb_dev,

@@ -22,7 +22,7 @@ from typing import Optional
 
 from raycse import storage
 from raycse.errors import ConfigError
-from raycse.outputs import staging_dir
+from raycse.outputs import private_tempdir, staging_dir, temporary_dir
 
 # what analysis reads of an experiment: Tune's records, not the models and checkpoints beside them
 RECORDS = ("params.json", "result.json", "error.txt", "space.yaml", "raycse_tune.json")
@@ -94,12 +94,10 @@ def tune_statuses(exp_dir: Path) -> dict:
 
 def local_records(exp_dir: str) -> Path:
     """A local copy of the records of an experiment on object storage (never its models)."""
-    import tempfile
-
     import atexit
 
     wanted = lambda name: name in RECORDS or name.startswith("experiment_state")  # noqa: E731
-    local = Path(tempfile.mkdtemp(prefix="raycse-exp-"))
+    local = private_tempdir("raycse-exp-")
     atexit.register(shutil.rmtree, local, True)
     return storage.mirror(exp_dir, local, wanted)
 
@@ -195,16 +193,14 @@ def analyze(exp_dir: str, plots: bool = True, plot_dir: Optional[str] = None, ex
 
 def _write_plots(trials, knobs, out: str, target: str, top: int) -> list:
     """PNGs into ``out``; on object storage each is drawn locally, then uploaded (one PUT: whole)."""
-    import tempfile
-
     from raycse.analysis.plots import write_plots
 
     if not storage.is_uri(out):
         Path(out).mkdir(parents=True, exist_ok=True)
         return write_plots(trials, knobs, Path(out), target, top)
-    with tempfile.TemporaryDirectory() as tmp:
+    with temporary_dir("raycse-plots-") as tmp:
         uploaded = []
-        for png in write_plots(trials, knobs, Path(tmp), target, top):
+        for png in write_plots(trials, knobs, tmp, target, top):
             storage.upload_file(png, storage.join(out, png.name))
             uploaded.append(storage.join(out, png.name))
         return uploaded
@@ -252,10 +248,8 @@ def export_model(best: Optional[TrialRecord], dest, experiment: str = "", target
         raise ConfigError(f"the best trial's model is missing ({src}); was the experiment directory moved or pruned?")
     check_export_path(dest)
     if storage.is_uri(dest):
-        import tempfile
-
-        with tempfile.TemporaryDirectory() as tmp:
-            staging = Path(tmp) / "model"
+        with temporary_dir("raycse-export-") as tmp:
+            staging = tmp / "model"
             shutil.copytree(src, staging)
             _export_card(staging, run_dir, str(dest), best, seed, experiment, target)
             storage.publish(staging, str(dest))

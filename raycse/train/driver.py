@@ -18,7 +18,6 @@ import functools
 import json
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ from raycse.errors import ConfigError
 from raycse.evaluation import initial_scores
 from raycse.evaluation.selection import load_selection
 from raycse.objectives import registry
-from raycse.outputs import staging_dir
+from raycse.outputs import private_tempdir, staging_dir
 from raycse.train import checkpoint as ckpt
 from raycse.train import release
 from raycse.train import tracking as tracking_mod
@@ -195,7 +194,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
 
     model_path, dev, remote = check_inputs(run, overwrite)  # everything a user can get wrong, before Ray starts
     # an output on object storage is built in a local directory and published at the end
-    local_root = Path(tempfile.mkdtemp(prefix="raycse-output-")) if remote else None
+    local_root = private_tempdir("raycse-output-") if remote else None
     out = local_root / "out" if remote else Path(run.output_dir).resolve()
     staging = _prepare_output(out, overwrite)
     final = remote or str(out)

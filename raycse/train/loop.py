@@ -12,7 +12,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -21,6 +20,7 @@ import torch
 from torch import nn
 
 from raycse import storage as objstore
+from raycse.outputs import temporary_dir
 from raycse.config import RunConfig
 from raycse.encoder import Encoder
 from raycse.evaluation import initial_scores
@@ -274,13 +274,15 @@ class WorkerRun:
         # repeats the steps from the previous one and posts a score again (the trial keeps the first).
         if self.sink is not None and metrics.get(self.score_key) is not None:
             self.sink.post(int(metrics["step"]), float(metrics[self.score_key]))
-        with tempfile.TemporaryDirectory() as tmp:
+        # a worker killed meanwhile (a stopped trial, a lost node) leaves its directory to the next
+        # checkpoint on this machine to remove: it holds the weights and optimizer state
+        with temporary_dir("raycse-ckpt-") as tmp:
             if self.rank == 0:
                 if self.grouping["layout"] is not None:  # a restart mid-epoch trains on the same batches
-                    self.grouping["layout"].save(Path(tmp) / ckpt.STATE_DIR)
-                ckpt.write(Path(tmp), self.core, self.opt, self.sched, {**metrics, "initial": self.initial})
-            ckpt.write_rng(Path(tmp), self.rank)
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+                    self.grouping["layout"].save(tmp / ckpt.STATE_DIR)
+                ckpt.write(tmp, self.core, self.opt, self.sched, {**metrics, "initial": self.initial})
+            ckpt.write_rng(tmp, self.rank)
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(tmp)))
 
     def score_before_training(self) -> bool:
         """The starting model's score, when asked for; True when it was remembered from an earlier run.

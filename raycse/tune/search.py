@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -443,7 +442,9 @@ def load_settings(exp_dir) -> tuple[TuneSettings, dict]:
         import atexit
         import shutil
 
-        local = Path(tempfile.mkdtemp(prefix="raycse-space-")) / "space.yaml"
+        from raycse.outputs import private_tempdir
+
+        local = private_tempdir("raycse-space-") / "space.yaml"
         atexit.register(shutil.rmtree, local.parent, True)
         local.write_text(storage.read_text(raw["space"]))
         raw["space"] = str(local)

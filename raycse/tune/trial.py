@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -28,6 +27,7 @@ from typing import Optional
 import numpy as np
 
 from raycse import storage
+from raycse.outputs import temporary_dir
 
 TARGET = "target"
 SEED_RUN = "train"  # Ray Train run name of each seed, under TRIAL/seed<s>/ (its checkpoints)
@@ -189,9 +189,9 @@ def run_trial(params: dict, setup: TrialSetup) -> None:
         text = json.dumps(progress)
         storage.write_text(storage.join(trial_root, RUNGS), text)
         metrics = rung_metrics([scores[s][rung] for s in setup.seeds], setup, ends[rung], rung + 1, len(ends))
-        with tempfile.TemporaryDirectory() as tmp:
-            (Path(tmp) / RUNGS).write_text(text)
-            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
+        with temporary_dir("raycse-rung-") as tmp:
+            (tmp / RUNGS).write_text(text)
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(tmp)))
 
     # Parallel: every seed's run goes once to the end, scoring at each rung's step, and the trial
     # reports a rung when all seeds have scored it (ASHA stopping the trial ends the runs with it).
