@@ -47,7 +47,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def abandoned_owner(name: str, prefix: str) -> Optional[int]:
+def _abandoned_owner(name: str, prefix: str) -> Optional[int]:
     """The pid of the ended process of this machine that made the directory ``name`` (``prefix``
     followed by its owner tag), or None: not such a name, another machine's, or its process alive
     (a pid reused since only keeps a directory longer, never removes a live one)."""
@@ -68,7 +68,7 @@ def sweep_abandoned(parent: Path, prefix: str) -> list[Path]:
         return []  # no such parent yet, or not readable: nothing of ours there
     removed = []
     for entry in entries:
-        pid = abandoned_owner(entry.name, prefix)
+        pid = _abandoned_owner(entry.name, prefix)
         if pid is not None and entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
             print(f"[raycse] removed {entry}: left by process {pid}, which ended before it finished",
