@@ -21,7 +21,6 @@ import argparse
 import functools
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -215,6 +214,36 @@ def simcse_loop(model: str, device: torch.device, dtype, steps: int) -> dict:
     return {"steps": steps, "loss_first": losses[0], "loss_last": losses[-1], "dev_before": before, "dev_after": after}
 
 
+TRAIN_TIMEOUT_S = 1800
+
+
+def _text(output) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else (output or "")
+
+
+def train_on_gpus(model: str, workers: int, steps: int, batch: int, stsb_dev: str | None, corpus: Path) -> dict:
+    """One ``raycse train --use-gpu`` command, bounded, its output in a directory removed after."""
+    cmd = [sys.executable, "-m", "raycse", "train", "--model", model, "--corpus", str(corpus), "--use-gpu",
+           "--num-workers", str(workers), "--max-steps", str(steps), "--batch-size", str(batch)]
+    cmd += ["--stsb-dev", stsb_dev] if stsb_dev else []
+    with tempfile.TemporaryDirectory(prefix="raycse-gpu-check-") as tmp:
+        t0 = time.perf_counter()
+        try:  # bounded: a run that hangs ends this check with its log instead of holding the GPU box
+            r = subprocess.run(cmd + ["--output", f"{tmp}/out"], capture_output=True, text=True, cwd=ROOT,
+                               timeout=TRAIN_TIMEOUT_S)
+        except subprocess.TimeoutExpired as exc:
+            r = subprocess.CompletedProcess(cmd, 124, _text(exc.stdout), _text(exc.stderr) +
+                                            f"\n[gpu-check] raycse train did not end in {TRAIN_TIMEOUT_S} s")
+        seconds = time.perf_counter() - t0
+        metrics_file = Path(tmp) / "out" / "metrics.json"
+        record = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
+    metrics = {**record.get("last", {}), **record.get("best", {})}
+    keep = ("train_examples_per_s", "train_seconds", "total_steps", "stsb_dev_spearman_initial",
+            "stsb_dev_spearman", "peak_rss_mb")
+    return {"rc": r.returncode, "seconds": seconds, **{k: metrics.get(k) for k in keep},
+            "tail": r.stdout[-600:] + r.stderr[-1500:]}
+
+
 def part_two(model: str, steps: int, batch: int, stsb_dev: str | None) -> dict:
     try:
         import ray  # noqa: F401
@@ -225,27 +254,12 @@ def part_two(model: str, steps: int, batch: int, stsb_dev: str | None) -> dict:
     gpus = torch.cuda.device_count()
     shared = Path(os.environ.get("RAYCSE_SHARED", ROOT.parent / "shared")) / "data" / "wiki_sample.txt"
     for workers in ([1, 2] if gpus >= 2 else [1]):
-        tmp = Path(tempfile.mkdtemp())
-        cmd = [sys.executable, "-m", "raycse", "train", "--model", model, "--corpus", str(shared), "--use-gpu",
-               "--num-workers", str(workers), "--max-steps", str(steps), "--batch-size", str(batch),
-               "--output", str(tmp / "out")] + (["--stsb-dev", stsb_dev] if stsb_dev else [])
-        t0 = time.perf_counter()
-        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-        seconds = time.perf_counter() - t0
-        metrics_file = tmp / "out" / "metrics.json"
-        record = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
-        metrics = {**record.get("last", {}), **record.get("best", {})}
-        keep = ("train_examples_per_s", "train_seconds", "total_steps", "stsb_dev_spearman_initial",
-                "stsb_dev_spearman", "peak_rss_mb")
-        row = {"rc": r.returncode, "seconds": seconds, **{k: metrics.get(k) for k in keep},
-               "tail": r.stdout[-600:] + r.stderr[-1500:]}
-        out[f"{workers}_workers"] = row
+        row = out[f"{workers}_workers"] = train_on_gpus(model, workers, steps, batch, stsb_dev, shared)
         print(f"[gpu-check] raycse train --use-gpu, {workers} worker(s), batch {batch}, {steps} steps: rc "
-              f"{r.returncode}, {seconds:.0f} s whole command, {row['train_examples_per_s']} sentences/s in "
+              f"{row['rc']}, {row['seconds']:.0f} s whole command, {row['train_examples_per_s']} sentences/s in "
               f"the loop, STS-B dev {row['stsb_dev_spearman_initial']} -> {row['stsb_dev_spearman']}", flush=True)
-        if r.returncode:
+        if row["rc"]:
             print(row["tail"], flush=True)
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -269,8 +283,9 @@ def main() -> int:
         return 2
     device = torch.device(args.device)
     model = args.model
+    scratch = tempfile.TemporaryDirectory(prefix="raycse-gpu-check-")  # removed when this process ends
     if model == "tiny":
-        model = str(tiny_bert(Path(tempfile.mkdtemp()) / "tiny"))
+        model = str(tiny_bert(Path(scratch.name) / "tiny"))
     elif model == "default":
         from raycse.encoder import resolve_model
 

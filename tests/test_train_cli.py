@@ -130,6 +130,24 @@ def test_cli_process_exit_code_and_help(tmp_path):
         assert flag in h.stdout
 
 
+def test_use_gpu_on_a_machine_without_gpus_fails_at_once(tiny_model, corpus, tmp_path):
+    """Without RAY_ADDRESS raycse starts a private Ray, which never gains GPUs: one line, not three
+    worker-start timeouts (3 x 60 s) ending in Ray Train's own error."""
+    import time
+
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has the GPUs the run asks for")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-m", "raycse", "train", "--model", str(tiny_model), "--corpus", str(corpus),
+                        "--output", str(tmp_path / "o"), "--use-gpu", "--num-workers", "2", "--max-steps", "2",
+                        "--stsb-dev", "none"], capture_output=True, text=True, env=env, timeout=170)
+    assert r.returncode == 2 and time.time() - t0 < 120, r.stderr[-2000:]
+    (line,) = own_lines(r.stderr)
+    assert line.startswith("raycse: error: --use-gpu with 2 worker(s) needs 2 GPU(s)") and "RAY_ADDRESS" in line
+    assert [p.name for p in tmp_path.iterdir()] == ["corpus.txt"]  # no output, no staging left
+
+
 def test_bsc_on_scored_pairs_and_sgopt_train_end_to_end(ray_cluster, tiny_model, stsb_dev, tmp_path):
     from conftest import make_sentences
 

@@ -55,6 +55,17 @@ def _prepare_output(out: Path, overwrite: bool) -> Path:
     return staging_dir(out)
 
 
+def check_local_gpus(t) -> None:
+    """A run on this machine's private Ray (no RAY_ADDRESS) gets no more GPUs than Ray sees here."""
+    import ray
+
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if t.use_gpu and gpus < t.num_workers:
+        raise ConfigError(f"--use-gpu with {t.num_workers} worker(s) needs {t.num_workers} GPU(s) and Ray sees "
+                          f"{gpus:g} on this machine; drop --use-gpu, lower --num-workers, or set RAY_ADDRESS "
+                          f"to a cluster with GPUs")
+
+
 def check_data_fits_objective(run: RunConfig) -> None:
     objective = registry.build(run.objective.name, run.objective.params)
     accepts = objective.accepts  # HiCL's depends on its base
@@ -204,7 +215,8 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         from raycse.machine import describe
 
         print(f"[raycse] driver on {describe()}", flush=True)  # the first line of the log names the machine
-        ensure_ray()
+        if ensure_ray():
+            check_local_gpus(run.train)  # now, not after the workers' start timeout
         setup_ray_data()
         if registry is None:
             registry = release.driver_registry()

@@ -11,22 +11,24 @@ import torch
 from raycse.precision import autocast, cpu_supports_bf16, resolve_precision  # noqa: F401 - re-exported
 
 
-def ensure_ray(num_cpus: Optional[int] = None) -> None:
+def ensure_ray(num_cpus: Optional[int] = None) -> bool:
     """Connect to the cluster in RAY_ADDRESS if set (``ray job submit``; ``auto``: the one ``ray start``
     started on this machine), else start a private local one: never another process's cluster found
     by chance (``ray.init()`` alone joins the newest ``ray start`` / test cluster on the machine, where
-    this run's CPU settings are refused)."""
+    this run's CPU settings are refused). True when it started the private one (whose resources are
+    this machine's for good: no autoscaler adds any)."""
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     # logging_level WARNING: Ray's "Connecting to existing Ray cluster" / "Started a local Ray
     # instance" are not lines a raycse user needs (an error must stay the one line that names it)
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True, logging_level=logging.WARNING)
-        return
+        return False
     start_local_ray(num_cpus, log_to_driver=True, logging_level=logging.WARNING,
                     object_store_memory=int(os.environ.get("RAYCSE_OBJECT_STORE_BYTES", 1 << 30)))
+    return True
 
 
 def start_local_ray(num_cpus: Optional[int] = None, **init_kwargs) -> None:
