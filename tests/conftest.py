@@ -34,7 +34,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
-
 def pytest_configure(config):
     """raycse's per-machine caches (kernel probe, starting scores) in a directory of this session's own,
     so no run of the tests reads what an earlier one left in the home directory. A hook, not module
@@ -77,6 +76,17 @@ def make_tiny_model(path: Path, dropout: float = 0.1, seed: int = 0) -> Path:
     BertModel(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def run_registries(alive_only: bool = False) -> list[str]:
+    """The ids of the RunRegistry actors this cluster has started (Ray's state API, which lists
+    ended actors too), or of those alive now."""
+    import ray
+    from ray.util.state import list_actors
+
+    filters = [("class_name", "=", "RunRegistry")] + ([("state", "=", "ALIVE")] if alive_only else [])
+    actors = list_actors(address=ray.get_runtime_context().gcs_address, limit=10000, filters=filters)
+    return sorted(a.actor_id for a in actors)
 
 
 RAY_FORWARDED = re.compile(r"^(\x1b\[\d+m)?\([^)]*pid=")  # Ray forwarding a worker's log (log_to_driver)

@@ -4,16 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import write_stsb
-
-
-def registries_ever() -> int:
-    """RunRegistry actors this cluster has started, ended ones included (Ray's state API)."""
-    import ray
-    from ray.util.state import list_actors
-
-    return len(list_actors(address=ray.get_runtime_context().gcs_address, limit=10000,
-                           filters=[("class_name", "=", "RunRegistry")]))
+from conftest import run_registries, write_stsb
 
 
 def _run(tiny_model, corpus, dev, out, **eval_cfg):
@@ -39,7 +30,7 @@ def test_starting_score_is_remembered_and_keyed_by_what_it_depends_on(ray_cluste
     monkeypatch.setenv("RAYCSE_CACHE", str(tmp_path / "cache"))
     dev = write_stsb(tmp_path / "dev.csv")
     registry = driver_registry()  # (started here if no earlier test trained in this process)
-    started = registries_ever()
+    started = len(run_registries())
     cache_file = tmp_path / "cache" / "initial_scores.json"
     # by default (auto) a first run does not pay for a starting score nobody asked for
     assert _run(tiny_model, corpus, dev, tmp_path / "a0") is None and not cache_file.exists()
@@ -51,7 +42,7 @@ def test_starting_score_is_remembered_and_keyed_by_what_it_depends_on(ray_cluste
     assert _run(tiny_model, corpus, dev, tmp_path / "b") == 12.345
     assert _run(tiny_model, corpus, dev, tmp_path / "c", before_training="false") is None
     # the four train() calls of this driver recorded their fits in its one registry: none started another
-    assert registries_ever() == started and driver_registry() == registry
+    assert len(run_registries()) == started and driver_registry() == registry
 
     # the key follows the data, the model's files, the evaluation settings, and refuses a random head
     run = RunConfig()

@@ -16,6 +16,8 @@ from raycse.errors import ConfigError
 from raycse.tune.space import load_space
 from raycse.tune.trial import parse_target, rung_ends, target_value
 
+from conftest import run_registries
+
 
 def _space(tmp_path, search: dict, run: dict | None = None, name="space.yaml"):
     p = tmp_path / name
@@ -87,28 +89,17 @@ def _tiny_space(tmp_path, tiny_model, corpus, stsb_dev, num_rungs_steps=4):
     return _space(tmp_path, {"tau": {"loguniform": [0.02, 0.2]}, "lr": {"loguniform": [1e-4, 1e-3]}}, run)
 
 
-def live_registries() -> list[str]:
-    """The RunRegistry actors alive in this cluster (Ray's state API)."""
-    from ray.util.state import list_actors
-
-    import ray
-
-    alive = list_actors(address=ray.get_runtime_context().gcs_address, limit=10000,
-                        filters=[("class_name", "=", "RunRegistry"), ("state", "=", "ALIVE")])
-    return sorted(a.actor_id for a in alive)
-
-
 def test_two_trials_two_seeds_analysis_plots_and_export(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path):
     from raycse.analysis import analyze
     from raycse.tune import TuneSettings, tune_search
 
     space = _tiny_space(tmp_path, tiny_model, corpus, stsb_dev)
     settings = TuneSettings(space=space, num_samples=2, seeds=[0, 1], rungs=2, scheduler="none", concurrent=1)
-    registries = live_registries()
+    registries = run_registries(alive_only=True)
     exp, results = tune_search(settings, str(tmp_path / "tune"), "exp")
     assert len(results) == 2 and not any(r.error for r in results)
     # the experiment's run registry ended with it (one process per experiment kept by a notebook's driver)
-    assert live_registries() == registries
+    assert run_registries(alive_only=True) == registries
     assert json.loads((exp / "raycse_tune.json").read_text())["parallel_seeds"] is True
     report = analyze(str(exp), export_best=str(tmp_path / "best"))
     assert len(report.trials) == 2
