@@ -283,8 +283,8 @@ def main() -> int:
         return 2
     device = torch.device(args.device)
     model = args.model
-    scratch = tempfile.TemporaryDirectory(prefix="raycse-gpu-check-")  # removed when this process ends
     if model == "tiny":
+        scratch = tempfile.TemporaryDirectory(prefix="raycse-gpu-check-")  # removed when this process ends
         model = str(tiny_bert(Path(scratch.name) / "tiny"))
     elif model == "default":
         from raycse.encoder import resolve_model
