@@ -2,8 +2,9 @@
 Ray's own tests use), in its own process: the two Train workers land on different nodes, corpus,
 checkpoints and model live on the S3 server, and the driver's disk receives nothing; a worker node
 removed mid-run and replaced: the run resumes from its latest checkpoint on S3 and ends with the
-planned steps; a 2-trial tune on the same cluster, its experiment on S3. A raycse process started
-beside it without RAY_ADDRESS starts its own Ray instead of joining it."""
+planned steps on the nodes alive (one run checks both); a 2-trial tune on the same cluster, its
+experiment on S3. A raycse process started beside it without RAY_ADDRESS starts its own Ray
+instead of joining it."""
 
 import json
 import os
@@ -36,22 +37,24 @@ def test_two_workers_on_two_nodes_with_everything_on_s3(tiny_model, corpus, stsb
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     out = json.loads([line for line in r.stdout.splitlines() if line.startswith("{")][-1])
     print("seconds by phase:", out["seconds"])
-    assert len(set(out["worker_nodes"])) == 2  # rank 0 and rank 1 on different nodes
-    assert set(out["worker_nodes"]) == set(out["cluster_worker_nodes"]) and out["head_node"] not in out["worker_nodes"]
-    assert out["steps"] == 6 and out["model_dir"] == "s3://raycse-multinode/runs/multinode/model"
+    replaced = out["replaced"]
+    assert replaced["error"] is None and replaced["removed"], replaced
+    assert replaced["steps"] == 100  # the planned count, after the restart
+    assert replaced["model_dir"] == "s3://raycse-multinode/runs/replaced/model"
+    nodes = replaced["worker_nodes"]
+    assert len(set(nodes)) == 2  # rank 0 and rank 1 on different nodes
+    # the worker nodes alive at the end: the rank that lived on the removed node now runs on its
+    # replacement, and nothing on the head (it has no CPUs)
+    assert set(nodes) == set(out["cluster_worker_nodes"]) and out["head_node"] not in nodes
+    assert replaced["replacement"] in nodes and replaced["removed"] not in nodes
     keys = set(out["s3_keys"])
-    assert "runs/multinode/raycse_manifest.json" in keys and "runs/multinode/model/config.json" in keys
-    assert any(k.startswith("checkpoints/") for k in keys)
+    assert "runs/replaced/raycse_manifest.json" in keys and "runs/replaced/model/config.json" in keys
+    assert any(k.startswith("ckpt-replaced/") for k in keys)
     assert out["cwd_unchanged"] and not list(run_dir.iterdir())  # nothing but logs (Ray's, in /tmp/ray)
     assert out["private_address"] != out["cluster_address"] and not out["private_address"].startswith("failed")
     tune = out["tune"]
     assert tune["exp"] == "s3://raycse-multinode/tune/exp" and not tune["errors"] and tune["complete"] == [True, True]
     assert all(loc.startswith("s3://raycse-multinode/tune/exp/trial_") for loc in tune["locations"])
-    replaced = out["replaced"]
-    assert replaced["error"] is None and replaced["removed"], replaced
-    assert replaced["steps"] == 100  # the planned count, after the restart
-    # the rank that lived on the removed node now runs on its replacement
-    assert replaced["replacement"] in replaced["worker_nodes"] and replaced["removed"] not in replaced["worker_nodes"]
     steps = [s for s, _ in replaced["rank0_steps"]]
     pids = [p for _, p in replaced["rank0_steps"]]
     restart = next(i for i in range(1, len(pids)) if pids[i] != pids[i - 1])  # the new worker group
