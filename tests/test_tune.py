@@ -278,8 +278,12 @@ def test_ended_trial_keeps_only_each_seeds_final_model(tmp_path):
     drop_train_checkpoints(str(tmp_path / "missing"))  # a trial that never wrote anything
 
 
-def test_tune_selects_by_a_beir_metric(ray_cluster, tiny_model, corpus, tmp_path):
-    """eval.metric beir:DIR:mrr@10 in the space's run: the rungs report the retrieval score (x100)."""
+def test_tune_selects_by_a_beir_metric_and_writes_tensorboard_files(ray_cluster, tiny_model, corpus, tmp_path):
+    """eval.metric beir:DIR:mrr@10 in the space's run: the rungs report the retrieval score (x100).
+    With --tracking tensorboard:DIR, Ray's TBX logger writes each trial under DIR/EXPERIMENT/<trial
+    directory> (one experiment checks both: each costs a fit)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     from conftest import make_beir_dir
 
     from raycse.analysis import analyze
@@ -291,7 +295,9 @@ def test_tune_selects_by_a_beir_metric(ray_cluster, tiny_model, corpus, tmp_path
            "train": {"batch_size": 16, "max_steps": 4, "cpus_per_worker": 1, "log_steps": 2},
            "eval": {"stsb_dev": "none", "metric": f"beir:{beir}:mrr@10", "eval_steps": 1000}}
     space = _space(tmp_path, {"lr": {"loguniform": [1e-4, 1e-3]}}, run)
-    settings = TuneSettings(space=space, num_samples=1, seeds=[0], rungs=2, scheduler="none", concurrent=1)
+    tb = tmp_path / "tb"
+    settings = TuneSettings(space=space, num_samples=1, seeds=[0], rungs=2, scheduler="none", concurrent=1,
+                            tracking=f"tensorboard:{tb}")
     exp, results = tune_search(settings, str(tmp_path / "tune"), "exp")
     assert len(results) == 1 and not results[0].error
     (trial,) = analyze(str(exp), plots=False).trials
@@ -300,3 +306,8 @@ def test_tune_selects_by_a_beir_metric(ray_cluster, tiny_model, corpus, tmp_path
     scores = [r["seed_scores"][0] for r in trial.results]
     assert len(scores) == 2 and all(0.0 <= s <= 100.0 for s in scores)
     assert summary["last"]["beir_mrr@10"] == pytest.approx(scores[-1])
+    (trial_dir,) = [p for p in (tb / "exp").iterdir()]
+    assert trial_dir.name == Path(results[0].path).name  # named like the trial's own directory
+    acc = EventAccumulator(str(trial_dir))
+    acc.Reload()
+    assert [e.value for e in acc.Scalars("ray/tune/seed0_score")] == pytest.approx(scores)
