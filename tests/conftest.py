@@ -6,7 +6,6 @@ import json
 import os
 import random
 import re
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -37,8 +36,11 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 def pytest_configure(config):
     """raycse's per-machine caches (kernel probe, starting scores) in a directory of this session's own,
     so no run of the tests reads what an earlier one left in the home directory. A hook, not module
-    code: Ray workers import this module (test functions refer to its helpers) and made one each."""
-    config._raycse_cache = tempfile.mkdtemp(prefix="raycse-test-cache-")
+    code: Ray workers import this module (test functions refer to its helpers) and made one each.
+    Named like raycse's own scratch directories, so a killed session's is removed by the next one."""
+    from raycse.outputs import private_tempdir
+
+    config._raycse_cache = str(private_tempdir("raycse-test-cache-"))
     os.environ["RAYCSE_CACHE"] = config._raycse_cache
 
 
