@@ -310,4 +310,5 @@ def test_tune_selects_by_a_beir_metric_and_writes_tensorboard_files(ray_cluster,
     assert trial_dir.name == Path(results[0].path).name  # named like the trial's own directory
     acc = EventAccumulator(str(trial_dir))
     acc.Reload()
-    assert [e.value for e in acc.Scalars("ray/tune/seed0_score")] == pytest.approx(scores)
+    assert [e.value for e in acc.Scalars("ray/tune/seed0_score")] == pytest.approx(
+        [r["seed_scores"][0] for r in results[0].metrics_dataframe.to_dict("records")])  # Tune's own record
