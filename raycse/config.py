@@ -207,6 +207,13 @@ class TrainConfig:
     # Save a resumable checkpoint (model, optimizer, scheduler, RNG, step) every N steps; None:
     # at every evaluation. A run restarted after a failure continues from the latest one.
     checkpoint_steps: Optional[int] = None
+    # How a checkpoint reaches its storage (Ray's CheckpointUploadMode). async: copied in the
+    # background while training goes on, one copy at a time (a checkpoint first waits for the
+    # previous copy, at most checkpoint_upload_timeout_s); sync: training waits for each copy;
+    # auto: async when checkpoints go to object storage (--storage-path s3://...), else sync
+    # (BENCHMARKS.md, "Checkpoints copied in the background"). The fit ends once its last is stored.
+    checkpoint_upload: str = "auto"
+    checkpoint_upload_timeout_s: float = 1800.0
     # Times a run restarts from its latest checkpoint after a worker dies (Ray Train FailureConfig).
     max_failures: int = 0
     # Waiting for workers is bounded: each attempt to start the worker group waits this long for
@@ -255,6 +262,9 @@ class TrainConfig:
         if self.checkpoint_steps is not None:
             _at_least("train.checkpoint_steps", self.checkpoint_steps, 1)
         _at_least("train.keep_checkpoints", self.keep_checkpoints, 1)
+        _choice("train.checkpoint_upload", self.checkpoint_upload, ("auto", "async", "sync"))
+        if not self.checkpoint_upload_timeout_s > 0:
+            raise ConfigError(f"train.checkpoint_upload_timeout_s must be > 0, got {self.checkpoint_upload_timeout_s}")
         if not self.worker_start_timeout_s > 0:
             raise ConfigError(f"train.worker_start_timeout_s must be > 0, got {self.worker_start_timeout_s}")
         _at_least("train.worker_start_attempts", self.worker_start_attempts, 1)

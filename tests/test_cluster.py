@@ -212,8 +212,9 @@ def test_truncated_checkpoint_is_skipped_with_a_warning(ray_cluster, tiny_model,
     run.train.max_steps, run.train.checkpoint_steps, run.train.epochs = 6, 2, 3
     run.eval.stsb_dev, run.eval.eval_steps = str(stsb_dev), 1000
     run.output_dir = str(tmp_path / "a")
+    run.train.checkpoint_upload = "sync"  # (the run that resumes below copies them in the background: async)
     store = tmp_path / "store"
-    train(run, storage_path=str(store), stop_at=6)
+    assert train(run, storage_path=str(store), stop_at=6).metrics["last"]["checkpoint_upload"] == "sync"
     dirs = sorted(d for d in (store / "train").glob("checkpoint_*") if d.is_dir())
     steps = {d: ckpt.step_of(d) for d in dirs}
     latest = max(dirs, key=steps.get)
@@ -223,8 +224,28 @@ def test_truncated_checkpoint_is_skipped_with_a_warning(ray_cluster, tiny_model,
     step, path = ckpt.latest_valid(store / "train")
     assert step == 4 and Path(path) != latest
     capsys.readouterr()
-    run.output_dir, run.train.max_steps = str(tmp_path / "b"), 8
+    run.output_dir, run.train.max_steps, run.train.checkpoint_upload = str(tmp_path / "b"), 8, "async"
     result = train(run, storage_path=str(store))
     out = capsys.readouterr().out
     assert f"skipped damaged checkpoint {latest.name}" in out and "resumed from step 4" in out
-    assert result.metrics["last"]["step"] == 8
+    assert result.metrics["last"]["step"] == 8 and result.metrics["last"]["checkpoint_upload"] == "async"
+
+
+def test_waiting_for_a_checkpoint_upload_is_bounded(tmp_path):
+    """Under train.checkpoint_upload async, a checkpoint first waits for the previous one to reach
+    storage (Ray removes its local directory then), at most train.checkpoint_upload_timeout_s."""
+    from raycse.train.loop import wait_for_upload
+
+    local = tmp_path / "raycse-ckpt-x"
+    local.mkdir()
+    threading.Timer(0.4, shutil.rmtree, args=(local,)).start()  # Ray's upload thread, done after 0.4 s
+    start = time.monotonic()
+    wait_for_upload(local, 4, 30.0, "s3://bucket/ckpt/train")
+    assert 0.35 <= time.monotonic() - start < 10
+    local.mkdir()  # an upload that never ends
+    start = time.monotonic()
+    with pytest.raises(TimeoutError) as err:
+        wait_for_upload(local, 8, 0.5, "s3://bucket/ckpt/train")
+    assert 0.5 <= time.monotonic() - start < 10
+    assert "step 8 has not reached s3://bucket/ckpt/train in 0.5 s" in str(err.value)
+    assert "train.checkpoint_upload_timeout_s" in str(err.value)

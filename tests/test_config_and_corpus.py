@@ -34,6 +34,8 @@ def test_yaml_round_trip_and_overrides(tmp_path):
     ("objective: {tau: -0.5}\n", "tau must be > 0"),
     ("model: {pooling: max}\n", "model.pooling must be one of"),
     ("eval: {precision: fp8}\n", "eval.precision must be one of"),
+    ("train: {checkpoint_upload: later}\n", "train.checkpoint_upload must be one of auto, async, sync"),
+    ("train: {checkpoint_upload_timeout_s: 0}\n", "train.checkpoint_upload_timeout_s must be > 0"),
     ("train: {batch_size: many}\n", "train.batch_size must be int"),
     ("train: [1, 2]\n", "must be a mapping"),
 ])

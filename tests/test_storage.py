@@ -67,16 +67,26 @@ def test_train_with_corpus_checkpoints_and_output_on_s3_then_eval(ray_cluster, s
             "--cpus-per-worker", "1", "--batch-size", "16", "--max-length", "16", "--max-steps", "6",
             "--eval-steps", "3"]
     before = set(p.name for p in tmp_path.iterdir())
+    scratch = lambda: set(Path(tempfile.gettempdir()).glob("raycse-ckpt-*"))  # noqa: E731 - workers' local copies
+    scratch_before = scratch()
     assert main(argv) == 0
     assert f"model saved to {out}/model" in capsys.readouterr().out
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="runs/simcse/")["Contents"]}
     assert {f"runs/simcse/{MANIFEST}", f"runs/simcse/model/{MANIFEST}", "runs/simcse/metrics.json",
             "runs/simcse/model/config.json", "runs/simcse/model/README.md"} <= keys
-    ckpts = s3.list_objects_v2(Bucket=bucket, Prefix="checkpoints/")
-    assert ckpts.get("KeyCount", 0) > 0  # Ray Train wrote its checkpoints to S3
+    # Ray Train copied each checkpoint (steps 3 and 6) to S3 in the background, whole: rank 0's
+    # manifest and both ranks' RNG states; then it removed the workers' local copies
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="checkpoints/", MaxKeys=5000)["Contents"]]
+    ckpts = sorted({k.split("/")[2] for k in keys if "/state/" in k})
+    assert len(ckpts) == 2, ckpts
+    for c in ckpts:
+        assert {f"checkpoints/train/{c}/state/{n}" for n in ("MANIFEST.json", "rng_rank0.pt", "rng_rank1.pt")} \
+            <= set(keys), c
+    assert not scratch() - scratch_before
     assert set(p.name for p in tmp_path.iterdir()) == before  # nothing but S3 received the run
     metrics = json.loads(s3.get_object(Bucket=bucket, Key="runs/simcse/metrics.json")["Body"].read())
-    assert metrics["last"]["step"] == 6
+    assert metrics["last"]["step"] == 6 and metrics["last"]["checkpoint_seconds"] > 0
+    assert metrics["last"]["checkpoint_upload"] == "async"  # auto: in the background to object storage
     # eval by URI; the same command again (the output exists) is refused in one line
     assert main(["eval", f"{out}/model", "--stsb-dev", str(stsb_dev)]) == 0
     assert "STSB-dev" in capsys.readouterr().out

@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Optional
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 
 from raycse import storage as objstore
-from raycse.outputs import temporary_dir
+from raycse.outputs import private_tempdir
 from raycse.config import RunConfig
 from raycse.encoder import Encoder
 from raycse.evaluation import initial_scores
@@ -198,6 +199,18 @@ def choose_checkpoint(config: dict, rank: int, world_size: int) -> tuple[Optiona
     return (chosen[1] if chosen else None), skipped
 
 
+def wait_for_upload(local: Path, step: int, limit_s: float, dest: str) -> None:
+    """Wait until the checkpoint of ``step`` reached storage, which Ray says by removing its local
+    directory ``local``: one upload at a time, so a slow store slows the run instead of filling
+    this node's disk; after ``limit_s`` the run fails naming the store."""
+    deadline = time.monotonic() + limit_s
+    while local.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the checkpoint of step {step} has not reached {dest} in {limit_s:g} s; check that "
+                               "the storage is reachable, or raise train.checkpoint_upload_timeout_s")
+        time.sleep(0.05)
+
+
 class WorkerRun:
     """One rank's part of a fit: its model, optimizer and progress, and the loop's steps over them.
 
@@ -239,6 +252,11 @@ class WorkerRun:
         self.step, self.history, self.initial, self.resumed = 0, [], None, None
         self.grouping = {"layout": None, "log": []}  # in-fit regrouping: this epoch's batches and every epoch's record
         self.window, self.train_time, self.seen = [], 0.0, 0  # losses since the last checkpoint; this fit's speed
+        # checkpoints copied to storage in the background (train.checkpoint_upload); the training
+        # thread's time in checkpoints (this fit's, before the current one); the one being copied
+        mode = run.train.checkpoint_upload
+        self.upload_async = mode == "async" or (mode == "auto" and objstore.is_uri(config["checkpoint_dir"]))
+        self.ckpt_time, self.uploading = 0.0, None
 
     def resume(self) -> None:
         """Continue from the furthest whole checkpoint, if there is one (every rank loads the same)."""
@@ -268,21 +286,39 @@ class WorkerRun:
     def report(self, metrics: dict) -> None:
         """Post the score, then write and report this step's checkpoint (rank 0: the model; every rank: its RNG)."""
         import ray.train
+        from ray.train import CheckpointUploadMode
 
         # The score goes out before the checkpoint is written (~1.3 s for MiniLM's weights + optimizer):
         # a Tune trial decides its rung on it meanwhile. A run restarted before the checkpoint exists
         # repeats the steps from the previous one and posts a score again (the trial keeps the first).
         if self.sink is not None and metrics.get(self.score_key) is not None:
             self.sink.post(int(metrics["step"]), float(metrics[self.score_key]))
+        t0 = time.perf_counter()
+        upload_async = self.upload_async
+        if upload_async and self.uploading is not None:
+            wait_for_upload(*self.uploading, self.run.train.checkpoint_upload_timeout_s, self.config["checkpoint_dir"])
         # a worker killed meanwhile (a stopped trial, a lost node) leaves its directory to the next
         # checkpoint on this machine to remove: it holds the weights and optimizer state
-        with temporary_dir("raycse-ckpt-") as tmp:
+        tmp = private_tempdir("raycse-ckpt-")
+        try:
             if self.rank == 0:
                 if self.grouping["layout"] is not None:  # a restart mid-epoch trains on the same batches
                     self.grouping["layout"].save(tmp / ckpt.STATE_DIR)
                 ckpt.write(tmp, self.core, self.opt, self.sched, {**metrics, "initial": self.initial})
             ckpt.write_rng(tmp, self.rank)
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(tmp)))
+            # async: Ray copies it to storage in a thread of this worker while training goes on, then
+            # removes it (as sync does after its copy); the fit's end waits for the last copy
+            ray.train.report({**metrics, "checkpoint_seconds": self.ckpt_time,
+                              "checkpoint_upload": "async" if upload_async else "sync"},
+                             checkpoint=ray.train.Checkpoint.from_directory(str(tmp)),
+                             checkpoint_upload_mode=(CheckpointUploadMode.ASYNC if upload_async
+                                                     else CheckpointUploadMode.SYNC),
+                             delete_local_checkpoint_after_upload=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self.uploading = (tmp, int(metrics["step"])) if upload_async else None
+        self.ckpt_time += time.perf_counter() - t0
 
     def score_before_training(self) -> bool:
         """The starting model's score, when asked for; True when it was remembered from an earlier run.
