@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import statistics
 import sys
@@ -78,12 +79,15 @@ def main() -> None:
     print(f"# SimCSE, all-MiniLM-L6-v2, 1 worker, batch {args.batch_size}, {args.steps} steps, a checkpoint every "
           f"{args.checkpoint_steps} steps, storage {args.storage}")
     rows = {"sync": [], "async": []}
-    for i in range(args.rounds):
-        for mode in ("sync", "async") if i % 2 == 0 else ("async", "sync"):
-            r = one_run(mode, storage, args, tmp, i)
-            rows[mode].append(r)
-            print(f"round {i} {mode:5s}: fit {r['fit']:.1f} s, training {r['train']:.1f} s, in checkpoints "
-                  f"{r['ckpt']:.1f} s (the first {r['checkpoints'] - 1} of {r['checkpoints']})", flush=True)
+    try:
+        for i in range(args.rounds):
+            for mode in ("sync", "async") if i % 2 == 0 else ("async", "sync"):
+                r = one_run(mode, storage, args, tmp, i)
+                rows[mode].append(r)
+                print(f"round {i} {mode:5s}: fit {r['fit']:.1f} s, training {r['train']:.1f} s, in checkpoints "
+                      f"{r['ckpt']:.1f} s (the first {r['checkpoints'] - 1} of {r['checkpoints']})", flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # the models and local checkpoints of the runs
     med = {m: {k: statistics.median(r[k] for r in rs) for k in ("fit", "ckpt", "train")} for m, rs in rows.items()}
     print(f"{'':8s}{'fit s':>8s}{'in checkpoints s':>18s}{'training s':>12s}")
     for m in ("sync", "async"):
