@@ -317,6 +317,8 @@ class WorkerRun:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        if not upload_async:  # Ray removed it after the copy, unless it skipped the report (a worker lost)
+            shutil.rmtree(tmp, ignore_errors=True)
         self.uploading = (tmp, int(metrics["step"])) if upload_async else None
         self.ckpt_time += time.perf_counter() - t0
 
