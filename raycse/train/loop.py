@@ -294,8 +294,7 @@ class WorkerRun:
         if self.sink is not None and metrics.get(self.score_key) is not None:
             self.sink.post(int(metrics["step"]), float(metrics[self.score_key]))
         t0 = time.perf_counter()
-        upload_async = self.upload_async
-        if upload_async and self.uploading is not None:
+        if self.uploading is not None:  # (only under async)
             wait_for_upload(*self.uploading, self.run.train.checkpoint_upload_timeout_s, self.config["checkpoint_dir"])
         # a worker killed meanwhile (a stopped trial, a lost node) leaves its directory to the next
         # checkpoint on this machine to remove: it holds the weights and optimizer state
@@ -309,17 +308,18 @@ class WorkerRun:
             # async: Ray copies it to storage in a thread of this worker while training goes on, then
             # removes it (as sync does after its copy); the fit's end waits for the last copy
             ray.train.report({**metrics, "checkpoint_seconds": self.ckpt_time,
-                              "checkpoint_upload": "async" if upload_async else "sync"},
+                              "checkpoint_upload": "async" if self.upload_async else "sync"},
                              checkpoint=ray.train.Checkpoint.from_directory(str(tmp)),
-                             checkpoint_upload_mode=(CheckpointUploadMode.ASYNC if upload_async
+                             checkpoint_upload_mode=(CheckpointUploadMode.ASYNC if self.upload_async
                                                      else CheckpointUploadMode.SYNC),
                              delete_local_checkpoint_after_upload=True)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        if not upload_async:  # Ray removed it after the copy, unless it skipped the report (a worker lost)
+        if self.upload_async:
+            self.uploading = (tmp, int(metrics["step"]))
+        else:  # Ray removed it after the copy, unless it skipped the report (a worker lost)
             shutil.rmtree(tmp, ignore_errors=True)
-        self.uploading = (tmp, int(metrics["step"])) if upload_async else None
         self.ckpt_time += time.perf_counter() - t0
 
     def score_before_training(self) -> bool:
