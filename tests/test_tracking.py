@@ -1,6 +1,8 @@
 """Experiment tracking against a real MLflow tracking server on 127.0.0.1 (sqlite store in a temp
 dir) and TensorBoard event files, read back through their own readers."""
 
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -30,7 +32,10 @@ def mlflow_server(tmp_path_factory):
            "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--default-artifact-root", str(root / "art"),
            "--workers", "1"]
     log = open(root / "server.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    # No job runner (MLflow 3's huey consumer: a dir in /dev/shm and a socket dir in /tmp per start,
+    # left behind at stop); its own process group, so the teardown stops the uvicorn child as well.
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 90  # bounded: a server that does not come up fails the tests, it never hangs them
     while True:
@@ -41,15 +46,26 @@ def mlflow_server(tmp_path_factory):
         except OSError:
             pass
         if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
+            _stop(proc, 0)
             raise RuntimeError(f"MLflow server did not start in 90 s: {(root / 'server.log').read_text()[-2000:]}")
         time.sleep(0.5)
     yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    _stop(proc, 20)
+    log.close()
+
+
+def _stop(proc, grace_s):
+    """SIGTERM to the server's process group, SIGKILL after grace_s (bounded)."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def _train_args(model, corpus, out, dev, tracking):
