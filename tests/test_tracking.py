@@ -32,7 +32,7 @@ def mlflow_server(tmp_path_factory):
            "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--default-artifact-root", str(root / "art"),
            "--workers", "1"]
     log = open(root / "server.log", "w")
-    # No job runner (MLflow 3's huey consumer: a dir in /dev/shm and a socket dir in /tmp per start,
+    # No job runner (MLflow 3's huey consumer, unused here: its store, a dir in /dev/shm per start, was
     # left behind at stop); its own process group, so the teardown stops the uvicorn child as well.
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
