@@ -78,6 +78,7 @@ def tune_two_trials(tiny_model: str, stsb_dev: str, tmp: str) -> dict:
     import yaml
 
     from raycse.analysis import load_trials
+    from raycse.storage import read_text
     from raycse.tune import TuneSettings, tune_search
 
     space = os.path.join(tmp, "space.yaml")
@@ -85,14 +86,16 @@ def tune_two_trials(tiny_model: str, stsb_dev: str, tmp: str) -> dict:
         yaml.safe_dump({"run": {"model": {"name_or_path": tiny_model, "max_length": 16},
                                 "data": {"corpus": "s3://raycse-multinode/data/corpus.txt"},
                                 "objective": {"name": "simcse"},
-                                "train": {"batch_size": 16, "max_steps": 4, "cpus_per_worker": 1},
+                                "train": {"batch_size": 16, "max_steps": 4, "cpus_per_worker": 0.9},
                                 "eval": {"stsb_dev": stsb_dev, "eval_steps": 1000, "precision": "train"}},
                         "search": {"tau": {"loguniform": [0.02, 0.2]}}}, fh)
+    # 0.9 CPU a worker: both trials (each 0.01 CPU + its worker) fit the two 1-CPU nodes at once
     settings = TuneSettings(space=space, num_samples=2, seeds=[0], rungs=1, scheduler="none")
     exp, results = tune_search(settings, "s3://raycse-multinode/tune", "exp")
     trials = load_trials(exp)
     return {"exp": str(exp), "errors": [str(r.error) for r in results if r.error],
-            "complete": [t.complete for t in trials], "locations": [t.location for t in trials]}
+            "complete": [t.complete for t in trials], "locations": [t.location for t in trials],
+            "concurrent": json.loads(read_text(f"{exp}/raycse_tune.json"))["concurrent"]}
 
 
 def main(tiny_model: str, corpus: str, big_corpus: str, stsb_dev: str, port: int) -> None:

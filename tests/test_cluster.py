@@ -1,4 +1,4 @@
-"""Cluster operation: cluster YAMLs, `ray job submit` to a real local head, worker failure and resume."""
+"""Cluster operation: cluster YAMLs, `ray job submit` to a real local head, damaged checkpoints."""
 
 import json
 import os
@@ -55,16 +55,22 @@ def test_kuberay_rayjob_validates_against_kuberays_crd():
 
     import jsonschema
 
-    crd = yaml.safe_load(gzip.decompress((ROOT / "tests" / "data" / "kuberay" / "ray.io_rayjobs-v1.7.0.yaml.gz")
-                                         .read_bytes()))
+    # the CRD is 1.4 MB of YAML: libyaml's loader where PyYAML has it (4 s -> 0.5 s here)
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    crd = yaml.load(gzip.decompress((ROOT / "tests" / "data" / "kuberay" / "ray.io_rayjobs-v1.7.0.yaml.gz")
+                                    .read_bytes()), Loader=loader)
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
     schema = _strict(version["schema"]["openAPIV3Schema"])
+    # the schema checked against its metaschema once (3.5 s); jsonschema.validate() would redo it per call
+    validator_class = jsonschema.validators.validator_for(schema)
+    validator_class.check_schema(schema)
+    validator = validator_class(schema)
     job = yaml.safe_load((ROOT / "cluster" / "kuberay-rayjob.yaml").read_text())
-    jsonschema.validate(job, schema)
+    validator.validate(job)
     broken = yaml.safe_load((ROOT / "cluster" / "kuberay-rayjob.yaml").read_text())
     broken["spec"]["shutdownAfterJobFinish"] = True  # a typo KubeRay would silently drop
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(broken, schema)
+        validator.validate(broken)
     spec = job["spec"]
     assert job["apiVersion"] == "ray.io/v1" and job["kind"] == "RayJob" and spec["shutdownAfterJobFinishes"] is True
     env = yaml.safe_load(spec["runtimeEnvYAML"])
@@ -152,54 +158,9 @@ def test_job_submitted_to_a_real_head_succeeds_and_its_model_loads(tiny_model, c
 
 
 # ----------------------------------------------------------------------------- fault tolerance
-def test_killed_worker_resumes_from_checkpoint_and_finishes_planned_steps(ray_cluster, tiny_model, stsb_dev,
-                                                                          tmp_path):
-    from conftest import make_sentences
-
-    from raycse.config import RunConfig
-    from raycse.train.driver import train
-
-    corpus = tmp_path / "c.txt"
-    corpus.write_text("\n".join(make_sentences(800, seed=8)) + "\n")
-    rec = tmp_path / "rec"
-    run = RunConfig()
-    run.model.name_or_path, run.model.max_length = str(tiny_model), 16
-    run.data.corpus = str(corpus)
-    run.train.num_workers, run.train.cpus_per_worker, run.train.batch_size = 2, 1, 8
-    run.train.epochs, run.train.max_steps, run.train.checkpoint_steps = 4, 180, 10
-    run.train.max_failures, run.train.record_batches, run.train.log_steps = 1, str(rec), 50
-    run.eval.stsb_dev, run.eval.eval_steps = str(stsb_dev), 1000
-    run.output_dir = str(tmp_path / "out")
-    box = {}
-    thread = threading.Thread(target=lambda: box.update(result=train(run, storage_path=str(tmp_path / "store"))))
-    thread.start()
-    killed_at = None
-    deadline = time.time() + 240
-    while time.time() < deadline and thread.is_alive():
-        lines = (rec / "rank1.jsonl").read_text().splitlines() if (rec / "rank1.jsonl").is_file() else []
-        if len(lines) >= 35:
-            victim = json.loads(lines[-1])["pid"]  # rank 1's Train worker process
-            try:  # (not Ray's state API: with another Ray instance on the machine it may ask that one)
-                os.kill(victim, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-            killed_at = json.loads(lines[-1])["step"]
-            break
-        time.sleep(0.05)
-    thread.join(timeout=300)
-    assert killed_at is not None, "training finished before a worker could be killed"
-    result = box["result"]
-    assert result.metrics["last"]["step"] == 180  # the planned count, not more, not less
-    steps = [json.loads(line)["step"] for line in (rec / "rank0.jsonl").read_text().splitlines()]
-    restart = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
-    resumed = steps[restart]
-    assert resumed % 10 == 0 and resumed <= killed_at + 1  # back to the last checkpoint, not to 0
-    assert resumed > 0 and steps[restart:] == list(range(resumed, 180))
-    from transformers import AutoModel
-
-    AutoModel.from_pretrained(str(result.model_dir))
-
-
+# A Train worker killed mid-fit resuming from its latest checkpoint is tested where it checks most:
+# test_regroup.py (SIGKILL of a worker; the batches replayed equal an uninterrupted run's, weights to
+# the bit) and test_multinode.py (a worker node removed; the default random order, checkpoints on S3).
 def test_truncated_checkpoint_is_skipped_with_a_warning(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path, capsys):
     from raycse.config import RunConfig
     from raycse.train import checkpoint as ckpt
