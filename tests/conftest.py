@@ -21,6 +21,24 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def stop_process_group(proc, grace_s: float) -> None:
+    """Stop a server started with ``start_new_session=True`` and its children: SIGTERM to its process
+    group, SIGKILL after ``grace_s``; every wait bounded, and nothing left running either way."""
+    import signal
+    import subprocess
+
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+
+
 # The S3 server of the tests (moto, started by the s3_server fixture) on a port fixed now, so every
 # Ray process, started later, inherits where S3 is. Loopback only: never a real bucket.
 S3_PORT = _free_port()

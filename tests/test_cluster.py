@@ -3,8 +3,6 @@
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from conftest import _free_port, stop_process_group
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,12 +89,6 @@ def test_kuberay_rayjob_validates_against_kuberays_crd():
 
 
 # ----------------------------------------------------------------------------- ray job submit
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_job_submitted_to_a_real_head_succeeds_and_its_model_loads(tiny_model, corpus, stsb_dev, tmp_path):
     from ray.job_submission import JobStatus, JobSubmissionClient
 
@@ -149,8 +143,8 @@ def test_job_submitted_to_a_real_head_succeeds_and_its_model_loads(tiny_model, c
         assert status == JobStatus.SUCCEEDED, logs[-2000:]
         assert "STS-B dev Spearman" in logs
     finally:
-        os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops its processes on SIGTERM (ray stop)
-        head.wait(timeout=90)
+        # `ray start --block` stops its processes on SIGTERM (ray stop); SIGKILL to the group after 90 s
+        stop_process_group(head, 90)
         shutil.rmtree(temp_dir, ignore_errors=True)
     from sentence_transformers import SentenceTransformer
 

@@ -2,8 +2,6 @@
 dir) and TensorBoard event files, read back through their own readers."""
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,15 +11,9 @@ import pytest
 
 from raycse.cli import main
 
-from conftest import own_lines
+from conftest import _free_port, own_lines, stop_process_group
 
 pytest.importorskip("mlflow")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -46,26 +38,12 @@ def mlflow_server(tmp_path_factory):
         except OSError:
             pass
         if proc.poll() is not None or time.time() > deadline:
-            _stop(proc, 0)
+            stop_process_group(proc, 0)
             raise RuntimeError(f"MLflow server did not start in 90 s: {(root / 'server.log').read_text()[-2000:]}")
         time.sleep(0.5)
     yield url
-    _stop(proc, 20)
+    stop_process_group(proc, 20)
     log.close()
-
-
-def _stop(proc, grace_s):
-    """SIGTERM to the server's process group, SIGKILL after grace_s (bounded)."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def _train_args(model, corpus, out, dev, tracking):
