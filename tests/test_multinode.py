@@ -54,7 +54,7 @@ def test_two_workers_on_two_nodes_with_everything_on_s3(tiny_model, corpus, stsb
     assert out["private_address"] != out["cluster_address"] and not out["private_address"].startswith("failed")
     tune = out["tune"]
     assert tune["exp"] == "s3://raycse-multinode/tune/exp" and not tune["errors"] and tune["complete"] == [True, True]
-    assert tune["concurrent"] == 2  # the two trials side by side, one worker on each node
+    assert tune["concurrent"] == 2  # both trials may run at once (a 0.9-CPU worker on each 1-CPU node)
     assert all(loc.startswith("s3://raycse-multinode/tune/exp/trial_") for loc in tune["locations"])
     steps = [s for s, _ in replaced["rank0_steps"]]
     pids = [p for _, p in replaced["rank0_steps"]]
