@@ -96,13 +96,11 @@ def _worker(rank, model, out_dir, port):
 
 
 def test_two_workers_cached_equal_one_worker_uncached_double_batch(tiny_model_no_dropout, tmp_path):
-    import socket
-
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from conftest import _free_port
+
+    port = _free_port()
     mp.start_processes(_worker, args=(str(tiny_model_no_dropout), str(tmp_path), port), nprocs=2,
                        start_method="spawn", join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]

@@ -79,15 +79,13 @@ def _worker(rank, h, pos, neg, out_dir, port):
 def test_two_workers_equal_one_worker_with_double_batch(tmp_path):
     """Each worker: its anchors against the gathered positives and negatives; the mean of the two
     losses and the gradients (all_gather carries them back) equal one worker's on the whole batch."""
-    import socket
-
     import torch.multiprocessing as mp
+
+    from conftest import _free_port
 
     torch.manual_seed(0)
     h, pos, neg = torch.randn(6, 8), torch.randn(6, 8), torch.randn(6, 2, 8)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     mp.start_processes(_worker, args=(h, pos, neg, str(tmp_path), port), nprocs=2, start_method="spawn", join=True)
     ranks = [torch.load(tmp_path / f"r{r}.pt") for r in range(2)]
     whole = [t.clone().requires_grad_(True) for t in (h, pos, neg)]
