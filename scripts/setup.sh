@@ -2,6 +2,8 @@
 # Create .venv and install raycse with everything the tests and benchmarks need.
 # CPU machines get the CPU build of torch (a plain `pip install torch` would pull several GB of CUDA
 # packages); set RAYCSE_TORCH to override, e.g. RAYCSE_TORCH="torch" on a GPU machine.
+# Everything else at the versions of scripts/constraints.txt (the set the suite last passed with), so a
+# release made since cannot break a fresh setup; RAYCSE_UNPINNED=1 takes the newest releases instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -19,5 +21,9 @@ if ! python -c "import torch" 2>/dev/null; then
       || python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
   fi
 fi
-python -m pip install -q -e ".[all]"
+if [ "${RAYCSE_UNPINNED:-0}" = 1 ]; then
+  python -m pip install -q -e ".[all]"
+else
+  python -m pip install -q -e ".[all]" -c scripts/constraints.txt
+fi
 python -c "import raycse, torch, ray, faiss; print(f'raycse ready: torch {torch.__version__}, ray {ray.__version__}')"
