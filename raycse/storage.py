@@ -34,6 +34,8 @@ def _fs(uri: str):
 
     try:
         return pafs.FileSystem.from_uri(uri)
+    except OSError as exc:  # S3 resolves the bucket's region here: no network, no endpoint
+        raise _unreachable(uri, exc) from None
     except Exception as exc:
         raise RaycseError(f"cannot open {uri}: {str(exc).splitlines()[0][:200]}") from None
 
@@ -55,14 +57,40 @@ def _unreachable(uri: str, exc: OSError) -> RaycseError:
                        f"and endpoint in the environment: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)")
 
 
-def prefix_exists(uri: str) -> bool:
+def check_usable(uri: str):
+    """(filesystem, path) of ``uri`` once its bucket is known to exist: a typo'd bucket, no server or no
+    credentials is one line now, not a traceback from a Ray worker later."""
     import pyarrow.fs as pafs
 
     fs, root = _fs(uri)
+    bucket = root.split("/", 1)[0]
     try:
-        bucket = root.split("/", 1)[0]
-        if fs.get_file_info(bucket).type == pafs.FileType.NotFound:  # a typo'd bucket, not an empty prefix
-            raise RaycseError(f"cannot use {uri}: bucket {bucket!r} does not exist (create it, or fix the URI)")
+        missing = fs.get_file_info(bucket).type == pafs.FileType.NotFound
+    except OSError as exc:
+        raise _unreachable(uri, exc) from None
+    if missing:  # a typo'd bucket, not an empty prefix
+        raise RaycseError(f"cannot use {uri}: bucket {bucket!r} does not exist (create it, or fix the URI)")
+    return fs, root
+
+
+def check_exists(uri: str, what: str) -> None:
+    """Raise a DataError naming ``what`` (e.g. "corpus") when nothing is at ``uri`` (a file or a prefix)."""
+    import pyarrow.fs as pafs
+
+    fs, path = check_usable(uri)
+    try:
+        missing = fs.get_file_info(path).type == pafs.FileType.NotFound
+    except OSError as exc:
+        raise _unreachable(uri, exc) from None
+    if missing:
+        raise DataError(f"{what} not found: {uri} (no object or prefix there; check the URI)")
+
+
+def prefix_exists(uri: str) -> bool:
+    import pyarrow.fs as pafs
+
+    fs, root = check_usable(uri)
+    try:
         info = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
     except FileNotFoundError:
         return False

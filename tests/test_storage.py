@@ -54,6 +54,33 @@ def test_publish_fetch_and_incomplete_prefixes(s3_server, tmp_path):
     assert not [p for p in cache.rglob("*") if ".partial-" in p.name]
 
 
+def test_unusable_uris_fail_before_ray_with_one_line(s3_server, tiny_model, corpus, tmp_path, capsys):
+    """A corpus object that is not there, a bucket that does not exist, an empty corpus prefix: one line
+    and exit 2 from train (corpus and --storage-path) and mine, before Ray starts; nothing written."""
+    import boto3
+
+    bucket = s3_server()
+    out = tmp_path / "out"
+    base = ["--model", str(tiny_model), "--stsb-dev", "none", "--output", str(out), "--max-steps", "2"]
+    cases = [
+        (["train", "--corpus", f"s3://{bucket}/missing.txt", *base], f"corpus not found: s3://{bucket}/missing.txt"),
+        (["train", "--corpus", f"s3://{bucket}/corpus/", *base], "corpus not found"),
+        (["train", "--corpus", f"{corpus},s3://no-such-bucket-raycse/c.txt", *base],
+         "bucket 'no-such-bucket-raycse' does not exist"),
+        (["train", "--corpus", str(corpus), "--storage-path", "s3://no-such-bucket-raycse/ckpt", *base],
+         "cannot use s3://no-such-bucket-raycse/ckpt: bucket 'no-such-bucket-raycse' does not exist"),
+        (["mine", "--corpus", f"s3://{bucket}/pairs.jsonl", "--text-column", "q", "--pair-column", "a",
+          "--model", str(tiny_model), "--output", str(tmp_path / "mined.jsonl")], "corpus not found"),
+    ]
+    for argv, expected in cases:
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = own_lines(capsys.readouterr().err)
+        assert len(err) == 1 and err[0].startswith("raycse: error:") and expected in err[0], (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [corpus.name]
+    assert "Contents" not in boto3.client("s3").list_objects_v2(Bucket=bucket)
+
+
 def test_train_with_corpus_checkpoints_and_output_on_s3_then_eval(ray_cluster, s3_server, tiny_model, corpus,
                                                                     stsb_dev, tmp_path, capsys):
     import boto3

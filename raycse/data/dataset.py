@@ -30,6 +30,7 @@ from typing import Optional
 
 import numpy as np
 
+from raycse import storage
 from raycse.capacity import DEFAULT_CPU_WAIT_S, wait_for_a_cpu
 from raycse.data.corpus import CorpusStats, ExampleColumns, detect_format, file_examples, text_key
 from raycse.errors import DataError
@@ -52,10 +53,12 @@ def columns_of(d) -> ExampleColumns:
 
 # --------------------------------------------------------------------------------------- sources
 def resolve_sources(spec: str) -> list[str]:
-    """Comma-separated paths; local ones made absolute, globs expanded (sorted); URIs passed to Ray as they are."""
+    """Comma-separated paths; local ones made absolute, globs expanded (sorted); URIs passed to Ray as they
+    are, once something is there (a missing object is one line now, not a traceback from Ray Data)."""
     out: list[str] = []
     for part in [s.strip() for s in str(spec).split(",") if s.strip()]:
         if "://" in part:
+            storage.check_exists(part, "corpus")
             out.append(part)
             continue
         # absolute: Ray's read tasks do not run in the driver's working directory

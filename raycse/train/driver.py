@@ -203,7 +203,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     """
     import ray
 
-    model_path, dev, remote = check_inputs(run, overwrite)  # everything a user can get wrong, before Ray starts
+    model_path, dev, remote = check_inputs(run, overwrite, storage_path)  # what a user can get wrong, before Ray
     # an output on object storage is built in a local directory and published at the end
     local_root = private_tempdir("raycse-output-") if remote else None
     out = local_root / "out" if remote else Path(run.output_dir).resolve()
@@ -264,7 +264,8 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     return TrainResult(final, f"{final}/model", summary)
 
 
-def check_inputs(run: RunConfig, overwrite: bool) -> tuple[str, object, Optional[str]]:
+def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = None
+                 ) -> tuple[str, object, Optional[str]]:
     """Fail on anything a user can fix before Ray starts; the resolved model path, the model-selection
     data (or None) and the output URI (None for a local output)."""
     from raycse.data.dataset import resolve_sources
@@ -274,7 +275,9 @@ def check_inputs(run: RunConfig, overwrite: bool) -> tuple[str, object, Optional
         raise ConfigError("no corpus given: pass --corpus FILE (text, .jsonl or .parquet) or set data.corpus")
     check_data_fits_objective(run)
     if run.data.format != "hf":
-        resolve_sources(run.data.corpus)  # a missing file
+        resolve_sources(run.data.corpus)  # a missing file or object
+    if storage_path and objstore.is_uri(storage_path):
+        objstore.check_usable(storage_path)  # else Train's controller fails on it, with a traceback
     model_path = resolve_model(run.model.name_or_path)
     if Path(os.path.expanduser(run.model.name_or_path)).exists():
         run.model.name_or_path = model_path  # a relative path means nothing in a worker's directory
