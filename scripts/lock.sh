@@ -7,27 +7,25 @@ out=$(realpath -m "${1:-$(dirname "$0")/constraints.txt}")
 cd "$(dirname "$0")/.."
 exec .venv/bin/python - "$out" <<'PY'
 import platform
-import re
 import sys
 from importlib import metadata
 from pathlib import Path
 
-
-def norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 
 def requirement_names(dist) -> set[str]:
-    """The packages a distribution needs unconditionally (no extras, no other platforms' markers)."""
+    """The packages a distribution needs on this machine (an extra's requirements not counted)."""
     names = set()
-    for req in dist.requires or []:
-        if "extra ==" in req:
-            continue
-        names.add(norm(re.split(r"[\s;<>=!~\[(]", req, maxsplit=1)[0]))
+    for text in dist.requires or []:
+        req = Requirement(text)
+        if req.marker is None or req.marker.evaluate({"extra": ""}):
+            names.add(canonicalize_name(req.name))
     return names
 
 
-dists = {norm(d.metadata["Name"]): d for d in metadata.distributions()}
+dists = {canonicalize_name(d.metadata["Name"]): d for d in metadata.distributions()}
 # torch and what it needs stay free: setup.sh picks torch's build per machine (CPU wheel, CUDA),
 # and a CUDA build may want other versions of them than the CPU build locked here
 free, todo = {"raycse", "pip", "setuptools", "wheel"}, ["torch"]
