@@ -77,12 +77,13 @@ def check_exists(uri: str, what: str) -> None:
     """Raise a DataError naming ``what`` (e.g. "corpus") when nothing is at ``uri`` (a file or a prefix)."""
     import pyarrow.fs as pafs
 
-    fs, path = check_usable(uri)
+    fs, path = _fs(uri)
     try:
         missing = fs.get_file_info(path).type == pafs.FileType.NotFound
     except OSError as exc:
         raise _unreachable(uri, exc) from None
     if missing:
+        check_usable(uri)  # only now: when the object is there, so is its bucket
         raise DataError(f"{what} not found: {uri} (no object or prefix there; check the URI)")
 
 
