@@ -204,6 +204,10 @@ class TrainConfig:
     # On CPU, draw dropout masks four to a 64-bit random word instead of with bernoulli_ (~4x
     # cheaper; p rounded to 1/32768; raycse.unpad.dropout). GPUs always use PyTorch's dropout.
     fast_dropout: bool = True
+    # Tokenize the next step's batch on a helper thread while this step trains (raycse.train.ahead;
+    # the same batches, losses and weights). auto: on GPUs, where the CPU would otherwise wait for
+    # the GPU; off on CPUs, whose cores the step already keeps busy (no gain measured on 2 cores).
+    collate_ahead: str = "auto"
     # Save a resumable checkpoint (model, optimizer, scheduler, RNG, step) every N steps; None:
     # at every evaluation. A run restarted after a failure continues from the latest one.
     checkpoint_steps: Optional[int] = None
@@ -263,6 +267,7 @@ class TrainConfig:
             _at_least("train.checkpoint_steps", self.checkpoint_steps, 1)
         _at_least("train.keep_checkpoints", self.keep_checkpoints, 1)
         _choice("train.checkpoint_upload", self.checkpoint_upload, ("auto", "async", "sync"))
+        _choice("train.collate_ahead", self.collate_ahead, ("auto", "true", "false"))
         if not self.checkpoint_upload_timeout_s > 0:
             raise ConfigError(f"train.checkpoint_upload_timeout_s must be > 0, got {self.checkpoint_upload_timeout_s}")
         if not self.worker_start_timeout_s > 0:

@@ -221,10 +221,11 @@ def _text(output) -> str:
     return output.decode(errors="replace") if isinstance(output, bytes) else (output or "")
 
 
-def train_on_gpus(model: str, workers: int, steps: int, batch: int, stsb_dev: str | None, corpus: Path) -> dict:
+def train_on_gpus(model: str, workers: int, steps: int, batch: int, stsb_dev: str | None, corpus: Path,
+                  extra: tuple = ()) -> dict:
     """One ``raycse train --use-gpu`` command, bounded, its output in a directory removed after."""
     cmd = [sys.executable, "-m", "raycse", "train", "--model", model, "--corpus", str(corpus), "--use-gpu",
-           "--num-workers", str(workers), "--max-steps", str(steps), "--batch-size", str(batch)]
+           "--num-workers", str(workers), "--max-steps", str(steps), "--batch-size", str(batch), *extra]
     cmd += ["--stsb-dev", stsb_dev] if stsb_dev else []
     with tempfile.TemporaryDirectory(prefix="raycse-gpu-check-") as tmp:
         t0 = time.perf_counter()
@@ -260,6 +261,14 @@ def part_two(model: str, steps: int, batch: int, stsb_dev: str | None) -> dict:
               f"the loop, STS-B dev {row['stsb_dev_spearman_initial']} -> {row['stsb_dev_spearman']}", flush=True)
         if row["rc"]:
             print(row["tail"], flush=True)
+    # the same 1-worker run tokenizing in the training thread (train.collate_ahead is on for GPUs)
+    inline = out["1_worker_inline_collate"] = train_on_gpus(model, 1, steps, batch, stsb_dev, shared,
+                                                            ("--set", "train.collate_ahead=false"))
+    ahead = out["1_workers"]["train_examples_per_s"]
+    if inline["rc"] == 0 and ahead and inline["train_examples_per_s"]:
+        out["collate_ahead_ratio"] = ahead / inline["train_examples_per_s"]
+        print(f"[gpu-check] 1 worker, next batch collated ahead vs in the training thread: {ahead:.0f} vs "
+              f"{inline['train_examples_per_s']:.0f} sentences/s ({out['collate_ahead_ratio']:.2f}x)", flush=True)
     return out
 
 

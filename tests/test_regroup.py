@@ -1,6 +1,7 @@
 """kNN regrouping inside the running fit: the training workers regroup before every epoch with the
 weights they hold, in one fit, and a run restarted mid-run trains on exactly the batches an
-uninterrupted run trains on."""
+uninterrupted run trains on (and, its batches collated ahead on a helper thread, ends with the same
+weights to the bit)."""
 
 import collections
 import json
@@ -12,7 +13,7 @@ import time
 from conftest import make_sentences
 
 
-def _run(tiny_model, corpus, out, records, max_failures=0):
+def _run(tiny_model, corpus, out, records, max_failures=0, collate_ahead="false"):
     from raycse.config import RunConfig
 
     run = RunConfig()
@@ -22,6 +23,7 @@ def _run(tiny_model, corpus, out, records, max_failures=0):
     run.train.num_workers, run.train.cpus_per_worker, run.train.batch_size = 2, 1, 8
     run.train.epochs, run.train.checkpoint_steps, run.train.log_steps = 3, 5, 100
     run.train.max_failures, run.train.record_batches = max_failures, str(records)
+    run.train.collate_ahead = collate_ahead
     run.eval.stsb_dev, run.output_dir = "none", str(out)
     return run
 
@@ -58,8 +60,9 @@ def test_knn_regroups_in_one_fit_and_a_restart_replays_the_same_batches(ray_clus
         assert len(seen) == len(set(seen)) == 2 * spe * 8  # no example twice in an epoch, across both ranks
     assert set(by_epoch[1]) != set(by_epoch[0]) and set(by_epoch[2]) != set(by_epoch[1])  # regrouped
 
-    # the same run, a worker killed mid-run: it resumes from a checkpoint and replays the same batches
-    run = _run(tiny_model, corpus, tmp_path / "b", tmp_path / "rec-b", max_failures=1)
+    # the same run, a worker killed mid-run: it resumes from a checkpoint and replays the same batches;
+    # its batches are tokenized ahead on a helper thread (raycse.train.ahead), which changes nothing
+    run = _run(tiny_model, corpus, tmp_path / "b", tmp_path / "rec-b", max_failures=1, collate_ahead="true")
     box = {}
     thread = threading.Thread(target=lambda: box.update(result=train(run, storage_path=str(tmp_path / "sb"))))
     thread.start()

@@ -385,3 +385,28 @@ def test_compcse_subsampled_row_composes_its_own_parts(tiny_model_no_dropout):
         logits = cosine_logits(z, pos, 0.1)
     want = sum(-(logits[i, i].item() - math.log(sum(math.exp(x) for x in logits[i].tolist()))) for i in range(3)) / 3
     assert got.item() == pytest.approx(want, rel=1e-4)
+
+
+@pytest.mark.parametrize("name, params, examples", [
+    ("simcse", {}, "texts"), ("sgopt", {}, "texts"), ("compcse", {}, "texts"), ("bsc", {}, "pairs"),
+    ("laser", {}, "texts"), ("laser", {"m_mode": "fixed"}, "texts"), ("laser", {"m_mode": "fixed", "anchor": "random",
+                                                                               "mode": "intra"}, "texts"),
+    ("hicl", {}, "texts"), ("hicl", {"base": "laser"}, "texts"), ("hicl", {"base": "bsc"}, "pairs"),
+])
+def test_collates_that_draw_random_numbers_stay_in_the_training_thread(tiny_model, name, params, examples):
+    """train.collate_ahead tokenizes on a helper thread only where collate leaves torch's generator
+    alone (else the dropout stream would depend on thread timing): the flag must say what collate does."""
+    from transformers import AutoTokenizer
+
+    from raycse.train.ahead import wanted
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    texts = ["the city river was built. a king came", "a small village. the north road", "summer music festival"] * 3
+    rows = texts if examples == "texts" else [(t, t[::-1], 0.5) for t in texts]
+    obj = registry.build(name, params)
+    state = torch.get_rng_state()
+    obj.collate(rows, tok, 32)
+    drew = not torch.equal(state, torch.get_rng_state())
+    assert obj.collate_draws_random == drew
+    assert wanted("true", obj, "cpu") == wanted("auto", obj, "cuda") == (not drew)
+    assert not wanted("auto", obj, "cpu") and not wanted("false", obj, "cuda")

@@ -47,6 +47,9 @@ class Objective(nn.Module):
     sliceable: ClassVar[bool] = True
     # It uses a pair's hard negatives (data.negative_column) when the data has them.
     takes_negatives: ClassVar[bool] = False
+    # Its collate draws from torch's global generator: the training thread must collate it, in step
+    # order with dropout's draws (raycse.train.ahead); a property where it depends on the knobs.
+    collate_draws_random: ClassVar[bool] = False
 
     def __init__(self, params: Params):
         super().__init__()

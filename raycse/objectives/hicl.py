@@ -101,6 +101,7 @@ class HiCL(Objective):
                     else getattr(self.base.params, "tau", 0.05))  # the local and entailment terms'.
         # over SimCSE, HiCL is the unsupervised method of its paper: supervised pairs are not sliced
         self.accepts = ("single",) if params.base == "simcse" else self.base.accepts
+        self.collate_draws_random = self.base.collate_draws_random  # (its collate is the base's)
         self.ids = None
 
     def setup(self, encoder) -> None:

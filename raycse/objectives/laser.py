@@ -85,6 +85,10 @@ class Laser(Objective):
     name = "laser"
     Params = LaserParams
 
+    @property
+    def collate_draws_random(self) -> bool:  # random elongation factors, or a random anchor sentence
+        return self.params.m_mode == "random" or self.params.resolved_anchor == "random"
+
     def collate(self, texts, tokenizer, max_length):
         p = self.params
         limit = p.elongation_max_length or max_length

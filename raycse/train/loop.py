@@ -14,6 +14,7 @@ import math
 import os
 import shutil
 import time
+from concurrent import futures
 from pathlib import Path
 from typing import Optional
 
@@ -28,7 +29,7 @@ from raycse.evaluation import initial_scores
 from raycse.objectives import registry
 from raycse.objectives.base import LossOutput, Objective
 from raycse.train import checkpoint as ckpt
-from raycse.train import gradcache, regroup
+from raycse.train import ahead, gradcache, regroup
 from raycse.train import tracking
 from raycse.train.runtime import autocast, release_freed_memory, resolve_precision, seed_everything, setup_ray_data
 from raycse.unpad import use_fast_dropout
@@ -437,40 +438,71 @@ class WorkerRun:
         extra[CHECKPOINT_RANK] = score if score is not None else -1e9 + self.step
         self.report(extra)
 
+    def step_rows(self):
+        """The rows of steps ``step`` .. ``stop_at - 1``, in order (earlier ones were done before the
+        checkpoint this run resumed from)."""
+        expected = self.step
+        if expected >= self.stop_at:
+            return
+        for row in self.rows():
+            if int(row["step"]) < expected:
+                continue
+            if int(row["step"]) != expected:
+                raise RuntimeError(f"rank {self.rank} expected the batch of step {expected}, got step {row['step']}")
+            yield row
+            expected += 1
+            if expected >= self.stop_at:
+                return
+
+    def collate_row(self, row: dict, tokenizer) -> tuple[list, dict]:
+        examples = row_examples(row)
+        return examples, self.core.objective.collate(examples, tokenizer, self.run.model.max_length)
+
+    def looks_ahead(self, helper: ahead.CollateAhead) -> bool:
+        """Whether the next step's row is fetched and collated during this step: not across an
+        in-fit regroup, which must embed with the weights of the epoch's last step."""
+        crosses_regroup = (self.config.get("regroup_in_fit")
+                           and (self.step + 1) % int(self.config["steps_per_epoch"]) == 0)
+        return helper.enabled and not crosses_regroup
+
     def fit(self) -> None:
-        """Train from ``step`` to ``stop_at``, checkpointing (and scoring) on the way."""
-        run, rank = self.run, self.rank
+        """Train from ``step`` to ``stop_at``, checkpointing (and scoring) on the way; each step's
+        batch is collated during the step before it where that changes nothing (raycse.train.ahead)."""
+        run = self.run
         self.module.train()
         eval_every = run.eval.eval_steps
         eval_at = {int(s) for s in self.config.get("eval_at") or ()}  # extra scored steps (Tune's rung ends)
         ckpt_every = run.train.checkpoint_steps or eval_every
-        for row in self.rows():
-            if int(row["step"]) < self.step:
-                continue  # done before the checkpoint this run resumed from
-            if self.step >= self.stop_at:
-                break
-            if int(row["step"]) != self.step:
-                raise RuntimeError(f"rank {rank} expected the batch of step {self.step}, got step {row['step']}")
-            epoch = int(row["epoch"])
-            t0 = time.perf_counter()
-            examples = row_examples(row)
-            if run.train.record_batches:
-                record_batch(Path(run.train.record_batches), rank, self.step, epoch, examples)
-            batch = move(self.core.objective.collate(examples, self.core.encoder.tokenizer, run.model.max_length),
-                         self.device)
-            out = self.train_step(batch)
-            self.step += 1
-            value = float(out.loss.detach())
-            if not math.isfinite(value):
-                raise FloatingPointError(f"loss became {value} at step {self.step}; lower train.lr or use precision fp32")
-            self.window.append(value)
-            self.train_time += time.perf_counter() - t0
-            self.seen += len(examples) * self.world_size
-            self.log_progress(epoch)
-            step = self.step
-            scored = step % eval_every == 0 or step == self.stop_at or step in eval_at  # each fit's end is scored
-            if scored or step % ckpt_every == 0:
-                self.checkpoint(epoch, out, scored)
+        rows = self.step_rows()
+        with ahead.CollateAhead(self.collate_row, self.core.encoder.tokenizer,
+                                ahead.wanted(run.train.collate_ahead, self.core.objective, self.device.type)) as helper:
+            row, pending = next(rows, None), None
+            while row is not None:
+                t0 = time.perf_counter()
+                examples, batch = pending.result() if pending is not None else helper.now(row)
+                epoch = int(row["epoch"])
+                if run.train.record_batches:
+                    record_batch(Path(run.train.record_batches), self.rank, self.step, epoch, examples)
+                looked = self.looks_ahead(helper)
+                following = next(rows, None) if looked else None
+                pending = helper.submit(following) if following is not None else None
+                out = self.train_step(move(batch, self.device))
+                if pending is not None:
+                    futures.wait([pending])  # (its error, if any, is raised at the next step)
+                self.step += 1
+                value = float(out.loss.detach())
+                if not math.isfinite(value):
+                    raise FloatingPointError(f"loss became {value} at step {self.step}; lower train.lr or use "
+                                             f"precision fp32")
+                self.window.append(value)
+                self.train_time += time.perf_counter() - t0
+                self.seen += len(examples) * self.world_size
+                self.log_progress(epoch)
+                step = self.step
+                scored = step % eval_every == 0 or step == self.stop_at or step in eval_at  # each fit's end is scored
+                if scored or step % ckpt_every == 0:
+                    self.checkpoint(epoch, out, scored)
+                row = following if looked else next(rows, None)
         self.tlog.close()
 
 
