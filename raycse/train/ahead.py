@@ -26,7 +26,7 @@ from typing import Callable, Optional
 
 def wanted(setting: str, objective, device_type: str) -> bool:
     """Whether ``objective``'s batches are collated on a helper thread under ``train.collate_ahead``."""
-    if getattr(objective, "collate_draws_random", False):
+    if objective.collate_draws_random:  # (every Objective says; base.py's default is False)
         return False
     return setting == "true" or (setting == "auto" and device_type == "cuda")
 
