@@ -261,6 +261,8 @@ def part_two(model: str, steps: int, batch: int, stsb_dev: str | None) -> dict:
               f"the loop, STS-B dev {row['stsb_dev_spearman_initial']} -> {row['stsb_dev_spearman']}", flush=True)
         if row["rc"]:
             print(row["tail"], flush=True)
+    if out["1_workers"]["rc"]:
+        return out  # nothing to compare the inline-collate run with
     # the same 1-worker run tokenizing in the training thread (train.collate_ahead is on for GPUs)
     inline = out["1_worker_inline_collate"] = train_on_gpus(model, 1, steps, batch, stsb_dev, shared,
                                                             ("--set", "train.collate_ahead=false"))
@@ -315,6 +317,7 @@ def main() -> int:
         Path(args.json).write_text(json.dumps(report, indent=2, default=str))
     failed = [k for k, v in report.get("objective_steps", {}).items() if not v["ok"]]
     failed += [k for k, v in report.get("unpad_vs_sdpa", {}).items() if not v["equal"]]
+    failed += [f"raycse train ({k})" for k, v in report.get("part_two", {}).items() if isinstance(v, dict) and v["rc"]]
     if failed:
         print(f"[gpu-check] FAILED: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -31,3 +31,16 @@ def test_gpu_check_part_one_smoke_on_cpu(tmp_path):
     r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True, text=True,
                        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert r.returncode == 2 and "no CUDA device here" in r.stderr  # a CPU box says so
+
+
+def test_gpu_check_part_two_fails_when_its_training_run_fails(tmp_path):
+    """Part two's `raycse train --use-gpu` refused (no GPU here): the check exits non-zero and names it."""
+    out = tmp_path / "report.json"
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--device", "cpu", "--model", "tiny",
+                        "--part", "2", "--json", str(out)], capture_output=True, text=True, timeout=300,
+                       env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                            "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"})
+    assert r.returncode == 1 and "FAILED: raycse train (1_workers)" in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
+    part_two = json.loads(out.read_text())["part_two"]
+    assert part_two["1_workers"]["rc"] == 2 and "needs 1 GPU(s)" in part_two["1_workers"]["tail"]
+    assert set(part_two) == {"1_workers"}  # no inline-collate comparison without a first run

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+import torch
 import yaml
 
 from raycse import storage as objstore  # "storage" is Ray Train's checkpoint path below
@@ -55,15 +56,20 @@ def _prepare_output(out: Path, overwrite: bool) -> Path:
     return staging_dir(out)
 
 
-def check_local_gpus(t) -> None:
-    """A run on this machine's private Ray (no RAY_ADDRESS) gets no more GPUs than Ray sees here."""
+def check_local_gpus(t, gpus: float) -> None:
+    """A run on this machine's private Ray (no RAY_ADDRESS) gets no more GPUs than ``gpus``, those
+    found here (by torch before Ray starts, by Ray after)."""
+    if t.use_gpu and gpus < t.num_workers:
+        raise ConfigError(f"--use-gpu with {t.num_workers} worker(s) needs {t.num_workers} GPU(s) and this machine "
+                          f"has {gpus:g}; drop --use-gpu, lower --num-workers, or set RAY_ADDRESS to a cluster "
+                          f"with GPUs")
+
+
+def starts_private_ray() -> bool:
+    """Whether :func:`ensure_ray` will start a private local Ray (no RAY_ADDRESS, none joined yet)."""
     import ray
 
-    gpus = ray.cluster_resources().get("GPU", 0)
-    if t.use_gpu and gpus < t.num_workers:
-        raise ConfigError(f"--use-gpu with {t.num_workers} worker(s) needs {t.num_workers} GPU(s) and Ray sees "
-                          f"{gpus:g} on this machine; drop --use-gpu, lower --num-workers, or set RAY_ADDRESS "
-                          f"to a cluster with GPUs")
+    return not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
 
 
 def check_data_fits_objective(run: RunConfig) -> None:
@@ -216,7 +222,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
 
         print(f"[raycse] driver on {describe()}", flush=True)  # the first line of the log names the machine
         if ensure_ray():
-            check_local_gpus(run.train)  # now, not after the workers' start timeout
+            check_local_gpus(run.train, ray.cluster_resources().get("GPU", 0))  # not after the workers' start timeout
         setup_ray_data()
         if registry is None:
             registry = release.driver_registry()
@@ -271,6 +277,8 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     from raycse.data.dataset import resolve_sources
 
     run.validate()
+    if starts_private_ray():  # what torch sees here is all a private Ray could get: say so before starting it
+        check_local_gpus(run.train, torch.cuda.device_count())
     if not run.data.corpus:
         raise ConfigError("no corpus given: pass --corpus FILE (text, .jsonl or .parquet) or set data.corpus")
     check_data_fits_objective(run)
