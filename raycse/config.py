@@ -233,6 +233,24 @@ class TrainConfig:
     tracking: Optional[str] = None
     # GradCache (raycse.train.gradcache): encode in chunks of N rows, loss on the whole batch. None: off.
     cache_chunk_size: Optional[int] = None
+    # "A:B": profile steps A+1..B on rank 0 with torch.profiler (host, and CUDA on GPUs); the
+    # operator table goes to the worker's log, a summary to the metrics (metrics.json: last.profile;
+    # raycse.train.profile). Pick steady steps, without a checkpoint among them. None: off.
+    profile_steps: Optional[str] = None
+
+    def profile_window(self) -> Optional[tuple]:
+        """``profile_steps`` as (A, B), or None."""
+        if self.profile_steps in (None, ""):
+            return None
+        start, sep, end = str(self.profile_steps).partition(":")
+        try:
+            window = (int(start), int(end))
+        except ValueError:
+            window = None
+        if not sep or window is None or not 0 <= window[0] < window[1]:
+            raise ConfigError(f"train.profile_steps must be A:B with 0 <= A < B (steps A+1..B are profiled), got "
+                              f"{self.profile_steps!r}; e.g. 50:60")
+        return window
 
     def validate(self) -> None:
         parse_tracking(self.tracking)
@@ -268,6 +286,7 @@ class TrainConfig:
         _at_least("train.keep_checkpoints", self.keep_checkpoints, 1)
         _choice("train.checkpoint_upload", self.checkpoint_upload, ("auto", "async", "sync"))
         _choice("train.collate_ahead", self.collate_ahead, ("auto", "true", "false"))
+        self.profile_window()
         if not self.checkpoint_upload_timeout_s > 0:
             raise ConfigError(f"train.checkpoint_upload_timeout_s must be > 0, got {self.checkpoint_upload_timeout_s}")
         if not self.worker_start_timeout_s > 0:

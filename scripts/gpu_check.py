@@ -6,9 +6,11 @@ Part one needs only torch and transformers (a GPU box may have no Ray and no net
   2. the unpadded forward against Hugging Face's own (SDPA) padded forward: equal outputs, and
      throughput and peak memory of forward+backward at batch 128, max length 32 and 128, both ways;
   3. a short SimCSE loop whose STS-B dev score moves as it does on CPU (when the shared data and
-     the real model are there).
+     the real model are there);
+  4. a torch.profiler summary of 20 SimCSE steps (batch --train-batch): wall, device busy, host phases.
 Part two, where Ray is installed: ``raycse train --use-gpu`` with 1 worker, and with 2 workers
-(NCCL) on a box with 2+ GPUs.
+(NCCL) on a box with 2+ GPUs; the 1-worker run again with the batch collated in the training
+thread, and once more with steps 41..60 profiled (read against part one's profile).
 
 ``--device cpu --model tiny`` runs the same checks on a CPU with a tiny random BERT (the test suite
 does, so the script stays runnable where no GPU is). Prints one line per check and, with --json,
@@ -180,6 +182,41 @@ def step_speed(model: str, device: torch.device, dtype, batches: tuple, steps: i
     return out
 
 
+def profile_line(where: str, summary: dict) -> str:
+    busy = summary["device_busy_s"] / max(summary["wall_s"], 1e-9)
+    phases = ", ".join(f"{k.split('.')[1]} {v:.3f} s" for k, v in summary["phases_s"].items())
+    top = ", ".join(f"{r['name']} {r['self_cpu_ms']:.1f} ms" for r in summary["top_host"][:4])
+    return (f"[gpu-check] profile {where}, steps {summary['steps']}: {summary['wall_s']:.3f} s wall, device busy "
+            f"{summary['device_busy_s']:.3f} s ({100 * busy:.0f}%); host: {phases}; top host ops: {top}")
+
+
+def plain_step_profile(model: str, device: torch.device, dtype, batch: int, steps: int) -> dict:
+    """torch.profiler over ``steps`` SimCSE steps without Ray, after 5 warm-up ones, marked as the
+    training loop marks them (raycse.train.profile): part two's profiled run inside the Ray worker
+    is read against this (BENCHMARKS.md, "On a GPU": the step there at 30-45% of this one)."""
+    from raycse.train.profile import StepProfiler, span
+
+    texts = sentences(batch * (steps + 5), 40, seed=2, min_words=4)
+    enc = Encoder.from_pretrained(model).to(device).train()
+    obj = registry.build("simcse", {})
+    opt = torch.optim.AdamW(enc.parameters(), lr=1e-5)
+    profiler = StepProfiler((5, 5 + steps), rank=0, device=device)
+    for done in range(steps + 5):
+        profiler.before(done)
+        with span(profiler, "raycse.collate"):
+            b = obj.collate(texts[done * batch:(done + 1) * batch], enc.tokenizer, 32)
+        with span(profiler, "raycse.step"):
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                out = obj(enc, {k: v.to(device, non_blocking=True) for k, v in b.items()})
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            float(out.loss.detach())  # the loop's one wait on the device per step
+        profiler.after(done + 1)
+    print(profile_line(f"without Ray, batch {batch}", profiler.summary), flush=True)
+    return profiler.summary
+
+
 def simcse_loop(model: str, device: torch.device, dtype, steps: int) -> dict:
     """A short SimCSE run on wiki_sample sentences; STS-B dev before and after where the data exists."""
     shared = Path(os.environ.get("RAYCSE_SHARED", ROOT.parent / "shared")) / "data"
@@ -242,6 +279,7 @@ def train_on_gpus(model: str, workers: int, steps: int, batch: int, stsb_dev: st
     keep = ("train_examples_per_s", "train_seconds", "total_steps", "stsb_dev_spearman_initial",
             "stsb_dev_spearman", "peak_rss_mb")
     return {"rc": r.returncode, "seconds": seconds, **{k: metrics.get(k) for k in keep},
+            "profile": record.get("last", {}).get("profile"),
             "tail": r.stdout[-600:] + r.stderr[-1500:]}
 
 
@@ -262,7 +300,12 @@ def part_two(model: str, steps: int, batch: int, stsb_dev: str | None) -> dict:
         if row["rc"]:
             print(row["tail"], flush=True)
     if out["1_workers"]["rc"]:
-        return out  # nothing to compare the inline-collate run with
+        return out  # nothing to compare the inline-collate and profiled runs with
+    # the 1-worker run again, steps 41..60 profiled (train.profile_steps; read against part one's)
+    profiled = out["1_worker_profiled"] = train_on_gpus(model, 1, 60, batch, stsb_dev, shared,
+                                                        ("--set", "train.profile_steps=40:60", "--eval-steps", "1000"))
+    if profiled["profile"]:
+        print(profile_line(f"in the Ray worker, batch {batch}", profiled["profile"]), flush=True)
     # the same 1-worker run tokenizing in the training thread (train.collate_ahead is on for GPUs)
     inline = out["1_worker_inline_collate"] = train_on_gpus(model, 1, steps, batch, stsb_dev, shared,
                                                             ("--set", "train.collate_ahead=false"))
@@ -284,7 +327,8 @@ def main() -> int:
     ap.add_argument("--loop-steps", type=int, default=100)
     ap.add_argument("--speed-batches", type=int, nargs="+", default=[128, 1024])
     ap.add_argument("--train-steps", type=int, default=200, help="part two: steps of raycse train")
-    ap.add_argument("--train-batch", type=int, default=128, help="part two: sentences per worker per step")
+    ap.add_argument("--train-batch", type=int, default=128, help="part two: sentences per worker per step (and part one's profiled steps)")
+    ap.add_argument("--profile-steps", type=int, default=20, help="part one: SimCSE steps profiled without Ray")
     ap.add_argument("--stsb-dev", default=None, help="part two: STS-B dev file (default: raycse's auto lookup)")
     ap.add_argument("--part", type=int, choices=[1, 2], nargs="+", default=[1, 2])
     ap.add_argument("--json", default=None, help="write everything measured here")
@@ -311,6 +355,7 @@ def main() -> int:
         report["unpad_vs_sdpa"] = unpad_vs_sdpa(model, device, dtype, args.batch, tuple(args.lengths), args.reps)
         report["step_speed"] = step_speed(model, device, dtype, tuple(args.speed_batches), args.reps * 4)
         report["simcse_loop"] = simcse_loop(model, device, dtype, args.loop_steps)
+        report["plain_step_profile"] = plain_step_profile(model, device, dtype, args.train_batch, args.profile_steps)
     if 2 in args.part:
         report["part_two"] = part_two(model, args.train_steps, args.train_batch, args.stsb_dev)
     if args.json:

@@ -12,7 +12,7 @@ def test_gpu_check_part_one_smoke_on_cpu(tmp_path):
     out = tmp_path / "report.json"
     r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--device", "cpu", "--model", "tiny",
                         "--batch", "8", "--lengths", "16", "32", "--reps", "1", "--loop-steps", "3", "--speed-batches", "4",
-                        "--part", "1",
+                        "--part", "1", "--train-batch", "8", "--profile-steps", "2",
                         "--json", str(out)], capture_output=True, text=True, timeout=600,
                        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
                             "HF_HUB_OFFLINE": "1"})
@@ -28,6 +28,9 @@ def test_gpu_check_part_one_smoke_on_cpu(tmp_path):
     assert set(report["step_speed"]) == {"batch4_buckets1", "batch4_buckets2", "batch4_buckets1_fresh",
                                          "batch4_buckets2_fresh"}
     assert all(v["sent_per_s"] > 0 for v in report["step_speed"].values())
+    profile = report["plain_step_profile"]  # steps 6..7, after 5 warm-up ones
+    assert profile["steps"] == "6..7" and set(profile["phases_s"]) == {"raycse.collate", "raycse.step"}
+    assert "[gpu-check] profile without Ray, batch 8, steps 6..7" in r.stdout
     r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True, text=True,
                        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert r.returncode == 2 and "no CUDA device here" in r.stderr  # a CPU box says so

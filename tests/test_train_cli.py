@@ -53,7 +53,7 @@ def test_train_two_workers_loss_goes_down_and_model_reloads(ray_cluster, tiny_mo
     monkeypatch.chdir(tmp_path)
     rel_model, rel_corpus = os.path.relpath(tiny_model), os.path.relpath(corpus)
     assert main(_train_args(rel_model, rel_corpus, Path("run"), stsb_dev, "--pooling", "cls",
-                                  "--score-before", "true")) == 0
+                                  "--score-before", "true", "--set", "train.profile_steps=5:7")) == 0
     from raycse.machine import describe
 
     assert capsys.readouterr().out.startswith(f"[raycse] driver on {describe()}")  # the log names its machine
@@ -62,6 +62,10 @@ def test_train_two_workers_loss_goes_down_and_model_reloads(ray_cluster, tiny_mo
     assert len(history) == 4 and history[-1] < history[0]
     assert metrics["last"]["step"] == 16 and "stsb_dev_spearman" in metrics["best"]
     assert metrics["corpus"]["kept"] == 256
+    profile = metrics["last"]["profile"]  # rank 0's steps 6 and 7, no checkpoint among them (every 4)
+    assert profile["steps"] == "6..7" and profile["device_busy_s"] == 0 and profile["wall_s"] > 0
+    assert set(profile["phases_s"]) == {"raycse.collate", "raycse.step"}  # (no helper thread on a CPU)
+    assert any(row["name"].startswith("aten::") and row["calls"] >= 2 for row in profile["top_host"])
     model_dir = out / "model"
     AutoModel.from_pretrained(model_dir)
     sentences = ["the city river", "a small village was built"]

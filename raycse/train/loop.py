@@ -31,6 +31,7 @@ from raycse.objectives.base import LossOutput, Objective
 from raycse.train import checkpoint as ckpt
 from raycse.train import ahead, gradcache, regroup
 from raycse.train import tracking
+from raycse.train.profile import StepProfiler, span
 from raycse.train.runtime import autocast, release_freed_memory, resolve_precision, seed_everything, setup_ray_data
 from raycse.unpad import use_fast_dropout
 
@@ -258,6 +259,18 @@ class WorkerRun:
         mode = run.train.checkpoint_upload
         self.upload_async = mode == "async" or (mode == "auto" and objstore.is_uri(config["checkpoint_dir"]))
         self.ckpt_time, self.uploading = 0.0, None
+        self.profiler = StepProfiler(self.profile_window(), self.rank, self.device)  # train.profile_steps
+
+    def profile_window(self) -> Optional[tuple]:
+        """train.profile_steps within this fit's steps (said in the log when the fit does not reach it)."""
+        window = self.run.train.profile_window()
+        if window is None or self.rank != 0:
+            return None
+        if window[0] >= self.stop_at:
+            log.warning(f"[raycse] train.profile_steps {self.run.train.profile_steps}: this fit ends at step "
+                        f"{self.stop_at}; nothing profiled")
+            return None
+        return window[0], min(window[1], self.stop_at)
 
     def resume(self) -> None:
         """Continue from the furthest whole checkpoint, if there is one (every rank loads the same)."""
@@ -406,6 +419,13 @@ class WorkerRun:
         opt.zero_grad(set_to_none=True)
         return out
 
+    def log_profile(self) -> None:
+        """The profiled window's table and summary in the log (when it has just ended)."""
+        summary = self.profiler.summary
+        phases = ", ".join(f"{k.split('.')[1]} {v:.3f} s" for k, v in summary["phases_s"].items())
+        log.info(f"[raycse] profile of steps {summary['steps']}: {summary['wall_s']:.3f} s wall, device busy "
+                 f"{summary['device_busy_s']:.3f} s; host time in {phases}\n{self.profiler.table}")
+
     def log_progress(self, epoch: int) -> None:
         """Rank 0, every train.log_steps: the recent mean loss, learning rate and examples/s."""
         if self.rank != 0 or not (self.step % self.run.train.log_steps == 0 or self.step == self.total):
@@ -426,6 +446,7 @@ class WorkerRun:
                  **({"grouping": list(self.grouping["log"])} if self.grouping["log"] else {}),
                  "train_examples_per_s": self.seen / max(self.train_time, 1e-9), "train_seconds": self.train_time,
                  "total_steps": self.total, **peak_memory(self.device),
+                 **({"profile": self.profiler.summary} if self.profiler.summary else {}),
                  **{f"last_{k}": v for k, v in out.metrics.items()}}
         score = self.evaluate() if scored else None
         if score is not None:
@@ -478,19 +499,23 @@ class WorkerRun:
                                 ahead.wanted(run.train.collate_ahead, self.core.objective, self.device.type)) as helper:
             row, pending = next(rows, None), None
             while row is not None:
+                self.profiler.before(self.step)
                 t0 = time.perf_counter()
-                examples, batch = pending.result() if pending is not None else helper.now(row)
+                with span(self.profiler, "raycse.collate"):
+                    examples, batch = pending.result() if pending is not None else helper.now(row)
                 epoch = int(row["epoch"])
                 if run.train.record_batches:
                     record_batch(Path(run.train.record_batches), self.rank, self.step, epoch, examples)
                 looked = self.looks_ahead(helper)
                 following = next(rows, None) if looked else None
                 pending = helper.submit(following) if following is not None else None
-                out = self.train_step(move(batch, self.device))
+                with span(self.profiler, "raycse.step"):
+                    out = self.train_step(move(batch, self.device))
+                    value = float(out.loss.detach())  # (on a GPU: the host waits for the step here)
                 if pending is not None:
-                    futures.wait([pending])  # (its error, if any, is raised at the next step)
+                    with span(self.profiler, "raycse.wait_ahead"):
+                        futures.wait([pending])  # (its error, if any, is raised at the next step)
                 self.step += 1
-                value = float(out.loss.detach())
                 if not math.isfinite(value):
                     raise FloatingPointError(f"loss became {value} at step {self.step}; lower train.lr or use "
                                              f"precision fp32")
@@ -498,6 +523,8 @@ class WorkerRun:
                 self.train_time += time.perf_counter() - t0
                 self.seen += len(examples) * self.world_size
                 self.log_progress(epoch)
+                if self.profiler.after(self.step):
+                    self.log_profile()
                 step = self.step
                 scored = step % eval_every == 0 or step == self.stop_at or step in eval_at  # each fit's end is scored
                 if scored or step % ckpt_every == 0:
