@@ -14,6 +14,7 @@ from contextlib import nullcontext
 from typing import Optional
 
 import torch
+from torch.autograd import DeviceType
 
 PHASES = ("raycse.collate", "raycse.step", "raycse.wait_ahead")
 
@@ -65,7 +66,7 @@ class StepProfiler:
 
 
 def summarize(events, wall_s: float, steps: int, window: tuple) -> dict:
-    """The window's wall seconds, the device's busy seconds (its kernels' self time; 0 on a CPU),
+    """The window's wall seconds, the device's busy seconds (its kernels' time; 0 on a CPU),
     each phase's host seconds and the top operators by self host and by self device time."""
     rows = [e for e in events if e.key not in PHASES]
 
@@ -75,7 +76,9 @@ def summarize(events, wall_s: float, steps: int, window: tuple) -> dict:
                  "self_device_ms": e.self_device_time_total / 1e3} for e in ranked if getattr(e, attr) > 0]
 
     return {"steps": f"{window[0] + 1}..{window[0] + steps}", "wall_s": wall_s,
-            "device_busy_s": sum(e.self_device_time_total for e in rows) / 1e6,
+            # the device's own events only: an operator's self device time repeats its kernels' (as
+            # torch's own table totals it)
+            "device_busy_s": sum(e.self_device_time_total for e in rows if e.device_type != DeviceType.CPU) / 1e6,
             "phases_s": {e.key: e.cpu_time_total / 1e6 for e in events if e.key in PHASES},
             "top_host": top("self_cpu_time_total"), "top_device": top("self_device_time_total")}
 
