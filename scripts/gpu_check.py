@@ -45,6 +45,15 @@ OBJECTIVES = {"simcse": {}, "hicl": {"slice_length": 8}, "compcse": {}, "sgopt":
               "laser": {}, "bsc": {}}
 
 
+_SCRATCH: list = []
+
+
+def scratch_dir() -> Path:
+    """A temporary directory removed when this process ends (part two's runs read models from it)."""
+    _SCRATCH.append(tempfile.TemporaryDirectory(prefix="raycse-gpu-check-"))
+    return Path(_SCRATCH[-1].name)
+
+
 BUNDLED_MODEL = ".gpu_bundle/model"  # scripts/gpu_bundle.sh model: the embedded model's weights in fp16
 BUNDLED_SHAPE = ".gpu_bundle/model-shape"  # scripts/gpu_bundle.sh ray: its config and tokenizer only
 
@@ -63,9 +72,8 @@ def widen_bundled_model(src: Path, dst: Path) -> Path:
 def default_model() -> str:
     """The embedded all-MiniLM-L6-v2: installed, or carried in .gpu_bundle (its fp16 weights widened,
     or, where only its shape travelled, random weights: the timings hold, dev scores do not)."""
-    scratch = Path(tempfile.mkdtemp(prefix="raycse-gpu-check-"))  # (a temporary directory of this run)
     if (ROOT / BUNDLED_MODEL).is_dir():
-        return str(widen_bundled_model(ROOT / BUNDLED_MODEL, scratch / "model"))
+        return str(widen_bundled_model(ROOT / BUNDLED_MODEL, scratch_dir() / "model"))
     from raycse.encoder import embedded_model_path
     from raycse.errors import ModelError
 
@@ -76,12 +84,13 @@ def default_model() -> str:
             raise
     from transformers import AutoConfig, AutoModel
 
-    shutil.copytree(ROOT / BUNDLED_SHAPE, scratch / "model")
+    model = scratch_dir() / "model"
+    shutil.copytree(ROOT / BUNDLED_SHAPE, model)
     torch.manual_seed(0)
-    AutoModel.from_config(AutoConfig.from_pretrained(scratch / "model")).save_pretrained(scratch / "model")
+    AutoModel.from_config(AutoConfig.from_pretrained(model)).save_pretrained(model)
     print("[gpu-check] model: all-MiniLM-L6-v2's shape with random weights (its weights did not travel): "
           "timings hold, STS-B dev scores do not", flush=True)
-    return str(scratch / "model")
+    return str(model)
 
 
 def tiny_bert(path: Path) -> Path:
@@ -387,8 +396,7 @@ def main() -> int:
     device = torch.device(args.device)
     model = args.model
     if model == "tiny":
-        scratch = tempfile.TemporaryDirectory(prefix="raycse-gpu-check-")  # removed when this process ends
-        model = str(tiny_bert(Path(scratch.name) / "tiny"))
+        model = str(tiny_bert(scratch_dir() / "tiny"))
     elif model == "default":
         model = default_model()
     dtype = torch.bfloat16  # training's autocast on GPUs (and on bf16-capable CPUs)
