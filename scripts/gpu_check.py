@@ -232,11 +232,10 @@ def step_speed(model: str, device: torch.device, dtype, batches: tuple, steps: i
 
 
 def profile_line(where: str, summary: dict) -> str:
-    busy = summary["device_busy_s"] / max(summary["wall_s"], 1e-9)
-    phases = ", ".join(f"{k.split('.')[1]} {v:.3f} s" for k, v in summary["phases_s"].items())
+    from raycse.train.profile import describe
+
     top = ", ".join(f"{r['name']} {r['self_cpu_ms']:.1f} ms" for r in summary["top_host"][:4])
-    return (f"[gpu-check] profile {where}, steps {summary['steps']}: {summary['wall_s']:.3f} s wall, device busy "
-            f"{summary['device_busy_s']:.3f} s ({100 * busy:.0f}%); host: {phases}; top host ops: {top}")
+    return f"[gpu-check] profile {where}, {describe(summary)}; top host ops: {top}"
 
 
 def plain_step_profile(model: str, device: torch.device, dtype, batch: int, steps: int) -> dict:
@@ -266,10 +265,14 @@ def plain_step_profile(model: str, device: torch.device, dtype, batch: int, step
     return profiler.summary
 
 
+def shared_data() -> Path:
+    """The shared data folder: RAYCSE_SHARED's (the bundle's copy on a GPU box), else ../shared."""
+    return Path(os.environ.get("RAYCSE_SHARED", ROOT.parent / "shared")) / "data"
+
+
 def simcse_loop(model: str, device: torch.device, dtype, steps: int) -> dict:
     """A short SimCSE run on wiki_sample sentences; STS-B dev before and after where the data exists."""
-    shared = Path(os.environ.get("RAYCSE_SHARED", ROOT.parent / "shared")) / "data"
-    wiki, dev_file = shared / "wiki_sample.txt", shared / "stsbenchmark" / "sts-dev.csv"
+    wiki, dev_file = shared_data() / "wiki_sample.txt", shared_data() / "stsbenchmark" / "sts-dev.csv"
     texts = wiki.read_text().splitlines() if wiki.is_file() else sentences(64 * steps, 12)
     enc = Encoder.from_pretrained(model).to(device)
     obj = registry.build("simcse", {})
@@ -336,7 +339,7 @@ def default_dev(stsb_dev: str | None) -> str | None:
     """--stsb-dev, else the shared STS-B dev file where it is (RAYCSE_SHARED: the bundle's copy)."""
     if stsb_dev:
         return stsb_dev
-    found = Path(os.environ.get("RAYCSE_SHARED", ROOT.parent / "shared")) / "data" / "stsbenchmark" / "sts-dev.csv"
+    found = shared_data() / "stsbenchmark" / "sts-dev.csv"
     return str(found) if found.is_file() else None
 
 
@@ -348,7 +351,7 @@ def part_two(model: str, steps: int, batch: int, stsb_dev: str | None) -> dict:
         return {"skipped": "no ray"}
     out = {}
     gpus = torch.cuda.device_count()
-    shared = Path(os.environ.get("RAYCSE_SHARED", ROOT.parent / "shared")) / "data" / "wiki_sample.txt"
+    shared = shared_data() / "wiki_sample.txt"
     for workers in ([1, 2] if gpus >= 2 else [1]):
         row = out[f"{workers}_workers"] = train_on_gpus(model, workers, steps, batch, stsb_dev, shared)
         print(f"[gpu-check] raycse train --use-gpu, {workers} worker(s), batch {batch}, {steps} steps: rc "

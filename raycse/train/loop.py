@@ -31,7 +31,7 @@ from raycse.objectives.base import LossOutput, Objective
 from raycse.train import checkpoint as ckpt
 from raycse.train import ahead, gradcache, regroup
 from raycse.train import tracking
-from raycse.train.profile import StepProfiler, span
+from raycse.train.profile import StepProfiler, describe, span
 from raycse.train.runtime import autocast, release_freed_memory, resolve_precision, seed_everything, setup_ray_data
 from raycse.unpad import use_fast_dropout
 
@@ -421,10 +421,7 @@ class WorkerRun:
 
     def log_profile(self) -> None:
         """The profiled window's table and summary in the log (when it has just ended)."""
-        summary = self.profiler.summary
-        phases = ", ".join(f"{k.split('.')[1]} {v:.3f} s" for k, v in summary["phases_s"].items())
-        log.info(f"[raycse] profile of steps {summary['steps']}: {summary['wall_s']:.3f} s wall, device busy "
-                 f"{summary['device_busy_s']:.3f} s; host time in {phases}\n{self.profiler.table}")
+        log.info(f"[raycse] profile of {describe(self.profiler.summary)}\n{self.profiler.table}")
 
     def log_progress(self, epoch: int) -> None:
         """Rank 0, every train.log_steps: the recent mean loss, learning rate and examples/s."""

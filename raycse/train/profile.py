@@ -48,12 +48,10 @@ class StepProfiler:
         self.steps += 1
         if done < self.window[1]:
             return False
-        self.stop()
+        self._stop()
         return True
 
-    def stop(self) -> None:
-        if self.prof is None:
-            return
+    def _stop(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the window's kernels inside its wall time
         wall = time.perf_counter() - self.t0
@@ -81,6 +79,14 @@ def summarize(events, wall_s: float, steps: int, window: tuple) -> dict:
             "device_busy_s": sum(e.self_device_time_total for e in rows if e.device_type != DeviceType.CPU) / 1e6,
             "phases_s": {e.key: e.cpu_time_total / 1e6 for e in events if e.key in PHASES},
             "top_host": top("self_cpu_time_total"), "top_device": top("self_device_time_total")}
+
+
+def describe(summary: dict) -> str:
+    """One line of a :func:`summarize` result: steps, wall, device busy and host time per phase."""
+    busy = summary["device_busy_s"] / max(summary["wall_s"], 1e-9)
+    phases = ", ".join(f"{k.split('.')[1]} {v:.3f} s" for k, v in summary["phases_s"].items())
+    return (f"steps {summary['steps']}: {summary['wall_s']:.3f} s wall, device busy {summary['device_busy_s']:.3f} s "
+            f"({100 * busy:.0f}%); host time in {phases}")
 
 
 def span(profiler: StepProfiler, name: str):
