@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -152,9 +153,37 @@ def read_manifest(uri: str) -> dict:
     return manifest
 
 
+def _checked_entries(uri: str, manifest) -> dict[str, dict]:
+    """The manifest's files, each name a plain relative path (no ``..``, no absolute or empty part):
+    a manifest is written by whoever wrote the prefix, and its names become local paths."""
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        raise DataError(f"{uri}/{MANIFEST} is damaged (no 'files' mapping); write the output again")
+    for rel, meta in files.items():
+        parts = rel.split("/") if isinstance(rel, str) else [""]
+        if (not rel or rel.startswith(("/", "~")) or "\\" in rel or ":" in rel or "\0" in rel
+                or any(p in ("", ".", "..") for p in parts)):
+            raise DataError(f"{uri}/{MANIFEST} lists {rel!r}, which is not a plain relative path inside the model; "
+                            f"refusing to fetch it (do not use this model, or write it again with raycse)")
+        if (not isinstance(meta, dict) or not isinstance(meta.get("size"), int)
+                or not re.fullmatch(r"[0-9a-f]{64}", str(meta.get("sha256")))):
+            raise DataError(f"{uri}/{MANIFEST} is damaged (entry {rel!r} lacks its size or SHA-256); write it again")
+    return files
+
+
+def _inside(root: Path, rel: str) -> Path:
+    target = root / rel
+    if not target.resolve().is_relative_to(root.resolve()):  # a link on the way out of the cache
+        raise DataError(f"{rel!r} resolves outside the fetch directory; refusing to write it")
+    return target
+
+
 def fetch(uri: str, cache_root: Optional[Path] = None) -> Path:
-    """The local copy of the complete prefix ``uri``, downloaded once into a cache keyed by its manifest."""
+    """The local copy of the complete prefix ``uri``, downloaded once into a cache keyed by its manifest.
+    Every name is checked before anything is written, and every file lands inside a new staging
+    directory of the cache, renamed into place only when all of them match the manifest."""
     manifest = read_manifest(uri)
+    files = _checked_entries(uri, manifest)
     key = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:24]
     from raycse.machine import cache_dir
 
@@ -164,16 +193,18 @@ def fetch(uri: str, cache_root: Optional[Path] = None) -> Path:
         return dest
     cache.mkdir(parents=True, exist_ok=True)
     staging = cache / f".{key}.partial-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
     fs, root = _fs(uri)
     try:
-        for rel, meta in manifest["files"].items():
-            target = staging / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
+        for rel, meta in files.items():
+            target = _inside(staging, rel)
             try:
-                with fs.open_input_stream(f"{root}/{rel}") as src, open(target, "wb") as dst:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with fs.open_input_stream(f"{root}/{rel}") as src, open(_inside(staging, rel), "wb") as dst:
                     shutil.copyfileobj(src, dst, 1 << 20)
             except (FileNotFoundError, OSError):
-                raise DataError(f"{uri}/{rel} is listed in its manifest but missing; write the output again") from None
+                raise DataError(f"{uri}/{rel} is listed in its manifest but missing or unreadable; write the output "
+                                f"again") from None
             if target.stat().st_size != meta["size"] or _sha256(target) != meta["sha256"]:
                 raise DataError(f"{uri}/{rel} does not match its manifest (size or checksum); write it again")
         (staging / MANIFEST).write_text(json.dumps(manifest))

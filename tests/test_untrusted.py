@@ -1,0 +1,96 @@
+"""Issue 41: models, URIs and storage paths that come from someone else. A fetched manifest cannot
+write outside the cache; credentials in a URI reach no output, log or tracking record; a run resumes
+only its own checkpoints; --overwrite removes only what raycse wrote."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from raycse.cli import main
+from raycse.errors import DataError
+from raycse.storage import MANIFEST, fetch
+
+from conftest import own_lines, write_stsb
+
+
+def _entry(data: bytes) -> dict:
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+ESCAPES = ["../../../escaped/owned.txt", "/tmp/raycse-owned-absolute.txt", "a/../../owned.txt", "", "./x",
+           "a//b", "~/owned.txt", "a\\..\\..\\owned.txt"]
+
+
+def _files_under(root: Path) -> set:
+    return {p for p in root.rglob("*")} if root.exists() else set()
+
+
+@pytest.mark.parametrize("rel", ESCAPES)
+def test_fetch_refuses_manifest_names_outside_the_model_from_a_local_source(tmp_path, rel):
+    src = tmp_path / "deep" / "er" / "model"
+    src.mkdir(parents=True)
+    payload = b"not yours"
+    (src / "config.json").write_bytes(b"{}")
+    manifest = {"files": {"config.json": _entry(b"{}"), rel: _entry(payload)}}
+    (src / MANIFEST).write_text(json.dumps(manifest))
+    cache = tmp_path / "cache"
+    before = _files_under(tmp_path)
+    with pytest.raises(DataError, match="not a plain relative path"):
+        fetch(f"file://{src}", cache)
+    assert _files_under(tmp_path) == before  # nothing created: not the escape, not the cache
+    assert not Path("/tmp/raycse-owned-absolute.txt").exists()
+
+
+def test_fetch_never_follows_a_link_out_of_its_staging_directory(tmp_path, monkeypatch):
+    """Names are plain, but a directory of the staging area turned into a link (by another process
+    racing the fetch) must not carry a write out of the cache."""
+    import raycse.storage as storage
+
+    src = tmp_path / "model"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "w.bin").write_bytes(b"abc")
+    (src / MANIFEST).write_text(json.dumps({"files": {"sub/w.bin": _entry(b"abc")}}))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    real_mkdir = Path.mkdir
+
+    def mkdir_then_swap(self, *args, **kwargs):
+        real_mkdir(self, *args, **kwargs)
+        if self.name == "sub" and ".partial-" in self.parent.name:
+            self.rmdir()
+            self.symlink_to(outside)  # what a racing process could do between mkdir and open
+
+    monkeypatch.setattr(Path, "mkdir", mkdir_then_swap)
+    with pytest.raises(DataError, match="resolves outside the fetch directory"):
+        storage.fetch(f"file://{src}", tmp_path / "cache")
+    assert list(outside.iterdir()) == []
+    assert not [p for p in (tmp_path / "cache").rglob("*") if ".partial-" in str(p)]
+
+
+def test_eval_of_a_crafted_model_on_s3_writes_nothing_outside_the_cache(s3_server, tmp_path, capsys, monkeypatch):
+    import boto3
+
+    bucket = s3_server()
+    s3 = boto3.client("s3")
+    payload = b"owned"
+    target = tmp_path / "victim" / "owned.txt"
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("RAYCSE_CACHE", str(cache))
+    rel = os.path.relpath(target, cache / "fetched" / "k")  # ../../victim/owned.txt from a staging dir
+    s3.put_object(Bucket=bucket, Key=f"m/{rel}", Body=payload)
+    s3.put_object(Bucket=bucket, Key=f"m/{MANIFEST}", Body=json.dumps({"files": {rel: _entry(payload)}}).encode())
+    absolute = {"files": {str(target): _entry(payload)}}
+    s3.put_object(Bucket=bucket, Key=f"a/{MANIFEST}", Body=json.dumps(absolute).encode())
+    dev = write_stsb(tmp_path / "dev.csv")
+    for uri in (f"s3://{bucket}/m", f"s3://{bucket}/a"):
+        capsys.readouterr()
+        rc = main(["eval", uri, "--stsb-dev", str(dev)])
+        err = own_lines(capsys.readouterr().err)
+        assert rc == 2 and len(err) == 1 and "not a plain relative path" in err[0], err
+    assert not target.exists() and not (tmp_path / "victim").exists()
+    assert not [p for p in cache.rglob("*") if p.is_file()]
