@@ -492,17 +492,25 @@ def cmd_mine(args) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    handler = {"train": cmd_train, "eval": cmd_eval, "objectives": cmd_objectives, "tune": cmd_tune,
-               "analyze": cmd_analyze, "mine": cmd_mine}[args.command]
-    try:
-        return handler(args)
-    except RaycseError as exc:
-        print(f"raycse: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("raycse: interrupted; nothing was written to the output directory", file=sys.stderr)
-        return 130
+    from raycse.redact import redacted_streams
+
+    with redacted_streams():  # a credential in a URI argument is printed nowhere, tracebacks included
+        args = build_parser().parse_args(argv)
+        handler = {"train": cmd_train, "eval": cmd_eval, "objectives": cmd_objectives, "tune": cmd_tune,
+                   "analyze": cmd_analyze, "mine": cmd_mine}[args.command]
+        try:
+            return handler(args)
+        except RaycseError as exc:
+            print(f"raycse: error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("raycse: interrupted; nothing was written to the output directory", file=sys.stderr)
+            return 130
+        except Exception:  # a bug's traceback, printed here while the streams still redact
+            import traceback
+
+            traceback.print_exc()
+            return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -109,7 +109,7 @@ def run_registries(alive_only: bool = False) -> list[str]:
     return sorted(a.actor_id for a in actors)
 
 
-RAY_FORWARDED = re.compile(r"^(\x1b\[\d+m)?\([^)]*pid=")  # Ray forwarding a worker's log (log_to_driver)
+RAY_FORWARDED = re.compile(r"^(\x1b\[\d+m)?\(\S.*? pid=\d+")  # Ray forwarding a worker's log (log_to_driver); names nest parentheses
 
 
 def own_lines(stderr: str) -> list[str]:

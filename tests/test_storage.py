@@ -69,6 +69,13 @@ def test_unusable_uris_fail_before_ray_with_one_line(s3_server, tiny_model, corp
          "bucket 'no-such-bucket-raycse' does not exist"),
         (["train", "--corpus", str(corpus), "--storage-path", "s3://no-such-bucket-raycse/ckpt", *base],
          "cannot use s3://no-such-bucket-raycse/ckpt: bucket 'no-such-bucket-raycse' does not exist"),
+        # Ray Train records its storage path as given: a credential there is refused, named without it
+        (["train", "--corpus", str(corpus), "--storage-path", _secret_uri(f"s3://{bucket}/ckpt"), *base],
+         f"--storage-path s3://***@{bucket}/ckpt carries credentials inside the URI"),
+        (["tune", "--space", str(corpus), "--storage-path", _secret_uri(f"s3://{bucket}/tune")],
+         f"--storage-path s3://***@{bucket}/tune carries credentials inside the URI"),
+        (["tune", "--resume", _secret_uri(f"s3://{bucket}/tune/x")],
+         f"--resume s3://***@{bucket}/tune/x carries credentials inside the URI"),
         (["mine", "--corpus", f"s3://{bucket}/pairs.jsonl", "--text-column", "q", "--pair-column", "a",
           "--model", str(tiny_model), "--output", str(tmp_path / "mined.jsonl")], "corpus not found"),
     ]
@@ -77,19 +84,41 @@ def test_unusable_uris_fail_before_ray_with_one_line(s3_server, tiny_model, corp
         assert main(argv) == 2, argv
         err = own_lines(capsys.readouterr().err)
         assert len(err) == 1 and err[0].startswith("raycse: error:") and expected in err[0], (argv, err)
+        assert SECRET not in err[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == [corpus.name]
     assert "Contents" not in boto3.client("s3").list_objects_v2(Bucket=bucket)
 
 
+SECRET = "SEKRETraycse41"
+
+
+def _secret_uri(uri: str) -> str:
+    """``uri`` with credentials inside it (pyarrow reads them; moto takes any)."""
+    return uri.replace("s3://", f"s3://AKIDraycse41:{SECRET}@", 1)
+
+
+def _bucket_text(s3, bucket: str) -> str:
+    listed = s3.list_objects_v2(Bucket=bucket, MaxKeys=5000).get("Contents", [])
+    return "\n".join(s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read().decode("latin-1") for o in listed)
+
+
+def _tree_text(root: Path) -> str:
+    return "\n".join(p.read_bytes().decode("latin-1") for p in root.rglob("*") if p.is_file())
+
+
 def test_train_with_corpus_checkpoints_and_output_on_s3_then_eval(ray_cluster, s3_server, tiny_model, corpus,
                                                                     stsb_dev, tmp_path, capsys):
+    """Also issue 41: credentials inside the corpus, model and output URIs (and eval's and mine's) work
+    and appear in no object, local file or printed line."""
     import boto3
 
     bucket = s3_server()
     s3 = boto3.client("s3")
     s3.upload_file(str(corpus), bucket, "data/corpus.txt")
+    publish(tiny_model, f"s3://{bucket}/base")  # the starting model, on S3 too
     out = f"s3://{bucket}/runs/simcse"
-    argv = ["train", "--model", str(tiny_model), "--corpus", f"s3://{bucket}/data/corpus.txt", "--output", out,
+    argv = ["train", "--model", _secret_uri(f"s3://{bucket}/base"), "--corpus",
+            _secret_uri(f"s3://{bucket}/data/corpus.txt"), "--output", _secret_uri(out),
             "--storage-path", f"s3://{bucket}/checkpoints", "--stsb-dev", str(stsb_dev), "--num-workers", "2",
             "--cpus-per-worker", "1", "--batch-size", "16", "--max-length", "16", "--max-steps", "6",
             "--eval-steps", "3"]
@@ -97,7 +126,9 @@ def test_train_with_corpus_checkpoints_and_output_on_s3_then_eval(ray_cluster, s
     scratch = lambda: set(Path(tempfile.gettempdir()).glob("raycse-ckpt-*"))  # noqa: E731 - workers' local copies
     scratch_before = scratch()
     assert main(argv) == 0
-    assert f"model saved to {out}/model" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert f"model saved to {out.replace('s3://', 's3://***@')}/model" in printed.out
+    streams = printed.out + printed.err
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="runs/simcse/")["Contents"]}
     assert {f"runs/simcse/{MANIFEST}", f"runs/simcse/model/{MANIFEST}", "runs/simcse/metrics.json",
             "runs/simcse/model/config.json", "runs/simcse/model/README.md"} <= keys
@@ -114,12 +145,27 @@ def test_train_with_corpus_checkpoints_and_output_on_s3_then_eval(ray_cluster, s
     metrics = json.loads(s3.get_object(Bucket=bucket, Key="runs/simcse/metrics.json")["Body"].read())
     assert metrics["last"]["step"] == 6 and metrics["last"]["checkpoint_seconds"] > 0
     assert metrics["last"]["checkpoint_upload"] == "async"  # auto: in the background to object storage
-    # eval by URI; the same command again (the output exists) is refused in one line
-    assert main(["eval", f"{out}/model", "--stsb-dev", str(stsb_dev)]) == 0
-    assert "STSB-dev" in capsys.readouterr().out
+    # eval and mine by URIs with credentials; the same train again (the output exists) is refused in one line
+    assert main(["eval", _secret_uri(f"{out}/model"), "--stsb-dev", str(stsb_dev)]) == 0
+    printed = capsys.readouterr()
+    assert "STSB-dev" in printed.out
+    streams += printed.out + printed.err
+    pairs = "\n".join(json.dumps({"q": f"query {w}", "a": f"answer {w}"}) for w in corpus.read_text().split()[:40])
+    s3.put_object(Bucket=bucket, Key="data/pairs.jsonl", Body=pairs.encode())
+    mined = tmp_path / "mined.jsonl"
+    assert main(["mine", "--corpus", _secret_uri(f"s3://{bucket}/data/pairs.jsonl"), "--text-column", "q",
+                 "--pair-column", "a", "--model", _secret_uri(f"{out}/model"), "--output", str(mined),
+                 "--embed-actors", "1", "--max-length", "16"]) == 0
+    assert mined.read_text().count("\n") >= 1
+    mined.unlink()
     assert main(argv) == 2
-    err = own_lines(capsys.readouterr().err)
+    printed = capsys.readouterr()
+    err = own_lines(printed.err)
     assert len(err) == 1 and "already exists and is not empty" in err[0]
+    streams += printed.out + printed.err
+    assert "s3://***@" in streams and SECRET not in streams and "AKIDraycse41" not in streams
+    assert SECRET not in _bucket_text(s3, bucket)  # config.yaml, metrics.json, the card, checkpoints
+    assert SECRET not in _tree_text(tmp_path)
 
 
 def test_killed_driver_resumes_from_s3_and_ends_with_the_planned_steps(ray_cluster, s3_server, tiny_model,
@@ -239,9 +285,11 @@ def test_tune_on_s3_interrupted_resumed_analyzed_and_exported(ray_cluster, s3_se
 
     capsys.readouterr()
     best = f"s3://{bucket}/best"
-    assert main(["analyze", exp, "--export-best", best]) == 0
+    assert main(["analyze", exp, "--export-best", _secret_uri(best)]) == 0  # credentials in the URI: masked
     out = capsys.readouterr().out
-    assert f"best model exported to {best}" in out and len(out.split("----")[0].splitlines()) >= 1
+    assert f"best model exported to {best.replace('s3://', 's3://***@')}" in out
+    assert len(out.split("----")[0].splitlines()) >= 1 and SECRET not in out
+    assert SECRET not in _bucket_text(s3, bucket)
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]}
     assert {f"best/{MANIFEST}", "best/config.json", "best/README.md"} <= keys
     assert {f"tune/exp/plots/{n}.png" for n in ("optimization_history", "seed_spread")} <= keys

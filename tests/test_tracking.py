@@ -1,6 +1,7 @@
 """Experiment tracking against a real MLflow tracking server on 127.0.0.1 (sqlite store in a temp
 dir) and TensorBoard event files, read back through their own readers."""
 
+import json
 import os
 import subprocess
 import sys
@@ -53,16 +54,27 @@ def _train_args(model, corpus, out, dev, tracking):
             "--score-before", "true"]
 
 
-def test_train_and_tune_runs_in_mlflow(ray_cluster, mlflow_server, tiny_model, corpus, stsb_dev, tmp_path):
+SECRET = "SEKRETmlflow41"
+
+
+def test_train_and_tune_runs_in_mlflow(ray_cluster, mlflow_server, tiny_model, corpus, stsb_dev, tmp_path, capsys):
     from mlflow.tracking import MlflowClient
 
     from raycse.tune import TuneSettings, tune_search
     from test_tune import _tiny_space
 
     client = MlflowClient(tracking_uri=mlflow_server)
-    assert main(_train_args(tiny_model, corpus, tmp_path / "run", stsb_dev, f"mlflow:{mlflow_server}")) == 0
+    # a password inside the tracking URI (HTTP basic auth; this server ignores it) is tracked, printed
+    # and saved nowhere (issue 41)
+    with_password = mlflow_server.replace("http://", f"http://raycse:{SECRET}@")
+    assert main(_train_args(tiny_model, corpus, tmp_path / "run", stsb_dev, f"mlflow:{with_password}")) == 0
+    printed = capsys.readouterr()
+    assert SECRET not in printed.out + printed.err
+    assert not [p for p in (tmp_path / "run").rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
     (run,) = client.search_runs([client.get_experiment_by_name("raycse").experiment_id])
     assert run.info.run_name == "run" and run.info.status == "FINISHED"
+    assert SECRET not in json.dumps([run.data.params, run.data.tags])
+    assert run.data.params["train.tracking"] == "mlflow:" + mlflow_server.replace("http://", "http://***@")
     assert run.data.params["objective.name"] == "simcse" and run.data.params["train.num_workers"] == "2"
     loss = client.get_metric_history(run.info.run_id, "loss")
     assert [m.step for m in loss] == [2, 4, 6, 8]  # rank 0 only: one value per logged step
@@ -92,10 +104,11 @@ def test_train_and_tune_runs_in_mlflow(ray_cluster, mlflow_server, tiny_model, c
 def test_unreachable_tracking_server_fails_fast_and_writes_nothing(tiny_model, corpus, stsb_dev, tmp_path, capsys):
     out = tmp_path / "run"
     t0 = time.time()
-    argv = _train_args(tiny_model, corpus, out, stsb_dev, f"mlflow:http://127.0.0.1:{_free_port()}")
+    argv = _train_args(tiny_model, corpus, out, stsb_dev, f"mlflow:http://raycse:{SECRET}@127.0.0.1:{_free_port()}")
     assert main(argv) == 2
     err = own_lines(capsys.readouterr().err)
-    assert len(err) == 1 and "cannot reach the MLflow tracking server" in err[0]
+    assert len(err) == 1 and "cannot reach the MLflow tracking server http://***@127.0.0.1:" in err[0]
+    assert SECRET not in err[0]
     assert time.time() - t0 < 60 and not out.exists() and not list(tmp_path.glob(".run.partial-*"))
     assert main(_train_args(tiny_model, corpus, out, stsb_dev, "wandb:x")) == 2
     assert "tracking must be mlflow:URI" in capsys.readouterr().err

@@ -94,3 +94,30 @@ def test_eval_of_a_crafted_model_on_s3_writes_nothing_outside_the_cache(s3_serve
         assert rc == 2 and len(err) == 1 and "not a plain relative path" in err[0], err
     assert not target.exists() and not (tmp_path / "victim").exists()
     assert not [p for p in cache.rglob("*") if p.is_file()]
+
+
+def test_redact_masks_user_info_and_secret_parameters_and_nothing_else():
+    import io
+
+    from raycse.redact import RedactingStream, redact, redact_obj
+
+    cases = {
+        "s3://AKID:SECRET@bucket/x": "s3://***@bucket/x",
+        "see http://user:pw@host:5000/api and gs://tok@b/o": "see http://***@host:5000/api and gs://***@b/o",
+        "s3://b/p?region=eu&secret_key=SECRET&access_key=AKID": "s3://b/p?region=eu&secret_key=***&access_key=***",
+        "abfs://c@acct.dfs.core.windows.net/p?sv=1&sig=SECRET": "abfs://***@acct.dfs.core.windows.net/p?sv=1&sig=***",
+        "https://h/x?X-Amz-Credential=SECRET&X-Amz-Signature=SECRET": "https://h/x?X-Amz-Credential=***&X-Amz-Signature=***",
+    }
+    for text, expected in cases.items():
+        assert redact(text) == expected
+    for plain in ("s3://bucket/prefix/file.txt", "--set train.lr=3e-5", "user@example.com wrote a=b",
+                  "mlflow:http://127.0.0.1:5000", "/tmp/a@b/c"):
+        assert redact(plain) == plain
+    assert redact_obj({"data": {"corpus": "s3://k:SECRET@b/c", "n": 3}, "l": ["x", "s3://k:s@b"]}) == \
+        {"data": {"corpus": "s3://***@b/c", "n": 3}, "l": ["x", "s3://***@b"]}
+    sink = io.StringIO()
+    stream = RedactingStream(sink)
+    for piece in ("saved to s3://AK", "ID:SEC", "RET@bucket/out", "\nnext ", "line\n"):  # a URI split across writes
+        stream.write(piece)
+    stream.flush()
+    assert sink.getvalue() == "saved to s3://***@bucket/out\nnext line\n"

@@ -23,6 +23,7 @@ from typing import Optional
 from raycse import storage
 from raycse.errors import ConfigError
 from raycse.outputs import private_tempdir, staging_dir, temporary_dir
+from raycse.redact import redact, redact_obj
 
 # what analysis reads of an experiment: Tune's records, not the models and checkpoints beside them
 RECORDS = ("params.json", "result.json", "error.txt", "space.yaml", "raycse_tune.json")
@@ -217,7 +218,8 @@ def _export_card(staging: Path, run_dir: Path, dest: Path, best: TrialRecord, se
               "seed_scores": m["seed_scores"], "exported_seed": seed}
     run = yaml.safe_load((run_dir / "config.yaml").read_text())
     summary = json.loads((run_dir / "metrics.json").read_text())
-    (staging / "README.md").write_text(model_card(run, summary, dest, search))
+    (staging / "README.md").write_text(model_card(redact_obj(run), redact_obj(summary), redact(str(dest)),
+                                                  redact_obj(search)))
 
 
 def check_export_path(dest) -> None:

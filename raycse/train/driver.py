@@ -35,6 +35,7 @@ from raycse.evaluation import initial_scores
 from raycse.evaluation.selection import load_selection
 from raycse.objectives import registry
 from raycse.outputs import private_tempdir, staging_dir
+from raycse.redact import redact, redact_obj, refuse_credentials
 from raycse.train import checkpoint as ckpt
 from raycse.train import release
 from raycse.train import tracking as tracking_mod
@@ -267,7 +268,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
             shutil.rmtree(local_root, ignore_errors=True)
     _close_tracking(tracking, ok=True, final={f"best_{k}": v for k, v in best_metrics.items()
                                               if k == run.eval.score_key()})
-    return TrainResult(final, f"{final}/model", summary)
+    return TrainResult(final, f"{final}/model", redact_obj(summary))
 
 
 def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = None
@@ -284,6 +285,7 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     check_data_fits_objective(run)
     if run.data.format != "hf":
         resolve_sources(run.data.corpus)  # a missing file or object
+    refuse_credentials("--storage-path", storage_path)
     if storage_path and objstore.is_uri(storage_path):
         objstore.check_usable(storage_path)  # else Train's controller fails on it, with a traceback
     model_path = resolve_model(run.model.name_or_path)
@@ -363,10 +365,11 @@ def write_output(staging: Path, run: RunConfig, best, summary: dict, final: str)
     """The model of ``best``, its card, metrics.json and config.yaml into ``staging``."""
     with best.as_directory() as d:
         shutil.copytree(Path(d) / ckpt.MODEL_DIR, staging / "model")
-    (staging / "metrics.json").write_text(json.dumps(summary, indent=2, default=str))
-    (staging / "config.yaml").write_text(yaml.safe_dump(run.to_dict(), sort_keys=False))
-    (staging / "model" / "README.md").write_text(
-        model_card(run.to_dict(), json.loads(json.dumps(summary, default=str)), f"{final}/model"))
+    summary = redact_obj(json.loads(json.dumps(summary, default=str)))  # no credential of a URI is saved
+    config = redact_obj(run.to_dict())
+    (staging / "metrics.json").write_text(json.dumps(summary, indent=2))
+    (staging / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    (staging / "model" / "README.md").write_text(model_card(config, summary, redact(f"{final}/model")))
     shutil.rmtree(staging / "ray", ignore_errors=True)
 
 

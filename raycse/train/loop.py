@@ -540,6 +540,13 @@ def quiet_report_lines() -> None:
 
 
 def train_loop_per_worker(config: dict) -> None:
+    from raycse.redact import redacted_streams
+
+    with redacted_streams():  # the worker's log (and the driver's copy of it) holds no credential of a URI
+        _train_worker(config)
+
+
+def _train_worker(config: dict) -> None:
     setup_ray_data(progress_bars=False)
     quiet_report_lines()
     worker = WorkerRun(config)

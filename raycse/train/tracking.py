@@ -20,6 +20,7 @@ from typing import Optional
 
 from raycse.config import parse_tracking as parse
 from raycse.errors import RaycseError
+from raycse.redact import redact, redact_obj
 
 EXPERIMENT = "raycse"
 # MLflow client settings (a value already in the environment wins):
@@ -74,13 +75,13 @@ def open_run(spec: Optional[str], name: str, params: dict) -> Optional[Tracking]
         exp = client.get_experiment_by_name(EXPERIMENT)
         exp_id = exp.experiment_id if exp is not None else client.create_experiment(EXPERIMENT)
         run = client.create_run(exp_id, run_name=name, tags={"raycse.output": name})
-        for key, value in flat_params(params).items():
+        for key, value in flat_params(redact_obj(params)).items():  # no credential of a URI is tracked
             client.log_param(run.info.run_id, key, value)
     except ImportError:
         raise RaycseError("--tracking mlflow needs mlflow: pip install 'raycse[tracking]'") from None
     except Exception as exc:
-        raise RaycseError(f"cannot reach the MLflow tracking server {target} ({str(exc).splitlines()[0][:160]}); "
-                          f"start it or drop --tracking") from None
+        raise RaycseError(f"cannot reach the MLflow tracking server {redact(target)} "
+                          f"({redact(str(exc).splitlines()[0][:160])}); start it or drop --tracking") from None
     return Tracking(kind, target, run_id=run.info.run_id, name=name)
 
 

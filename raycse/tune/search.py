@@ -22,6 +22,7 @@ from ray.tune.logger import TBXLoggerCallback
 from raycse import storage
 from raycse.config import parse_tracking
 from raycse.errors import ConfigError
+from raycse.redact import refuse_credentials
 from raycse.tune.space import SearchSpace, load_space
 from raycse.tune.trial import SEED_MODEL, SEED_RUN, TARGET, TrialSetup, is_final, parse_target, run_trial
 
@@ -371,6 +372,9 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
     from raycse.train.runtime import ensure_ray, setup_ray_data
 
     settings.validate()
+    refuse_credentials("--storage-path", str(storage_path))
+    refuse_credentials("--tracking", settings.tracking)
+    refuse_credentials("the search space", Path(settings.space).read_text() if Path(settings.space).is_file() else "")
     space = load_space(settings.space)
     name = name or f"{Path(settings.space).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     exp_dir = experiment_location(storage_path, name)
@@ -458,6 +462,7 @@ def resume(exp_dir: str):
 
     from raycse.train.runtime import ensure_ray, setup_ray_data
 
+    refuse_credentials("--resume", str(exp_dir))
     exp = str(exp_dir).rstrip("/") if storage.is_uri(exp_dir) else Path(exp_dir).resolve()
     settings, extra = load_settings(exp)
     space = load_space(settings.space)

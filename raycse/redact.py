@@ -1,0 +1,120 @@
+"""Credentials never leave the process: what raycse prints, logs, saves or tracks goes through here.
+
+A URI may carry a secret in two places pyarrow, MLflow and HTTP clients read: its user-info
+(``s3://KEY:SECRET@bucket/x``, ``http://user:password@host``) and its query parameters
+(``?access_key=...&secret_key=...&session_token=...``, an Azure SAS ``sig=``). :func:`redact` masks
+both in any text; :func:`redact_obj` does it through a config or metrics mapping. The URI itself keeps
+working where it is used (the filesystem is opened from the original); only its record is masked.
+
+Where Ray records a URI itself (a storage path of Train or Tune, an experiment kept for
+``--resume``), raycse cannot mask the record: :func:`refuse_credentials` turns such a URI away before
+anything starts, pointing to the environment variables that carry the same credentials.
+
+Ground floor: no raycse imports but :mod:`raycse.errors`.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import sys
+from contextlib import contextmanager
+
+MASK = "***"
+
+# scheme://userinfo@ : the user-info never holds '/', so this cannot reach into a path
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<info>[^/@\s?#'\"]+)@")
+# ?name=value / &name=value where the name says it is a secret
+_SECRET_PARAM = re.compile(
+    r"(?P<lead>[?&;](?:[A-Za-z0-9_.\-]*?)(?:key|secret|token|passw|pwd|sig|signature|credential|auth)"
+    r"[A-Za-z0-9_.\-]*=)(?P<value>[^&;#\s'\"]+)", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """``text`` with every URI's user-info and secret-named query values replaced by ``***``."""
+    if "://" not in text and "=" not in text:
+        return text
+    text = _USERINFO.sub(lambda m: f"{m.group('scheme')}{MASK}@", text)
+    return _SECRET_PARAM.sub(lambda m: f"{m.group('lead')}{MASK}", text)
+
+
+def redact_obj(obj):
+    """A copy of a JSON-like value (dicts, lists, tuples, strings) with every string redacted."""
+    if isinstance(obj, str):
+        return redact(obj)
+    if isinstance(obj, dict):
+        return {redact_obj(k): redact_obj(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(redact_obj(v) for v in obj)
+    return obj
+
+
+def has_credentials(text) -> bool:
+    return isinstance(text, str) and redact(text) != text
+
+
+def refuse_credentials(what: str, value) -> None:
+    """One line, before anything starts, for a credential in a URI that Ray would record as given."""
+    from raycse.errors import ConfigError
+
+    if has_credentials(value):
+        raise ConfigError(f"{what} {redact(value)} carries credentials inside the URI, and Ray records this URI "
+                          f"as given; put them in the environment instead (AWS_ACCESS_KEY_ID / "
+                          f"AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS, MLFLOW_TRACKING_USERNAME / "
+                          f"MLFLOW_TRACKING_PASSWORD, ...) and drop them from the URI")
+
+
+class RedactingStream(io.TextIOBase):
+    """A text stream that redacts every write before passing it on (a line may arrive in pieces:
+    text is held back only while the last line is incomplete and could still hold a URI)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._pending = ""
+
+    def write(self, text: str) -> int:
+        data = self._pending + text
+        cut = max(data.rfind("\n"), data.rfind("\r")) + 1
+        if cut == 0 and len(data) < 4096 and "://" in data:  # wait for the line's end
+            self._pending = data
+            return len(text)
+        self._pending = "" if cut == 0 else data[cut:]
+        self._stream.write(redact(data if cut == 0 else data[:cut]))
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._stream.write(redact(self._pending))
+            self._pending = ""
+        self._stream.flush()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    @property
+    def encoding(self):
+        return getattr(self._stream, "encoding", "utf-8")
+
+    def writable(self) -> bool:
+        return True
+
+
+@contextmanager
+def redacted_streams():
+    """``sys.stdout`` and ``sys.stderr`` redacted inside the block (a CLI command, a Train worker's
+    loop; Ray's forwarding of worker lines looks the streams up at each write, so it is covered)."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = (s if s is None or isinstance(s, RedactingStream) else RedactingStream(s) for s in saved)
+    try:
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+        sys.stdout, sys.stderr = saved
