@@ -147,6 +147,9 @@ def _train_parser(sub) -> None:
     p.add_argument("--storage-path", default=None,
                    help="keep Ray Train checkpoints here (path or URI, e.g. s3://bucket/ckpt); running the same "
                         "command again resumes from the furthest whole checkpoint (default: a temporary directory)")
+    p.add_argument("--run-name", default="train",
+                   help="the run's name under --storage-path: a run resumes only checkpoints of its own name and "
+                        "definition (config and corpus); another run there is refused, naming what differs")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
 
 
@@ -304,7 +307,9 @@ def cmd_train(args) -> int:
     if args.print_config:
         print(yaml.safe_dump(run.to_dict(), sort_keys=False))
         return 0
-    result = train(run, overwrite=args.overwrite, storage_path=args.storage_path)
+    if not args.run_name or not all(ch.isalnum() or ch in "-_." for ch in args.run_name) or args.run_name[0] == ".":
+        raise RaycseError(f"--run-name must be letters, digits, '-', '_' or '.' (not first), got {args.run_name!r}")
+    result = train(run, overwrite=args.overwrite, storage_path=args.storage_path, run_name=args.run_name)
     score = best_score(result.metrics)
     key = result.metrics.get("score_key", "stsb_dev_spearman")
     initial = (result.metrics.get("best") or {}).get(f"{key}_initial")

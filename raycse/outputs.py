@@ -102,6 +102,29 @@ def temporary_dir(prefix: str):
         shutil.rmtree(path, ignore_errors=True)
 
 
+# What marks a directory as raycse's own output: the manifest of a published output
+# (raycse.storage), or a run's files (metrics.json, config.yaml and the model's raycse.json).
+MANIFEST = "raycse_manifest.json"
+RUN_MARKERS = ("metrics.json", "config.yaml", "model/raycse.json")
+
+
+def is_raycse_output(path: Path) -> bool:
+    return (path / MANIFEST).is_file() or all((path / m).is_file() for m in RUN_MARKERS)
+
+
+def check_replaceable(path: Path, flag: str = "--output") -> None:
+    """``--overwrite`` replaces raycse's own output only: a file, or a directory of someone else's
+    files, given by mistake (a corpus folder, a home directory) is refused and left as it is."""
+    from raycse.errors import ConfigError
+
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {path} is a file, not an output directory; choose another {flag}")
+    if path.is_dir() and any(path.iterdir()) and not is_raycse_output(path):
+        raise ConfigError(f"{flag} {path} holds files raycse did not write (no {MANIFEST}, or no "
+                          f"{', '.join(RUN_MARKERS)}); --overwrite replaces only a raycse output: choose another "
+                          f"{flag}")
+
+
 def check_writable_file(path: str) -> Path:
     """``path`` as a file an entry point will write at its end: fail before any work if it cannot be."""
     from raycse.errors import RaycseError

@@ -21,9 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from raycse.errors import DataError, RaycseError
-from raycse.outputs import write_text_atomic
-
-MANIFEST = "raycse_manifest.json"
+from raycse.outputs import MANIFEST, write_text_atomic
 
 
 def is_uri(path) -> bool:
@@ -101,6 +99,21 @@ def prefix_exists(uri: str) -> bool:
     return bool(info)
 
 
+def check_replaceable_prefix(uri: str) -> None:
+    """``--overwrite`` of a prefix that raycse published (its root manifest is there); anything else
+    under it is someone else's and is refused, untouched."""
+    import pyarrow.fs as pafs
+
+    fs, root = _fs(uri)
+    try:
+        ours = fs.get_file_info(f"{root}/{MANIFEST}").type == pafs.FileType.File
+    except OSError as exc:
+        raise _unreachable(uri, exc) from None
+    if not ours:
+        raise RaycseError(f"{uri} holds objects raycse did not publish (no {MANIFEST} there); --overwrite replaces "
+                          f"only a raycse output: choose another --output")
+
+
 def publish(local: Path, uri: str, overwrite: bool = False, parts: tuple[str, ...] = ()) -> str:
     """Upload ``local`` (a directory) to ``uri``: every file, then a manifest for each sub-directory in
     ``parts`` (e.g. ``model``, so ``URI/model`` loads on its own), then the root manifest. Whole or
@@ -109,6 +122,7 @@ def publish(local: Path, uri: str, overwrite: bool = False, parts: tuple[str, ..
     if prefix_exists(uri):
         if not overwrite:
             raise RaycseError(f"{uri} is not empty; pass --overwrite or choose another --output")
+        check_replaceable_prefix(uri)
         fs.delete_dir_contents(root, missing_dir_ok=True)
     written: list[str] = []
     entries: dict[str, dict] = {}

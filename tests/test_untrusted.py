@@ -121,3 +121,84 @@ def test_redact_masks_user_info_and_secret_parameters_and_nothing_else():
         stream.write(piece)
     stream.flush()
     assert sink.getvalue() == "saved to s3://***@bucket/out\nnext line\n"
+
+
+def _snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_overwrite_refuses_what_raycse_did_not_write(tmp_path, capsys, tiny_model, corpus, s3_server):
+    """--overwrite on a folder of user files, a file, or a bucket prefix of user objects: one line,
+    exit 2, everything left as it was (issue 41 item 4). A raycse output is replaceable: tested by the
+    runs that overwrite their own outputs (test_train_cli, test_tune's seed runs)."""
+    import boto3
+
+    from raycse.outputs import is_raycse_output
+
+    users = tmp_path / "my-corpus"
+    (users / "sub").mkdir(parents=True)
+    (users / "a.txt").write_text("my data\n")
+    (users / "sub" / "metrics.json").write_text("{}")  # raycse-like names deeper down do not count
+    (users / "config.yaml").write_text("x: 1\n")
+    before = _snapshot(tmp_path)
+    bucket = s3_server()
+    s3 = boto3.client("s3")
+    s3.put_object(Bucket=bucket, Key="shared/notes.txt", Body=b"keep me")
+    base = ["train", "--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", "none", "--max-steps", "2",
+            "--overwrite"]
+    cases = [(users, "holds files raycse did not write"), (users / "a.txt", "is a file, not an output directory"),
+             (f"s3://{bucket}/shared", "holds objects raycse did not publish")]
+    for out, expected in cases:
+        capsys.readouterr()
+        assert main([*base, "--output", str(out)]) == 2
+        err = own_lines(capsys.readouterr().err)
+        assert len(err) == 1 and expected in err[0], err
+    assert _snapshot(tmp_path) == before
+    assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+    assert s3.get_object(Bucket=bucket, Key="shared/notes.txt")["Body"].read() == b"keep me"
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]] == ["shared/notes.txt"]
+    ours = tmp_path / "ours"
+    for marker in ("metrics.json", "config.yaml", "model/raycse.json"):
+        (ours / marker).parent.mkdir(parents=True, exist_ok=True)
+        (ours / marker).write_text("{}")
+    assert is_raycse_output(ours) and not is_raycse_output(users)
+
+
+def test_a_run_resumes_only_its_own_checkpoints(ray_cluster, tiny_model, stsb_dev, tmp_path, capsys):
+    """The issue's reproduction: simcse to step 4 under --storage-path P, then laser with batch 16
+    under P was "resumed from step 4" and published simcse's weights as laser's. Now the same command
+    again resumes (and --overwrite replaces its own output), a different run is refused before Ray
+    starts naming what differs, and so is the same command over a changed corpus."""
+    from conftest import make_sentences
+    from raycse.train.identity import RECORD
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(make_sentences(120, seed=3)) + "\n")
+    store = tmp_path / "ckpt"
+    simcse = ["train", "--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", str(stsb_dev),
+              "--storage-path", str(store), "--batch-size", "8", "--max-length", "16", "--max-steps", "4",
+              "--eval-steps", "2", "--output", str(tmp_path / "A")]
+    assert main(simcse) == 0
+    assert json.loads((store / "train" / RECORD).read_text())["definition"]["objective.name"] == "simcse"
+    first = (tmp_path / "A" / "model" / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    assert main([*simcse, "--overwrite", "--log-steps", "1"]) == 0  # an operational change: still this run
+    out = capsys.readouterr().out
+    assert "resumed from step 4" in out
+    resumed = json.loads((tmp_path / "A" / "metrics.json").read_text())["last"]["resumed"]
+    assert resumed["step"] == 4  # its own output, replaced by the resumed run's
+    first = (tmp_path / "A" / "model" / "model.safetensors").read_bytes()
+
+    laser = [*simcse[:-1], str(tmp_path / "B"), "--objective", "laser", "--batch-size", "16"]
+    corpus_before = corpus.read_text()
+    for argv, named, change in ((laser, ["objective.name", "train.batch_size"], None),
+                                (simcse + ["--overwrite"], ["corpus.files"], "one more line here\n")):
+        if change:
+            corpus.write_text(corpus_before + change)
+        capsys.readouterr()
+        assert main(argv) == 2
+        err = own_lines(capsys.readouterr().err)
+        assert len(err) == 1 and "holds checkpoints of another run" in err[0] and "--run-name" in err[0], err
+        assert all(k in err[0] for k in named), err
+    assert not (tmp_path / "B").exists()
+    assert (tmp_path / "A" / "model" / "model.safetensors").read_bytes() == first

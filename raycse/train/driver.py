@@ -34,9 +34,10 @@ from raycse.errors import ConfigError
 from raycse.evaluation import initial_scores
 from raycse.evaluation.selection import load_selection
 from raycse.objectives import registry
-from raycse.outputs import private_tempdir, staging_dir
+from raycse.outputs import check_replaceable, private_tempdir, staging_dir
 from raycse.redact import redact, redact_obj, refuse_credentials
 from raycse.train import checkpoint as ckpt
+from raycse.train import identity
 from raycse.train import release
 from raycse.train import tracking as tracking_mod
 from raycse.train.loop import CHECKPOINT_RANK, SCORE_METRIC, train_loop_per_worker
@@ -52,8 +53,9 @@ class TrainResult:
 
 
 def _prepare_output(out: Path, overwrite: bool) -> Path:
-    if out.exists() and any(out.iterdir()) and not overwrite:
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"output directory {out} already exists and is not empty; choose another --output or pass --overwrite")
+    check_replaceable(out)
     return staging_dir(out)
 
 
@@ -210,7 +212,10 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     """
     import ray
 
-    model_path, dev, remote = check_inputs(run, overwrite, storage_path)  # what a user can get wrong, before Ray
+    model_path, dev, remote, sources = check_inputs(run, overwrite, storage_path)  # what a user can get wrong
+    if storage_path:  # before Ray starts: these checkpoints are this run's, or there are none yet
+        definition = identity.definition(run, sources)
+        identity.check(storage_path, run_name, definition)
     # an output on object storage is built in a local directory and published at the end
     local_root = private_tempdir("raycse-output-") if remote else None
     out = local_root / "out" if remote else Path(run.output_dir).resolve()
@@ -236,6 +241,8 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         per_rank, grouping_log = fit_datasets(run, corpus, prepared, spe, total, model_path)
         cpus = run.train.cpus_per_worker or max(1, cluster_cpus() // run.train.num_workers)
         storage = storage_path or str(staging / "ray")
+        if storage_path:
+            identity.record(storage_path, run_name, definition)
         loop_config = {"run": run.to_dict(), "dev": ray.put(dev) if dev is not None else None,
                        "initial_cache": {"key": initial_scores.key(model_path, run, dev) if dev is not None else None,
                                          "file": initial_scores.cache_file()},
@@ -272,9 +279,10 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
 
 
 def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = None
-                 ) -> tuple[str, object, Optional[str]]:
+                 ) -> tuple[str, object, Optional[str], Optional[list]]:
     """Fail on anything a user can fix before Ray starts; the resolved model path, the model-selection
-    data (or None) and the output URI (None for a local output)."""
+    data (or None), the output URI (None for a local output) and the corpus's sources (None for a
+    dataset named by a hub id)."""
     from raycse.data.dataset import resolve_sources
 
     run.validate()
@@ -283,8 +291,7 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     if not run.data.corpus:
         raise ConfigError("no corpus given: pass --corpus FILE (text, .jsonl or .parquet) or set data.corpus")
     check_data_fits_objective(run)
-    if run.data.format != "hf":
-        resolve_sources(run.data.corpus)  # a missing file or object
+    sources = None if run.data.format == "hf" else resolve_sources(run.data.corpus)  # a missing file or object
     refuse_credentials("--storage-path", storage_path)
     if storage_path and objstore.is_uri(storage_path):
         objstore.check_usable(storage_path)  # else Train's controller fails on it, with a traceback
@@ -293,10 +300,12 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
         run.model.name_or_path = model_path  # a relative path means nothing in a worker's directory
     dev = load_selection(run.eval)  # the model-selection data (STS-B dev or BEIR)
     remote = run.output_dir if objstore.is_uri(run.output_dir) else None
-    if remote and objstore.prefix_exists(remote) and not overwrite:
-        raise ConfigError(f"output {remote} already exists and is not empty; choose another --output or pass "
-                          f"--overwrite")
-    return model_path, dev, remote
+    if remote and objstore.prefix_exists(remote):
+        if not overwrite:
+            raise ConfigError(f"output {remote} already exists and is not empty; choose another --output or pass "
+                              f"--overwrite")
+        objstore.check_replaceable_prefix(remote)
+    return model_path, dev, remote, sources
 
 
 def read_corpus(run: RunConfig, prepared: Optional[PreparedData]):

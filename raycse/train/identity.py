@@ -1,0 +1,111 @@
+"""A run resumes only itself.
+
+Ray Train resumes whatever checkpoints it finds under ``STORAGE/RUN_NAME``, so two different commands
+given the same ``--storage-path`` (and the default run name) were one run to it: the second resumed
+the first's weights and published them under its own config. Before a fit starts, what defines the
+run (its resolved config, less the settings that change how it is carried out rather than what it
+trains, and the corpus's identity: each source file with its size and modification time) is
+compared with the record beside the checkpoints, ``raycse_run.json``. A different run is refused
+before Ray starts, naming the keys that differ; the same one resumes. The record is written before
+the first checkpoint and holds no credential (:mod:`raycse.redact`).
+
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+from raycse import storage
+from raycse.errors import ConfigError
+from raycse.redact import redact, redact_obj
+
+RECORD = "raycse_run.json"
+# Keys a rerun may change and still resume: where results go, logging, resources and waits, how
+# checkpoints travel; none changes a batch, a loss or a weight.
+OPERATIONAL = frozenset({
+    "output_dir", "train.tracking", "train.log_steps", "train.profile_steps", "train.record_batches",
+    "train.worker_start_timeout_s", "train.worker_start_attempts", "train.checkpoint_upload",
+    "train.checkpoint_upload_timeout_s", "train.collate_ahead", "train.cpus_per_worker", "train.max_failures",
+    "train.keep_checkpoints", "eval.before_training", "eval.batch_size",
+})
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _file_identity(path: str) -> list:
+    if storage.is_uri(path):
+        import pyarrow.fs as pafs
+
+        fs, root = storage._fs(path)
+        info = fs.get_file_info(root)
+        infos = ([info] if info.type == pafs.FileType.File
+                 else fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)))
+        return sorted([redact(f"{path.split('://', 1)[0]}://{i.path}"), i.size, i.mtime_ns]
+                      for i in infos if i.type == pafs.FileType.File)
+    st = os.stat(path)
+    return [[path, st.st_size, st.st_mtime_ns]]
+
+
+def definition(run, sources: Optional[list]) -> dict:
+    """What defines ``run``: its config keys (flat, dotted, redacted) and its corpus files' identity
+    (``sources``: the resolved files or URIs; None for a dataset named by a hub id)."""
+    keys = {k: v for k, v in _flat(redact_obj(run.to_dict())).items() if k not in OPERATIONAL}
+    files = [item for src in sources or [] for item in _file_identity(src)]
+    return {**keys, "corpus.files": json.loads(json.dumps(files))}
+
+
+def _has_checkpoints(run_dir: str) -> bool:
+    if storage.is_uri(run_dir):
+        return any(is_dir and name.startswith("checkpoint_") for name, is_dir in storage.list_dir(run_dir))
+    return any(p.is_dir() for p in Path(run_dir).glob("checkpoint_*"))
+
+
+def _read(run_dir: str) -> Optional[dict]:
+    try:
+        text = storage.read_text(storage.join(run_dir, RECORD))
+    except FileNotFoundError:
+        return None
+    try:
+        return json.loads(text)["definition"]
+    except (ValueError, KeyError, TypeError):
+        raise ConfigError(f"{redact(storage.join(run_dir, RECORD))} is damaged; start this run under a new "
+                          f"--storage-path or --run-name NAME") from None
+
+
+def check(storage_path: str, run_name: str, current: dict) -> None:
+    """Refuse, before Ray starts, to resume checkpoints under ``storage_path/run_name`` that another
+    run wrote (or a run that did not record itself)."""
+    run_dir = storage.join(storage_path, run_name)
+    if not _has_checkpoints(run_dir):
+        return  # nothing to take over: this run starts afresh (and records itself)
+    saved = _read(run_dir)
+    where = f"--storage-path {redact(storage_path)} (run name {run_name!r})"
+    ways_out = "start this run under a new --storage-path, or name it with --run-name NAME"
+    if saved is None:
+        raise ConfigError(f"{where} holds checkpoints of a run that did not record what it trains (an older "
+                          f"raycse or another tool); {ways_out}")
+    differ = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+    if differ:
+        shown = ", ".join(differ[:8]) + (f" and {len(differ) - 8} more" if len(differ) > 8 else "")
+        raise ConfigError(f"{where} holds checkpoints of another run (different: {shown}); resume it with its "
+                          f"own settings, or {ways_out}")
+
+
+def record(storage_path: str, run_name: str, current: dict) -> None:
+    """Write the run's definition beside its checkpoints (before the first one)."""
+    run_dir = storage.join(storage_path, run_name)
+    if not storage.is_uri(run_dir):
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+    storage.write_text(storage.join(run_dir, RECORD), json.dumps({"definition": current}, indent=1, sort_keys=True))
