@@ -171,7 +171,8 @@ def _eval_parser(sub) -> None:
                    help="also evaluate retrieval on this BEIR-layout directory (corpus.jsonl, queries.jsonl, "
                         "qrels/SPLIT.tsv): nDCG@10, MRR@10, Recall@100")
     p.add_argument("--split", default="test", help="the qrels file of --beir-dir: qrels/SPLIT.tsv")
-    p.add_argument("--pooling", default=None, help="override the model's pooling: cls | cls_before_pooler | mean")
+    p.add_argument("--pooling", default=None, choices=["cls", "cls_before_pooler", "mean"],
+                   help="override the model's pooling")
     p.add_argument("--batch-size", type=int, default=128, help="sentences per encoder call")
     p.add_argument("--max-length", type=int, default=None, help="token limit (default: the model's max_seq_length)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "auto", "bf16"],
@@ -269,8 +270,15 @@ def _mine_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the corpus read and the IVF training")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with its usage errors in one line (the usage block is what --help is for)."""
+
+    def error(self, message: str):
+        self.exit(2, f"raycse: error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="raycse", description="Contrastive sentence-embedding training and tuning on Ray.")
     sub = parser.add_subparsers(dest="command", required=True)
     _train_parser(sub)
@@ -321,6 +329,11 @@ def cmd_train(args) -> int:
     return 0
 
 
+def check_max_length(value) -> None:
+    if value is not None and value < 2:  # [CLS] and [SEP] alone take two tokens
+        raise RaycseError(f"--max-length must be >= 2 tokens, got {value}")
+
+
 def _eval_inputs(args) -> tuple[list, object]:
     """Every evaluation file read and checked before the model loads: (STS datasets, BEIR data or None)."""
     from raycse.evaluation.sts import TASKS, canonical_task, load_task, read_stsb
@@ -330,6 +343,7 @@ def _eval_inputs(args) -> tuple[list, object]:
                           "--beir-dir DIR (BEIR layout)")
     if args.batch_size < 1:
         raise RaycseError(f"--batch-size must be >= 1, got {args.batch_size}")
+    check_max_length(args.max_length)
     if args.length_attack and min(args.length_attack) < 1:
         raise RaycseError("--length-attack values must be >= 1")
     if args.length_attack and not (args.senteval_dir or args.stsb_dev):
@@ -341,8 +355,10 @@ def _eval_inputs(args) -> tuple[list, object]:
         datasets.append(read_stsb(args.stsb_dev, name="STSB-dev"))
     beir = None
     if args.beir_dir:
+        from raycse.errors import require
         from raycse.evaluation.beir import read_beir
 
+        require("faiss", "grouping", "raycse eval --beir-dir")
         beir = read_beir(args.beir_dir, args.split)
     return datasets, beir
 
@@ -468,6 +484,10 @@ def cmd_mine(args) -> int:
     if missing:
         raise RaycseError(f"raycse mine needs {', '.join(missing)} (see raycse mine --help)")
     settings.validate()
+    check_max_length(args.max_length)
+    from raycse.errors import require
+
+    require("faiss", "grouping", "raycse mine")
     out = check_writable_file(args.output)
     if out.exists() and not args.overwrite:
         raise RaycseError(f"--output {out} exists; pass --overwrite to replace it")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,12 +96,12 @@ class DataConfig:
             raise ConfigError("data.negative_column needs data.pair_column (the positive of each anchor)")
         if self.negative_column and not self.negative_columns:
             raise ConfigError(f"data.negative_column names no column: {self.negative_column!r}")
+        if self.max_sentences is not None:
+            _at_least("data.max_sentences", self.max_sentences, 1)
 
     @property
     def negative_columns(self) -> tuple[str, ...]:
         return tuple(c.strip() for c in (self.negative_column or "").split(",") if c.strip())
-        if self.max_sentences is not None:
-            _at_least("data.max_sentences", self.max_sentences, 1)
 
 
 @dataclass
@@ -279,6 +280,8 @@ class TrainConfig:
         if self.max_grad_norm < 0:
             raise ConfigError(f"train.max_grad_norm must be >= 0 (0 disables clipping), got {self.max_grad_norm}")
         _choice("train.precision", self.precision, PRECISIONS)
+        if not 0 <= self.seed < 2**32:  # numpy's and faiss's seeds are unsigned 32-bit
+            raise ConfigError(f"train.seed must be in [0, 2**32), got {self.seed}")
         _at_least("train.log_steps", self.log_steps, 1)
         _at_least("train.length_buckets", self.length_buckets, 1)
         if self.checkpoint_steps is not None:
@@ -392,13 +395,23 @@ class RunConfig:
         return cfg
 
 
+class YamlLoader(yaml.SafeLoader):
+    """YAML 1.1 as PyYAML reads it, plus exponent floats without a dot (``1e-5``): YAML 1.1 makes
+    them strings, so ``lr: {loguniform: [1e-5, 1e-4]}`` was refused as "not numbers"."""
+
+
+YamlLoader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                 re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+                                 list("-+0123456789"))
+
+
 def load_yaml(path: str | os.PathLike) -> dict:
     """Read a YAML mapping, turning every failure into one readable line."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=YamlLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -468,7 +481,7 @@ def parse_tracking(spec: Optional[str]) -> Optional[tuple[str, str]]:
 def _parse_scalar(text: str) -> Any:
     """'0.1' -> 0.1, 'true' -> True, 'x' -> 'x' (for --set objective.knob=value)."""
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=YamlLoader)
     except yaml.YAMLError:
         return text
 

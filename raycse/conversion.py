@@ -3,6 +3,7 @@ objectives' knobs both use (so neither imports the other for it)."""
 
 from __future__ import annotations
 
+import math
 import typing
 from typing import Any
 
@@ -38,11 +39,16 @@ def coerce(key: str, value: Any, hint: Any) -> Any:
         if hint is float:
             if isinstance(value, bool):
                 raise ValueError
-            return float(value)
+            number = float(value)
+            if not math.isfinite(number):  # inf/nan pass every "> 0" check and fail steps later
+                raise ConfigError(f"{key} must be a finite number, got {value!r}")
+            return number
         if hint is str:
             if isinstance(value, (dict, list)):
                 raise ValueError
             return str(value)
-    except (TypeError, ValueError):
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"{key} must be {getattr(hint, '__name__', hint)}, got {value!r}") from None
     return value

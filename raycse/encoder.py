@@ -56,13 +56,17 @@ def resolve_model(name_or_path: str) -> str:
         local = storage.fetch(name_or_path)
         if not (local / "config.json").is_file():
             raise ModelError(f"{name_or_path} holds no config.json: give the model prefix (OUTPUT/model)")
+        check_model_files(local)
         return str(local)
     p = Path(os.path.expanduser(name_or_path))
     if p.exists():
         if not (p / "config.json").is_file():
             raise ModelError(f"model directory {p} has no config.json: point --model at a Hugging Face model directory")
+        check_model_files(p)
         return str(p.resolve())  # absolute: Ray workers do not run in the driver's working directory
-    if name_or_path.startswith((".", "/", "~")) or os.sep + os.sep in name_or_path or name_or_path.count("/") > 1:
+    first = name_or_path.split("/", 1)[0]
+    if (name_or_path.startswith((".", "/", "~")) or os.sep + os.sep in name_or_path or name_or_path.count("/") > 1
+            or ("/" in name_or_path and Path(first).is_dir())):  # models/x where ./models exists: a local path
         raise ModelError(f"model path does not exist: {name_or_path}; {OFFLINE_HINT}")
     from transformers import AutoConfig
 
@@ -80,6 +84,44 @@ def resolve_model(name_or_path: str) -> str:
             f"and the hub said: {reason}); {OFFLINE_HINT}"
         ) from None
     return name_or_path
+
+
+def _safetensors_problem(path: Path) -> Optional[str]:
+    """What is wrong with a safetensors file's header and length (a copy cut short), or None."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                return f"{size} bytes: shorter than its header"
+            n = int.from_bytes(head, "little")
+            if n > size - 8:
+                return f"{size} bytes: its header claims {n}"
+            header = json.loads(fh.read(n))
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return "unreadable header"
+    if 8 + n + end > size:
+        return f"{size} bytes where its header needs {8 + n + end}"
+    return None
+
+
+def check_model_files(path: Path) -> None:
+    """Refuse a model directory whose JSON files or safetensors weights are damaged, in one line and
+    before any work (not a traceback from a Ray worker, or an actor retried for ever)."""
+    for f in sorted([*path.glob("*.json"), *path.glob("*/*.json"), *path.glob("*.safetensors"),
+                     *path.glob("*/*.safetensors")]):
+        if f.suffix == ".json":
+            try:
+                json.loads(f.read_text(encoding="utf-8"))
+                continue
+            except (ValueError, UnicodeDecodeError):
+                problem = "not valid JSON"
+        else:
+            problem = _safetensors_problem(f)
+            if problem is None:
+                continue
+        raise ModelError(f"model file {f} is damaged ({problem}); copy or save the model again")
 
 
 class Pooler(nn.Module):

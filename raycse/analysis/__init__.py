@@ -106,7 +106,20 @@ def local_records(exp_dir: str) -> Path:
 def read_results(path: Path) -> list[dict]:
     """A trial's reports, one per rung: a rung told again after a resume (its driver was lost
     before Tune recorded it) keeps its first row."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError
+        except ValueError:
+            if i == len(lines) - 1:  # a write cut short by a killed driver: that rung is reported again
+                print(f"[raycse] warning: {path}: its last line is cut short; ignored", flush=True)
+                break
+            raise ConfigError(f"{path} is damaged at line {i + 1} (not a JSON record); restore it or analyze "
+                              f"another experiment") from None
+        rows.append(row)
     seen = set()
     kept = []
     for row in rows:
@@ -129,8 +142,12 @@ def load_trials(exp_dir) -> list[TrialRecord]:
     for d in sorted(p for p in exp_dir.iterdir() if p.is_dir() and (p / "params.json").is_file()):
         results = read_results(d / "result.json") if (d / "result.json").is_file() else []
         err = (d / "error.txt").read_text().strip().splitlines()[-1] if (d / "error.txt").is_file() else None
-        trials.append(TrialRecord(d.name, d, json.loads((d / "params.json").read_text()), results, err,
-                                  statuses.get(d.name), str(d)))
+        try:
+            params = json.loads((d / "params.json").read_text())
+        except ValueError:
+            raise ConfigError(f"{d / 'params.json'} is damaged (not JSON); restore it or analyze another "
+                              f"experiment") from None
+        trials.append(TrialRecord(d.name, d, params, results, err, statuses.get(d.name), str(d)))
     trials.sort(key=lambda t: t.results[0].get("timestamp", 0) if t.results else float("inf"))
     return trials
 

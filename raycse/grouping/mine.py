@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import math
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,9 @@ class MineSettings:
         if self.range_max - self.range_min < self.num_negatives:
             raise ConfigError(f"the rank window [{self.range_min}, {self.range_max}) is narrower than "
                               f"--num-negatives {self.num_negatives}")
+        for flag, value in (("--margin", self.margin), ("--max-score", self.max_score)):
+            if value is not None and not math.isfinite(value):
+                raise ConfigError(f"{flag} must be a finite number, got {value}")
         if self.margin is not None and self.margin < 0:
             raise ConfigError(f"--margin must be >= 0, got {self.margin}")
         if self.search not in ("exact", "ivf", "auto"):

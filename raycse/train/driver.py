@@ -28,7 +28,7 @@ import yaml
 
 from raycse import storage as objstore  # "storage" is Ray Train's checkpoint path below
 from raycse.card import model_card
-from raycse.config import RunConfig
+from raycse.config import RunConfig, parse_tracking
 from raycse.encoder import resolve_model
 from raycse.errors import ConfigError
 from raycse.evaluation import initial_scores
@@ -66,6 +66,64 @@ def check_local_gpus(t, gpus: float) -> None:
         raise ConfigError(f"--use-gpu with {t.num_workers} worker(s) needs {t.num_workers} GPU(s) and this machine "
                           f"has {gpus:g}; drop --use-gpu, lower --num-workers, or set RAY_ADDRESS to a cluster "
                           f"with GPUs")
+
+
+def check_local_cpus(t, cpus: int) -> None:
+    """A run on this machine's private Ray cannot get more CPUs than the machine has: refused now,
+    not after every worker-start attempt has waited out its timeout."""
+    if t.cpus_per_worker is not None and t.cpus_per_worker * t.num_workers > cpus:
+        raise ConfigError(f"--cpus-per-worker {t.cpus_per_worker:g} x {t.num_workers} worker(s) needs "
+                          f"{t.cpus_per_worker * t.num_workers:g} CPUs and this machine has {cpus}; lower "
+                          f"--cpus-per-worker or --num-workers, or set RAY_ADDRESS to a larger cluster")
+
+
+def check_extras(run: RunConfig) -> None:
+    """The optional packages this run needs, before anything starts."""
+    from raycse.errors import require
+
+    if run.grouping.strategy in ("knn", "cluster"):
+        require("faiss", "grouping", f"--grouping {run.grouping.strategy}")
+    if run.eval.selection()[0] == "beir":
+        require("faiss", "grouping", "--eval-metric beir:...")
+    kind = (parse_tracking(run.train.tracking) or (None,))[0]
+    if kind == "mlflow":
+        require("mlflow", "tracking", "--tracking mlflow:...")
+        target = parse_tracking(run.train.tracking)[1]
+        if ("://" not in target or target.startswith("file:")) and os.environ.get("MLFLOW_ALLOW_FILE_STORE") != "true":
+            raise ConfigError(f"--tracking mlflow:{target} is a file store, which MLflow 3 refuses by default; use "
+                              f"mlflow:sqlite:///PATH/mlflow.db or a tracking server (mlflow:http://HOST:PORT), or "
+                              f"set MLFLOW_ALLOW_FILE_STORE=true")
+    elif kind == "tensorboard":
+        require("tensorboardX", "tracking", "--tracking tensorboard:...")
+
+
+def check_not_empty(sources: list) -> None:
+    """A local corpus of empty or blank files is refused before Ray starts (an object store's is found
+    by the read). Reads until the first non-blank byte, at most 64 MiB a file."""
+    from raycse.errors import DataError
+
+    for src in sources:
+        if objstore.is_uri(src):
+            return
+        if src.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            try:
+                if pq.ParquetFile(src).metadata.num_rows > 0:
+                    return
+            except Exception:
+                return  # unreadable: the read names the file and the problem
+            continue
+        with open(src, "rb") as fh:
+            for _ in range(64):
+                block = fh.read(1 << 20)
+                if not block or block.strip():
+                    break
+            if block.strip() or len(block) == 1 << 20:
+                return
+    raise DataError(f"the corpus has no text: {', '.join(sources[:3])}{' ...' if len(sources) > 3 else ''} "
+                    f"{'is' if len(sources) == 1 else 'are'} empty or blank; give a corpus with one sentence per "
+                    f"line (or records with a text field)")
 
 
 def starts_private_ray() -> bool:
@@ -286,12 +344,16 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     from raycse.data.dataset import resolve_sources
 
     run.validate()
+    check_extras(run)
     if starts_private_ray():  # what torch sees here is all a private Ray could get: say so before starting it
         check_local_gpus(run.train, torch.cuda.device_count())
+        check_local_cpus(run.train, os.cpu_count() or 1)
     if not run.data.corpus:
         raise ConfigError("no corpus given: pass --corpus FILE (text, .jsonl or .parquet) or set data.corpus")
     check_data_fits_objective(run)
     sources = None if run.data.format == "hf" else resolve_sources(run.data.corpus)  # a missing file or object
+    if sources:
+        check_not_empty(sources)
     refuse_credentials("--storage-path", storage_path)
     if storage_path and objstore.is_uri(storage_path):
         objstore.check_usable(storage_path)  # else Train's controller fails on it, with a traceback

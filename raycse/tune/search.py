@@ -21,7 +21,7 @@ from ray.tune.logger import TBXLoggerCallback
 
 from raycse import storage
 from raycse.config import parse_tracking
-from raycse.errors import ConfigError
+from raycse.errors import ConfigError, require
 from raycse.redact import refuse_credentials
 from raycse.tune.space import SearchSpace, load_space
 from raycse.tune.trial import SEED_MODEL, SEED_RUN, TARGET, TrialSetup, is_final, parse_target, run_trial
@@ -68,6 +68,12 @@ class TuneSettings:
             raise ConfigError(f"--grace-period must be in [1, rungs={self.rungs}], got {self.grace_period}")
         if self.reduction_factor < 2:
             raise ConfigError(f"--reduction-factor must be >= 2, got {self.reduction_factor}")
+        if self.concurrent is not None and self.concurrent < 1:
+            raise ConfigError(f"--concurrent must be >= 1 (or left out: as many as the CPUs fit), got {self.concurrent}")
+        if self.time_budget_s is not None and not (math.isfinite(self.time_budget_s) and self.time_budget_s > 0):
+            raise ConfigError(f"--time-budget must be a positive number of seconds, got {self.time_budget_s}")
+        if self.tpe_startup_trials < 0:
+            raise ConfigError(f"--tpe-startup must be >= 0, got {self.tpe_startup_trials}")
         self.target = parse_target(self.target)
         return self
 
@@ -372,6 +378,8 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
     from raycse.train.runtime import ensure_ray, setup_ray_data
 
     settings.validate()
+    if settings.searcher == "optuna":
+        require("optuna", "tune", "raycse tune --searcher optuna")
     refuse_credentials("--storage-path", str(storage_path))
     refuse_credentials("--tracking", settings.tracking)
     refuse_credentials("the search space", Path(settings.space).read_text() if Path(settings.space).is_file() else "")
@@ -441,7 +449,15 @@ def load_settings(exp_dir) -> tuple[TuneSettings, dict]:
     except FileNotFoundError:
         raise ConfigError(f"{exp_dir} is not a raycse tune experiment (no {SETTINGS}); pass the directory "
                           f"'raycse tune' printed") from None
-    extra = {k: raw.pop(k) for k in ("num_examples", "cpus_per_worker")}
+    except (ValueError, UnicodeDecodeError):
+        raise ConfigError(f"{exp_dir}/{SETTINGS} is damaged (not JSON); the experiment cannot be resumed: start "
+                          f"a new one") from None
+    try:
+        extra = {k: raw.pop(k) for k in ("num_examples", "cpus_per_worker")}
+        TuneSettings(**{k: v for k, v in raw.items() if k != "space"}, space=raw["space"])
+    except (KeyError, TypeError, AttributeError):
+        raise ConfigError(f"{exp_dir}/{SETTINGS} is damaged (missing or unknown settings); the experiment cannot "
+                          f"be resumed: start a new one") from None
     if storage.is_uri(exp_dir):
         import atexit
         import shutil

@@ -1,0 +1,158 @@
+"""Issue 41 item 5: every bad input is one line on stderr, exit 2 and nothing written, before Ray starts.
+
+Each case runs the real CLI in a subprocess (``python -m raycse``), two at a time, in a working
+directory whose every file is compared before and after. The inputs are made here: a tiny random
+BERT, damaged copies of it, a corpus, a blank corpus, a made-up tune experiment with damaged records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from conftest import make_sentences, make_tiny_model, own_lines, write_stsb
+
+
+def _damaged_models(root: Path, base: Path) -> dict:
+    """name -> a copy of ``base`` with one file damaged (as a copy cut short or edited by hand)."""
+    from raycse.encoder import Encoder
+
+    saved = root / "saved"
+    enc = Encoder.from_pretrained(str(base), pooling="cls", mlp_head="train_only")
+    enc.save(saved)  # raycse's own layout: raycse.json, 1_Pooling/, mlp_head.safetensors
+    out = {}
+    for name, rel, cut in (("meta", "raycse.json", 5), ("pooling", "1_Pooling/config.json", 7),
+                           ("head", "mlp_head.safetensors", 100), ("weights", "model.safetensors", 4000)):
+        d = root / f"damaged-{name}"
+        shutil.copytree(saved, d)
+        data = (d / rel).read_bytes()
+        (d / rel).write_bytes(data[:cut] if cut < len(data) // 2 else data[:-cut])
+        out[name] = d
+    return out
+
+
+def _experiment(root: Path, space: Path, damage: str) -> Path:
+    """A tune experiment's records as raycse writes them, one of them damaged."""
+    from raycse.tune.search import SETTINGS, TuneSettings
+
+    exp = root / f"exp-{damage}"
+    trial = exp / "trial_0"
+    trial.mkdir(parents=True)
+    settings = {**asdict(TuneSettings(space=str(space))), "num_examples": 10, "cpus_per_worker": 1}
+    (exp / SETTINGS).write_text(json.dumps(settings)[:40] if damage == "settings" else json.dumps(settings))
+    (trial / "params.json").write_text('{"lr": 0.0001}')
+    rows = [json.dumps({"rung": r, "mean": 50.0, "target": 50.0, "timestamp": r}) for r in (1, 2)]
+    (trial / "result.json").write_text((rows[0][:20] if damage == "result" else rows[0]) + "\n" + rows[1] + "\n")
+    return exp
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad-inputs")
+    model = make_tiny_model(root / "model")
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n".join(make_sentences(64)) + "\n")
+    (root / "blank.txt").write_text("\n   \n\t\n")
+    pairs = root / "pairs.jsonl"
+    pairs.write_text("\n".join(json.dumps({"q": s, "a": s}) for s in make_sentences(20)) + "\n")
+    dev = write_stsb(root / "dev.csv")
+    space = root / "space.yaml"
+    space.write_text(f"run:\n  model: {{name_or_path: {model}}}\n  data: {{corpus: {corpus}}}\n"
+                     f"search:\n  lr: {{loguniform: [1e-5, 1e-4]}}\n")
+    beir = root / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (root / "models").mkdir()  # so "models/nosuch" is a local path, not a hub name
+    (root / "nosite").mkdir()
+    # an interpreter where faiss and optuna cannot be imported (sys.modules[m] = None blocks an import)
+    (root / "nosite" / "sitecustomize.py").write_text("import sys\nsys.modules['faiss'] = None\n"
+                                                      "sys.modules['optuna'] = None\n")
+    return {"root": root, "model": model, "corpus": corpus, "pairs": pairs, "dev": dev, "space": space,
+            "beir": beir, "damaged": _damaged_models(root, model),
+            "exp_settings": _experiment(root, space, "settings"), "exp_result": _experiment(root, space, "result")}
+
+
+def _cases(i: dict) -> list:
+    m, c, d = str(i["model"]), str(i["corpus"]), str(i["dev"])
+    train = ["train", "--model", m, "--corpus", c, "--stsb-dev", d, "--output", "out", "--max-steps", "2"]
+    mine = ["mine", "--corpus", str(i["pairs"]), "--text-column", "q", "--pair-column", "a", "--model", m,
+            "--output", "mined.jsonl"]
+    ev = ["eval", m, "--stsb-dev", d]
+    dm = {k: str(v) for k, v in i["damaged"].items()}
+    no_extras = {"PYTHONPATH": str(i["root"] / "nosite")}
+    return [
+        # (argv, the line says, extra environment)
+        ([*train, "--seed", "-1"], "train.seed must be in [0, 2**32)", None),
+        ([*train, "--max-sentences", "-5"], "data.max_sentences must be >= 1", None),
+        ([*train, "--max-sentences", "0"], "data.max_sentences must be >= 1", None),
+        ([*train, "--lr", "inf"], "train.lr must be a finite number", None),
+        ([*train, "--tau", "inf"], "tau must be a finite number", None),
+        ([*train, "--weight-decay", "nan"], "train.weight_decay must be a finite number", None),
+        ([*train, "--max-length", "0"], "model.max_length must be >= 2", None),
+        ([*train, "--max-steps", "1e400"], "train.max_steps must be int", None),
+        ([*train, "--cpus-per-worker", "1000"], "needs 1000 CPUs and this machine has", None),
+        (["train", "--model", m, "--corpus", str(i["root"] / "blank.txt"), "--output", "out"],
+         "the corpus has no text", None),
+        ([*train, "--tracking", f"mlflow:file://{i['root']}/mlruns"], "is a file store, which MLflow 3 refuses", None),
+        ([*train[:2], "models/nosuch", *train[3:]], "model path does not exist: models/nosuch", None),
+        ([*train[:2], dm["weights"], *train[3:]], "model.safetensors is damaged", None),
+        ([*train, "--grouping", "knn"], "pip install 'raycse[grouping]'", no_extras),
+        ([*train, "--eval-metric", f"beir:{i['beir']}:ndcg@10"], "pip install 'raycse[grouping]'", no_extras),
+        (["eval", dm["meta"], "--stsb-dev", d], "raycse.json is damaged", None),
+        (["eval", dm["pooling"], "--stsb-dev", d], "config.json is damaged", None),
+        (["eval", dm["head"], "--stsb-dev", d], "mlp_head.safetensors is damaged", None),
+        ([*ev, "--max-length", "-5"], "--max-length must be >= 2", None),
+        ([*ev, "--max-length", "0"], "--max-length must be >= 2", None),
+        ([*ev, "--pooling", "nosuch"], "invalid choice: 'nosuch'", None),
+        (["eval", m, "--beir-dir", str(i["beir"])], "pip install 'raycse[grouping]'", no_extras),
+        ([*mine, "--max-length", "-5"], "--max-length must be >= 2", None),
+        ([*mine, "--margin", "nan"], "--margin must be a finite number", None),
+        ([*mine[:-3], dm["weights"], *mine[-2:]], "model.safetensors is damaged", None),
+        (mine, "pip install 'raycse[grouping]'", no_extras),
+        (["tune", "--space", str(i["space"]), "--concurrent", "0"], "--concurrent must be >= 1", None),
+        (["tune", "--space", str(i["space"])], "pip install 'raycse[tune]'", no_extras),
+        (["tune", "--resume", str(i["exp_settings"])], "raycse_tune.json is damaged", None),
+        (["analyze", str(i["exp_settings"])], "raycse_tune.json is damaged", None),
+        (["analyze", str(i["exp_result"]), "--no-plots"], "result.json is damaged at line 1", None),
+    ]
+
+
+def _run(cwd: Path, argv: list, env_extra) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "raycse", *argv], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def _tree(root: Path) -> dict:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+
+def test_every_bad_input_is_one_line_exit_2_and_writes_nothing(inputs):
+    root = inputs["root"]
+    cases = _cases(inputs)
+    before = _tree(root)
+    with ThreadPoolExecutor(2) as pool:  # two cores: two interpreters at a time
+        done = list(pool.map(lambda case: _run(root, case[0], case[2]), cases))
+    failures = []
+    for (argv, expected, _), proc in zip(cases, done):
+        err = own_lines(proc.stderr)
+        if proc.returncode != 2 or len(err) != 1 or not err[0].startswith("raycse: error:") or expected not in err[0]:
+            failures.append(f"{' '.join(argv[:1] + argv[-4:])}: rc {proc.returncode}, stderr {proc.stderr[-600:]!r}")
+    assert not failures, "\n".join(failures)
+    assert _tree(root) == before  # no output, staging directory, checkpoint or cache file anywhere here
+
+
+def test_numbers_in_yaml_read_as_numbers(inputs):
+    """``1e-5`` (no dot) is a string to YAML 1.1: the form raycse's own error messages recommend."""
+    from raycse.tune.space import load_space
+
+    space = load_space(str(inputs["space"]))
+    assert space.knobs[0].args == [1e-5, 1e-4]
