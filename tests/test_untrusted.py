@@ -202,3 +202,14 @@ def test_a_run_resumes_only_its_own_checkpoints(ray_cluster, tiny_model, stsb_de
         assert all(k in err[0] for k in named), err
     assert not (tmp_path / "B").exists()
     assert (tmp_path / "A" / "model" / "model.safetensors").read_bytes() == first
+
+
+def test_a_corpus_line_holding_the_span_separator_is_one_sentence():
+    """A line with two 0x1F characters was split by CompCSE's collate into anchor and two parts
+    (a fake span row, issue 41); cleaning turns the separator into a space."""
+    from raycse.data.corpus import CorpusStats, clean_text
+    from raycse.objectives.compcse import FIELD
+
+    stats = CorpusStats()
+    text = clean_text(f"left part{FIELD}middle{FIELD}right part", 1000, stats)
+    assert text == "left part middle right part" and FIELD not in text and stats.kept == 1

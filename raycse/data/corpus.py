@@ -159,8 +159,10 @@ def file_examples(path: str, fmt: str, columns: "ExampleColumns", max_chars: int
 
 
 def clean_text(raw, max_chars: int, stats: CorpusStats) -> Optional[str]:
-    """Strip and cap one text; None (counted) when nothing is left."""
-    text = "" if raw is None else str(raw).strip()
+    """Strip and cap one text; None (counted) when nothing is left. The unit separator (0x1F) becomes
+    a space: it marks the fields of CompCSE's span rows, so a sentence holding two of them was read
+    as a row of three fields."""
+    text = "" if raw is None else str(raw).replace("\x1f", " ").strip()
     if not text:
         stats.empty_dropped += 1
         return None
