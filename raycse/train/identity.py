@@ -25,12 +25,15 @@ from raycse.redact import redact, redact_obj
 
 RECORD = "raycse_run.json"
 # Keys a rerun may change and still resume: where results go, logging, resources and waits, how
-# checkpoints travel; none changes a batch, a loss or a weight.
+# often and how checkpoints are taken and travel (none changes a batch, a loss or a weight), and the
+# run's length: more steps or epochs continue the same run (each epoch's batch order is seeded by
+# its own number, so the steps already taken stay what they were).
 OPERATIONAL = frozenset({
     "output_dir", "train.tracking", "train.log_steps", "train.profile_steps", "train.record_batches",
     "train.worker_start_timeout_s", "train.worker_start_attempts", "train.checkpoint_upload",
     "train.checkpoint_upload_timeout_s", "train.collate_ahead", "train.cpus_per_worker", "train.max_failures",
-    "train.keep_checkpoints", "eval.before_training", "eval.batch_size",
+    "train.keep_checkpoints", "train.checkpoint_steps", "eval.eval_steps", "eval.before_training",
+    "eval.batch_size", "train.max_steps", "train.epochs",
 })
 
 
