@@ -99,7 +99,7 @@ def _cases(i: dict) -> list:
         ([*train, "--max-steps", "1e400"], "train.max_steps must be int", None),
         ([*train, "--cpus-per-worker", "1000"], "needs 1000 CPUs and this machine has", None),
         (["train", "--model", m, "--corpus", str(i["root"] / "blank.txt"), "--output", "out"],
-         "the corpus has no text", None),
+         "the corpus has no usable text", None),
         ([*train, "--tracking", f"mlflow:file://{i['root']}/mlruns"], "is a file store, which MLflow 3 refuses", None),
         ([*train[:2], "models/nosuch", *train[3:]], "model path does not exist: models/nosuch", None),
         ([*train[:2], dm["weights"], *train[3:]], "model.safetensors is damaged", None),

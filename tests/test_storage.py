@@ -47,7 +47,7 @@ def test_publish_fetch_and_incomplete_prefixes(s3_server, tmp_path):
     # a file changed after publishing is refused
     s3.put_object(Bucket=bucket, Key="runs/one/model/weights.bin", Body=b"changed")
     manifest = json.loads(s3.get_object(Bucket=bucket, Key=f"runs/one/model/{MANIFEST}")["Body"].read())
-    manifest["files"]["extra"] = {"size": 1, "sha256": "0"}  # a new manifest: not in the cache
+    manifest["files"]["extra"] = {"size": 1, "sha256": "0" * 64}  # a new manifest: not in the cache
     s3.put_object(Bucket=bucket, Key=f"runs/one/model/{MANIFEST}", Body=json.dumps(manifest).encode())
     with pytest.raises(DataError, match="does not match its manifest|missing"):
         fetch(f"{uri}/model", cache)

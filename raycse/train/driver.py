@@ -121,7 +121,7 @@ def check_not_empty(sources: list) -> None:
                     break
             if block.strip() or len(block) == 1 << 20:
                 return
-    raise DataError(f"the corpus has no text: {', '.join(sources[:3])}{' ...' if len(sources) > 3 else ''} "
+    raise DataError(f"the corpus has no usable text: {', '.join(sources[:3])}{' ...' if len(sources) > 3 else ''} "
                     f"{'is' if len(sources) == 1 else 'are'} empty or blank; give a corpus with one sentence per "
                     f"line (or records with a text field)")
 
