@@ -73,6 +73,7 @@ def _worker(rank, h, pos, neg, out_dir, port):
     loss = info_nce_hard(*parts, 0.1, own_weight=0.5)
     loss.backward()
     torch.save({"loss": loss.detach(), "grads": [p.grad for p in parts]}, os.path.join(out_dir, f"r{rank}.pt"))
+    dist.barrier()  # neither rank tears gloo down while the other is still in a collective
     dist.destroy_process_group()
 
 
@@ -86,7 +87,15 @@ def test_two_workers_equal_one_worker_with_double_batch(tmp_path):
     torch.manual_seed(0)
     h, pos, neg = torch.randn(6, 8), torch.randn(6, 8), torch.randn(6, 2, 8)
     port = _free_port()
-    mp.start_processes(_worker, args=(h, pos, neg, str(tmp_path), port), nprocs=2, start_method="spawn", join=True)
+    try:
+        mp.start_processes(_worker, args=(h, pos, neg, str(tmp_path), port), nprocs=2, start_method="spawn",
+                           join=True)
+    except mp.ProcessExitedException as exc:
+        # Seen twice in full runs on one box (never alone): rank 0 aborted in gloo's teardown at exit
+        # ("terminate called without an active exception") after saving its results. Only that
+        # is tolerated: both ranks' results must be there, and they are checked below.
+        if exc.signal_name != "SIGABRT" or not all((tmp_path / f"r{r}.pt").is_file() for r in range(2)):
+            raise
     ranks = [torch.load(tmp_path / f"r{r}.pt") for r in range(2)]
     whole = [t.clone().requires_grad_(True) for t in (h, pos, neg)]
     loss = info_nce_hard(*whole, 0.1, own_weight=0.5)
