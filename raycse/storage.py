@@ -214,6 +214,7 @@ def fetch(uri: str, cache_root: Optional[Path] = None) -> Path:
             target = _inside(staging, rel)
             try:
                 target.parent.mkdir(parents=True, exist_ok=True)
+                # checked again after mkdir: a directory on the way may have been swapped for a link since
                 with fs.open_input_stream(f"{root}/{rel}") as src, open(_inside(staging, rel), "wb") as dst:
                     shutil.copyfileobj(src, dst, 1 << 20)
             except (FileNotFoundError, OSError):

@@ -82,6 +82,33 @@ def resolve_sources(spec: str) -> list[str]:
     return out
 
 
+def check_not_empty(sources: list) -> None:
+    """A local corpus of empty or blank files is refused before Ray starts (an object store's is found
+    by the read). Reads until the first non-blank byte, at most 64 MiB a file."""
+    for src in sources:
+        if storage.is_uri(src):
+            return
+        if src.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            try:
+                if pq.ParquetFile(src).metadata.num_rows > 0:
+                    return
+            except Exception:
+                return  # unreadable: the read names the file and the problem
+            continue
+        with open(src, "rb") as fh:
+            for _ in range(64):
+                block = fh.read(1 << 20)
+                if not block or block.strip():
+                    break
+            if block.strip() or len(block) == 1 << 20:
+                return
+    raise DataError(f"the corpus has no usable text: {', '.join(sources[:3])}{' ...' if len(sources) > 3 else ''} "
+                    f"{'is' if len(sources) == 1 else 'are'} empty or blank; give a corpus with one sentence per "
+                    f"line (or records with a text field)")
+
+
 def _file_shuffle(seed: int):
     from ray.data import FileShuffleConfig
 

@@ -85,45 +85,15 @@ def check_extras(run: RunConfig) -> None:
         require("faiss", "grouping", f"--grouping {run.grouping.strategy}")
     if run.eval.selection()[0] == "beir":
         require("faiss", "grouping", "--eval-metric beir:...")
-    kind = (parse_tracking(run.train.tracking) or (None,))[0]
+    kind, target = parse_tracking(run.train.tracking) or (None, None)
     if kind == "mlflow":
         require("mlflow", "tracking", "--tracking mlflow:...")
-        target = parse_tracking(run.train.tracking)[1]
         if ("://" not in target or target.startswith("file:")) and os.environ.get("MLFLOW_ALLOW_FILE_STORE") != "true":
             raise ConfigError(f"--tracking mlflow:{target} is a file store, which MLflow 3 refuses by default; use "
                               f"mlflow:sqlite:///PATH/mlflow.db or a tracking server (mlflow:http://HOST:PORT), or "
                               f"set MLFLOW_ALLOW_FILE_STORE=true")
     elif kind == "tensorboard":
         require("tensorboardX", "tracking", "--tracking tensorboard:...")
-
-
-def check_not_empty(sources: list) -> None:
-    """A local corpus of empty or blank files is refused before Ray starts (an object store's is found
-    by the read). Reads until the first non-blank byte, at most 64 MiB a file."""
-    from raycse.errors import DataError
-
-    for src in sources:
-        if objstore.is_uri(src):
-            return
-        if src.endswith(".parquet"):
-            import pyarrow.parquet as pq
-
-            try:
-                if pq.ParquetFile(src).metadata.num_rows > 0:
-                    return
-            except Exception:
-                return  # unreadable: the read names the file and the problem
-            continue
-        with open(src, "rb") as fh:
-            for _ in range(64):
-                block = fh.read(1 << 20)
-                if not block or block.strip():
-                    break
-            if block.strip() or len(block) == 1 << 20:
-                return
-    raise DataError(f"the corpus has no usable text: {', '.join(sources[:3])}{' ...' if len(sources) > 3 else ''} "
-                    f"{'is' if len(sources) == 1 else 'are'} empty or blank; give a corpus with one sentence per "
-                    f"line (or records with a text field)")
 
 
 def starts_private_ray() -> bool:
@@ -341,7 +311,7 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     """Fail on anything a user can fix before Ray starts; the resolved model path, the model-selection
     data (or None), the output URI (None for a local output) and the corpus's sources (None for a
     dataset named by a hub id)."""
-    from raycse.data.dataset import resolve_sources
+    from raycse.data.dataset import check_not_empty, resolve_sources
 
     run.validate()
     check_extras(run)

@@ -454,7 +454,7 @@ def load_settings(exp_dir) -> tuple[TuneSettings, dict]:
                           f"a new one") from None
     try:
         extra = {k: raw.pop(k) for k in ("num_examples", "cpus_per_worker")}
-        TuneSettings(**{k: v for k, v in raw.items() if k != "space"}, space=raw["space"])
+        settings = TuneSettings(**raw)
     except (KeyError, TypeError, AttributeError):
         raise ConfigError(f"{exp_dir}/{SETTINGS} is damaged (missing or unknown settings); the experiment cannot "
                           f"be resumed: start a new one") from None
@@ -466,9 +466,9 @@ def load_settings(exp_dir) -> tuple[TuneSettings, dict]:
 
         local = private_tempdir("raycse-space-") / "space.yaml"
         atexit.register(shutil.rmtree, local.parent, True)
-        local.write_text(storage.read_text(raw["space"]))
-        raw["space"] = str(local)
-    return TuneSettings(**raw), extra
+        local.write_text(storage.read_text(settings.space))
+        settings.space = str(local)
+    return settings, extra
 
 
 def resume(exp_dir: str):
