@@ -170,6 +170,7 @@ def test_a_run_resumes_only_its_own_checkpoints(ray_cluster, tiny_model, stsb_de
     again resumes (and --overwrite replaces its own output), a different run is refused before Ray
     starts naming what differs, and so is the same command over a changed corpus."""
     from conftest import make_sentences
+    from raycse.train import checkpoint as ckpt
     from raycse.train.identity import RECORD
 
     corpus = tmp_path / "c.txt"
@@ -181,13 +182,20 @@ def test_a_run_resumes_only_its_own_checkpoints(ray_cluster, tiny_model, stsb_de
     assert main(simcse) == 0
     assert json.loads((store / "train" / RECORD).read_text())["definition"]["objective.name"] == "simcse"
     first = (tmp_path / "A" / "model" / "model.safetensors").read_bytes()
+    best_before = json.loads((tmp_path / "A" / "metrics.json").read_text())["best"]
     capsys.readouterr()
     assert main([*simcse, "--overwrite", "--log-steps", "1"]) == 0  # an operational change: still this run
     out = capsys.readouterr().out
     assert "resumed from step 4" in out
-    resumed = json.loads((tmp_path / "A" / "metrics.json").read_text())["last"]["resumed"]
-    assert resumed["step"] == 4  # its own output, replaced by the resumed run's
-    first = (tmp_path / "A" / "model" / "model.safetensors").read_bytes()
+    metrics = json.loads((tmp_path / "A" / "metrics.json").read_text())
+    assert metrics["last"]["resumed"]["step"] == 4  # its own output, replaced by the resumed run's
+    # the best checkpoint survives the resume and is still the one published: the resumed fit reports
+    # step 4 again, and Ray (keeping the newer of equal scores) evicted an equally scored step 2
+    key = metrics["score_key"]
+    kept = [ckpt.state_of(path) for _, path in ckpt.whole_checkpoints(store / "train")]
+    assert metrics["best"][key] == max(m[key] for m in kept) == best_before[key]
+    assert metrics["best"]["step"] == best_before["step"]
+    assert (tmp_path / "A" / "model" / "model.safetensors").read_bytes() == first
 
     laser = [*simcse[:-1], str(tmp_path / "B"), "--objective", "laser", "--batch-size", "16"]
     corpus_before = corpus.read_text()

@@ -25,6 +25,8 @@ from typing import Optional
 
 import torch
 
+from raycse import storage as objstore
+
 MODEL_DIR, STATE_DIR, MANIFEST = "model", "state", "MANIFEST.json"
 log = logging.getLogger("raycse.train")
 
@@ -105,11 +107,8 @@ def step_of(root: Path) -> int:
     return int(json.loads((root / STATE_DIR / "train.json").read_text())["step"])
 
 
-def latest_valid(run_dir: Path, skipped: Optional[list] = None) -> Optional[tuple[int, str]]:
-    """(step, path) of the furthest whole checkpoint under a Ray Train run directory; a checkpoint
-    that fails :func:`verify` is reported (and added to ``skipped`` as "name: problem") and skipped,
-    never loaded."""
-    best = None
+def _whole_local(run_dir: Path, skipped: Optional[list]) -> list[tuple[int, str]]:
+    found = []
     for d in sorted(p for p in run_dir.glob("checkpoint_*") if p.is_dir()) if run_dir.is_dir() else []:
         problem = verify(d)
         if problem is not None:
@@ -118,10 +117,8 @@ def latest_valid(run_dir: Path, skipped: Optional[list] = None) -> Optional[tupl
             if skipped is not None:
                 skipped.append(f"{d.name}: {problem}")
             continue
-        step = step_of(d)
-        if best is None or step > best[0]:
-            best = (step, str(d))
-    return best
+        found.append((step_of(d), str(d)))
+    return found
 
 
 def _verify_remote(fs, root: str) -> tuple[Optional[str], Optional[int]]:
@@ -146,14 +143,13 @@ def _verify_remote(fs, root: str) -> tuple[Optional[str], Optional[int]]:
     return None, step
 
 
-def latest_valid_uri(run_uri: str, skipped: Optional[list] = None) -> Optional[tuple[int, str]]:
-    """:func:`latest_valid` for a run directory on object storage (``s3://bucket/ckpt/train``)."""
+def _whole_remote(run_uri: str, skipped: Optional[list]) -> list[tuple[int, str]]:
     import pyarrow.fs as pafs
 
     fs, root = pafs.FileSystem.from_uri(run_uri)
     scheme = run_uri.split("://", 1)[0]
     infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
-    best = None
+    found = []
     for d in sorted(i.path for i in infos if i.type == pafs.FileType.Directory
                     and i.base_name.startswith("checkpoint_")):
         problem, step = _verify_remote(fs, d)
@@ -162,6 +158,30 @@ def latest_valid_uri(run_uri: str, skipped: Optional[list] = None) -> Optional[t
             if skipped is not None:
                 skipped.append(f"{d.rsplit('/', 1)[-1]}: {problem}")
             continue
-        if best is None or step > best[0]:
-            best = (step, f"{scheme}://{d}")
-    return best
+        found.append((step, f"{scheme}://{d}"))
+    return found
+
+
+def whole_checkpoints(run_dir, skipped: Optional[list] = None) -> list[tuple[int, str]]:
+    """(step, path) of every whole checkpoint under a Ray Train run directory, local or on object
+    storage (``s3://bucket/ckpt/train``); one that fails :func:`verify` is reported (and added to
+    ``skipped`` as "name: problem") and skipped, never loaded."""
+    if objstore.is_uri(str(run_dir)):
+        return _whole_remote(str(run_dir), skipped)
+    return _whole_local(Path(run_dir), skipped)
+
+
+def latest_valid(run_dir, skipped: Optional[list] = None) -> Optional[tuple[int, str]]:
+    """(step, path) of the furthest whole checkpoint under a run directory (:func:`whole_checkpoints`)."""
+    return max(whole_checkpoints(run_dir, skipped), default=None)
+
+
+def state_of(path: str) -> dict:
+    """The counters and metrics a checkpoint recorded (``state/train.json``), without fetching its weights."""
+    if objstore.is_uri(path):
+        import pyarrow.fs as pafs
+
+        fs, root = pafs.FileSystem.from_uri(path)
+        with fs.open_input_stream(f"{root}/{STATE_DIR}/train.json") as fh:
+            return json.loads(fh.read())
+    return json.loads((Path(path) / STATE_DIR / "train.json").read_text())

@@ -391,12 +391,14 @@ def build_trainer(run: RunConfig, per_rank: dict, cpus: float, storage: str, run
 
 
 def best_checkpoint(result, dev) -> tuple:
-    """(checkpoint, its metrics) of the best-scored checkpoint Ray kept, else the last one."""
+    """(checkpoint, its metrics) of the best-scored checkpoint Ray kept (a resumed run's include the
+    earlier fits': Ray restores them from the run's storage), else the last one; a tie goes to the
+    earlier step, as Ray's ranking does (:func:`raycse.train.loop.checkpoint_rank`)."""
     best, best_metrics = result.checkpoint, dict(result.metrics or {})
     if dev is not None and result.best_checkpoints:
         scored = [cm for cm in result.best_checkpoints if dev.key in cm[1]]
         if scored:
-            best, best_metrics = max(scored, key=lambda cm: cm[1][dev.key])
+            best, best_metrics = max(scored, key=lambda cm: (cm[1][dev.key], -int(cm[1].get("step", 0))))
     if best is None:
         raise RuntimeError("training finished without a checkpoint")
     return best, best_metrics

@@ -37,6 +37,13 @@ from raycse.unpad import use_fast_dropout
 
 SCORE_METRIC = "stsb_dev_spearman"  # the default model-selection key (eval.metric: stsb_dev)
 CHECKPOINT_RANK = "checkpoint_rank"
+
+
+def checkpoint_rank(score: Optional[float], step: int) -> float:
+    """How Ray ranks a checkpoint for keeping: by score, a tie going to the earlier step (Ray keeps
+    the newer of equals, so a resumed run's repeated last step evicted an equally good earlier
+    best, and the published weights changed); unscored ones below every score, the latest first."""
+    return score - 1e-12 * step if score is not None else -1e9 + step
 # Workers log instead of print: Ray Train V2 patches print() into its logger and would echo each line twice.
 log = logging.getLogger("raycse.train")
 
@@ -166,8 +173,7 @@ def latest_in_storage(run_dir: Optional[str], rank: int, world_size: int) -> tup
 
     path, skipped = None, []
     if run_dir and rank == 0:
-        found = (ckpt.latest_valid_uri(run_dir, skipped) if objstore.is_uri(run_dir)
-                 else ckpt.latest_valid(Path(run_dir), skipped))
+        found = ckpt.latest_valid(run_dir, skipped)
         path = found[1] if found else None
     if world_size > 1 and dist.is_available() and dist.is_initialized():
         box = [path]
@@ -376,7 +382,7 @@ class WorkerRun:
         """A restart after this run had reached stop_at: report its state again."""
         score = self.evaluate()
         self.report({"step": self.step, "loss_history": self.history, "total_steps": self.total,
-                     "resumed": self.resumed, CHECKPOINT_RANK: score if score is not None else -1e9 + self.step,
+                     "resumed": self.resumed, CHECKPOINT_RANK: checkpoint_rank(score, self.step),
                      **({self.score_key: score, self.score_key + "_initial": self.initial} if score is not None else {})})
 
     def rows(self):
@@ -453,7 +459,7 @@ class WorkerRun:
             self.tlog.log({self.score_key: score}, self.step)
         # Ray keeps the top train.keep_checkpoints by this rank (+ the latest): scored checkpoints
         # first, then the most recent resume points, so a damaged latest one has a fallback.
-        extra[CHECKPOINT_RANK] = score if score is not None else -1e9 + self.step
+        extra[CHECKPOINT_RANK] = checkpoint_rank(score, self.step)
         self.report(extra)
 
     def step_rows(self):
