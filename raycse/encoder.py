@@ -125,10 +125,12 @@ def check_model_files(path: Path) -> None:
 
 
 class Pooler(nn.Module):
-    """One vector per sentence from the last hidden states.
+    """One vector per sentence from the last hidden states, as sentence-transformers' Pooling does.
 
-    ``cls`` and ``cls_before_pooler`` both read the [CLS] state; they differ in whether the
-    MLP head may follow (decided by :class:`Encoder`). ``mean`` averages non-padding tokens.
+    ``cls`` and ``cls_before_pooler`` both read the first real token; they differ in whether the
+    MLP head may follow (decided by :class:`Encoder`). ``mean`` averages real tokens, ``max`` takes
+    their maximum, ``mean_sqrt_len_tokens`` divides the sum by sqrt(length), ``weightedmean``
+    weighs the i-th real token by i, ``lasttoken`` reads the last real token.
     """
 
     def __init__(self, kind: str):
@@ -136,10 +138,23 @@ class Pooler(nn.Module):
         self.kind = kind
 
     def forward(self, hidden: Tensor, attention_mask: Tensor) -> Tensor:
-        if self.kind in ("cls", "cls_before_pooler"):
-            return hidden[:, 0]
+        kind = self.kind
+        if kind in ("cls", "cls_before_pooler", "lasttoken"):
+            if kind == "lasttoken":  # (a row without tokens reads the last position, as theirs does)
+                found, back = attention_mask.flip(1).max(1)
+                pos = attention_mask.shape[1] - 1 - torch.where(found == 0, attention_mask.shape[1] - 1, back)
+            else:  # the first real token: position 0 unless the tokenizer pads on the left
+                pos = attention_mask.to(torch.int).argmax(1)
+            return hidden[torch.arange(hidden.shape[0], device=hidden.device), pos]
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-        return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+        if kind == "max":
+            return hidden.masked_fill(mask == 0, float("-inf")).max(1).values
+        if kind == "weightedmean":  # weights 1, 2, ... from the first real token
+            first = attention_mask.to(torch.int).argmax(1).view(-1, 1, 1)
+            mask = mask * (torch.arange(1, hidden.shape[1] + 1, device=hidden.device, dtype=hidden.dtype)
+                           .view(1, -1, 1) - first)
+        total, count = (hidden * mask).sum(1), mask.sum(1).clamp(min=1e-9)
+        return total / (count.sqrt() if kind == "mean_sqrt_len_tokens" else count)
 
 
 class MLPHead(nn.Module):
@@ -158,7 +173,8 @@ class Encoder(nn.Module):
     """HF backbone + pooling (+ MLP head during training, or always, or never)."""
 
     def __init__(self, backbone: nn.Module, tokenizer, pooling: str = "mean", mlp_head: str = "none",
-                 max_seq_length: Optional[int] = None):
+                 max_seq_length: Optional[int] = None, dense: Iterable[nn.Module] = (), normalize: bool = False,
+                 st_config: Optional[dict] = None):
         super().__init__()
         if mlp_head == "auto":
             mlp_head = "train_only" if pooling == "cls" else "none"
@@ -172,8 +188,13 @@ class Encoder(nn.Module):
             hf_pooler.requires_grad_(False)
         self.tokenizer = tokenizer
         self.pooler = Pooler(pooling)
+        # the base model's sentence-transformers modules after pooling (raycse.st_format): frozen Dense
+        # layers (part of the embedding), Normalize (at inference), prompts and similarity (kept on save)
+        self.dense = nn.ModuleList(dense)
+        self.normalize = normalize
+        self.st_config = dict(st_config or {})
         self.mlp_mode = mlp_head
-        self.mlp = MLPHead(self.hidden_size) if mlp_head in ("train_only", "always") else None
+        self.mlp = MLPHead(self.embedding_size) if mlp_head in ("train_only", "always") else None
         self.max_seq_length = max_seq_length or _default_max_length(backbone, tokenizer)
         # Padding savers. unpad: BERT-family layers run on real tokens only (raycse.unpad), in
         # training and inference (fp32 STS evaluation 1.37x faster even on length-sorted batches,
@@ -189,35 +210,49 @@ class Encoder(nn.Module):
     @classmethod
     def from_pretrained(cls, name_or_path: str, pooling: Optional[str] = None, mlp_head: Optional[str] = None,
                         max_seq_length: Optional[int] = None) -> "Encoder":
-        """Load any HF encoder; a directory saved by raycse restores its pooling and head too."""
-        path = resolve_model(name_or_path)
+        """Load any HF encoder or sentence-transformers model (its pooling, Dense and Normalize modules);
+        a directory saved by raycse restores its MLP head too."""
+        from raycse.st_format import FrozenDense, read_layout
+
+        path = Path(resolve_model(name_or_path))
         from transformers import AutoModel, AutoTokenizer
 
         meta = _read_meta(path)
+        head = meta.get("mlp_module", "2_Dense" if meta.get("mlp_head") == "always" else None)
+        layout = read_layout(path, head)
+        body = path / layout.transformer_dir
+        meta = {**_read_st_meta(body), **meta}
         try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
-            backbone = AutoModel.from_pretrained(path)
+            tokenizer = AutoTokenizer.from_pretrained(body)
+            backbone = AutoModel.from_pretrained(body)
         except Exception as exc:
-            raise ModelError(f"cannot load model from {path}: {str(exc).splitlines()[0][:200]}") from None
-        pooling = pooling or meta.get("pooling") or _st_pooling(path) or "cls"
+            raise ModelError(f"cannot load model from {body}: {str(exc).splitlines()[0][:200]}") from None
+        pooling = pooling or meta.get("pooling") or _st_pooling(layout.pooling) or "cls"
         mlp_head = mlp_head or meta.get("mlp_head", "auto")
-        enc = cls(backbone, tokenizer, pooling, mlp_head, max_seq_length or meta.get("max_seq_length"))
+        enc = cls(backbone, tokenizer, pooling, mlp_head, max_seq_length or meta.get("max_seq_length"),
+                  [FrozenDense(spec, path) for spec in layout.dense], layout.normalize, layout.st_config)
         if enc.mlp is not None:
-            enc._load_head(Path(path))
+            enc._load_head(path, head)
         return enc
 
-    def _load_head(self, path: Path) -> None:
+    def _load_head(self, path: Path, dense_dir: Optional[str]) -> None:
         from safetensors.torch import load_file
 
         if (path / "mlp_head.safetensors").is_file():
             self.mlp.load_state_dict(load_file(str(path / "mlp_head.safetensors")))
-        elif (path / "2_Dense" / "model.safetensors").is_file():
-            state = load_file(str(path / "2_Dense" / "model.safetensors"))
+        elif dense_dir and (path / dense_dir / "model.safetensors").is_file():
+            state = load_file(str(path / dense_dir / "model.safetensors"))
             self.mlp.load_state_dict({"dense.weight": state["linear.weight"], "dense.bias": state["linear.bias"]})
 
     @property
     def hidden_size(self) -> int:
+        """The backbone's width (its hidden states)."""
         return int(self.backbone.config.hidden_size)
+
+    @property
+    def embedding_size(self) -> int:
+        """The pooled embedding's width: the hidden size, or the last frozen Dense layer's output."""
+        return int(self.dense[-1].linear.out_features) if len(self.dense) else self.hidden_size
 
     @property
     def device(self) -> torch.device:
@@ -250,10 +285,19 @@ class Encoder(nn.Module):
         return self.mlp(z) if self.uses_mlp() else z
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Optional[Tensor] = None) -> Tensor:
-        return self.head(self.pooled(input_ids, attention_mask, token_type_ids))
+        z = self.head(self.pooled(input_ids, attention_mask, token_type_ids))
+        # in training the objectives score by cosine, which normalizing does not change
+        return torch.nn.functional.normalize(z, dim=-1) if self.normalize and not self.training else z
 
     def pooled(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Optional[Tensor] = None) -> Tensor:
-        """Pooled vectors before the MLP head (objectives that compose vectors first, like CompCSE)."""
+        """Pooled vectors (through the model's frozen Dense layers) before the MLP head (objectives
+        that compose vectors first, like CompCSE)."""
+        z = self._pool(input_ids, attention_mask, token_type_ids)
+        for layer in self.dense:
+            z = layer(z)
+        return z
+
+    def _pool(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Optional[Tensor] = None) -> Tensor:
         if (self.training and not self.unpadding() and self.length_buckets > 1
                 and input_ids.shape[0] >= 2 * self.length_buckets
                 and getattr(self.tokenizer, "padding_side", "right") == "right"):
@@ -282,6 +326,11 @@ class Encoder(nn.Module):
         return torch.empty_like(z).index_copy(0, order, z)
 
     # ------------------------------------------------------------------ inference
+    @property
+    def output_size(self) -> int:
+        """The width of what :meth:`encode` returns."""
+        return self.mlp.dense.out_features if self.mlp is not None and self.mlp_mode == "always" else self.embedding_size
+
     def tokenize(self, texts: list[str], max_length: Optional[int] = None) -> dict[str, Tensor]:
         enc = self.tokenizer(list(texts), padding=True, truncation=True,
                              max_length=max_length or self.max_seq_length, return_tensors="pt")
@@ -296,13 +345,12 @@ class Encoder(nn.Module):
         """
         texts = list(texts)
         if not texts:
-            return np.zeros((0, self.hidden_size), dtype=np.float32)
+            return np.zeros((0, self.output_size), dtype=np.float32)
         was_training = self.training
         self.eval()
         lengths = [len(t) for t in texts]
         order = np.argsort(lengths, kind="stable")[::-1]  # longest first: memory peaks early
-        out = np.empty((len(texts), self.hidden_size if self.mlp is None or self.mlp_mode != "always"
-                        else self.mlp.dense.out_features), dtype=np.float32)
+        out = np.empty((len(texts), self.output_size), dtype=np.float32)
         device = self.device
         starts = range(0, len(texts), batch_size)
         if progress:
@@ -324,50 +372,47 @@ class Encoder(nn.Module):
 
     # ------------------------------------------------------------------ saving
     def save(self, path: str | os.PathLike) -> Path:
-        """Write an HF + sentence-transformers directory (weights as safetensors)."""
+        """Write an HF + sentence-transformers directory (weights as safetensors): Transformer, Pooling,
+        the base model's Dense layers, the MLP head when it is part of inference, Normalize."""
+        from safetensors.torch import save_file
+
+        from raycse.st_format import pooling_config, write_dense
+
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.backbone.save_pretrained(path, safe_serialization=True)
         self.tokenizer.save_pretrained(path)
-        from safetensors.torch import save_file
-
-        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]
         (path / "sentence_bert_config.json").write_text(
             json.dumps({"max_seq_length": int(self.max_seq_length), "do_lower_case": False}, indent=2))
-        pool_dir = path / "1_Pooling"
-        pool_dir.mkdir(exist_ok=True)
-        (pool_dir / "config.json").write_text(json.dumps({
-            "word_embedding_dimension": self.hidden_size,
-            "pooling_mode_cls_token": self.pooler.kind != "mean",
-            "pooling_mode_mean_tokens": self.pooler.kind == "mean",
-            "pooling_mode_max_tokens": False,
-            "pooling_mode_mean_sqrt_len_tokens": False,
-        }, indent=2))
-        modules.append({"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"})
-        if self.mlp is not None:
-            state = {k: v.detach().cpu().contiguous() for k, v in self.mlp.state_dict().items()}
-            if self.mlp_mode == "always":
-                dense_dir = path / "2_Dense"
-                dense_dir.mkdir(exist_ok=True)
-                (dense_dir / "config.json").write_text(json.dumps({
-                    "in_features": self.hidden_size, "out_features": self.hidden_size, "bias": True,
-                    "activation_function": "torch.nn.modules.activation.Tanh"}, indent=2))
-                save_file({"linear.weight": state["dense.weight"], "linear.bias": state["dense.bias"]},
-                          str(dense_dir / "model.safetensors"))
-                modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
-            else:
-                # Not part of inference; kept so a saved run can continue training with its head.
-                save_file(state, str(path / "mlp_head.safetensors"))
-        (path / "modules.json").write_text(json.dumps(modules, indent=2))
-        (path / "config_sentence_transformers.json").write_text(json.dumps(st_config(), indent=2))
-        (path / RAYCSE_META).write_text(json.dumps({
-            "pooling": self.pooler.kind, "mlp_head": self.mlp_mode, "max_seq_length": int(self.max_seq_length)},
-            indent=2))
+        modules = [("", "Transformer"), ("1_Pooling", "Pooling")]
+        (path / "1_Pooling").mkdir(exist_ok=True)
+        (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config(self.pooler.kind,
+                                                                                   self.hidden_size), indent=2))
+        for layer in self.dense:
+            modules.append((f"{len(modules)}_Dense", "Dense"))
+            write_dense(path / modules[-1][0], layer.linear, layer.spec.activation)
+        meta = {"pooling": self.pooler.kind, "mlp_head": self.mlp_mode, "max_seq_length": int(self.max_seq_length)}
+        if self.mlp is not None and self.mlp_mode == "always":
+            modules.append((f"{len(modules)}_Dense", "Dense"))
+            write_dense(path / modules[-1][0], self.mlp.dense, "torch.nn.modules.activation.Tanh")
+            meta["mlp_module"] = modules[-1][0]
+        elif self.mlp is not None:  # not part of inference; kept so a saved run can continue training with it
+            save_file({k: v.detach().cpu().contiguous() for k, v in self.mlp.state_dict().items()},
+                      str(path / "mlp_head.safetensors"))
+        if self.normalize:
+            modules.append((f"{len(modules)}_Normalize", "Normalize"))
+            (path / modules[-1][0]).mkdir(exist_ok=True)
+        (path / "modules.json").write_text(json.dumps(
+            [{"idx": i, "name": str(i), "path": rel, "type": f"sentence_transformers.models.{kind}"}
+             for i, (rel, kind) in enumerate(modules)], indent=2))
+        (path / "config_sentence_transformers.json").write_text(json.dumps(st_config(self.st_config), indent=2))
+        (path / RAYCSE_META).write_text(json.dumps(meta, indent=2))
         return path
 
 
-def st_config() -> dict:
-    """``config_sentence_transformers.json``: the versions that wrote the model and its similarity (cosine)."""
+def st_config(base: Optional[dict] = None) -> dict:
+    """``config_sentence_transformers.json``: the versions that wrote the model, and the base model's
+    prompts and similarity function (cosine by default)."""
     from importlib.metadata import PackageNotFoundError, version
 
     import transformers
@@ -379,31 +424,29 @@ def st_config() -> dict:
     return {"__version__": {"sentence_transformers": st_version, "transformers": transformers.__version__,
                             "pytorch": torch.__version__},
             "model_type": "SentenceTransformer", "prompts": {}, "default_prompt_name": None,
-            "similarity_fn_name": "cosine"}
+            "similarity_fn_name": "cosine", **(base or {})}
 
 
-def _read_meta(path: str) -> dict:
-    p = Path(path) / RAYCSE_META
-    if p.is_file():
-        return json.loads(p.read_text())
-    st = Path(path) / "sentence_bert_config.json"  # keep a sentence-transformers model's own max length
-    if st.is_file():
-        length = json.loads(st.read_text()).get("max_seq_length")
-        return {"max_seq_length": length} if length else {}
-    return {}
+def _read_meta(path: Path) -> dict:
+    p = path / RAYCSE_META
+    return json.loads(p.read_text()) if p.is_file() else {}
 
 
-def _st_pooling(path: str) -> Optional[str]:
-    """The pooling a sentence-transformers directory declares (mean for all-MiniLM-L6-v2)."""
-    p = Path(path) / "1_Pooling" / "config.json"
-    if not p.is_file():
-        return None
-    cfg = json.loads(p.read_text())
-    if cfg.get("pooling_mode_mean_tokens"):
-        return "mean"
-    if cfg.get("pooling_mode_cls_token"):
-        return "cls_before_pooler"
-    return None
+def _read_st_meta(body: Path) -> dict:
+    """A sentence-transformers model's own max length; a lowercasing it asks for is refused."""
+    st = body / "sentence_bert_config.json"
+    if not st.is_file():
+        return {}
+    cfg = json.loads(st.read_text())
+    if cfg.get("do_lower_case"):
+        raise ModelError(f"{st} asks to lowercase every sentence, which raycse does not do: set do_lower_case "
+                         f"false (a lowercasing tokenizer already does it)")
+    return {"max_seq_length": cfg["max_seq_length"]} if cfg.get("max_seq_length") else {}
+
+
+def _st_pooling(mode: Optional[str]) -> Optional[str]:
+    """raycse's pooling for a sentence-transformers Pooling mode ([CLS] never takes raycse's MLP head)."""
+    return "cls_before_pooler" if mode == "cls" else mode
 
 
 def _default_max_length(backbone: nn.Module, tokenizer) -> int:

@@ -219,7 +219,7 @@ def test_compcse_knobs(tiny_model_no_dropout):
     from raycse.encoder import Encoder
 
     enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="cls", mlp_head="train_only")
-    with pytest.raises(ConfigError, match="exceeds the hidden size"):
+    with pytest.raises(ConfigError, match="exceeds the embedding size"):
         registry.build("compcse", {"d0": 64}).setup(enc)
     with pytest.raises(ConfigError, match="d0 does not apply with compose: concat"):
         registry.build("compcse", {"compose": "concat", "d0": 16})

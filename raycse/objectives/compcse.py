@@ -181,10 +181,11 @@ class CompCSE(Objective):
         return functools.partial(span_rows, how=params.subsample, limit=params.subsample_max)
 
     def setup(self, encoder) -> None:
-        if self.params.d0 is not None and self.params.d0 > encoder.hidden_size:
-            raise ConfigError(f"objective.d0={self.params.d0} exceeds the hidden size {encoder.hidden_size}")
+        dim = encoder.embedding_size
+        if self.params.d0 is not None and self.params.d0 > dim:
+            raise ConfigError(f"objective.d0={self.params.d0} exceeds the embedding size {dim}")
         if self.params.compose == "sbert":
-            self.project = nn.Linear(3 * encoder.hidden_size, encoder.hidden_size)
+            self.project = nn.Linear(3 * dim, dim)
 
     def collate(self, texts, tokenizer, max_length):
         ids = special_ids(tokenizer)

@@ -107,6 +107,9 @@ class SGOPT(Objective):
 
     def setup(self, encoder) -> None:
         """Copy the encoder's backbone into F (frozen) and freeze T's embedding layer."""
+        if len(getattr(encoder, "dense", ())):  # c would be projected, F's layers not: two spaces
+            raise ConfigError("sgopt compares the sentence vector with the backbone's hidden layers, and this model "
+                              "maps its vector through Dense modules after pooling; use a model without them")
         self.frozen = copy.deepcopy(encoder.backbone).eval()
         self.frozen.requires_grad_(False)
         embeddings = getattr(encoder.backbone, "embeddings", None)

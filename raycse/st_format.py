@@ -1,0 +1,172 @@
+"""The sentence-transformers directory format: what raycse reads of a model's modules and writes back.
+
+A sentence-transformers model is a list of modules (``modules.json``): a Transformer, a Pooling,
+then optional Dense layers and a Normalize. raycse trains the Transformer and pools it the way the
+model declares; the Dense layers it keeps, frozen, after the pooling (they are part of the
+embedding); Normalize it applies at inference (every objective scores by cosine, which is blind to
+it). Saving writes them back with the model's prompts and similarity function, so
+``SentenceTransformer(path).encode`` gives raycse's embeddings. A module raycse cannot reproduce
+is refused in one line, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import nn
+
+from raycse.errors import ModelError
+
+# sentence-transformers' Pooling config keys (its legacy form, which every version reads) and raycse's names
+POOLING_KEYS = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
+                "pooling_mode_mean_tokens": "mean", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+                "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
+KNOWN_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
+
+
+@dataclass
+class DenseSpec:
+    path: str
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: str  # a torch.nn class path, e.g. torch.nn.modules.activation.Tanh
+
+
+@dataclass
+class Layout:
+    """What a model directory's sentence-transformers files declare (all empty for a plain HF model)."""
+
+    transformer_dir: str = ""
+    pooling: Optional[str] = None
+    dense: list[DenseSpec] = field(default_factory=list)
+    normalize: bool = False
+    head_path: Optional[str] = None  # raycse's own MLP head saved as a Dense (mlp_head always)
+    st_config: dict = field(default_factory=dict)  # prompts, default_prompt_name, similarity_fn_name
+
+
+def _json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read {path} ({type(exc).__name__}); copy or save the model again") from None
+
+
+def _inside(root: Path, rel: str, what: str) -> str:
+    """``rel`` as a folder of the model (a modules.json from someone else may point anywhere)."""
+    rel = rel or ""
+    if Path(rel).is_absolute() or ".." in Path(rel).parts or "\\" in rel:
+        raise ModelError(f"{root / 'modules.json'} puts its {what} module at {rel!r}, outside the model directory")
+    return rel
+
+
+def pooling_of(cfg: dict, where: Path) -> str:
+    """raycse's name for a Pooling config's one mode (new ``pooling_mode`` key or the legacy booleans)."""
+    mode = cfg.get("pooling_mode")
+    modes = ([mode] if isinstance(mode, str) else list(mode)) if mode is not None else \
+        [name for key, name in POOLING_KEYS.items() if cfg.get(key)]
+    if len(modes) != 1 or modes[0] not in POOLING_KEYS.values():
+        raise ModelError(f"{where} asks for pooling {modes or 'none'}; raycse supports exactly one of "
+                         f"{', '.join(POOLING_KEYS.values())}: pass --pooling to choose one")
+    return modes[0]
+
+
+def activation(name: str, where: Path) -> nn.Module:
+    """A Dense layer's activation: a torch.nn module class only (sentence-transformers' own trust rule)."""
+    cls = getattr(nn, name.rsplit(".", 1)[-1], None) if name.startswith("torch.nn.") else None
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise ModelError(f"{where} uses activation {name!r}; raycse loads only torch.nn activations")
+    return cls()
+
+
+def _dense(root: Path, rel: str) -> DenseSpec:
+    cfg = _json(root / rel / "config.json")
+    if cfg.get("module_input_name", "sentence_embedding") != "sentence_embedding":
+        raise ModelError(f"{root / rel} transforms {cfg['module_input_name']!r}, not the sentence embedding; "
+                         f"raycse cannot reproduce it")
+    if not (root / rel / "model.safetensors").is_file():
+        raise ModelError(f"{root / rel} has no model.safetensors (raycse does not unpickle pytorch_model.bin): "
+                         f"save the model again with safe_serialization")
+    name = cfg.get("activation_function", "torch.nn.modules.activation.Tanh")
+    activation(name, root / rel / "config.json")
+    return DenseSpec(rel, int(cfg["in_features"]), int(cfg["out_features"]), bool(cfg.get("bias", True)), name)
+
+
+def read_layout(root: Path, head_path: Optional[str] = None) -> Layout:
+    """The layout of a model directory; ``head_path``: the Dense that is raycse's own MLP head."""
+    layout = Layout(head_path=head_path)
+    if (root / "config_sentence_transformers.json").is_file():
+        cfg = _json(root / "config_sentence_transformers.json")
+        layout.st_config = {k: cfg[k] for k in ("prompts", "default_prompt_name", "similarity_fn_name") if k in cfg}
+        if cfg.get("default_prompt_name"):
+            raise ModelError(f"{root} prepends the prompt {cfg['default_prompt_name']!r} to every sentence; raycse "
+                             f"does not apply prompts: set default_prompt_name to null in "
+                             f"config_sentence_transformers.json to use the model without it")
+    if not (root / "modules.json").is_file():
+        return layout
+    modules = _json(root / "modules.json")
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise ModelError(f"{root / 'modules.json'} is not a list of modules; copy or save the model again")
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    unknown = [m.get("type") for m, k in zip(modules, kinds) if k not in KNOWN_MODULES]
+    if unknown or kinds[:1] != ["Transformer"] or kinds.count("Transformer") != 1 or kinds.count("Pooling") > 1:
+        raise ModelError(f"{root / 'modules.json'} lists {', '.join(kinds)}; raycse supports Transformer, Pooling, "
+                         f"then Dense and Normalize" + (f" (not {unknown[0]})" if unknown else ""))
+    for m, kind in zip(modules, kinds):
+        rel = _inside(root, str(m.get("path", "")), kind)
+        if kind == "Transformer":
+            layout.transformer_dir = rel
+        elif kind == "Pooling":
+            layout.pooling = pooling_of(_json(root / rel / "config.json"), root / rel / "config.json")
+        elif kind == "Normalize":
+            layout.normalize = True
+        elif layout.normalize:
+            raise ModelError(f"{root / 'modules.json'} has a Dense after Normalize; raycse normalizes last")
+        elif rel != head_path:
+            layout.dense.append(_dense(root, rel))
+    return layout
+
+
+class FrozenDense(nn.Module):
+    """A sentence-transformers Dense module, frozen: Linear + activation on the sentence embedding."""
+
+    def __init__(self, spec: DenseSpec, root: Path):
+        super().__init__()
+        from safetensors.torch import load_file
+
+        self.spec = spec
+        self.linear = nn.Linear(spec.in_features, spec.out_features, bias=spec.bias)
+        self.activation = activation(spec.activation, root)
+        state = load_file(str(root / spec.path / "model.safetensors"))
+        try:
+            self.linear.load_state_dict({k.split(".", 1)[1]: v for k, v in state.items() if k.startswith("linear.")})
+        except RuntimeError as exc:
+            raise ModelError(f"{root / spec.path} weights do not match its config: {str(exc).splitlines()[0]}") from None
+        self.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.linear(x))
+
+
+def write_dense(path: Path, linear: nn.Linear, activation_name: str) -> None:
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({
+        "in_features": linear.in_features, "out_features": linear.out_features, "bias": linear.bias is not None,
+        "activation_function": activation_name}, indent=2))
+    state = {"linear.weight": linear.weight.detach().cpu().contiguous()}
+    if linear.bias is not None:
+        state["linear.bias"] = linear.bias.detach().cpu().contiguous()
+    save_file(state, str(path / "model.safetensors"))
+
+
+def pooling_config(kind: str, dim: int) -> dict:
+    """``1_Pooling/config.json`` for a raycse pooling (cls_before_pooler is [CLS] to sentence-transformers)."""
+    name = "cls" if kind == "cls_before_pooler" else kind
+    return {"word_embedding_dimension": dim, **{key: name == mode for key, mode in POOLING_KEYS.items()},
+            "include_prompt": True}
