@@ -22,6 +22,8 @@ from raycse.errors import ConfigError
 @dataclass
 class LossOutput:
     loss: Tensor
+    # diagnostics: numbers or 0-d tensors left on the device (read back only at checkpoints: a read
+    # per step would make the host wait for the device)
     metrics: dict = field(default_factory=dict)
 
 

@@ -154,12 +154,12 @@ class BSC(Objective):
         l0 = supcon_rows(q_n @ cands_n.T * factor, pos0, label)
         l1 = supcon_rows(a_n @ q_all_n.T * factor, pos, label)
         bsc = l0 + l1
-        metrics = {"bsc": float(bsc.detach())}
+        metrics = {"bsc": bsc.detach()}
         mu = self.params.mu
         if mu >= 1.0:
             return bsc, metrics
         mse = (F.cosine_similarity(q, a, dim=-1) - score).pow(2).mean()
-        metrics["mse"] = float(mse.detach())
+        metrics["mse"] = mse.detach()
         return mu * bsc + (1 - mu) * mse, metrics
 
     def forward(self, encoder, batch) -> LossOutput:

@@ -137,14 +137,14 @@ class HiCL(Objective):
         else:
             z1, z2, owner, h1 = z, encoder(**pieces.batch()), pieces.owner, h
         total = (1 - p.alpha - p.beta) * glob.loss
-        metrics = {"global": float(glob.loss.detach())}
+        metrics = {"global": glob.loss.detach()}
         if p.alpha > 0:
             local = self.local_loss(z1, z2, owner)
             total = total + p.alpha * local
-            metrics["local"] = float(local.detach())
+            metrics["local"] = local.detach()
         if p.beta > 0:
             ent = self.entailment_loss(z1, h1, owner)
             total = total + p.beta * ent
-            metrics["entailment"] = float(ent.detach())
-        metrics["segments_per_sequence"] = len(owner) / max(1, int(owner.max()) + 1)
+            metrics["entailment"] = ent.detach()
+        metrics["segments_per_sequence"] = len(owner) / (owner.max() + 1).clamp(min=1)
         return LossOutput(total, {**glob.metrics, **metrics})

@@ -122,4 +122,4 @@ class Laser(Objective):
     def forward(self, encoder, batch) -> LossOutput:
         a = encoder(input_ids=batch["a_input_ids"], attention_mask=batch["a_attention_mask"])
         p = encoder(input_ids=batch["p_input_ids"], attention_mask=batch["p_attention_mask"])
-        return LossOutput(self.loss(a, p), {"mean_m": float(batch["m"].float().mean())})
+        return LossOutput(self.loss(a, p), {"mean_m": batch["m"].float().mean()})

@@ -194,4 +194,4 @@ class SGOPT(Objective):
         contrast = self.loss(c, h) if variant == "opt3" else self.sampled_loss(c, h)
         reg = self.regularizer(encoder) if self.params.lam > 0 else torch.zeros((), device=c.device)
         return LossOutput(contrast + self.params.lam * reg,
-                          {variant: float(contrast.detach()), "reg": float(reg.detach())})
+                          {variant: contrast.detach(), "reg": reg.detach()})

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from raycse.objectives.base import LossOutput, Objective, Params, positive, stack_twice
@@ -52,7 +51,7 @@ class SimCSE(Objective):
         q, a = [e[0] for e in examples], [e[1] for e in examples]
         negs = [t for e in examples for t in (e[3] if len(e) > 3 else ())]
         enc = self.tokenize(q + a + negs, tokenizer, max_length)
-        enc["pairs"] = torch.tensor([len(q)])  # anchors, then positives, then k negatives per anchor
+        enc["pairs"] = len(q)  # anchors, then positives, then k negatives per anchor (a number: no read-back)
         return enc
 
     def loss(self, z1: Tensor, z2: Tensor) -> Tensor:
@@ -68,7 +67,7 @@ class SimCSE(Objective):
             n = self.batch_size_of(batch)
             z = encoder(**stack_twice(batch))
             return LossOutput(self.loss(z[:n], z[n:]))
-        n = int(batch["pairs"][0])
+        n = int(batch["pairs"])
         z = encoder(**{k: v for k, v in batch.items() if k != "pairs"})
         k = (z.shape[0] - 2 * n) // n
         neg = z[2 * n:].reshape(n, k, -1) if k else None

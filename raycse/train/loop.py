@@ -260,6 +260,9 @@ class WorkerRun:
         self.step, self.history, self.initial, self.resumed = 0, [], None, None
         self.grouping = {"layout": None, "log": []}  # in-fit regrouping: this epoch's batches and every epoch's record
         self.window, self.train_time, self.seen = [], 0.0, 0  # losses since the last checkpoint; this fit's speed
+        # this fit's losses not yet read back: on the device until a logging or checkpoint step, so the
+        # host queues the next step while the device works (a read per step made the host wait for each)
+        self.unread: list = []
         # checkpoints copied to storage in the background (train.checkpoint_upload); the training
         # thread's time in checkpoints (this fit's, before the current one); the one being copied
         mode = run.train.checkpoint_upload
@@ -425,6 +428,19 @@ class WorkerRun:
         opt.zero_grad(set_to_none=True)
         return out
 
+    def read_losses(self) -> None:
+        """Read the losses of the steps since the last read back to the host (one wait for the device)
+        into the logging window; a non-finite one stops the run naming its step."""
+        if not self.unread:
+            return
+        values = torch.stack(self.unread).float().tolist()
+        first, self.unread = self.step - len(values) + 1, []
+        for i, value in enumerate(values):
+            if not math.isfinite(value):
+                raise FloatingPointError(f"loss became {value} at step {first + i} (read back at step {self.step}, "
+                                         f"steps {first}..{self.step}); lower train.lr or use precision fp32")
+        self.window.extend(values)
+
     def log_profile(self) -> None:
         """The profiled window's table and summary in the log (when it has just ended)."""
         log.info(f"[raycse] profile of {describe(self.profiler.summary)}\n{self.profiler.table}")
@@ -450,7 +466,7 @@ class WorkerRun:
                  "train_examples_per_s": self.seen / max(self.train_time, 1e-9), "train_seconds": self.train_time,
                  "total_steps": self.total, **peak_memory(self.device),
                  **({"profile": self.profiler.summary} if self.profiler.summary else {}),
-                 **{f"last_{k}": v for k, v in out.metrics.items()}}
+                 **{f"last_{k}": float(v) for k, v in out.metrics.items()}}
         score = self.evaluate() if scored else None
         if score is not None:
             extra[self.score_key] = score
@@ -514,23 +530,22 @@ class WorkerRun:
                 pending = helper.submit(following) if following is not None else None
                 with span(self.profiler, "raycse.step"):
                     out = self.train_step(move(batch, self.device))
-                    value = float(out.loss.detach())  # (on a GPU: the host waits for the step here)
+                    self.unread.append(out.loss.detach())
                 if pending is not None:
                     with span(self.profiler, "raycse.wait_ahead"):
                         futures.wait([pending])  # (its error, if any, is raised at the next step)
                 self.step += 1
-                if not math.isfinite(value):
-                    raise FloatingPointError(f"loss became {value} at step {self.step}; lower train.lr or use "
-                                             f"precision fp32")
-                self.window.append(value)
+                step = self.step
+                scored = step % eval_every == 0 or step == self.stop_at or step in eval_at  # each fit's end is scored
+                saved = scored or step % ckpt_every == 0
+                if saved or step % run.train.log_steps == 0:
+                    self.read_losses()  # (inside the timed part: the wait for the device is training time)
                 self.train_time += time.perf_counter() - t0
                 self.seen += len(examples) * self.world_size
                 self.log_progress(epoch)
                 if self.profiler.after(self.step):
                     self.log_profile()
-                step = self.step
-                scored = step % eval_every == 0 or step == self.stop_at or step in eval_at  # each fit's end is scored
-                if scored or step % ckpt_every == 0:
+                if saved:
                     self.checkpoint(epoch, out, scored)
                 row = following if looked else next(rows, None)
         self.tlog.close()
