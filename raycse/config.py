@@ -210,6 +210,10 @@ class TrainConfig:
     # the same batches, losses and weights). auto: on GPUs, where the CPU would otherwise wait for
     # the GPU; off on CPUs, whose cores the step already keeps busy (no gain measured on 2 cores).
     collate_ahead: str = "auto"
+    # Pad each batch's token width up to a multiple of this: a run then sees few distinct batch shapes
+    # (each new shape costs a GPU warm-up: kernel choice, allocator blocks). None: 8 on GPUs, 1 on
+    # CPUs (which run BERT-family layers on the real tokens only, so padding costs them nothing).
+    pad_to_multiple_of: Optional[int] = None
     # Save a resumable checkpoint (model, optimizer, scheduler, RNG, step) every N steps; None:
     # at every evaluation. A run restarted after a failure continues from the latest one.
     checkpoint_steps: Optional[int] = None
@@ -285,6 +289,8 @@ class TrainConfig:
             raise ConfigError(f"train.seed must be in [0, 2**32), got {self.seed}")
         _at_least("train.log_steps", self.log_steps, 1)
         _at_least("train.length_buckets", self.length_buckets, 1)
+        if self.pad_to_multiple_of is not None:
+            _at_least("train.pad_to_multiple_of", self.pad_to_multiple_of, 1)
         if self.checkpoint_steps is not None:
             _at_least("train.checkpoint_steps", self.checkpoint_steps, 1)
         _at_least("train.keep_checkpoints", self.keep_checkpoints, 1)

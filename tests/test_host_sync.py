@@ -28,7 +28,7 @@ class Done(BaseException):  # (past the CLI's handler of errors)
 
 class ReadCounter:
     def __init__(self):
-        self.step, self.collating, self.reads = None, False, []
+        self.step, self.collating, self.reads, self.widths = None, False, [], set()
 
     def patch(self, monkeypatch):
         from raycse.train import loop
@@ -41,6 +41,8 @@ class ReadCounter:
 
         def counted_step(worker, batch):
             counter.step = worker.step + 1  # the step this iteration completes
+            if "input_ids" in batch:
+                counter.widths.add(batch["input_ids"].shape[1])
             return train_step(worker, batch)
 
         def counted_collate(worker, row, tokenizer):
@@ -127,3 +129,40 @@ def test_a_non_finite_loss_stops_the_run_at_the_next_read_naming_its_step(ray_cl
     assert "loss became nan at step 6 (read back at step 8, steps 5..8)" in capsys.readouterr().err
     assert calls["n"] == 8
     assert not (tmp_path / "out").exists()
+
+
+class InfoLines:
+    """The INFO lines of the workers' logger (rank 0's start lines) while the with block runs."""
+
+    def __enter__(self):
+        import logging
+
+        self.logger, self.lines = logging.getLogger("raycse.train"), []
+        self.handler = logging.Handler(logging.INFO)
+        self.handler.emit = lambda record: self.lines.append(record.getMessage())
+        self.logger.addHandler(self.handler)
+        return self.lines
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self.handler)
+        return False
+
+
+def test_batch_shapes_are_bounded_said_at_start_and_the_warm_up_timed(ray_cluster, tiny_model, corpus, stsb_dev,
+                                                                      tmp_path, monkeypatch):
+    """Issue 42 item 2: widths padded to a multiple of 8 at max length 16 give at most 2 shapes; the
+    bound is printed at start and the time to the 10th step after it."""
+    counter = ReadCounter()
+    run_in_process(monkeypatch)
+    counter.patch(monkeypatch)
+    argv = ["train", "--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", str(stsb_dev),
+            "--output", str(tmp_path / "out"), "--batch-size", "16", "--max-length", "16", "--max-steps", "12",
+            "--log-steps", "4", "--eval-steps", "6", "--set", "train.pad_to_multiple_of=8"]
+    with InfoLines() as lines, pytest.raises(Done):
+        main(argv)
+    said = [line for line in lines if "batch shapes:" in line]
+    assert len(said) == 1 and "at most 2 distinct widths" in said[0] and "multiple of 8" in said[0], lines
+    assert counter.widths and counter.widths <= {8, 16}, counter.widths
+    timed = [line for line in lines if line.startswith("[raycse] 10 steps in ")]
+    assert len(timed) == 1 and float(timed[0].split()[4]) > 0, lines
+    assert lines.index(said[0]) < lines.index(timed[0])

@@ -52,6 +52,8 @@ class Objective(nn.Module):
     # Its collate draws from torch's global generator: the training thread must collate it, in step
     # order with dropout's draws (raycse.train.ahead); a property where it depends on the knobs.
     collate_draws_random: ClassVar[bool] = False
+    # Token widths are padded up to a multiple of this (train.pad_to_multiple_of; set by the train loop).
+    pad_multiple: int = 1
 
     def __init__(self, params: Params):
         super().__init__()
@@ -77,12 +79,11 @@ class Objective(nn.Module):
     def forward(self, encoder: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
         raise NotImplementedError
 
-    @staticmethod
-    def tokenize(texts: list[str], tokenizer, max_length: int) -> dict[str, Tensor]:
-        """Pad to the longest in the batch; truncate (never fail) at ``max_length``."""
-        enc = tokenizer(
-            texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt"
-        )
+    def tokenize(self, texts: list[str], tokenizer, max_length: int) -> dict[str, Tensor]:
+        """Pad to the longest in the batch (up to a multiple of ``pad_multiple``); truncate (never
+        fail) at ``max_length``."""
+        enc = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt",
+                        pad_to_multiple_of=self.pad_multiple if self.pad_multiple > 1 else None)
         return {k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
 
     @staticmethod

@@ -69,7 +69,29 @@ def build_module(run: RunConfig) -> TrainModule:
         use_fast_dropout(encoder.backbone)
     objective = registry.build(run.objective.name, run.objective.params)
     objective.setup(encoder)
+    for part in objective.modules():  # (HiCL's base objective collates too)
+        if isinstance(part, Objective):
+            part.pad_multiple = pad_multiple(run)
     return TrainModule(encoder, objective)
+
+
+def pad_multiple(run: RunConfig) -> int:
+    """train.pad_to_multiple_of, resolved: 8 on GPUs, 1 on CPUs."""
+    t = run.train
+    return t.pad_to_multiple_of if t.pad_to_multiple_of is not None else (8 if t.use_gpu else 1)
+
+
+def shape_bound(run: RunConfig, objective: Objective) -> str:
+    """How many distinct batch shapes a run can meet: full batches only (the partial last one of an
+    epoch is dropped), so the token widths decide. Objectives that cut or repeat sentences after
+    tokenizing (CompCSE's halves, LA(SER)^3's repeats, HiCL's pieces) make widths of their own."""
+    m, longest = pad_multiple(run), run.model.max_length
+    widths = -(-longest // m) if m > 1 else longest - 1  # (a width holds at least [CLS] and [SEP])
+    derived = objective.name in ("compcse", "laser", "hicl")
+    return (f"batch shapes: {run.train.batch_size} sentences per worker in every step, token widths up to "
+            f"{longest}" + (f" padded to a multiple of {m}" if m > 1 else "")
+            + f": at most {widths} distinct widths" + (" for the tokenized batch (this objective derives other "
+                                                       "widths from it)" if derived else ""))
 
 
 def build_optimizer(module: nn.Module, run: RunConfig, total_steps: int):
@@ -263,6 +285,7 @@ class WorkerRun:
         # this fit's losses not yet read back: on the device until a logging or checkpoint step, so the
         # host queues the next step while the device works (a read per step made the host wait for each)
         self.unread: list = []
+        self.to_step_10: Optional[float] = None  # seconds this fit took to its 10th step
         # checkpoints copied to storage in the background (train.checkpoint_upload); the training
         # thread's time in checkpoints (this fit's, before the current one); the one being copied
         mode = run.train.checkpoint_upload
@@ -380,6 +403,7 @@ class WorkerRun:
                  + (" (remembered from an earlier run: raycse.evaluation.initial_scores)" if remembered else "")
                  + (f", {dev.label} before: not measured (--score-before true measures it)"
                     if initial is None and step == 0 and dev is not None and run.eval.before_training == "auto" else ""))
+        log.info(f"[raycse] {shape_bound(run, self.core.objective)}")
 
     def report_again(self) -> None:
         """A restart after this run had reached stop_at: report its state again."""
@@ -428,6 +452,14 @@ class WorkerRun:
         opt.zero_grad(set_to_none=True)
         return out
 
+    def note_warmup(self, started: float) -> None:
+        """The time this fit took to its 10th step (first shapes, kernel choice, allocator warm-up)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # (once: the figure must include the device's work)
+        self.to_step_10 = time.perf_counter() - started
+        if self.rank == 0:
+            log.info(f"[raycse] 10 steps in {self.to_step_10:.2f} s from the fit's first step")
+
     def read_losses(self) -> None:
         """Read the losses of the steps since the last read back to the host (one wait for the device)
         into the logging window; a non-finite one stops the run naming its step."""
@@ -466,6 +498,7 @@ class WorkerRun:
                  "train_examples_per_s": self.seen / max(self.train_time, 1e-9), "train_seconds": self.train_time,
                  "total_steps": self.total, **peak_memory(self.device),
                  **({"profile": self.profiler.summary} if self.profiler.summary else {}),
+                 **({"seconds_to_step_10": self.to_step_10} if self.to_step_10 is not None else {}),
                  **{f"last_{k}": float(v) for k, v in out.metrics.items()}}
         score = self.evaluate() if scored else None
         if score is not None:
@@ -514,6 +547,7 @@ class WorkerRun:
         eval_at = {int(s) for s in self.config.get("eval_at") or ()}  # extra scored steps (Tune's rung ends)
         ckpt_every = run.train.checkpoint_steps or eval_every
         rows = self.step_rows()
+        started, first_step = time.perf_counter(), self.step
         with ahead.CollateAhead(self.collate_row, self.core.encoder.tokenizer,
                                 ahead.wanted(run.train.collate_ahead, self.core.objective, self.device.type)) as helper:
             row, pending = next(rows, None), None
@@ -541,6 +575,8 @@ class WorkerRun:
                 if saved or step % run.train.log_steps == 0:
                     self.read_losses()  # (inside the timed part: the wait for the device is training time)
                 self.train_time += time.perf_counter() - t0
+                if step == first_step + 10:
+                    self.note_warmup(started)
                 self.seen += len(examples) * self.world_size
                 self.log_progress(epoch)
                 if self.profiler.after(self.step):
