@@ -231,6 +231,54 @@ def step_speed(model: str, device: torch.device, dtype, batches: tuple, steps: i
     return out
 
 
+def st_trainer_speed(model: str, device: torch.device, batches: tuple, steps: int, max_length: int = 32) -> dict:
+    """sentence-transformers' own trainer on the same task (SimCSE: each sentence is its own positive
+    through dropout; ``MultipleNegativesRankingLoss`` at scale 20 = 1/tau for tau 0.05), batch,
+    length and precision: the figure issue 42 asks raycse to match. Steady sentences/s (median step
+    after two warm-up ones) and the seconds to the 10th step, per batch size."""
+    try:
+        from datasets import Dataset
+        from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
+                                           SentenceTransformerTrainingArguments)
+        from sentence_transformers.losses import MultipleNegativesRankingLoss
+        from transformers import TrainerCallback
+    except ImportError as exc:  # a GPU image without them: part one goes on, the report says why
+        print(f"[gpu-check] sentence-transformers trainer not measured: {exc}", flush=True)
+        return {"skipped": str(exc)}
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, *args, **kwargs):
+            sync(device)
+            self.start, self.ends = time.perf_counter(), []
+
+        def on_step_end(self, *args, **kwargs):
+            sync(device)
+            self.ends.append(time.perf_counter())
+
+    out = {}
+    for batch in batches:
+        st = SentenceTransformer(model, device=str(device))
+        st.max_seq_length = max_length
+        rows = sentences(batch * (steps + 2), 40, seed=1, min_words=4)
+        clock = Clock()
+        args = SentenceTransformerTrainingArguments(
+            output_dir=str(scratch_dir() / "st-trainer"), per_device_train_batch_size=batch, max_steps=steps + 2,
+            learning_rate=1e-5, bf16=device.type == "cuda", use_cpu=device.type == "cpu", save_strategy="no",
+            report_to="none", logging_steps=10**6, dataloader_drop_last=True, disable_tqdm=True)
+        trainer = SentenceTransformerTrainer(model=st, args=args, callbacks=[clock],
+                                             train_dataset=Dataset.from_dict({"anchor": rows, "positive": rows}),
+                                             loss=MultipleNegativesRankingLoss(st, scale=20.0))
+        trainer.train()
+        gaps = [b - a for a, b in zip([clock.start, *clock.ends], clock.ends)][2:]
+        med = sorted(gaps)[len(gaps) // 2]
+        tenth = clock.ends[9] - clock.start if len(clock.ends) >= 10 else None
+        out[f"batch{batch}"] = {"sent_per_s": batch / med, "ms_per_step": med * 1e3, "seconds_to_step_10": tenth}
+        print(f"[gpu-check] sentence-transformers trainer (MultipleNegativesRankingLoss), batch {batch}: "
+              f"{batch / med:.0f} sentences/s ({med * 1e3:.1f} ms/step, median of {len(gaps)})"
+              + (f", 10 steps in {tenth:.2f} s" if tenth is not None else ""), flush=True)
+    return out
+
+
 def profile_line(where: str, summary: dict) -> str:
     from raycse.train.profile import describe
 
@@ -412,6 +460,7 @@ def main() -> int:
         report["unpad_vs_sdpa"] = unpad_vs_sdpa(model, device, dtype, args.batch, tuple(args.lengths), args.reps)
         report["step_speed"] = step_speed(model, device, dtype, tuple(args.speed_batches), args.reps * 4)
         report["simcse_loop"] = simcse_loop(model, device, dtype, args.loop_steps)
+        report["st_trainer"] = st_trainer_speed(model, device, tuple(args.speed_batches), args.reps * 4)
         report["plain_step_profile"] = plain_step_profile(model, device, dtype, args.train_batch, args.profile_steps)
     if 2 in args.part:
         report["part_two"] = part_two(model, args.train_steps, args.train_batch, default_dev(args.stsb_dev))

@@ -28,6 +28,8 @@ def test_gpu_check_part_one_smoke_on_cpu(tmp_path):
     assert set(report["step_speed"]) == {"batch4_buckets1", "batch4_buckets2", "batch4_buckets1_fresh",
                                          "batch4_buckets2_fresh"}
     assert all(v["sent_per_s"] > 0 for v in report["step_speed"].values())
+    st = report["st_trainer"]["batch4"]  # sentence-transformers' own trainer, same batch and length
+    assert st["sent_per_s"] > 0 and st["seconds_to_step_10"] is None  # (6 steps here: no 10th)
     profile = report["plain_step_profile"]  # steps 6..7, after 5 warm-up ones
     assert profile["steps"] == "6..7" and set(profile["phases_s"]) == {"raycse.collate", "raycse.step"}
     assert "[gpu-check] profile without Ray, batch 8, steps 6..7" in r.stdout
