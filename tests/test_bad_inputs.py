@@ -67,6 +67,9 @@ def inputs(tmp_path_factory):
     space = root / "space.yaml"
     space.write_text(f"run:\n  model: {{name_or_path: {model}}}\n  data: {{corpus: {corpus}}}\n"
                      f"search:\n  lr: {{loguniform: [1e-5, 1e-4]}}\n")
+    knn_space = root / "knn_space.yaml"
+    knn_space.write_text(f"run:\n  model: {{name_or_path: {model}}}\n  data: {{corpus: {corpus}}}\n"
+                         f"search:\n  grouping: {{choice: [random, knn]}}\n")
     beir = root / "beir"
     (beir / "qrels").mkdir(parents=True)
     (root / "models").mkdir()  # so "models/nosuch" is a local path, not a hub name
@@ -74,7 +77,10 @@ def inputs(tmp_path_factory):
     # an interpreter where faiss and optuna cannot be imported (sys.modules[m] = None blocks an import)
     (root / "nosite" / "sitecustomize.py").write_text("import sys\nsys.modules['faiss'] = None\n"
                                                       "sys.modules['optuna'] = None\n")
+    (root / "nofaiss").mkdir()  # and one with optuna but not faiss
+    (root / "nofaiss" / "sitecustomize.py").write_text("import sys\nsys.modules['faiss'] = None\n")
     return {"root": root, "model": model, "corpus": corpus, "pairs": pairs, "dev": dev, "space": space,
+            "knn_space": knn_space,
             "beir": beir, "damaged": _damaged_models(root, model),
             "exp_settings": _experiment(root, space, "settings"), "exp_result": _experiment(root, space, "result")}
 
@@ -117,6 +123,8 @@ def _cases(i: dict) -> list:
         ([*mine[:-3], dm["weights"], *mine[-2:]], "model.safetensors is damaged", None),
         (mine, "pip install 'raycse[grouping]'", no_extras),
         (["tune", "--space", str(i["space"]), "--concurrent", "0"], "--concurrent must be >= 1", None),
+        (["tune", "--space", str(i["knn_space"])], "pip install 'raycse[grouping]'",
+         {"PYTHONPATH": str(i["root"] / "nofaiss")}),
         (["tune", "--space", str(i["space"])], "pip install 'raycse[tune]'", no_extras),
         (["tune", "--resume", str(i["exp_settings"])], "raycse_tune.json is damaged", None),
         (["analyze", str(i["exp_settings"])], "raycse_tune.json is damaged", None),

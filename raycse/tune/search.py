@@ -371,6 +371,16 @@ def trial_dirname(trial) -> str:
     return f"trial_{trial.trial_id}_{safe}"[:120]
 
 
+def check_space_extras(space: SearchSpace) -> None:
+    """The optional packages some trial of ``space`` needs, before Ray starts (not in a trial's error)."""
+    from raycse.train.driver import check_extras
+
+    check_extras(space.run_config({}))
+    for knob in space.knobs:
+        if knob.key == "grouping.strategy" and {"knn", "cluster"} & set(map(str, knob.args)):
+            require("faiss", "grouping", f"the search space's {knob.name} knob ({', '.join(map(str, knob.args))})")
+
+
 def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name: Optional[str] = None):
     """Run a search; returns (experiment directory, ResultGrid)."""
     from ray import tune
@@ -384,6 +394,7 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
     refuse_credentials("--tracking", settings.tracking)
     refuse_credentials("the search space", Path(settings.space).read_text() if Path(settings.space).is_file() else "")
     space = load_space(settings.space)
+    check_space_extras(space)
     name = name or f"{Path(settings.space).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     exp_dir = experiment_location(storage_path, name)
     if (storage.prefix_exists(str(exp_dir)) if storage.is_uri(exp_dir) else exp_dir.exists()):
