@@ -32,7 +32,7 @@ def test_yaml_round_trip_and_overrides(tmp_path):
     ("train: {batch_size: 1}\n", "batch_size must be >= 2"),
     ("objective: {tau: 0}\n", "tau must be > 0"),
     ("objective: {tau: -0.5}\n", "tau must be > 0"),
-    ("model: {pooling: max}\n", "model.pooling must be one of"),
+    ("model: {pooling: median}\n", "model.pooling must be one of"),
     ("eval: {precision: fp8}\n", "eval.precision must be one of"),
     ("train: {checkpoint_upload: later}\n", "train.checkpoint_upload must be one of auto, async, sync"),
     ("train: {checkpoint_upload_timeout_s: 0}\n", "train.checkpoint_upload_timeout_s must be > 0"),
