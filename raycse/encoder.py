@@ -140,9 +140,9 @@ class Pooler(nn.Module):
     def forward(self, hidden: Tensor, attention_mask: Tensor) -> Tensor:
         kind = self.kind
         if kind in ("cls", "cls_before_pooler", "lasttoken"):
-            if kind == "lasttoken":  # (a row without tokens reads the last position, as theirs does)
+            if kind == "lasttoken":  # (a row without tokens reads position 0, as theirs does)
                 found, back = attention_mask.flip(1).max(1)
-                pos = attention_mask.shape[1] - 1 - torch.where(found == 0, attention_mask.shape[1] - 1, back)
+                pos = torch.where(found == 0, 0, attention_mask.shape[1] - 1 - back)
             else:  # the first real token: position 0 unless the tokenizer pads on the left
                 pos = attention_mask.to(torch.int).argmax(1)
             return hidden[torch.arange(hidden.shape[0], device=hidden.device), pos]

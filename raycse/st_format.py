@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from raycse.errors import ModelError
+from raycse.storage import plain_relative
 
 # sentence-transformers' Pooling config keys (its legacy form, which every version reads) and raycse's names
 POOLING_KEYS = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
@@ -45,7 +46,6 @@ class Layout:
     pooling: Optional[str] = None
     dense: list[DenseSpec] = field(default_factory=list)
     normalize: bool = False
-    head_path: Optional[str] = None  # raycse's own MLP head saved as a Dense (mlp_head always)
     st_config: dict = field(default_factory=dict)  # prompts, default_prompt_name, similarity_fn_name
 
 
@@ -57,9 +57,9 @@ def _json(path: Path) -> dict:
 
 
 def _inside(root: Path, rel: str, what: str) -> str:
-    """``rel`` as a folder of the model (a modules.json from someone else may point anywhere)."""
-    rel = rel or ""
-    if Path(rel).is_absolute() or ".." in Path(rel).parts or "\\" in rel:
+    """``rel`` as a folder of the model ("" is the model itself; a modules.json from someone else may
+    point anywhere)."""
+    if rel and not plain_relative(rel):
         raise ModelError(f"{root / 'modules.json'} puts its {what} module at {rel!r}, outside the model directory")
     return rel
 
@@ -98,7 +98,7 @@ def _dense(root: Path, rel: str) -> DenseSpec:
 
 def read_layout(root: Path, head_path: Optional[str] = None) -> Layout:
     """The layout of a model directory; ``head_path``: the Dense that is raycse's own MLP head."""
-    layout = Layout(head_path=head_path)
+    layout = Layout()
     if (root / "config_sentence_transformers.json").is_file():
         cfg = _json(root / "config_sentence_transformers.json")
         layout.st_config = {k: cfg[k] for k in ("prompts", "default_prompt_name", "similarity_fn_name") if k in cfg}

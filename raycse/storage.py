@@ -167,6 +167,15 @@ def read_manifest(uri: str) -> dict:
     return manifest
 
 
+def plain_relative(rel) -> bool:
+    """Whether ``rel`` is a plain relative path that stays inside whatever folder it is joined to: no
+    absolute or empty part, no ``.``/``..``, no backslash, colon, ``~`` or NUL (names written by someone
+    else become local paths: a manifest's entries, a model's module folders)."""
+    parts = rel.split("/") if isinstance(rel, str) else [""]
+    return not (not rel or rel.startswith(("/", "~")) or "\\" in rel or ":" in rel or "\0" in rel
+                or any(p in ("", ".", "..") for p in parts))
+
+
 def _checked_entries(uri: str, manifest) -> dict[str, dict]:
     """The manifest's files, each name a plain relative path (no ``..``, no absolute or empty part):
     a manifest is written by whoever wrote the prefix, and its names become local paths."""
@@ -174,9 +183,7 @@ def _checked_entries(uri: str, manifest) -> dict[str, dict]:
     if not isinstance(files, dict):
         raise DataError(f"{uri}/{MANIFEST} is damaged (no 'files' mapping); write the output again")
     for rel, meta in files.items():
-        parts = rel.split("/") if isinstance(rel, str) else [""]
-        if (not rel or rel.startswith(("/", "~")) or "\\" in rel or ":" in rel or "\0" in rel
-                or any(p in ("", ".", "..") for p in parts)):
+        if not plain_relative(rel):
             raise DataError(f"{uri}/{MANIFEST} lists {rel!r}, which is not a plain relative path inside the model; "
                             f"refusing to fetch it (do not use this model, or write it again with raycse)")
         if (not isinstance(meta, dict) or not isinstance(meta.get("size"), int)

@@ -192,7 +192,8 @@ def test_a_run_resumes_only_its_own_checkpoints(ray_cluster, tiny_model, stsb_de
     # the best checkpoint survives the resume and is still the one published: the resumed fit reports
     # step 4 again, and Ray (keeping the newer of equal scores) evicted an equally scored step 2
     key = metrics["score_key"]
-    kept = [ckpt.state_of(path) for _, path in ckpt.whole_checkpoints(store / "train")]
+    kept = [json.loads((Path(path) / ckpt.STATE_DIR / "train.json").read_text())
+            for _, path in ckpt.whole_checkpoints(store / "train")]
     assert metrics["best"][key] == max(m[key] for m in kept) == best_before[key]
     assert metrics["best"]["step"] == best_before["step"]
     assert (tmp_path / "A" / "model" / "model.safetensors").read_bytes() == first

@@ -52,6 +52,8 @@ class Objective(nn.Module):
     # Its collate draws from torch's global generator: the training thread must collate it, in step
     # order with dropout's draws (raycse.train.ahead); a property where it depends on the knobs.
     collate_draws_random: ClassVar[bool] = False
+    # It cuts or repeats sentences after tokenizing, making token widths of its own (said at a run's start).
+    derives_widths: ClassVar[bool] = False
     # Token widths are padded up to a multiple of this (train.pad_to_multiple_of; set by the train loop).
     pad_multiple: int = 1
 

@@ -89,6 +89,7 @@ class SegmentedEncoder(nn.Module):
 class HiCL(Objective):
     name = "hicl"
     Params = HiCLParams
+    derives_widths = True  # the pieces
     sliceable = False  # not twice
 
     def __init__(self, params: HiCLParams):

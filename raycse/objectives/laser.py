@@ -83,6 +83,7 @@ class LaserParams(Params):
 
 class Laser(Objective):
     name = "laser"
+    derives_widths = True  # the repeats
     Params = LaserParams
 
     @property

@@ -174,14 +174,3 @@ def whole_checkpoints(run_dir, skipped: Optional[list] = None) -> list[tuple[int
 def latest_valid(run_dir, skipped: Optional[list] = None) -> Optional[tuple[int, str]]:
     """(step, path) of the furthest whole checkpoint under a run directory (:func:`whole_checkpoints`)."""
     return max(whole_checkpoints(run_dir, skipped), default=None)
-
-
-def state_of(path: str) -> dict:
-    """The counters and metrics a checkpoint recorded (``state/train.json``), without fetching its weights."""
-    if objstore.is_uri(path):
-        import pyarrow.fs as pafs
-
-        fs, root = pafs.FileSystem.from_uri(path)
-        with fs.open_input_stream(f"{root}/{STATE_DIR}/train.json") as fh:
-            return json.loads(fh.read())
-    return json.loads((Path(path) / STATE_DIR / "train.json").read_text())

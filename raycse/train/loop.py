@@ -69,9 +69,10 @@ def build_module(run: RunConfig) -> TrainModule:
         use_fast_dropout(encoder.backbone)
     objective = registry.build(run.objective.name, run.objective.params)
     objective.setup(encoder)
+    multiple = pad_multiple(run)
     for part in objective.modules():  # (HiCL's base objective collates too)
         if isinstance(part, Objective):
-            part.pad_multiple = pad_multiple(run)
+            part.pad_multiple = multiple
     return TrainModule(encoder, objective)
 
 
@@ -87,11 +88,10 @@ def shape_bound(run: RunConfig, objective: Objective) -> str:
     tokenizing (CompCSE's halves, LA(SER)^3's repeats, HiCL's pieces) make widths of their own."""
     m, longest = pad_multiple(run), run.model.max_length
     widths = -(-longest // m) if m > 1 else longest - 1  # (a width holds at least [CLS] and [SEP])
-    derived = objective.name in ("compcse", "laser", "hicl")
     return (f"batch shapes: {run.train.batch_size} sentences per worker in every step, token widths up to "
             f"{longest}" + (f" padded to a multiple of {m}" if m > 1 else "")
             + f": at most {widths} distinct widths" + (" for the tokenized batch (this objective derives other "
-                                                       "widths from it)" if derived else ""))
+                                                       "widths from it)" if objective.derives_widths else ""))
 
 
 def build_optimizer(module: nn.Module, run: RunConfig, total_steps: int):
