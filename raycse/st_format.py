@@ -93,7 +93,18 @@ def _dense(root: Path, rel: str) -> DenseSpec:
                          f"save the model again with safe_serialization")
     name = cfg.get("activation_function", "torch.nn.modules.activation.Tanh")
     activation(name, root / rel / "config.json")
-    return DenseSpec(rel, int(cfg["in_features"]), int(cfg["out_features"]), bool(cfg.get("bias", True)), name)
+    spec = DenseSpec(rel, int(cfg["in_features"]), int(cfg["out_features"]), bool(cfg.get("bias", True)), name)
+    # the shape from the weights' header, before a layer of the config's size is allocated (a config
+    # from someone else may ask for any size)
+    from safetensors import safe_open
+
+    with safe_open(str(root / rel / "model.safetensors"), "pt") as weights:
+        shape = (list(weights.get_slice("linear.weight").get_shape())
+                 if "linear.weight" in weights.keys() else None)
+    if shape != [spec.out_features, spec.in_features]:
+        raise ModelError(f"{root / rel} declares {spec.in_features} -> {spec.out_features} features but its "
+                         f"weights hold {shape or 'no linear.weight'}; copy or save the model again")
+    return spec
 
 
 def read_layout(root: Path, head_path: Optional[str] = None) -> Layout:

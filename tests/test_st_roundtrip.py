@@ -163,6 +163,8 @@ REFUSED = {
                                    "outside the model directory"),
     "Dense after Normalize": ("modules.json", lambda m: [m[0], m[1], m[3], m[2]], "Dense after Normalize"),
     "lowercasing": ("sentence_bert_config.json", lambda c: {**c, "do_lower_case": True}, "lowercase"),
+    "a Dense larger than its weights": ("2_Dense/config.json", lambda c: {**c, "in_features": 10**9},
+                                        "but its weights hold [24, 32]"),
 }
 
 
