@@ -75,6 +75,12 @@ def resolve_model(name_or_path: str) -> str:
         return name_or_path
     except Exception:
         pass
+    from raycse import hub
+
+    unreachable = hub.unreachable()
+    if unreachable:  # said at once: the hub client would retry for ~25 s before failing the same way
+        raise ModelError(f"cannot load model '{name_or_path}': not a local directory, not in the Hugging Face "
+                         f"cache, and {unreachable}; {OFFLINE_HINT}")
     try:
         AutoConfig.from_pretrained(name_or_path)
     except Exception as exc:

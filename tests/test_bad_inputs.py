@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -122,6 +123,11 @@ def _cases(i: dict) -> list:
         ([*mine, "--margin", "nan"], "--margin must be a finite number", None),
         ([*mine[:-3], dm["weights"], *mine[-2:]], "model.safetensors is damaged", None),
         (mine, "pip install 'raycse[grouping]'", no_extras),
+        # hub names while the hub cannot be reached: at once, not after the hub client's ~25 s of retries
+        ([*ev[:1], "nosuch/model", *ev[2:]], "cannot be reached from this machine", CLOSED_HUB),
+        ([*train[:2], "nosuch/model", *train[3:]], "the hub is switched off here", {"HF_HUB_OFFLINE": "1"}),
+        (["train", "--format", "hf", "--corpus", "nosuch/ds", "--output", "out"],
+         "cannot load Hugging Face dataset 'nosuch/ds'", CLOSED_HUB),
         (["tune", "--space", str(i["space"]), "--concurrent", "0"], "--concurrent must be >= 1", None),
         (["tune", "--space", str(i["knn_space"])], "pip install 'raycse[grouping]'",
          {"PYTHONPATH": str(i["root"] / "nofaiss")}),
@@ -132,11 +138,17 @@ def _cases(i: dict) -> list:
     ]
 
 
-def _run(cwd: Path, argv: list, env_extra) -> subprocess.CompletedProcess:
+CLOSED_HUB = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"}  # the discard port: nothing listens
+HUB_CASE_BOUND_S = 20.0  # a hub case's whole run, interpreter start included, under 2-core load
+
+
+def _run(cwd: Path, argv: list, env_extra) -> tuple:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "raycse", *argv], cwd=cwd, env=env, capture_output=True, text=True,
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "raycse", *argv], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=120)
+    return proc, time.monotonic() - start
 
 
 def _tree(root: Path) -> dict:
@@ -150,10 +162,12 @@ def test_every_bad_input_is_one_line_exit_2_and_writes_nothing(inputs):
     with ThreadPoolExecutor(2) as pool:  # two cores: two interpreters at a time
         done = list(pool.map(lambda case: _run(root, case[0], case[2]), cases))
     failures = []
-    for (argv, expected, _), proc in zip(cases, done):
+    for (argv, expected, env), (proc, seconds) in zip(cases, done):
         err = own_lines(proc.stderr)
         if proc.returncode != 2 or len(err) != 1 or not err[0].startswith("raycse: error:") or expected not in err[0]:
             failures.append(f"{' '.join(argv[:1] + argv[-4:])}: rc {proc.returncode}, stderr {proc.stderr[-600:]!r}")
+        if env and ("HF_ENDPOINT" in env or "HF_HUB_OFFLINE" in env) and seconds > HUB_CASE_BOUND_S:
+            failures.append(f"{' '.join(argv[:3])}: took {seconds:.1f} s (bound {HUB_CASE_BOUND_S} s)")
     assert not failures, "\n".join(failures)
     assert _tree(root) == before  # no output, staging directory, checkpoint or cache file anywhere here
 

@@ -109,6 +109,20 @@ def check_not_empty(sources: list) -> None:
                     f"line (or records with a text field)")
 
 
+def check_hub_dataset(d) -> None:
+    """A dataset named by a hub id while the hub cannot be reached is refused at once (the hub client
+    would retry for ~35 s first). With HF_HUB_OFFLINE=1 the datasets library reads its cache only."""
+    from huggingface_hub import constants
+
+    from raycse import hub
+
+    unreachable = None if constants.HF_HUB_OFFLINE else hub.unreachable()
+    if unreachable:
+        raise DataError(f"cannot load Hugging Face dataset '{d.corpus}': {unreachable}; a dataset in the local "
+                        f"cache loads with HF_HUB_OFFLINE=1, or save it as Parquet/JSONL and pass that file "
+                        f"with --corpus")
+
+
 def _file_shuffle(seed: int):
     from ray.data import FileShuffleConfig
 
@@ -220,6 +234,7 @@ def raw_dataset(d, seed: int):
               + list(columns.negatives))
     if d.format == "hf":
         name, _, config = str(d.corpus).partition(":")
+        check_hub_dataset(d)
         try:
             import datasets
 

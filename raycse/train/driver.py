@@ -311,7 +311,7 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     """Fail on anything a user can fix before Ray starts; the resolved model path, the model-selection
     data (or None), the output URI (None for a local output) and the corpus's sources (None for a
     dataset named by a hub id)."""
-    from raycse.data.dataset import check_not_empty, resolve_sources
+    from raycse.data.dataset import check_hub_dataset, check_not_empty, resolve_sources
 
     run.validate()
     check_extras(run)
@@ -324,6 +324,8 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     sources = None if run.data.format == "hf" else resolve_sources(run.data.corpus)  # a missing file or object
     if sources:
         check_not_empty(sources)
+    else:
+        check_hub_dataset(run.data)
     refuse_credentials("--storage-path", storage_path)
     if storage_path and objstore.is_uri(storage_path):
         objstore.check_usable(storage_path)  # else Train's controller fails on it, with a traceback
