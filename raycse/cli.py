@@ -50,6 +50,8 @@ TRAIN_FLAGS = [
     ("--tau", "objective.tau", "InfoNCE temperature (default: the objective's own, 0.05 for simcse)"),
     ("--num-workers", "train.num_workers", "Ray Train workers (data-parallel)"),
     ("--cpus-per-worker", "train.cpus_per_worker", "CPUs (= torch threads) per worker (default: all / workers)"),
+    ("--gpus-per-worker", "train.gpus_per_worker", "GPUs per worker with --use-gpu (default: 1); a fraction such as "
+     "0.25 lets trials or workers share a GPU (collectives then use gloo); memory is not divided"),
     ("--batch-size", "train.batch_size", "sentences per worker per step"),
     ("--epochs", "train.epochs", "passes over the corpus"),
     ("--max-steps", "train.max_steps", "stop after N optimizer steps (default: the epochs decide)"),
@@ -141,7 +143,7 @@ def _train_parser(sub) -> None:
         # the value is kept as text: flags override the YAML config only when given
         p.add_argument(flag, dest=key, type=str, default=None, metavar=metavar, help=text)
     p.add_argument("--use-gpu", dest="train.use_gpu", action="store_const", const="true", default=None,
-                   help="one GPU per worker (NCCL) instead of CPUs with gloo")
+                   help="train on GPUs: one per worker with NCCL, or --gpus-per-worker each")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any config key, e.g. --set objective.tau=0.1 --set data.dedup=true")
     p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output directory")

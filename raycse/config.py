@@ -9,6 +9,7 @@ new objective adds its knobs without touching this file.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import typing
@@ -182,6 +183,11 @@ class TrainConfig:
     use_gpu: bool = False
     # CPUs each worker reserves (and uses as torch threads). None: all CPUs / num_workers.
     cpus_per_worker: Optional[float] = None
+    # GPUs each worker reserves with use_gpu: a whole number, or a fraction (0.5, 0.25, ...) so that
+    # small encoders share a device: several Tune trials at once, or several workers of one run
+    # (collectives then go through gloo: NCCL refuses two ranks on one device). None: 1. The GPU's
+    # memory is not divided: a trial that needs more than its share runs out of memory.
+    gpus_per_worker: Optional[float] = None
     batch_size: int = 64  # per worker; the global batch is batch_size * num_workers
     epochs: int = 1
     max_steps: Optional[int] = None
@@ -258,8 +264,34 @@ class TrainConfig:
                               f"{self.profile_steps!r}; e.g. 50:60")
         return window
 
+    @property
+    def gpu_share(self) -> float:
+        """GPUs each worker reserves: 0 without use_gpu, else gpus_per_worker (default 1)."""
+        return 0.0 if not self.use_gpu else (1.0 if self.gpus_per_worker is None else float(self.gpus_per_worker))
+
+    @property
+    def shares_gpus(self) -> bool:
+        """Workers hold fractions of a GPU, so two ranks may be on one device."""
+        return 0 < self.gpu_share < 1
+
+    def gpus_needed(self) -> int:
+        """Whole GPUs the run's workers need at once (fractions packed: floor(1/share) per GPU)."""
+        share = self.gpu_share
+        if share == 0:
+            return 0
+        if share >= 1:
+            return int(share) * self.num_workers
+        return math.ceil(self.num_workers / math.floor(1 / share + 1e-9))
+
     def validate(self) -> None:
         parse_tracking(self.tracking)
+        if self.gpus_per_worker is not None:
+            g = self.gpus_per_worker
+            if not self.use_gpu:
+                raise ConfigError(f"train.gpus_per_worker is {g:g} but GPUs are off; add --use-gpu (train.use_gpu: true)")
+            if not g > 0 or (g > 1 and g != int(g)):
+                raise ConfigError(f"train.gpus_per_worker must be a fraction in (0, 1] or a whole number, got {g:g} "
+                                  f"(Ray splits only single GPUs); e.g. 0.5 or 0.25")
         if self.cache_chunk_size is not None and not 1 <= self.cache_chunk_size <= self.batch_size:
             raise ConfigError(f"train.cache_chunk_size must be between 1 and the batch size ({self.batch_size} per "
                               f"worker), got {self.cache_chunk_size}; e.g. a quarter of the batch")

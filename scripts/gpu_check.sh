@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Check and measure raycse on a GPU (part one: torch + transformers only; part two: raycse train
 # --use-gpu where Ray is installed). Usage: bash scripts/gpu_check.sh [--json report.json] [--part 1]
+# One GPU shared by trials and workers (scripts/gpu_share.py): bash scripts/gpu_check.sh share [--json F]
 # A smoke run of the script on a CPU: bash scripts/gpu_check.sh --device cpu --model tiny
 # On a box without network, carry .gpu_bundle (bash scripts/gpu_bundle.sh ray|model, run where pip
 # works): its wheels are installed here when Ray is missing, and its data and model are used.
@@ -13,4 +14,5 @@ if [ -d .gpu_bundle/whl ] && ! "$PY" -c "import ray" 2>/dev/null; then
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 if [ -d .gpu_bundle/shared ]; then export RAYCSE_SHARED=${RAYCSE_SHARED:-$PWD/.gpu_bundle/shared}; fi
+if [ "${1:-}" = share ]; then shift; exec "$PY" scripts/gpu_share.py "$@"; fi  # issue 43: one GPU shared
 exec "$PY" scripts/gpu_check.py "$@"

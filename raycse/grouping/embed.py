@@ -46,7 +46,10 @@ def _num_blocks(ds) -> int:
 
 
 def embed_corpus(corpus, model_path: str, max_length: int, actors: int = 1, batch_size: int = 256,
-                 use_gpu: bool = False, precision: str = "auto", by: str = "first") -> np.ndarray:
+                 use_gpu: bool = False, precision: str = "auto", by: str = "first",
+                 gpus_per_actor: float = 1.0) -> np.ndarray:
+    """Embeddings by row id; with ``use_gpu`` each actor holds ``gpus_per_actor`` (a training run's
+    train.gpus_per_worker, so the trials sharing a GPU can embed side by side)."""
     import ray.data
 
     ds = corpus.dataset.select_columns(["_id", column(by)]).rename_columns({column(by): "text"})
@@ -59,7 +62,7 @@ def embed_corpus(corpus, model_path: str, max_length: int, actors: int = 1, batc
                                          "batch_size": batch_size, "use_gpu": use_gpu, "precision": precision},
         # from 1 actor up to `actors`: a pool that waited for all of them could wait for ever on a busy cluster
         compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors), batch_size=batch_size * 4, batch_format="numpy",
-        num_gpus=1 if use_gpu else 0, num_cpus=0 if use_gpu else 1)
+        num_gpus=gpus_per_actor if use_gpu else 0, num_cpus=0 if use_gpu else 1)
     out = None
     for b in ds.iter_batches(batch_format="numpy", batch_size=None):
         emb = np.asarray(b["emb"], dtype=np.float32)

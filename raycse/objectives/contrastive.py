@@ -41,6 +41,8 @@ def gather(x: Tensor) -> Tensor:
         return x
     from torch.distributed.nn.functional import all_gather
 
+    if _via_host(x):  # (.cpu() and .to() carry the gradient back to the device)
+        return torch.cat(all_gather(x.contiguous().cpu()), dim=0).to(x.device)
     return torch.cat(all_gather(x.contiguous()), dim=0)
 
 
@@ -49,9 +51,16 @@ def gather_no_grad(x: Tensor) -> Tensor:
     _, size = world()
     if size == 1:
         return x
-    out = [torch.empty_like(x) for _ in range(size)]
-    dist.all_gather(out, x.contiguous())
-    return torch.cat(out)
+    src = x.contiguous().cpu() if _via_host(x) else x.contiguous()
+    out = [torch.empty_like(src) for _ in range(size)]
+    dist.all_gather(out, src)
+    return torch.cat(out).to(x.device)
+
+
+def _via_host(x: Tensor) -> bool:
+    """gloo all-gathers CPU tensors only: workers sharing a GPU (gloo, see train.gpus_per_worker)
+    gather CUDA rows through host memory."""
+    return x.device.type != "cpu" and dist.get_backend() != "nccl"
 
 
 def local_offset(local_n: int) -> int:

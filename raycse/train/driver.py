@@ -62,10 +62,34 @@ def _prepare_output(out: Path, overwrite: bool) -> Path:
 def check_local_gpus(t, gpus: float) -> None:
     """A run on this machine's private Ray (no RAY_ADDRESS) gets no more GPUs than ``gpus``, those
     found here (by torch before Ray starts, by Ray after)."""
-    if t.use_gpu and gpus < t.num_workers:
-        raise ConfigError(f"--use-gpu with {t.num_workers} worker(s) needs {t.num_workers} GPU(s) and this machine "
-                          f"has {gpus:g}; drop --use-gpu, lower --num-workers, or set RAY_ADDRESS to a cluster "
-                          f"with GPUs")
+    need = t.gpus_needed()
+    if t.use_gpu and gpus < need:
+        share = f" at {t.gpu_share:g} GPU each" if t.gpus_per_worker is not None else ""
+        raise ConfigError(f"--use-gpu with {t.num_workers} worker(s){share} needs {need} GPU(s) and this machine "
+                          f"has {gpus:g}; drop --use-gpu, lower --num-workers or --gpus-per-worker, or set "
+                          f"RAY_ADDRESS to a cluster with GPUs")
+
+
+def collective_backend(t) -> str:
+    """torch.distributed's backend for the run: NCCL for whole GPUs per worker, gloo on CPUs and for
+    fractional GPUs (NCCL refuses two ranks on one device; gloo all-reduces CUDA tensors, and the
+    contrastive gather routes its all-gather through host memory, raycse.objectives.contrastive)."""
+    return "nccl" if t.use_gpu and not t.shares_gpus else "gloo"
+
+
+def say_devices(t) -> None:
+    """One line at start: what each worker holds and which backend its collectives use."""
+    if not t.use_gpu:
+        return
+    backend = collective_backend(t)
+    why = (" (workers hold a fraction of a GPU, so two may share a device, which NCCL refuses)"
+           if backend == "gloo" else "")
+    print(f"[raycse] {t.num_workers} worker(s) x {t.gpu_share:g} GPU; collectives: {backend}{why}", flush=True)
+
+
+def worker_resources(t, cpus: float) -> dict:
+    """What each Train worker reserves."""
+    return {"CPU": cpus, **({"GPU": t.gpu_share} if t.use_gpu else {})}
 
 
 def check_local_cpus(t, cpus: int) -> None:
@@ -125,7 +149,8 @@ def lay_out_epochs(run: RunConfig, corpus, spe: int, total: int, embed_from: str
     t = run.train
     vectors = functools.lru_cache(maxsize=1)(
         lambda: embed_corpus(corpus, embed_from, run.model.max_length, run.grouping.embed_actors,
-                             run.grouping.embed_batch_size, t.use_gpu, t.precision, run.grouping.by))
+                             run.grouping.embed_batch_size, t.use_gpu, t.precision, run.grouping.by,
+                             t.gpu_share or 1.0))
     plans = []
     for epoch in planned_epochs(run, spe, total):
         first = epoch * spe
@@ -266,6 +291,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         corpus, stats, num_examples = read_corpus(run, prepared)
         spe, total = plan_steps(run, num_examples)
         say_when_unscored(run, dev)
+        say_devices(run.train)
         per_rank, grouping_log = fit_datasets(run, corpus, prepared, spe, total, model_path)
         cpus = run.train.cpus_per_worker or max(1, cluster_cpus() // run.train.num_workers)
         storage = storage_path or str(staging / "ray")
@@ -281,8 +307,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         trainer = build_trainer(run, per_rank, cpus, storage, run_name, release.RegisterRun(registry, run_key),
                                 dev is not None, loop_config)
         t_fit = time.perf_counter()
-        result = _fit_and_release(trainer, run.train, registry, run_key,
-                                  {"CPU": cpus, **({"GPU": 1} if run.train.use_gpu else {})})
+        result = _fit_and_release(trainer, run.train, registry, run_key, worker_resources(run.train, cpus))
         fit_seconds = [time.perf_counter() - t_fit]
         grouping_log += (result.metrics or {}).get("grouping") or []  # (the in-fit regroups' record)
         report_resume((result.metrics or {}).get("resumed"))
@@ -368,13 +393,15 @@ def build_trainer(run: RunConfig, per_rank: dict, cpus: float, storage: str, run
     inside it: the workers load the furthest whole checkpoint under ``loop_config["checkpoint_dir"]``
     (train.loop.latest_in_storage)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig as TrainRunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from ray.train.torch import TorchConfig, TorchTrainer
 
     t = run.train
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config=loop_config,
-        scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu, resources_per_worker={"CPU": cpus}),
+        torch_config=TorchConfig(backend=collective_backend(t)),
+        scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu,
+                                     resources_per_worker=worker_resources(t, cpus)),
         datasets=per_rank,
         dataset_config=_dataset_config(),
         run_config=TrainRunConfig(

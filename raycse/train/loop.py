@@ -37,6 +37,7 @@ from raycse.unpad import use_fast_dropout
 
 SCORE_METRIC = "stsb_dev_spearman"  # the default model-selection key (eval.metric: stsb_dev)
 CHECKPOINT_RANK = "checkpoint_rank"
+GPU_STAND_IN = "RAYCSE_GPU_STAND_IN"  # =cpu: workers holding declared GPUs train on the CPU (tests)
 
 
 def checkpoint_rank(score: Optional[float], step: int) -> float:
@@ -74,6 +75,21 @@ def build_module(run: RunConfig) -> TrainModule:
         if isinstance(part, Objective):
             part.pad_multiple = multiple
     return TrainModule(encoder, objective)
+
+
+def worker_device(t) -> torch.device:
+    """The device Ray gave this worker. A worker that holds GPUs its torch cannot use fails in one
+    line, unless RAYCSE_GPU_STAND_IN=cpu says to train on the CPU instead: how a CPU machine tests
+    GPU scheduling (GPUs declared to Ray, e.g. ``ray.init(num_gpus=1)``)."""
+    import ray.train.torch
+
+    device = ray.train.torch.get_device()
+    if device.type == "cuda" and not torch.cuda.is_available():
+        if os.environ.get(GPU_STAND_IN) == "cpu":
+            return torch.device("cpu")
+        raise RuntimeError(f"this worker holds GPU {ray.get_gpu_ids()} (train.gpus_per_worker {t.gpu_share:g}) but "
+                           f"its torch {torch.__version__} has no CUDA; install torch's CUDA build on the GPU nodes")
+    return device
 
 
 def pad_multiple(run: RunConfig) -> int:
@@ -170,17 +186,18 @@ def record_batch(directory: Path, rank: int, step: int, epoch: int, examples: li
                              "examples": examples}) + "\n")
 
 
-def worker_nodes(world_size: int) -> list[str]:
-    """The Ray node id of every rank, rank-ordered (every rank calls it: one all_gather_object)."""
+def worker_places(world_size: int) -> list[tuple]:
+    """(Ray node id, GPU ids Ray assigned) of every rank, rank-ordered (every rank calls it: one
+    all_gather_object)."""
     import ray
     import torch.distributed as dist
 
-    node = ray.get_runtime_context().get_node_id()
+    place = (ray.get_runtime_context().get_node_id(), [str(g) for g in ray.get_gpu_ids()])
     if world_size == 1 or not dist.is_initialized():
-        return [node]
-    nodes = [None] * world_size
-    dist.all_gather_object(nodes, node)
-    return nodes
+        return [place]
+    places = [None] * world_size
+    dist.all_gather_object(places, place)
+    return places
 
 
 def latest_in_storage(run_dir: Optional[str], rank: int, world_size: int) -> tuple[Optional[str], list]:
@@ -262,8 +279,8 @@ class WorkerRun:
         seed_everything(run.train.seed)
         module = build_module(run)
         seed_everything(run.train.seed + 1000 * self.rank)
-        self.module = ray.train.torch.prepare_model(module)
-        self.device = ray.train.torch.get_device()
+        self.device = worker_device(run.train)
+        self.module = ray.train.torch.prepare_model(module, move_to_device=self.device)
         self.core = unwrap(self.module)
         self.dev = ray.get(config["dev"]) if config.get("dev") is not None else None  # evaluation.selection.Selection
         self.score_key = run.eval.score_key()
@@ -277,7 +294,7 @@ class WorkerRun:
         # their seeds' rung scores from it while the fits go on).
         self.sink = config.get("score_sink") if self.rank == 0 else None
         self.tlog = tracking.Logger(config.get("tracking"), self.rank)  # rank 0 logs; a no-op elsewhere
-        self.nodes: list = []  # every rank's Ray node (worker_nodes), recorded in the metrics
+        self.places: list = []  # every rank's Ray node and GPU ids (worker_places), recorded in the metrics
         # progress (restored by resume): steps done, loss per checkpoint, the score before training
         self.step, self.history, self.initial, self.resumed = 0, [], None, None
         self.grouping = {"layout": None, "log": []}  # in-fit regrouping: this epoch's batches and every epoch's record
@@ -493,7 +510,8 @@ class WorkerRun:
             self.history.append(sum(self.window) / len(self.window))
             self.window = []
         extra = {"step": self.step, "epoch": epoch, "loss": self.history[-1], "loss_history": list(self.history),
-                 "worker_nodes": self.nodes, "resumed": self.resumed,
+                 "worker_nodes": [node for node, _ in self.places],
+                 "worker_gpus": [gpus for _, gpus in self.places], "resumed": self.resumed,
                  **({"grouping": list(self.grouping["log"])} if self.grouping["log"] else {}),
                  "train_examples_per_s": self.seen / max(self.train_time, 1e-9), "train_seconds": self.train_time,
                  "total_steps": self.total, **peak_memory(self.device),
@@ -608,9 +626,20 @@ def _train_worker(config: dict) -> None:
     quiet_report_lines()
     worker = WorkerRun(config)
     worker.resume()
-    worker.nodes = worker_nodes(worker.world_size)  # (a collective: every rank, in the same order)
+    worker.places = worker_places(worker.world_size)  # (a collective: every rank, in the same order)
     worker.log_start(worker.score_before_training())
     if worker.step >= worker.stop_at:
         worker.report_again()
         return
-    worker.fit()
+    try:
+        worker.fit()
+    except torch.OutOfMemoryError:
+        raise RuntimeError(out_of_memory_line(worker.run.train, worker.step)) from None
+
+
+def out_of_memory_line(t, step: int) -> str:
+    """One line for a run that ran out of GPU memory, naming its share of the GPU."""
+    share = (f"each worker holds {t.gpu_share:g} GPU (train.gpus_per_worker) but the GPU's memory is not divided: the "
+             f"runs sharing it needed more than it has" if t.shares_gpus else "the step needs more than the GPU has")
+    return (f"out of GPU memory at step {step + 1} (batch {t.batch_size} per worker): {share}; lower --batch-size, "
+            f"raise --gpus-per-worker, or encode in chunks with --set train.cache_chunk_size=N")

@@ -129,16 +129,18 @@ def preflight(space: SearchSpace, settings: TuneSettings) -> tuple[int, float, b
     workers, k = run.train.num_workers, len(settings.seeds)
     per_worker = run.train.cpus_per_worker
     check = settings.preflight
-    if run.train.use_gpu and gpus < workers and check:
-        raise ConfigError(f"a trial needs {workers} GPU(s) (train.num_workers with use_gpu) but the cluster has "
-                          f"{gpus:g}; lower num_workers, add GPU nodes, or pass --no-preflight on an autoscaling cluster")
+    share = run.train.gpu_share  # GPUs per Train worker (0 without use_gpu)
+    if run.train.use_gpu and gpus < run.train.gpus_needed() and check:
+        raise ConfigError(f"a trial needs {run.train.gpus_needed()} GPU(s) ({workers} worker(s) x {share:g} GPU) but "
+                          f"the cluster has {gpus:g}; lower num_workers or train.gpus_per_worker, add GPU nodes, or "
+                          f"pass --no-preflight on an autoscaling cluster")
     if per_worker is not None and check and workers * per_worker + TRIAL_CPU > cpus:
         raise ConfigError(f"a trial needs {workers} worker(s) x {per_worker:g} CPU + {TRIAL_CPU} = "
                           f"{workers * per_worker + TRIAL_CPU:g} CPUs but the cluster has {cpus:g}; lower "
                           f"train.num_workers / train.cpus_per_worker (or --no-preflight on an autoscaling cluster)")
     parallel = settings.parallel_seeds
     if parallel is None:  # side by side unless k runs at once cannot fit
-        parallel = (gpus >= k * workers if run.train.use_gpu
+        parallel = (gpus + 1e-9 >= k * workers * share if run.train.use_gpu
                     else per_worker is None or k * workers * per_worker + TRIAL_CPU <= cpus) or not check
         if not parallel:
             print(f"[raycse] the {k} seeds run one after another: {k} x {workers} worker(s) do not fit the cluster "
@@ -146,8 +148,8 @@ def preflight(space: SearchSpace, settings: TuneSettings) -> tuple[int, float, b
     runs_at_once = k if parallel else 1
     concurrent = settings.concurrent
     if concurrent is None:
-        if run.train.use_gpu:
-            concurrent = max(1, int(gpus // (workers * runs_at_once)))
+        if run.train.use_gpu:  # as many trials as the GPUs hold: 1 GPU at 0.25 a worker runs 4 one-worker trials
+            concurrent = max(1, int(gpus / (workers * runs_at_once * share) + 1e-9))
         else:
             concurrent = max(1, int(cpus // (runs_at_once * workers * (per_worker or 1.0) + TRIAL_CPU)))
     if per_worker is None:  # share the cluster between the workers of every run going at once

@@ -1,0 +1,69 @@
+"""Issue 43 on the CPU stand-in of one GPU (scripts/gpu_share.py --device cpu: one GPU declared to Ray,
+the workers training on the CPU): 8 trials at 0.25 GPU run 4 at once and never more, every trial's
+worker inside the one GPU; two workers of one run share the GPU over gloo and train like one worker
+with the double batch; every placement group is gone at the end. On a real GPU the same script
+measures (bash scripts/gpu_check.sh share)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from gpu_share import most_at_once  # noqa: E402
+
+
+def test_most_at_once_counts_overlaps():
+    assert most_at_once([(0, 2), (1, 3), (2.5, 4)]) == 2
+    assert most_at_once([(0, 1), (1, 2)]) == 1  # one ends as the next starts
+    assert most_at_once([(0, 10), (1, 2), (3, 4), (3.5, 5)]) == 3
+
+
+def test_collectives_said_and_chosen_for_fractional_gpus(capsys):
+    from raycse.config import TrainConfig
+    from raycse.train.driver import collective_backend, say_devices
+
+    shared = TrainConfig(num_workers=2, use_gpu=True, gpus_per_worker=0.5)
+    say_devices(shared)
+    assert "2 worker(s) x 0.5 GPU; collectives: gloo" in capsys.readouterr().out
+    assert collective_backend(shared) == "gloo" and shared.gpus_needed() == 1
+    assert collective_backend(TrainConfig(num_workers=2, use_gpu=True)) == "nccl"
+    assert collective_backend(TrainConfig(num_workers=2)) == "gloo"
+    assert TrainConfig(num_workers=4, use_gpu=True, gpus_per_worker=0.3).gpus_needed() == 2  # 3 fit one GPU
+    assert TrainConfig(num_workers=3, use_gpu=True, gpus_per_worker=2).gpus_needed() == 6
+
+
+@pytest.fixture(scope="module")
+def stand_in(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gpu-share")
+    out = tmp / "report.json"
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "share", "--device", "cpu", "--model", "tiny",
+                           "--fractions", "0.25", "--trials", "8", "--sentences", "64", "--steps", "2", "--batch", "8",
+                           "--probe-steps", "3", "--probe-batch", "8", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600,
+                          env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", "HOME": str(tmp),
+                               "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", "TMPDIR": str(tmp)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_two_workers_share_one_gpu_and_train_like_one_with_double_batch(stand_in):
+    probe = stand_in["two_workers_one_gpu"]
+    assert [p["gpus"] for p in probe["places"]] == [["0"], ["0"]]  # both ranks on the one GPU
+    assert {p["backend"] for p in probe["places"]} == {"gloo"}
+    assert len(probe["losses_two_workers"]) == 3
+    assert probe["max_loss_diff"] < 1e-5 and probe["max_weight_diff"] < 1e-5
+    assert probe["losses_one_worker"][0] != probe["losses_one_worker"][-1]  # it trained
+
+
+def test_quarter_gpu_trials_run_four_at_once_never_more(stand_in):
+    search = stand_in["fractions"]["0.25"]
+    assert search["trials"] == 8 and not search["errors"]
+    assert search["concurrent"] == 4  # --concurrent left to raycse: 1 GPU / 0.25
+    assert most_at_once(search["spans"]) == 4, search["spans"]
+    assert search["trial_worker_gpus"] == [[["0"]]] * 8  # every trial's worker inside the one GPU
+    assert stand_in["placement_groups_left"] == [] and stand_in["available_gpus_after"] == 1.0
