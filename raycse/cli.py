@@ -207,7 +207,9 @@ def _tune_parser(sub) -> None:
     p.add_argument("--grace-period", type=int, default=1, help="rungs every trial runs before ASHA may stop it")
     p.add_argument("--reduction-factor", type=int, default=2, help="ASHA keeps 1/F of trials at each rung")
     p.add_argument("--search-seed", type=int, default=0, help="seed of the searcher (TPE / random sampler)")
-    p.add_argument("--concurrent", type=int, default=None, help="trials at once (default: as many as the CPUs fit)")
+    p.add_argument("--corpus", default=None, metavar="FILE_OR_URI",
+                   help="the training corpus of every trial (replaces the space's run.data.corpus)")
+    p.add_argument("--concurrent", type=int, default=None, help="trials at once (default: as many as the CPUs, or with use_gpu the GPUs at train.gpus_per_worker, fit)")
     p.add_argument("--storage-path", default="outputs/tune", help="where experiments are written: a path or a URI (s3://bucket/prefix, gs://, ...; "
                         "credentials and endpoint from the standard environment, e.g. AWS_ENDPOINT_URL)")
     p.add_argument("--name", default=None, help="experiment name (default SPACE-DATE-TIME)")
@@ -447,7 +449,7 @@ def cmd_tune(args) -> int:
                                 concurrent=args.concurrent, learn_from_truncated=args.learn_from_truncated,
                                 preflight=args.preflight, tpe_startup_trials=args.tpe_startup,
                                 time_budget_s=args.time_budget, parallel_seeds=args.parallel_seeds,
-                                tracking=args.tracking)
+                                tracking=args.tracking, corpus=args.corpus)
         exp, _ = tune_search(settings, args.storage_path, args.name)
     report = analyze(str(exp), plots=False)
     print(report.table)

@@ -153,10 +153,12 @@ def test_interrupted_search_resumes_without_rerunning_finished_trials(ray_cluste
     from raycse.tune import resume
     from raycse.tune.trial import RUNGS
 
-    space = _tiny_space(tmp_path, tiny_model, corpus, stsb_dev)
+    # the space names a corpus that is not there: --corpus replaces it, for the first driver and the resume
+    space = _tiny_space(tmp_path, tiny_model, tmp_path / "not-this-corpus.txt", stsb_dev)
     exp = tmp_path / "tune" / "exp"
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
     proc = subprocess.Popen([sys.executable, "-m", "raycse", "tune", "--space", space, "--num-samples", "2",
+                             "--corpus", str(corpus),
                              "--seeds", "1", "--rungs", "1", "--concurrent", "1", "--storage-path",
                              str(tmp_path / "tune"), "--name", "exp"], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -183,6 +185,7 @@ def test_interrupted_search_resumes_without_rerunning_finished_trials(ray_cluste
     assert (first / "seed0" / "model_out" / "metrics.json").stat().st_mtime_ns == written  # not trained again
     assert len(analyze(str(exp), plots=False).table.splitlines()) == 4
     assert json.loads((exp / "raycse_tune.json").read_text())["num_samples"] == 2
+    assert yaml.safe_load((exp / "space.yaml").read_text())["run"]["data"]["corpus"] == str(corpus)
 
 
 def test_early_stopped_trials_reach_optuna_as_pruned_not_as_values(tmp_path):

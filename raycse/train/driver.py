@@ -109,6 +109,8 @@ def check_extras(run: RunConfig) -> None:
         require("faiss", "grouping", f"--grouping {run.grouping.strategy}")
     if run.eval.selection()[0] == "beir":
         require("faiss", "grouping", "--eval-metric beir:...")
+    if run.data.format == "hf":
+        require("datasets", "hf", "--format hf")
     kind, target = parse_tracking(run.train.tracking) or (None, None)
     if kind == "mlflow":
         require("mlflow", "tracking", "--tracking mlflow:...")

@@ -23,7 +23,7 @@ from raycse import storage
 from raycse.config import parse_tracking
 from raycse.errors import ConfigError, require
 from raycse.redact import refuse_credentials
-from raycse.tune.space import SearchSpace, load_space
+from raycse.tune.space import SearchSpace, load_space, space_text
 from raycse.tune.trial import SEED_MODEL, SEED_RUN, TARGET, TrialSetup, is_final, parse_target, run_trial
 
 SETTINGS = "raycse_tune.json"
@@ -51,6 +51,7 @@ class TuneSettings:
     # None: side by side when the cluster holds them, which the pre-flight decides and records
     parallel_seeds: Optional[bool] = None
     tracking: Optional[str] = None  # mlflow:URI | tensorboard:DIR: every trial as a run (Ray's logger callbacks)
+    corpus: Optional[str] = None  # the training corpus, replacing the space's run.data.corpus (tune --corpus)
 
     def validate(self) -> "TuneSettings":
         parse_tracking(self.tracking)
@@ -121,7 +122,8 @@ def preflight(space: SearchSpace, settings: TuneSettings) -> tuple[int, float, b
 
     run = space.run_config({})
     if not run.data.corpus:
-        raise ConfigError(f"{space.path}: run.data.corpus is not set; name the training corpus in the space file")
+        raise ConfigError(f"{space.path}: run.data.corpus is not set; pass --corpus FILE or name the training "
+                          f"corpus in the space file")
     check_data_fits_objective(run)
     resolve_model(run.model.name_or_path)
     total = ray.cluster_resources()
@@ -394,8 +396,9 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
         require("optuna", "tune", "raycse tune --searcher optuna")
     refuse_credentials("--storage-path", str(storage_path))
     refuse_credentials("--tracking", settings.tracking)
-    refuse_credentials("the search space", Path(settings.space).read_text() if Path(settings.space).is_file() else "")
-    space = load_space(settings.space)
+    text = space_text(settings.space, settings.corpus) if Path(settings.space).is_file() else ""
+    refuse_credentials("the search space", text)  # (with its --corpus: the experiment records both)
+    space = load_space(settings.space, settings.corpus)
     check_space_extras(space)
     name = name or f"{Path(settings.space).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     exp_dir = experiment_location(storage_path, name)
@@ -408,7 +411,7 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
     prepared, num_examples = prepare_seeds(space, list(settings.seeds))  # data errors before any file
     settings_dict = {**asdict(settings), "space": storage.join(str(exp_dir), "space.yaml"),
                      "num_examples": num_examples, "concurrent": concurrent, "cpus_per_worker": per_worker}
-    write_records(exp_dir, Path(settings.space).read_text(), settings_dict)
+    write_records(exp_dir, text, settings_dict)
     print(f"[raycse] experiment {exp_dir}: {settings.num_samples} configurations x {len(settings.seeds)} seeds, "
           f"{settings.rungs} rung(s), {settings.searcher} search, scheduler {settings.scheduler}, "
           f"{concurrent} concurrent trial(s), seeds {'side by side' if settings.parallel_seeds else 'in turn'}, "
@@ -443,14 +446,14 @@ def _name(exp_dir) -> str:
     return str(exp_dir).rstrip("/").rsplit("/", 1)[1] if storage.is_uri(exp_dir) else Path(exp_dir).name
 
 
-def write_records(exp_dir, space_text: str, settings_dict: dict) -> None:
-    """The search space and settings, beside Tune's own state, before the first trial."""
+def write_records(exp_dir, text: str, settings_dict: dict) -> None:
+    """The search space's text and the settings, beside Tune's own state, before the first trial."""
     if storage.is_uri(exp_dir):
-        storage.write_text(storage.join(exp_dir, "space.yaml"), space_text)
+        storage.write_text(storage.join(exp_dir, "space.yaml"), text)
         storage.write_text(storage.join(exp_dir, SETTINGS), json.dumps(settings_dict, indent=2))
         return
     exp_dir.mkdir(parents=True)
-    (exp_dir / "space.yaml").write_text(space_text)
+    (exp_dir / "space.yaml").write_text(text)
     (exp_dir / SETTINGS).write_text(json.dumps(settings_dict, indent=2))
 
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import yaml
+
 from raycse.config import RunConfig, load_yaml, set_dotted
 from raycse.errors import ConfigError
 
@@ -160,9 +162,23 @@ def _knob(name: str, spec: Any, path: str) -> Knob:
     return Knob(name, key, kind, args, when)
 
 
-def load_space(path: str) -> SearchSpace:
-    """Read and validate a search space; every failure is one line naming the file and the knob."""
+def space_text(path: str, corpus: Optional[str] = None) -> str:
+    """The space file's text, with ``run.data.corpus`` set to ``corpus`` where given (``tune --corpus``):
+    what the experiment records, so that ``--resume`` reads the same corpus."""
+    text = Path(path).read_text(encoding="utf-8")
+    if not corpus:
+        return text
     raw = load_yaml(path)
+    raw.setdefault("run", {}).setdefault("data", {})["corpus"] = corpus
+    return yaml.safe_dump(raw, sort_keys=False)
+
+
+def load_space(path: str, corpus: Optional[str] = None) -> SearchSpace:
+    """Read and validate a search space (its corpus replaced by ``corpus`` where given); every
+    failure is one line naming the file and the knob."""
+    raw = load_yaml(path)
+    if corpus:
+        raw.setdefault("run", {}).setdefault("data", {})["corpus"] = corpus
     unknown = set(raw) - {"description", "run", "search"}
     if unknown:
         raise ConfigError(f"{path}: unknown top-level key(s) {', '.join(sorted(unknown))}; expected description, "
