@@ -207,6 +207,10 @@ def _tune_parser(sub) -> None:
     p.add_argument("--grace-period", type=int, default=1, help="rungs every trial runs before ASHA may stop it")
     p.add_argument("--reduction-factor", type=int, default=2, help="ASHA keeps 1/F of trials at each rung")
     p.add_argument("--search-seed", type=int, default=0, help="seed of the searcher (TPE / random sampler)")
+    p.add_argument("--optuna-storage", default=None, metavar="URL",
+                   help="keep the Optuna study in this database (e.g. postgresql://host/db; the password from the "
+                        "environment, e.g. PGPASSWORD) instead of the default, an SQLite file beside the experiment "
+                        "(EXP/optuna.db), opened by optuna.load_study(study_name=EXPERIMENT, storage=...)")
     p.add_argument("--corpus", default=None, metavar="FILE_OR_URI",
                    help="the training corpus of every trial (replaces the space's run.data.corpus)")
     p.add_argument("--concurrent", type=int, default=None, help="trials at once (default: as many as the CPUs, or with use_gpu the GPUs at train.gpus_per_worker, fit)")
@@ -449,7 +453,7 @@ def cmd_tune(args) -> int:
                                 concurrent=args.concurrent, learn_from_truncated=args.learn_from_truncated,
                                 preflight=args.preflight, tpe_startup_trials=args.tpe_startup,
                                 time_budget_s=args.time_budget, parallel_seeds=args.parallel_seeds,
-                                tracking=args.tracking, corpus=args.corpus)
+                                tracking=args.tracking, corpus=args.corpus, optuna_storage=args.optuna_storage)
         exp, _ = tune_search(settings, args.storage_path, args.name)
     report = analyze(str(exp), plots=False)
     print(report.table)

@@ -250,10 +250,15 @@ def join(base: str, *parts: str) -> str:
 
 def read_text(uri: str) -> str:
     """One object's text; FileNotFoundError when it is not there."""
+    return read_bytes(uri).decode()
+
+
+def read_bytes(uri: str) -> bytes:
+    """One object's bytes; FileNotFoundError when it is not there."""
     fs, path = _fs(uri)
     try:
         with fs.open_input_stream(path) as fh:
-            return fh.read().decode()
+            return fh.read()
     except FileNotFoundError:
         raise FileNotFoundError(uri) from None
     except OSError as exc:

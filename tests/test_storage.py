@@ -282,6 +282,18 @@ def test_tune_on_s3_interrupted_resumed_analyzed_and_exported(ray_cluster, s3_se
         assert f"tune/exp/{t.name}/seed0/model_out/{MANIFEST}" in keys
         assert not [k for k in keys if k.startswith(f"tune/exp/{t.name}/seed0/train/")]
     assert {p.name for p in tmp_path.iterdir()} == local_files  # the driver's directory received nothing
+    # the Optuna study is kept beside the experiment, and opens with Optuna's own API
+    import tempfile
+
+    import optuna
+
+    with tempfile.TemporaryDirectory() as held:
+        db = Path(held) / "optuna.db"
+        db.write_bytes(s3.get_object(Bucket=bucket, Key="tune/exp/optuna.db")["Body"].read())
+        kept = optuna.load_study(study_name="exp", storage=f"sqlite:///{db}")
+        told = [t for t in kept.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        assert told and all(any(t.value == pytest.approx(r.last["target"]) for r in trials) for t in told)
+        assert all(set(t.params) == {"tau", "lr"} for t in told)
 
     capsys.readouterr()
     best = f"s3://{bucket}/best"

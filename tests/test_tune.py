@@ -103,6 +103,14 @@ def test_two_trials_two_seeds_analysis_plots_and_export(ray_cluster, tiny_model,
     assert json.loads((exp / "raycse_tune.json").read_text())["parallel_seeds"] is True
     report = analyze(str(exp), export_best=str(tmp_path / "best"))
     assert len(report.trials) == 2
+    # the Optuna study is kept: Optuna's own API finds every trial with its value and knobs
+    import optuna
+
+    kept = optuna.load_study(study_name="exp", storage=f"sqlite:///{exp}/optuna.db")
+    told = sorted((t.value, t.params["lr"], t.params["tau"]) for t in kept.trials
+                  if t.state == optuna.trial.TrialState.COMPLETE)
+    want = sorted((t.last["target"], t.params["lr"], t.params["tau"]) for t in report.trials)
+    assert len(told) == 2 and all(a == pytest.approx(b) for a, b in zip(told, want))
     lines = report.table.splitlines()
     assert len(lines) == 4  # header, rule, 2 trials
     for t in report.trials:

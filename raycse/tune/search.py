@@ -23,6 +23,7 @@ from raycse import storage
 from raycse.config import parse_tracking
 from raycse.errors import ConfigError, require
 from raycse.redact import refuse_credentials
+from raycse.tune import study
 from raycse.tune.space import SearchSpace, load_space, space_text
 from raycse.tune.trial import SEED_MODEL, SEED_RUN, TARGET, TrialSetup, is_final, parse_target, run_trial
 
@@ -52,6 +53,8 @@ class TuneSettings:
     parallel_seeds: Optional[bool] = None
     tracking: Optional[str] = None  # mlflow:URI | tensorboard:DIR: every trial as a run (Ray's logger callbacks)
     corpus: Optional[str] = None  # the training corpus, replacing the space's run.data.corpus (tune --corpus)
+    # where the Optuna study is kept (an RDB URL; raycse.tune.study): None, an SQLite file beside the experiment
+    optuna_storage: Optional[str] = None
 
     def validate(self) -> "TuneSettings":
         parse_tracking(self.tracking)
@@ -79,7 +82,7 @@ class TuneSettings:
         return self
 
 
-def _optuna_search(space: SearchSpace, settings: TuneSettings):
+def _optuna_search(space: SearchSpace, settings: TuneSettings, where: study.StudyPlace):
     import optuna
     from ray.tune.search.optuna import OptunaSearch
 
@@ -99,7 +102,8 @@ def _optuna_search(space: SearchSpace, settings: TuneSettings):
                if settings.searcher == "optuna"
                else optuna.samplers.RandomSampler(seed=settings.search_seed))
     return TruncationAwareOptunaSearch(space=space.define_by_run(), metric=TARGET, mode="max", sampler=sampler,
-                                       learn_from_truncated=settings.learn_from_truncated)
+                                       learn_from_truncated=settings.learn_from_truncated,
+                                       storage=where.storage(), study_name=where.name)
 
 
 def _scheduler(settings: TuneSettings):
@@ -396,6 +400,7 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
         require("optuna", "tune", "raycse tune --searcher optuna")
     refuse_credentials("--storage-path", str(storage_path))
     refuse_credentials("--tracking", settings.tracking)
+    refuse_credentials("--optuna-storage", settings.optuna_storage)  # (Tune pickles the searcher with it)
     text = space_text(settings.space, settings.corpus) if Path(settings.space).is_file() else ""
     refuse_credentials("the search space", text)  # (with its --corpus: the experiment records both)
     space = load_space(settings.space, settings.corpus)
@@ -409,25 +414,32 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
     setup_ray_data()
     concurrent, per_worker, settings.parallel_seeds = preflight(space, settings)
     prepared, num_examples = prepare_seeds(space, list(settings.seeds))  # data errors before any file
+    where = study.place(exp_dir, name, settings.optuna_storage)
     settings_dict = {**asdict(settings), "space": storage.join(str(exp_dir), "space.yaml"),
-                     "num_examples": num_examples, "concurrent": concurrent, "cpus_per_worker": per_worker}
+                     "num_examples": num_examples, "concurrent": concurrent, "cpus_per_worker": per_worker,
+                     "optuna_study": {"name": where.name, "storage": where.remote or where.url}}
     write_records(exp_dir, text, settings_dict)
+    study.prepare(where)
     print(f"[raycse] experiment {exp_dir}: {settings.num_samples} configurations x {len(settings.seeds)} seeds, "
           f"{settings.rungs} rung(s), {settings.searcher} search, scheduler {settings.scheduler}, "
           f"{concurrent} concurrent trial(s), seeds {'side by side' if settings.parallel_seeds else 'in turn'}, "
-          f"{per_worker:g} CPU per Train worker", flush=True)
+          f"{per_worker:g} CPU per Train worker; Optuna study '{where.name}' in {where.remote or where.url}", flush=True)
     with _experiment_registry(exp_dir, space) as registry:
         trainable = _trainable(settings, space, exp_dir, num_examples, per_worker, prepared, registry)
         tuner = tune.Tuner(
             trainable,
-            tune_config=tune.TuneConfig(search_alg=_optuna_search(space, settings), scheduler=_scheduler(settings),
+            tune_config=tune.TuneConfig(search_alg=_optuna_search(space, settings, where),
+                                        scheduler=_scheduler(settings),
                                         num_samples=settings.num_samples, max_concurrent_trials=concurrent,
                                         time_budget_s=settings.time_budget_s, trial_dirname_creator=trial_dirname),
             run_config=tune.RunConfig(name=name, storage_path=_parent(exp_dir), verbose=1,
                                       checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                                       callbacks=_callbacks(space, exp_dir, settings.tracking)),
         )
-        return exp_dir, tuner.fit()
+        try:
+            return exp_dir, tuner.fit()
+        finally:
+            study.sync(where)
 
 
 def experiment_location(storage_path: str, name: str):
@@ -470,6 +482,7 @@ def load_settings(exp_dir) -> tuple[TuneSettings, dict]:
                           f"a new one") from None
     try:
         extra = {k: raw.pop(k) for k in ("num_examples", "cpus_per_worker")}
+        extra["optuna_study"] = raw.pop("optuna_study", None)  # (not recorded before studies were kept)
         settings = TuneSettings(**raw)
     except (KeyError, TypeError, AttributeError):
         raise ConfigError(f"{exp_dir}/{SETTINGS} is damaged (missing or unknown settings); the experiment cannot "
@@ -505,8 +518,13 @@ def resume(exp_dir: str):
                           f"start it again")
     print(f"[raycse] resuming {exp}", flush=True)
     prepared, _ = prepare_seeds(space, list(settings.seeds))  # the laid-out batches died with the last driver
+    where = study.place(exp, _name(exp), settings.optuna_storage)
+    study.fetch(where)  # (Tune's restored searcher reopens the study by its URL)
     with _experiment_registry(exp, space) as registry:
         tuner = tune.Tuner.restore(str(exp), _trainable(settings, space, exp, extra["num_examples"],
                                                         extra["cpus_per_worker"], prepared, registry),
                                    resume_unfinished=True, resume_errored=True)
-        return exp, tuner.fit()
+        try:
+            return exp, tuner.fit()
+        finally:
+            study.sync(where)
