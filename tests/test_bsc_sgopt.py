@@ -162,6 +162,21 @@ def test_sgopt_loss_matches_plain_loop(sgopt):
     assert got == pytest.approx(want, rel=1e-5)
 
 
+def test_sgopt_without_projection_head_compares_the_raw_vectors(tiny_model_no_dropout):
+    """proj_hidden 0 (the ablation without a head): L_opt3 by loops on c and h themselves."""
+    from raycse.encoder import Encoder
+
+    enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="cls_before_pooler")
+    obj = registry.build("sgopt", {"tau": 0.1, "proj_hidden": 0})
+    obj.setup(enc)
+    assert not list(obj.head.parameters())
+    torch.manual_seed(5)
+    c, h = torch.randn(3, 32), torch.randn(3, 4, 32)
+    assert obj.loss(c, h).item() == pytest.approx(plain_opt3(c.tolist(), h.tolist(), 0.1), rel=1e-5)
+    with pytest.raises(ConfigError, match="proj_hidden must be >= 0"):
+        registry.build("sgopt", {"proj_hidden": -1})
+
+
 def test_sgopt_head_is_footnote_4s_mlp_with_gelu_after_each_linear(sgopt):
     """f written from footnote 4 ("a two-layered MLP ... Each linear layer in the MLP is followed by
     a GELU function"), on the head's own two weight matrices, then L_opt3 by loops."""

@@ -70,6 +70,10 @@ def test_conditional_knobs_and_combined_space(tmp_path):
     assert {"simcse", "hicl", "bsc", "sgopt", "compcse", "laser", "combined"} <= names
     for p in space_files():
         load_space(str(p))
+    # HiCL's space samples HiCLv1 (beta = 0, no entailment term) as well as v2 (issue 44)
+    beta = next(k for k in load_space(str(next(p for p in space_files() if p.stem == "hicl"))).knobs
+                if k.name == "beta")
+    assert 0.0 in beta.args and any(v > 0 for v in beta.args)
 
 
 def test_targets_and_rungs():

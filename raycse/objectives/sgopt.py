@@ -22,7 +22,7 @@ uniformly from the range and h_i = h_{i,k_i}:
 
 Paper details (Kim et al. 2021): f is "a two-layered MLP whose hidden size is 4096. Each linear
 layer in the MLP is followed by a GELU function" (footnote 4): Linear(d, 4096), GELU, Linear(4096,
-d), GELU. The pooling p of the views is max pooling (Sec. 3.1, the default here); the appendix's
+d), GELU; ``proj_hidden: 0`` drops it (f = identity: the ablation without a projection head). The pooling p of the views is max pooling (Sec. 3.1, the default here); the appendix's
 SentEval runs use mean pooling (``layer_pooling: mean``, with ``layer_start`` to skip early layers).
 
 Choices, deliberate: F runs in eval mode (no dropout) under ``torch.no_grad`` so its forward stores
@@ -71,8 +71,8 @@ class SGOPTParams(Params):
             raise ConfigError(f"objective layer range [{self.layer_start}, {self.layer_end}] is empty or negative")
         if self.variant not in VARIANTS:
             raise ConfigError(f"objective.variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
-        if self.proj_hidden < 1:
-            raise ConfigError(f"objective.proj_hidden must be >= 1, got {self.proj_hidden}")
+        if self.proj_hidden < 0:
+            raise ConfigError(f"objective.proj_hidden must be >= 0 (0: no projection head), got {self.proj_hidden}")
 
 
 def pool_layers(hidden_states: tuple[Tensor, ...], mask: Tensor, how: str) -> Tensor:
@@ -103,7 +103,7 @@ class SGOPT(Objective):
     def __init__(self, params: SGOPTParams):
         super().__init__(params)
         self.frozen: Optional[nn.Module] = None
-        self.head: Optional[ProjectionHead] = None
+        self.head: Optional[nn.Module] = None
 
     def setup(self, encoder) -> None:
         """Copy the encoder's backbone into F (frozen) and freeze T's embedding layer."""
@@ -116,7 +116,9 @@ class SGOPT(Objective):
         if embeddings is None:
             raise ConfigError("sgopt needs a backbone with an .embeddings module (BERT-style encoders)")
         embeddings.requires_grad_(False)
-        self.head = ProjectionHead(encoder.hidden_size, self.params.proj_hidden)
+        # proj_hidden 0: the "without projection head" ablation, f = identity
+        self.head = (ProjectionHead(encoder.hidden_size, self.params.proj_hidden) if self.params.proj_hidden
+                     else nn.Identity())
         n_layers = int(encoder.backbone.config.num_hidden_layers)
         end = self.params.layer_end if self.params.layer_end is not None else n_layers
         if end > n_layers:
