@@ -179,14 +179,18 @@ def test_laser_intra_reference_splits_documents(tiny_model):
     assert batch["p_attention_mask"][0].sum() == len(tok("a king was born. north")["input_ids"])
 
 
-@pytest.mark.parametrize("how, d0", [("mean", None), ("sum", 16), ("concat", None), ("sbert", 16)])
-def test_compcse_positive_aggregates_projected_halves(tiny_model_no_dropout, how, d0):
-    """Sec. 3: the halves go through the encoder *and the linear projector*, then their projected
-    vectors are aggregated (Table 3's variants). Plain computation: each text encoded on its own."""
+@pytest.mark.parametrize("how, d0, at", [("mean", None, "head"), ("sum", 16, "head"), ("concat", None, "head"),
+                                         ("sbert", 16, "head"), ("mean", 0.5, "encoder"), ("sbert", None, "encoder"),
+                                         ("concat", None, "encoder")])
+def test_compcse_positive_aggregates_projected_halves(tiny_model_no_dropout, how, d0, at):
+    """Sec. 3 (compose_at head): the halves go through the encoder *and the linear projector*, then
+    their projected vectors are aggregated (Table 3's variants); Fig. 1 and the authors' code
+    (compose_at encoder): the encoder's vectors of the halves are aggregated, then projected. d0 0.5
+    is half the 32 coordinates. Plain computation: each text encoded on its own."""
     from raycse.encoder import Encoder
 
     enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="cls", mlp_head="train_only").train()
-    obj = registry.build("compcse", {"compose": how, "d0": d0, "tau": 0.1})
+    obj = registry.build("compcse", {"compose": how, "d0": d0, "tau": 0.1, "compose_at": at})
     obj.setup(enc)
     texts = ["the city river was built", "a king", "summer music festival"]
     batch = obj.collate(texts, enc.tokenizer, 32)
@@ -194,11 +198,12 @@ def test_compcse_positive_aggregates_projected_halves(tiny_model_no_dropout, how
     got = obj(enc, batch).loss
     halves_text = [("the city river", "was built"), ("a", "king"), ("summer music", "festival")]
     with torch.no_grad():
-        g = lambda xs: enc.mlp(enc.backbone(**enc.tokenize(xs)).last_hidden_state[:, 0])  # noqa: E731
+        f = lambda xs: enc.backbone(**enc.tokenize(xs)).last_hidden_state[:, 0]  # noqa: E731
+        g = lambda xs: enc.mlp(f(xs))  # noqa: E731
         z = g(texts)
         pos = []
         for (left_text, right_text) in halves_text:
-            u, v = g([left_text])[0], g([right_text])[0]
+            u, v = (g([left_text])[0], g([right_text])[0]) if at == "head" else (f([left_text])[0], f([right_text])[0])
             if how == "mean":
                 pos.append([(a + b) / 2 for a, b in zip(u.tolist(), v.tolist())])
             elif how == "sum":
@@ -209,8 +214,9 @@ def test_compcse_positive_aggregates_projected_halves(tiny_model_no_dropout, how
                 feats = u.tolist() + v.tolist() + [abs(a - b) for a, b in zip(u.tolist(), v.tolist())]
                 w, b = obj.project.weight.tolist(), obj.project.bias.tolist()
                 pos.append([sum(x * y for x, y in zip(row, feats)) + bias for row, bias in zip(w, b)])
-        k = d0 or 32
-        logits = cosine_logits(z[:, :k], torch.tensor(pos)[:, :k], 0.1)
+        pos = torch.tensor(pos) if at == "head" else enc.mlp(torch.tensor(pos))
+        k = {None: 32, 0.5: 16}.get(d0, d0)
+        logits = cosine_logits(z[:, :k], pos[:, :k], 0.1)
     want = sum(-(logits[i, i].item() - math.log(sum(math.exp(x) for x in logits[i].tolist()))) for i in range(3)) / 3
     assert got.item() == pytest.approx(want, rel=1e-4)
 
@@ -225,6 +231,12 @@ def test_compcse_knobs(tiny_model_no_dropout):
         registry.build("compcse", {"compose": "concat", "d0": 16})
     with pytest.raises(ConfigError, match="compose must be one of mean, sum, concat, sbert"):
         registry.build("compcse", {"compose": "max"})
+    with pytest.raises(ConfigError, match="compose_at must be one of head, encoder"):
+        registry.build("compcse", {"compose_at": "loss"})
+    with pytest.raises(ConfigError, match="d0 must be a fraction in"):
+        registry.build("compcse", {"d0": 1.5})
+    with pytest.raises(ConfigError, match="d0 must be a fraction in"):
+        registry.build("compcse", {"d0": 0})
 
 
 @pytest.mark.parametrize("base, params, examples", [

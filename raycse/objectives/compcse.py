@@ -13,9 +13,16 @@ halves are aggregated into the positive of the sentence z_i = g(f(x_i)) (with dr
     compose = sbert:  z+_i = W [l_i, r_i, |l_i - r_i|] + b              (second-order features, projected to d)
     L = mean_i CE(sim(z_i[:d0], z+_j[:d0]) / tau, target = i)
 
+``compose_at`` places the aggregation, where the paper contradicts itself: ``head`` (the default)
+aggregates the projected halves as Sec. 3's words say (above); ``encoder`` aggregates the encoder's
+vectors of the halves and projects the result, as Fig. 1 and the authors' code do:
+
+    compose_at = encoder:  z+_i = g(compose(f(left_i), f(right_i)))
+
 ``d0`` (DirectCLR) limits the loss to the first d0 coordinates during training; inference uses the
-full vector; with ``concat`` it does not apply (Table 3). The sbert projection W is trained with the
-model and dropped after training, like the head.
+full vector; with ``concat`` it does not apply (Table 3). d0 below 1 is a fraction of the embedding
+size (the paper's {192, 256, 384} of BERT-base's 768 are 0.25, 0.33, 0.5), 1 and above a count. The
+sbert projection W is trained with the model and dropped after training, like the head.
 
 Subsampling (the ablation's extra training rows; the positive of a row still comes only from its own
 text). C = the non-overlapping phrases of a sentence; the paper used a discourse parser, raycse cuts
@@ -52,6 +59,7 @@ from raycse.views import halves, special_ids
 
 
 COMPOSE = ("mean", "sum", "concat", "sbert")
+COMPOSE_AT = ("head", "encoder")
 SUBSAMPLE = ("none", "adjacent", "overlapping", "subsuming")
 # Separates an extra row's anchor and its two parts in the corpus text (no cleaned text holds it:
 # stray ones are replaced by spaces before a row is expanded)
@@ -62,7 +70,8 @@ _CLAUSE = re.compile(r"(?<=[,;:])\s+|\s+(?=\()|\s+[-\u2013\u2014]+\s+")
 @dataclass
 class CompCSEParams(Params):
     compose: str = "mean"  # mean | sum | concat | sbert (Table 3's aggregations)
-    d0: Optional[int] = None  # None: all coordinates
+    compose_at: str = "head"  # head: aggregate the projected halves (Sec. 3) | encoder: project the aggregate (Fig. 1)
+    d0: Optional[float] = None  # None: all coordinates; < 1: a fraction of the embedding size; >= 1: a count
     tau: float = 0.05
     subsample: str = "none"  # none | adjacent | overlapping | subsuming (extra rows; see the docstring)
     subsample_max: int = 4  # extra rows per sentence at most
@@ -74,8 +83,11 @@ class CompCSEParams(Params):
             raise ConfigError(f"objective.subsample_max must be >= 1, got {self.subsample_max}")
         if self.compose not in COMPOSE:
             raise ConfigError(f"objective.compose must be one of {', '.join(COMPOSE)}, got {self.compose!r}")
-        if self.d0 is not None and self.d0 < 1:
-            raise ConfigError(f"objective.d0 must be >= 1, got {self.d0}")
+        if self.compose_at not in COMPOSE_AT:
+            raise ConfigError(f"objective.compose_at must be one of {', '.join(COMPOSE_AT)}, got {self.compose_at!r}")
+        if self.d0 is not None and not (0 < self.d0 < 1 or (self.d0 >= 1 and self.d0 == int(self.d0))):
+            raise ConfigError(f"objective.d0 must be a fraction in (0, 1) of the embedding size or a whole number "
+                              f"of coordinates, got {self.d0}")
         if self.d0 is not None and self.compose == "concat":
             raise ConfigError("objective.d0 does not apply with compose: concat (its halves are coordinate ranges); "
                               "drop d0 or choose compose mean, sum or sbert")
@@ -174,6 +186,7 @@ class CompCSE(Objective):
     def __init__(self, params: CompCSEParams):
         super().__init__(params)
         self.project: Optional[nn.Linear] = None  # compose: sbert's (3d -> d) projection
+        self.d0: Optional[int] = None  # params.d0 in coordinates, once the embedding size is known
 
     @classmethod
     def row_expander(cls, params: CompCSEParams):
@@ -184,7 +197,8 @@ class CompCSE(Objective):
     def setup(self, encoder) -> None:
         dim = encoder.embedding_size
         if self.params.d0 is not None and self.params.d0 > dim:
-            raise ConfigError(f"objective.d0={self.params.d0} exceeds the embedding size {dim}")
+            raise ConfigError(f"objective.d0={self.params.d0:g} exceeds the embedding size {dim}")
+        self.d0 = resolve_d0(self.params.d0, dim)
         if self.params.compose == "sbert":
             self.project = nn.Linear(3 * dim, dim)
 
@@ -202,12 +216,23 @@ class CompCSE(Objective):
         return pad_cat([full, left, right], ids[2])
 
     def loss(self, z: Tensor, pos: Tensor) -> Tensor:
-        d0 = self.params.d0 or z.shape[1]
+        d0 = self.d0 or resolve_d0(self.params.d0, z.shape[1]) or z.shape[1]
         return info_nce(z[:, :d0], pos[:, :d0], self.params.tau)
 
     def forward(self, encoder, batch) -> LossOutput:
         n = batch["input_ids"].shape[0] // 3
-        # sentence and halves through encoder and projector alike, then the halves are aggregated
-        g = encoder.head(encoder.pooled(batch["input_ids"], batch["attention_mask"]))
-        z, left, right = g[:n], g[n:2 * n], g[2 * n:]
-        return LossOutput(self.loss(z, compose(left, right, self.params.compose, self.project)))
+        f = encoder.pooled(batch["input_ids"], batch["attention_mask"])  # sentence and halves in one call
+        p = self.params
+        if p.compose_at == "head":  # each through the projector, then the projected halves aggregated
+            g = encoder.head(f)
+            z, pos = g[:n], compose(g[n:2 * n], g[2 * n:], p.compose, self.project)
+        else:  # the halves aggregated, then the aggregate through the projector
+            z, pos = encoder.head(f[:n]), encoder.head(compose(f[n:2 * n], f[2 * n:], p.compose, self.project))
+        return LossOutput(self.loss(z, pos))
+
+
+def resolve_d0(d0: Optional[float], dim: int) -> Optional[int]:
+    """d0 as a number of coordinates: a fraction of ``dim`` below 1 (at least 1), a count from 1."""
+    if d0 is None:
+        return None
+    return max(1, round(d0 * dim)) if d0 < 1 else int(d0)

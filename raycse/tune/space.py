@@ -38,6 +38,7 @@ ALIASES = {
     "slice_length": "objective.slice_length",
     "lambda": "objective.lam",
     "d0": "objective.d0",
+    "compose_at": "objective.compose_at",
     "group_size": "grouping.group_size",
     "grouping": "grouping.strategy",
     "batch_size": "train.batch_size",
