@@ -306,7 +306,10 @@ def test_laser_anchor_sentence_first_or_random(tiny_model):
     own = registry.build("laser", {"anchor": "first", "m_mode": "fixed", "m": 2}).collate([doc], tok, 64)
     assert decode(own["a_input_ids"][0], own["a_attention_mask"][0]) == "the city was built."
     assert decode(own["p_input_ids"][0], own["p_attention_mask"][0]) == "the city was built. the city was built."
-    line = registry.build("laser", {"m_mode": "fixed", "m": 1}).collate([doc], tok, 64)
+    # the default, as the paper's main experiments: the first sentence of each document, in both modes
+    default = registry.build("laser", {"m_mode": "fixed", "m": 1}).collate([doc], tok, 64)
+    assert decode(default["a_input_ids"][0], default["a_attention_mask"][0]) == "the city was built."
+    line = registry.build("laser", {"anchor": "line", "m_mode": "fixed", "m": 1}).collate([doc], tok, 64)
     assert decode(line["a_input_ids"][0], line["a_attention_mask"][0]) == tok.decode(tok(doc)["input_ids"][1:-1])
     with pytest.raises(ConfigError, match="anchor line needs mode self"):
         registry.build("laser", {"mode": "intra", "anchor": "line"})

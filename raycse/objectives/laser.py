@@ -8,10 +8,10 @@ capped the same way (``fixed``).
     intra-reference: anchor = a sentence, elongated,        positive = the rest of the document
     L = mean_i CE(sim(anchor_i, positive_j) / tau, target = i)      (in-batch negatives, gathered)
 
-Which sentence (``anchor``): intra-reference takes the **first** (the main experiments) or a
-**random** one (the Sec. 5.1 ablation); self-reference takes the whole ``line`` by default (a
-sentence-per-line corpus, as the paper's), or the ``first`` / a ``random`` sentence of a
-multi-sentence line. Each corpus line is a document, split into sentences at . ! ? followed by
+Which sentence (``anchor``): the **first** of each document, as the paper's main experiments take
+it (Sec. 4, "we take the first sentence of each document"), for both modes by default; a **random**
+one is the Sec. 5.1 ablation; self-reference can also take the whole ``line`` (on a
+sentence-per-line corpus the three are the same sentence). Each corpus line is a document, split into sentences at . ! ? followed by
 space; a one-sentence document is its own rest.
 """
 
@@ -58,11 +58,7 @@ class LaserParams(Params):
     m: int = 2  # the fixed m
     elongation_max_length: Optional[int] = None  # None: model.max_length
     tau: float = 0.05
-    anchor: Optional[str] = None  # line | first | random; None: line (self), first (intra)
-
-    @property
-    def resolved_anchor(self) -> str:
-        return self.anchor or ("line" if self.mode == "self" else "first")
+    anchor: str = "first"  # first (the paper's main setting) | random (Sec. 5.1) | line (self-reference only)
 
     def validate(self) -> None:
         if self.mode not in ("self", "intra"):
@@ -74,7 +70,7 @@ class LaserParams(Params):
         if self.elongation_max_length is not None and self.elongation_max_length < 3:
             raise ConfigError(f"objective.elongation_max_length must be >= 3, got {self.elongation_max_length}")
         positive("tau", self.tau, " (LA(SER)^3 uses 0.05)")
-        if self.anchor is not None and self.anchor not in ANCHORS:
+        if self.anchor not in ANCHORS:
             raise ConfigError(f"objective.anchor must be one of {', '.join(ANCHORS)}, got {self.anchor!r}")
         if self.mode == "intra" and self.anchor == "line":
             raise ConfigError("objective.anchor line needs mode self (intra-reference anchors a sentence against "
@@ -88,13 +84,13 @@ class Laser(Objective):
 
     @property
     def collate_draws_random(self) -> bool:  # random elongation factors, or a random anchor sentence
-        return self.params.m_mode == "random" or self.params.resolved_anchor == "random"
+        return self.params.m_mode == "random" or self.params.anchor == "random"
 
     def collate(self, texts, tokenizer, max_length):
         p = self.params
         limit = p.elongation_max_length or max_length
         ids = special_ids(tokenizer)
-        how = p.resolved_anchor
+        how = p.anchor
         if how != "line":
             picked, rest = zip(*(split_document(t, i) for t, i in zip(texts, pick_sentences(texts, how))))
         if p.mode == "self":
