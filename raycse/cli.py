@@ -44,7 +44,7 @@ TRAIN_FLAGS = [
     ("--max-sentences", "data.max_sentences", "use only the first N cleaned sentences (default: all)"),
     ("--dedup", "data.dedup", "drop repeated examples across the whole corpus (counted)"),
     ("--grouping", "grouping.strategy",
-     "batch order: random | knn (nearest-neighbour groups, regrouped each epoch) | shingle | cluster"),
+     "batch order: random | knn (nearest-neighbour groups, regrouped each epoch) | shingle | cluster | none (file order, no shuffle)"),
     ("--group-size", "grouping.group_size", "examples per group for knn/shingle/cluster"),
     ("--objective", "objective.name", "training objective (see 'raycse objectives')"),
     ("--tau", "objective.tau", "InfoNCE temperature (default: the objective's own, 0.05 for simcse)"),

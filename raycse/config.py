@@ -26,7 +26,7 @@ POOLINGS = ("cls", "cls_before_pooler", "mean", "max", "mean_sqrt_len_tokens", "
 MLP_MODES = ("auto", "train_only", "always", "none")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 CORPUS_FORMATS = ("auto", "text", "jsonl", "parquet", "csv", "tsv", "stsb", "hf")
-GROUPINGS = ("random", "knn", "shingle", "cluster")
+GROUPINGS = ("random", "knn", "shingle", "cluster", "none")
 KNN_SEARCH = ("auto", "exact", "ivf")
 DECODE_POLICIES = ("replace", "error")
 
@@ -111,7 +111,8 @@ class GroupingConfig:
     """How examples are grouped into batches (hard in-batch negatives); see raycse.grouping."""
 
     # random: a seeded permutation; knn: example-based groups of nearest neighbours (BSC);
-    # shingle: groups sharing a random content word; cluster: groups of one k-means cluster.
+    # shingle: groups sharing a random content word; cluster: groups of one k-means cluster;
+    # none: the corpus in its file order, every epoch, not even pre-shuffled (BSC's "w/o shuffle").
     strategy: str = "random"
     group_size: int = 8  # s: examples per group (the BSC authors use 7-10)
     neighbours: int = 64  # n: candidates searched per example (knn)
@@ -411,7 +412,7 @@ class RunConfig:
     def validate(self) -> "RunConfig":
         for section in (self.model, self.data, self.grouping, self.objective, self.train, self.eval):
             section.validate()
-        if self.grouping.strategy != "random" and self.grouping.group_size > self.train.batch_size:
+        if self.grouping.strategy not in ("random", "none") and self.grouping.group_size > self.train.batch_size:
             raise ConfigError(f"grouping.group_size ({self.grouping.group_size}) must be <= train.batch_size "
                               f"({self.train.batch_size}): a group has to fit in one batch")
         if self.grouping.by == "second" and not self.data.is_pairs:

@@ -217,6 +217,33 @@ def test_same_seed_same_order_different_seed_different_order(ray_cluster, tmp_pa
     assert order(7, "random") == order(7, "random") != order(8, "random")
 
 
+def test_grouping_none_keeps_the_files_order_every_epoch(ray_cluster, tmp_path):
+    """BSC's "w/o shuffle": grouping none reads the corpus without its pre-shuffle and batches it in
+    the files' own order (files in name order, lines in file order), the same each epoch."""
+    from conftest import make_sentences
+    from raycse.data.dataset import load_corpus
+    from raycse.grouping import lay_out, plan_epoch
+
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    lines = make_sentences(48, seed=9)
+    for i, name in enumerate(("a.txt", "b.txt", "c.txt")):
+        (folder / name).write_text("\n".join(lines[16 * i:16 * (i + 1)]) + "\n")
+    corpus = load_corpus(DataConfig(corpus=str(folder)), seed=3, shuffle=False)
+    text_of = {r["_id"]: r["text"] for r in corpus.dataset.iter_rows()}
+    assert [text_of[i] for i in range(48)] == lines
+    world, bs = 2, 4
+    plans = [plan_epoch(corpus, GroupingConfig(strategy="none"), bs, world, 3, e, e * 6) for e in range(2)]
+    rows = {rank: list(ds.iter_rows()) for rank, ds in lay_out(corpus, plans, world).items()}
+    for r in range(world):
+        for row in rows[f"rank{r}"]:
+            b = (row["step"] - row["epoch"] * 6) * world + r  # batch b of the epoch goes to rank b % world
+            assert list(row["text"]) == lines[b * bs:(b + 1) * bs]
+    shuffled = load_corpus(DataConfig(corpus=str(folder)), seed=3)
+    assert sorted(r["text"] for r in shuffled.dataset.iter_rows()) == sorted(lines)
+    assert [r["text"] for r in shuffled.dataset.iter_rows()] != lines  # the default pre-shuffles
+
+
 def test_several_epochs_laid_out_in_one_pass_follow_each_epochs_plan(ray_cluster, tmp_path):
     """Three epochs (the last cut short by max_steps) laid out together: each rank reads every step
     once, in order, and each (step, rank) row holds exactly the texts of the plan's batch, in its order."""

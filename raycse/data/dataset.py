@@ -225,8 +225,9 @@ def _first_columns(path: str, fmt: str) -> Optional[list[str]]:
     return None
 
 
-def raw_dataset(d, seed: int):
-    """The lazily read, parsed and cleaned (but not yet shuffled or numbered) dataset."""
+def raw_dataset(d, seed: int, shuffle: bool = True):
+    """The lazily read, parsed and cleaned (but not yet shuffled or numbered) dataset; its files in a
+    seeded random order, or in their own with ``shuffle`` off."""
     import ray.data
 
     columns = columns_of(d)
@@ -257,13 +258,13 @@ def raw_dataset(d, seed: int):
             except Exception as exc:
                 raise DataError(f"cannot read Parquet file {paths[0]}: {str(exc).splitlines()[0]}") from None
             _check_columns(present, wanted, paths[0])
-        ds = ray.data.read_parquet(paths, columns=wanted, shuffle=_file_shuffle(seed))
+        ds = ray.data.read_parquet(paths, columns=wanted, shuffle=_file_shuffle(seed) if shuffle else None)
         return ds.map_batches(CleanColumns(columns, d.max_chars), batch_format="numpy", zero_copy_batch=False)
     if "://" not in paths[0] and fmt in ("jsonl", "csv", "tsv"):
         present = _first_columns(paths[0], fmt)  # a missing column is one clean line, before Ray Data starts
         if present is not None:
             _check_columns(present, wanted, paths[0])
-    ds = ray.data.read_binary_files(paths, include_paths=True, shuffle=_file_shuffle(seed))
+    ds = ray.data.read_binary_files(paths, include_paths=True, shuffle=_file_shuffle(seed) if shuffle else None)
     # format auto: each file by its own suffix (a .txt and a .jsonl can be read together)
     return ds.map_batches(ParseFiles(d.format, columns, d.max_chars, d.on_decode_error), batch_size=1,
                           batch_format="numpy", zero_copy_batch=False)
@@ -276,9 +277,9 @@ def _pathlike(path: str):
 
 
 # --------------------------------------------------------------------------------------- block tasks
-def _finish_block(table, seed: int, block: int, expand=None):
-    """Sum and drop the stats rows, add the objective's extra rows, shuffle the block (seeded), hash
-    texts for deduplication."""
+def _finish_block(table, seed: int, block: int, expand=None, shuffle: bool = True):
+    """Sum and drop the stats rows, add the objective's extra rows, shuffle the block (seeded, unless
+    ``shuffle`` is off), hash texts for deduplication."""
     import pyarrow.compute as pc
 
     totals = {name: int(pc.sum(table[col]).as_py() or 0) for name, col in STAT_COLUMNS.items()
@@ -286,8 +287,8 @@ def _finish_block(table, seed: int, block: int, expand=None):
     table = table.filter(pc.is_valid(table["text"])).drop_columns(list(STAT_COLUMNS.values()))
     if expand is not None:
         table, totals["extra_rows"] = _expand_rows(table, expand, np.random.default_rng([seed, block, 1]))
-    perm = np.random.default_rng([seed, block]).permutation(table.num_rows)
-    table = table.take(perm)
+    if shuffle:
+        table = table.take(np.random.default_rng([seed, block]).permutation(table.num_rows))
     texts = table["text"].to_pylist()
     if "pair" in table.column_names:
         texts = [f"{t}\t{p}" for t, p in zip(texts, table["pair"].to_pylist())]
@@ -317,24 +318,30 @@ def _select_and_number(table, keep: Optional[np.ndarray], first_id: int):
 
 
 def load_corpus(d, seed: int, dedup: Optional[bool] = None, expand=None,
-                cpu_wait_s: float = DEFAULT_CPU_WAIT_S, cpu_wait_knob: Optional[str] = None) -> Corpus:
+                cpu_wait_s: float = DEFAULT_CPU_WAIT_S, cpu_wait_knob: Optional[str] = None,
+                shuffle: bool = True) -> Corpus:
     """Read, clean, pre-shuffle and number a corpus as a distributed Ray Dataset (see the module doc).
 
     ``expand(text, rng) -> list[str]``: extra rows made from each text (an objective's
     ``row_expander``, e.g. CompCSE's subsampling), added before the shuffle, deduplication and
     ``data.max_sentences`` (which therefore counts the extra rows too). The read waits at most
-    ``cpu_wait_s`` for a free CPU (``cpu_wait_knob`` raises it), then fails naming what holds them."""
+    ``cpu_wait_s`` for a free CPU (``cpu_wait_knob`` raises it), then fails naming what holds them.
+    ``shuffle`` off keeps the files' own order (no pre-shuffle: grouping.strategy none)."""
     import ray
 
     dedup = d.dedup if dedup is None else dedup
-    ds = raw_dataset(d, seed).randomize_block_order(seed=seed)
+    ds = raw_dataset(d, seed, shuffle)
+    if shuffle:
+        ds = ds.randomize_block_order(seed=seed)
+    else:  # the files' order must survive the read (Ray Data may otherwise finish blocks out of order)
+        ds.context.execution_options.preserve_order = True
     # DEFAULT scheduling: inside a Tune trial, tasks would otherwise be pinned to the trial's tiny bundle
     finish = ray.remote(num_returns=2, scheduling_strategy="DEFAULT")(_finish_block)
     number = ray.remote(scheduling_strategy="DEFAULT")(_select_and_number)
     wait_for_a_cpu(cpu_wait_s, f"read the corpus {d.corpus}", cpu_wait_knob)
     with ray_data_errors():
         blocks = ds.to_arrow_refs()
-        parts = [finish.remote(ref, seed, i, expand) for i, ref in enumerate(blocks)]
+        parts = [finish.remote(ref, seed, i, expand, shuffle) for i, ref in enumerate(blocks)]
         meta = ray.get([p[1] for p in parts])
     stats = CorpusStats()
     for totals, _ in meta:

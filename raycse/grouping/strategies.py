@@ -5,6 +5,7 @@ Each strategy returns a *group order* for one epoch: ``order`` (every row id onc
 groups into batches without splitting them.
 
 - ``random``: a seeded permutation, groups of one.
+- ``none``: the corpus's file order, groups of one (BSC's "w/o shuffle" ablation).
 - ``knn``: example-based shuffling over faiss neighbours of the current model's embeddings.
 - ``shingle``: key = a random subset of ``shingle_size`` content words of the example; sort by key, a new group whenever
   the key changes or the group is full (BSC's Algorithm 2), shuffle the groups.
@@ -106,6 +107,8 @@ def group_order(cfg, n: int, seed: int, epoch: int, vectors: Optional[Callable[[
     """The group order of one epoch for ``cfg.strategy``; embeddings/keys are computed on demand."""
     if cfg.strategy == "random":
         return random_order(n, seed, epoch)
+    if cfg.strategy == "none":  # the corpus's own order (it was read without its pre-shuffle)
+        return GroupOrder(np.arange(n), np.ones(n, dtype=np.int64))
     if cfg.strategy == "knn":
         return knn_order(vectors(), cfg, seed, epoch)
     if cfg.strategy == "cluster":

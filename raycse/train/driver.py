@@ -159,7 +159,7 @@ def lay_out_epochs(run: RunConfig, corpus, spe: int, total: int, embed_from: str
         plan = plan_epoch(corpus, run.grouping, t.batch_size, t.num_workers, t.seed, epoch, first,
                           vectors=vectors, max_steps=total - first)
         plans.append(plan)
-        if run.grouping.strategy != "random":
+        if run.grouping.strategy not in ("random", "none"):
             print(f"[raycse] epoch {epoch}: {run.grouping.strategy} grouping: {plan.info['groups']} groups, "
                   f"mean size {plan.info['mean_group_size']:.2f}, {plan.info['split_groups']} split"
                   + (f", kNN {plan.info['knn_method']} recall {plan.info['knn_recall']:.3f}"
@@ -205,7 +205,7 @@ def load_run_corpus(run: RunConfig):
     t = run.train
     return load_corpus(run.data, t.seed, expand=row_expander(run),
                        cpu_wait_s=t.worker_start_timeout_s * t.worker_start_attempts,
-                       cpu_wait_knob="train.worker_start_timeout_s")
+                       cpu_wait_knob="train.worker_start_timeout_s", shuffle=run.grouping.strategy != "none")
 
 
 def data_key(run: RunConfig) -> str:
