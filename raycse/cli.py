@@ -1,9 +1,9 @@
 """``raycse`` command line: the top floor, a thin layer over the Python API.
 
-    raycse train  --corpus FILE [--config run.yaml] [flags]   fine-tune on Ray Train
+    raycse train  --corpus FILE [--config simcse|run.yaml] [flags]   fine-tune on Ray Train
     raycse eval   MODEL --senteval-dir DIR [--beir-dir DIR]      STS12-16, STS-B, SICK-R; BEIR retrieval
     raycse objectives                                           list objectives and knobs
-    raycse tune   --space search_spaces/NAME.yaml [--seeds 3]    Ray Tune + Optuna search across seeds
+    raycse tune   --space NAME|space.yaml --corpus FILE [--seeds 3]   Ray Tune + Optuna search across seeds
     raycse tune   --resume EXP_DIR                              continue an interrupted search
     raycse analyze EXP_DIR [--export-best PATH]                 table, best config, PNG plots
     raycse mine   --corpus PAIRS --pair-column A --output FILE    hard-negative mining -> triplets
@@ -133,7 +133,8 @@ def _train_parser(sub) -> None:
         description="Fine-tune a Hugging Face encoder with a contrastive objective on Ray Train (N data-parallel "
                     "workers, in-batch negatives gathered across workers). The best STS-B dev checkpoint is "
                     "saved to OUTPUT/model, loadable by transformers.AutoModel and sentence_transformers.")
-    p.add_argument("--config", metavar="YAML", help="YAML run config (sections model, data, grouping, objective, train, eval); "
+    p.add_argument("--config", metavar="YAML", help="YAML run config (sections model, data, grouping, objective, train, eval), "
+                                    "or a shipped recipe by name: simcse, hicl, compcse, sgopt, laser, bsc, bsc_paper; "
                                     "flags override it")
     for flag, key, text in TRAIN_FLAGS:
         default, typ = config_field(key)
@@ -192,10 +193,11 @@ def _tune_parser(sub) -> None:
         sub, "tune", help="search hyperparameters with Ray Tune + Optuna, each configuration over k seeds",
         description="Ray Tune with the Optuna searcher (TPE, seeded) and ASHA early stopping. Every configuration "
                     "is trained with --seeds seeds that advance together rung by rung; Tune sees their mean, std "
-                    "and worst STS-B dev Spearman and optimises --target. Space files: search_spaces/*.yaml "
+                    "and worst STS-B dev Spearman and optimises --target. Space files: a YAML path or a shipped space by name "
+                    "(simcse, hicl, compcse, sgopt, laser, bsc, combined) "
                     "(fixed run settings + knobs with ranges). Results go to STORAGE_PATH/NAME; analyse them "
                     "with 'raycse analyze'.")
-    p.add_argument("--space", help="search space YAML (see search_spaces/)")
+    p.add_argument("--space", help="search space: a YAML file, or a shipped one by name (e.g. hicl)")
     p.add_argument("--resume", metavar="EXP_DIR", help="continue this interrupted experiment (directory or URI) instead")
     p.add_argument("--num-samples", type=int, default=8, help="configurations to try")
     p.add_argument("--seeds", type=int, default=3, help="seeds per configuration (0..k-1)")
@@ -300,9 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def resolve_train_config(args: argparse.Namespace):
-    from raycse.config import RunConfig, load_yaml, set_dotted
+    from raycse.config import RunConfig, load_yaml, recipe, set_dotted
 
-    run = RunConfig.from_dict(load_yaml(args.config)) if args.config else RunConfig()
+    run = RunConfig.from_dict(load_yaml(recipe("configs", args.config))) if args.config else RunConfig()
     for _, key, _ in TRAIN_FLAGS + [(None, "train.use_gpu", None)]:
         value = getattr(args, key, None)
         if value is not None:
@@ -437,6 +439,7 @@ def cmd_objectives(_args) -> int:
 
 def cmd_tune(args) -> int:
     from raycse.analysis import analyze
+    from raycse.config import recipe
     from raycse.tune import TuneSettings, resume, tune_search
 
     if bool(args.space) == bool(args.resume):
@@ -446,7 +449,7 @@ def cmd_tune(args) -> int:
     else:
         if args.seeds < 1:
             raise RaycseError(f"--seeds must be >= 1, got {args.seeds}")
-        settings = TuneSettings(space=args.space, num_samples=args.num_samples, seeds=list(range(args.seeds)),
+        settings = TuneSettings(space=recipe("search_spaces", args.space), num_samples=args.num_samples, seeds=list(range(args.seeds)),
                                 rungs=args.rungs, target=args.target, searcher=args.searcher,
                                 scheduler=args.scheduler, grace_period=args.grace_period,
                                 reduction_factor=args.reduction_factor, search_seed=args.search_seed,

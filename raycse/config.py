@@ -445,6 +445,21 @@ YamlLoader.add_implicit_resolver("tag:yaml.org,2002:float",
                                  list("-+0123456789"))
 
 
+RECIPES = Path(__file__).resolve().parent  # raycse/configs/*.yaml and raycse/search_spaces/*.yaml, shipped in the wheel
+
+
+def recipe(kind: str, name_or_path: str) -> str:
+    """A run config (``kind`` configs) or a search space (search_spaces): a path as given, else a
+    recipe shipped with raycse by its name (``--config simcse``, ``--space hicl``)."""
+    if Path(os.path.expanduser(name_or_path)).exists() or "/" in name_or_path or name_or_path.endswith((".yaml", ".yml")):
+        return name_or_path
+    shipped = RECIPES / kind / f"{name_or_path}.yaml"
+    if shipped.is_file():
+        return str(shipped)
+    names = ", ".join(sorted(f.stem for f in (RECIPES / kind).glob("*.yaml")))
+    raise ConfigError(f"{name_or_path!r} is neither a file nor one of raycse's {kind.replace('_', ' ')}: {names}")
+
+
 def load_yaml(path: str | os.PathLike) -> dict:
     """Read a YAML mapping, turning every failure into one readable line."""
     p = Path(path)

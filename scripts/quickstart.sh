@@ -12,7 +12,7 @@ if [ -z "$CORPUS" ]; then
   [ -f "$CORPUS" ] || { echo "quickstart: no corpus: pass one, e.g. bash scripts/quickstart.sh my_sentences.txt" >&2; exit 2; }
 fi
 OUT=${2:-outputs/quickstart}
-raycse train --config configs/simcse.yaml --corpus "$CORPUS" --output "$OUT" --overwrite --score-before true
+raycse train --config simcse --corpus "$CORPUS" --output "$OUT" --overwrite --score-before true
 ARGS=()
 [ -n "${SENTEVAL_DIR:-}" ] && ARGS+=(--senteval-dir "$SENTEVAL_DIR")
 DEV=$(python -c "from raycse.config import EvalConfig; print(EvalConfig().resolved_stsb_dev() or '')")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv and install raycse with everything the tests and benchmarks need.
+# Create .venv and install raycse with every feature (all) and what the tests and benchmarks need (test, bench).
 # CPU machines get the CPU build of torch (a plain `pip install torch` would pull several GB of CUDA
 # packages); set RAYCSE_TORCH to override, e.g. RAYCSE_TORCH="torch" on a GPU machine.
 # Everything else at the versions of scripts/constraints.txt (the set the suite last passed with), so a
@@ -22,8 +22,8 @@ if ! python -c "import torch" 2>/dev/null; then
   fi
 fi
 if [ "${RAYCSE_UNPINNED:-0}" = 1 ]; then
-  python -m pip install -q -e ".[all]"
+  python -m pip install -q -e ".[all,test,bench]"
 else
-  python -m pip install -q -e ".[all]" -c scripts/constraints.txt
+  python -m pip install -q -e ".[all,test,bench]" -c scripts/constraints.txt
 fi
 python -c "import raycse, torch, ray, faiss; print(f'raycse ready: torch {torch.__version__}, ray {ray.__version__}')"

@@ -56,7 +56,7 @@ def test_constraints_pin_every_dependency_within_pyprojects_ranges():
 
 def test_setup_and_cluster_nodes_install_with_the_constraints():
     setup = (ROOT / "scripts" / "setup.sh").read_text()
-    assert '-e ".[all]" -c scripts/constraints.txt' in setup
+    assert '-e ".[all,test,bench]" -c scripts/constraints.txt' in setup
     import yaml
 
     for name in ("aws.yaml", "gcp.yaml"):

@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 import yaml
 
-from raycse.config import RunConfig, load_yaml, set_dotted
+from raycse.config import RECIPES, RunConfig, load_yaml, set_dotted
 from raycse.errors import ConfigError
 
 ALIASES = {
@@ -236,5 +236,5 @@ def _check_knobs(space: SearchSpace) -> None:
 
 
 def space_files(directory: Optional[str] = None) -> list[Path]:
-    base = Path(directory) if directory else Path(__file__).resolve().parents[2] / "search_spaces"
+    base = Path(directory) if directory else RECIPES / "search_spaces"
     return sorted(base.glob("*.yaml"))
