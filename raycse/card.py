@@ -8,6 +8,8 @@ scores before and after, the raycse version, and how to load it. Torch-free: ``r
 
 from __future__ import annotations
 
+import json
+import platform
 from pathlib import Path
 from typing import Optional
 
@@ -18,9 +20,59 @@ PAPERS = {  # as the README's objectives table cites them
     "hicl": "HiCL, Wu et al. 2023",
     "compcse": "CompCSE, Chanchani & Huang 2023",
     "sgopt": "SG-OPT, Kim et al. 2021",
-    "laser": "LA(SER)^3, Xu et al. 2023",
-    "bsc": "batch-softmax contrastive loss, Chernyavskiy et al. 2021",
+    "laser": "LA(SER)^3, Xiao et al. 2023",
+    "bsc": "batch-softmax contrastive loss, Chernyavskiy et al. 2022",
 }
+LOSSES = {  # one line per objective: what the model was trained to minimise
+    "simcse": "InfoNCE between two dropout views of each sentence, in-batch negatives",
+    "hicl": "alpha x segment-level InfoNCE + beta x segment-to-sequence InfoNCE + (1 - alpha - beta) x the base "
+            "objective's loss on length-weighted segment means",
+    "compcse": "InfoNCE with the composition of the sentence's two halves as its positive",
+    "sgopt": "L_opt3: the trained encoder's vector against every pooled hidden layer of a frozen copy, plus "
+             "lambda x the distance of the weights to the copy",
+    "laser": "InfoNCE between a sentence and its elongation (copied m times)",
+    "bsc": "symmetric batch-softmax contrastive loss on pairs, mu-weighted with MSE on the scores",
+}
+CITATIONS = {
+    "simcse": """@inproceedings{gao2021simcse,
+  title = {{SimCSE}: Simple Contrastive Learning of Sentence Embeddings},
+  author = {Gao, Tianyu and Yao, Xingcheng and Chen, Danqi},
+  booktitle = {Proceedings of the 2021 Conference on Empirical Methods in Natural Language Processing},
+  year = {2021}
+}""",
+    "hicl": """@inproceedings{wu2023hicl,
+  title = {{HiCL}: Hierarchical Contrastive Learning of Unsupervised Sentence Embeddings},
+  author = {Wu, Zhuofeng and Xiao, Chaowei and Vydiswaran, V. G. Vinod},
+  booktitle = {Findings of the Association for Computational Linguistics: EMNLP 2023},
+  year = {2023}
+}""",
+    "compcse": """@inproceedings{chanchani2023composition,
+  title = {Composition-contrastive Learning for Sentence Embeddings},
+  author = {Chanchani, Sachin and Huang, Ruihong},
+  booktitle = {Proceedings of the 61st Annual Meeting of the Association for Computational Linguistics},
+  year = {2023}
+}""",
+    "sgopt": """@inproceedings{kim2021selfguided,
+  title = {Self-Guided Contrastive Learning for {BERT} Sentence Representations},
+  author = {Kim, Taeuk and Yoo, Kang Min and Lee, Sang-goo},
+  booktitle = {Proceedings of the 59th Annual Meeting of the Association for Computational Linguistics},
+  year = {2021}
+}""",
+    "laser": """@inproceedings{xiao2023length,
+  title = {Length is a Curse and a Blessing for Document-level Semantics},
+  author = {Xiao, Chenghao and Li, Yizhi and Hudson, G. Thomas and Lin, Chenghua and Al Moubayed, Noura},
+  booktitle = {Proceedings of the 2023 Conference on Empirical Methods in Natural Language Processing},
+  year = {2023}
+}""",
+    "bsc": """@inproceedings{chernyavskiy2022batch,
+  title = {Batch-Softmax Contrastive Loss for Pairwise Sentence Scoring Tasks},
+  author = {Chernyavskiy, Anton and Ilvovsky, Dmitry and Kalinin, Pavel and Nakov, Preslav},
+  booktitle = {Proceedings of the 2022 Conference of the North American Chapter of the Association for
+               Computational Linguistics: Human Language Technologies},
+  year = {2022}
+}""",
+}
+FRAMEWORKS = ("raycse", "torch", "transformers", "sentence-transformers", "ray", "tokenizers")
 
 
 def _score(value) -> str:
@@ -58,6 +110,90 @@ def _training(run: dict, summary: dict) -> list[str]:
         f"- **Pooling:** {run['model']['pooling']}, max length {run['model']['max_length']} tokens in training",
         "",
     ]
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _modules(files: Path) -> list[str]:
+    """The model's sentence-transformers modules in order, each with what it does."""
+    out = []
+    for m in _read_json(files / "modules.json") or []:
+        kind = str(m.get("type", "")).rsplit(".", 1)[-1]
+        cfg = _read_json(files / m.get("path", "") / "config.json") if m.get("path") else {}
+        if kind == "Pooling":
+            modes = [k[len("pooling_mode_"):] for k, v in cfg.items() if k.startswith("pooling_mode_") and v]
+            kind += f" ({', '.join(modes) or '?'}, {cfg.get('word_embedding_dimension', '?')} dimensions)"
+        elif kind == "Dense":
+            act = str(cfg.get("activation_function", "")).rsplit(".", 1)[-1]
+            kind += f" ({cfg.get('in_features', '?')} -> {cfg.get('out_features', '?')}, {act or 'identity'})"
+        elif kind == "Transformer":
+            arch = _read_json(files / "config.json")
+            kind += f" ({arch.get('model_type', '?')}, {arch.get('num_hidden_layers', '?')} layers, hidden " \
+                    f"{arch.get('hidden_size', '?')})"
+        out.append(kind)
+    return out
+
+
+def _output_dim(files: Path) -> Optional[int]:
+    """The sentence vector's size: the last Dense's output, else the pooled width."""
+    dim = None
+    for m in _read_json(files / "modules.json") or []:
+        cfg = _read_json(files / m.get("path", "") / "config.json") if m.get("path") else {}
+        dim = cfg.get("out_features", cfg.get("word_embedding_dimension", dim))
+    return dim
+
+
+def _model(files: Optional[Path]) -> list[str]:
+    """What the saved model is, from its own files (the card says what a user loads)."""
+    if files is None or not (files / "modules.json").is_file():
+        return []
+    st = _read_json(files / "config_sentence_transformers.json")
+    rows = [("Modules", " -> ".join(_modules(files))), ("Output dimension", _output_dim(files)),
+            ("Maximum sequence length", _read_json(files / "sentence_bert_config.json").get("max_seq_length")),
+            ("Similarity function", st.get("similarity_fn_name") or "cosine")]
+    return ["## Model", "", "| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows], ""]
+
+
+def _hyperparameters(run: dict, summary: dict) -> list[str]:
+    train, obj = run["train"], run["objective"]
+    last = summary.get("last") or {}
+    rows = [("objective", f"`{obj['name']}`: {LOSSES.get(obj['name'], '')}"),
+            ("batch size per worker x workers", f"{train['batch_size']} x {train['num_workers']}"),
+            ("steps", last.get("step", "?")), ("epochs", train["epochs"]), ("learning rate", train["lr"]),
+            ("warm-up ratio", train["warmup_ratio"]), ("weight decay", train["weight_decay"]),
+            ("max gradient norm", train["max_grad_norm"]), ("precision", train["precision"]),
+            ("seed", train["seed"]), ("batch order", run["grouping"]["strategy"]),
+            ("pooling", run["model"]["pooling"]), ("max length in training", run["model"]["max_length"])]
+    params = summary.get("objective_knobs") or obj.get("params", {})
+    rows += [(f"objective.{k}", v) for k, v in sorted(params.items())]
+    return ["### Training hyperparameters", "", "| name | value |", "|---|---|",
+            *[f"| {k} | {v} |" for k, v in rows], ""]
+
+
+def _versions() -> list[str]:
+    from importlib import metadata
+
+    rows = [("Python", platform.python_version())]
+    for name in FRAMEWORKS:
+        try:
+            rows.append((name, metadata.version(name)))
+        except metadata.PackageNotFoundError:
+            continue
+    return ["## Framework versions", "", *[f"- {k}: {v}" for k, v in rows], ""]
+
+
+def _citation(run: dict) -> list[str]:
+    name = run["objective"]["name"]
+    cited = [name] + ([run["objective"].get("params", {}).get("base", "simcse")] if name == "hicl" else [])
+    entries = [CITATIONS[n] for n in dict.fromkeys(cited) if n in CITATIONS]
+    if not entries:
+        return []
+    return ["## Citation", "", "```bibtex", "\n\n".join(entries), "```", ""]
 
 
 def _scores(summary: dict) -> list[str]:
@@ -110,9 +246,12 @@ def _usage(name: str, pooling: str) -> list[str]:
     ]
 
 
-def model_card(run: dict, summary: dict, model_dir, search: Optional[dict] = None) -> str:
+def model_card(run: dict, summary: dict, model_dir, search: Optional[dict] = None,
+               files: Optional[Path] = None) -> str:
     """The card's text. ``run``: the resolved config as a dict; ``summary``: the run's metrics.json;
-    ``search``: experiment, target, config, seeds, seed_scores, exported_seed (for --export-best)."""
+    ``search``: experiment, target, config, seeds, seed_scores, exported_seed (for --export-best);
+    ``model_dir``: the name the card shows; ``files``: the saved model's directory, read for its
+    modules, output dimension, maximum length and similarity function."""
     name = str(model_dir)
     lines = _front_matter(run)
     parts = name.rstrip("/").split("/")
@@ -120,14 +259,14 @@ def model_card(run: dict, summary: dict, model_dir, search: Optional[dict] = Non
     lines += [f"# {title or name}", "",
               f"A sentence-embedding model fine-tuned with raycse {__version__} from "
               f"`{run['model']['name_or_path']}` (`default` = the embedded all-MiniLM-L6-v2).", ""]
-    lines += _training(run, summary) + _scores(summary)
+    lines += _model(files) + _training(run, summary) + _hyperparameters(run, summary) + _scores(summary)
     if search:
         lines += _search(search)
-    lines += _usage(name, run["model"]["pooling"])
+    lines += _usage(name, run["model"]["pooling"]) + _versions() + _citation(run)
     return "\n".join(lines)
 
 
 def write_model_card(model_dir: Path, run: dict, summary: dict, search: Optional[dict] = None) -> Path:
     path = Path(model_dir) / "README.md"
-    path.write_text(model_card(run, summary, Path(model_dir), search))
+    path.write_text(model_card(run, summary, Path(model_dir), search, files=Path(model_dir)))
     return path

@@ -91,6 +91,43 @@ def test_train_two_workers_loss_goes_down_and_model_reloads(ray_cluster, tiny_mo
                  f"(step {best['step']}) | {best['stsb_dev_spearman']:.2f} |", f'SentenceTransformer("{model_dir}")',
                  "AutoModel.from_pretrained", "cls pooling"):
         assert fact in card, fact
+    check_card_parses(card, model_dir)
+
+
+def check_card_parses(card: str, model_dir) -> None:
+    """Issue 45 item 6: what sentence-transformers' cards carry, read back with huggingface_hub's own
+    parser, without a warning."""
+    import logging
+    import warnings
+
+    from huggingface_hub import ModelCard
+
+    logged = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: logged.append(record.getMessage())
+    logging.getLogger("huggingface_hub").addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            parsed = ModelCard(card)
+    finally:
+        logging.getLogger("huggingface_hub").removeHandler(handler)
+    assert not caught and not logged, ([str(w.message) for w in caught], logged)
+    assert parsed.data.library_name == "sentence-transformers" and "raycse" in parsed.data.tags
+    rows = dict(line.strip("|").split("|")[:2] for line in parsed.text.splitlines()
+                if line.startswith("| ") and line.count("|") == 3)
+    rows = {k.strip(): v.strip() for k, v in rows.items()}
+    st = json.loads((Path(model_dir) / "config_sentence_transformers.json").read_text())
+    hidden = json.loads((Path(model_dir) / "config.json").read_text())["hidden_size"]
+    assert rows["Output dimension"] == str(hidden)  # (no Dense here: the pooled width)
+    assert rows["Similarity function"] == st["similarity_fn_name"]
+    assert rows["Maximum sequence length"] == str(
+        json.loads((Path(model_dir) / "sentence_bert_config.json").read_text())["max_seq_length"])
+    assert rows["Modules"].startswith("Transformer (bert") and "-> Pooling (" in rows["Modules"]
+    assert rows["learning rate"] and rows["batch size per worker x workers"] == "16 x 2"
+    for section in ("## Training hyperparameters", "## Framework versions", "## Citation", "@inproceedings{gao2021simcse"):
+        assert section.replace("## Training", "### Training") in parsed.text, section
+    assert "- torch: " in parsed.text and "- ray: " in parsed.text
 
 
 def _expect_error(capsys, argv, match, out_dir):

@@ -236,7 +236,7 @@ def _export_card(staging: Path, run_dir: Path, dest: Path, best: TrialRecord, se
     run = yaml.safe_load((run_dir / "config.yaml").read_text())
     summary = json.loads((run_dir / "metrics.json").read_text())
     (staging / "README.md").write_text(model_card(redact_obj(run), redact_obj(summary), redact(str(dest)),
-                                                  redact_obj(search)))
+                                                  redact_obj(search), files=staging))
 
 
 def check_export_path(dest) -> None:

@@ -1,4 +1,4 @@
-"""LA(SER)^3: length-agnostic sentence embeddings by self-reference (Xu et al., 2023).
+"""LA(SER)^3: length-agnostic sentence embeddings by self-reference (Xiao et al., 2023, "Length is a Curse and a Blessing for Document-level Semantics").
 
 Elongation = copy-and-concat: the text's tokens repeated m times, m drawn per input uniformly from
 [1, floor(max_len / len)] so the result fits the max length (``m_mode: random``), or a fixed m

@@ -443,7 +443,8 @@ def write_output(staging: Path, run: RunConfig, best, summary: dict, final: str)
     config = redact_obj(run.to_dict())
     (staging / "metrics.json").write_text(json.dumps(summary, indent=2))
     (staging / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    (staging / "model" / "README.md").write_text(model_card(config, summary, redact(f"{final}/model")))
+    (staging / "model" / "README.md").write_text(model_card(config, summary, redact(f"{final}/model"),
+                                                            files=staging / "model"))
     shutil.rmtree(staging / "ray", ignore_errors=True)
 
 
