@@ -244,6 +244,9 @@ def _analyze_parser(sub) -> None:
     p.add_argument("--plot-dir", default=None, help="where the PNGs go, path or URI (default EXP_DIR/plots)")
     p.add_argument("--no-plots", dest="plots", action="store_false", help="print the table only, no PNGs")
     p.add_argument("--top", type=int, default=5, help="configurations in the per-seed spread plot")
+    p.add_argument("--table", default=None, metavar="FILE",
+                   help="also write every trial's every rung and seed (knobs, status, score, mean, std, worst) as "
+                        "FILE.csv, .parquet or .json, for pandas")
     p.add_argument("--export-best", default=None, metavar="PATH",
                    help="copy the best configuration's best-seed model here, path or URI (loadable by transformers "
                         "and ST; a URI by raycse eval), written whole or not at all")
@@ -468,13 +471,16 @@ def cmd_tune(args) -> int:
 def cmd_analyze(args) -> int:
     from raycse.analysis import analyze
 
-    report = analyze(args.exp_dir, plots=args.plots, plot_dir=args.plot_dir, export_best=args.export_best, top=args.top)
+    report = analyze(args.exp_dir, plots=args.plots, plot_dir=args.plot_dir, export_best=args.export_best, top=args.top,
+                     table=args.table)
     print(report.table)
     print(report.best_text)
     for p in report.plots:
         print(f"[raycse] wrote {p}")
     if report.exported:
         print(f"[raycse] best model exported to {report.exported}")
+    if report.table_file:
+        print(f"[raycse] wrote {report.table_file}")
     return 0
 
 

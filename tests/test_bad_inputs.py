@@ -139,6 +139,8 @@ def _cases(i: dict) -> list:
         (["tune", "--resume", str(i["exp_settings"])], "raycse_tune.json is damaged", None),
         (["analyze", str(i["exp_settings"])], "raycse_tune.json is damaged", None),
         (["analyze", str(i["exp_result"]), "--no-plots"], "result.json is damaged at line 1", None),
+        (["analyze", str(i["exp_result"]), "--table", "trials.xlsx"], "give a file ending in .csv, .parquet, .json",
+         None),
     ]
 
 

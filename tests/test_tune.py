@@ -105,8 +105,15 @@ def test_two_trials_two_seeds_analysis_plots_and_export(ray_cluster, tiny_model,
     # the experiment's run registry ended with it (one process per experiment kept by a notebook's driver)
     assert run_registries(alive_only=True) == registries
     assert json.loads((exp / "raycse_tune.json").read_text())["parallel_seeds"] is True
-    report = analyze(str(exp), export_best=str(tmp_path / "best"))
+    report = analyze(str(exp), export_best=str(tmp_path / "best"), table=str(tmp_path / "trials.parquet"))
     assert len(report.trials) == 2
+    # --table: every trial's every rung and seed, for pandas
+    import pandas as pd
+
+    frame = pd.read_parquet(tmp_path / "trials.parquet")
+    assert len(frame) == 2 * 2 * 2 and {"knob_lr", "knob_tau", "rung", "seed", "score", "mean"} <= set(frame.columns)
+    for (_, rung), group in frame.groupby(["trial", "rung"]):
+        assert sorted(group["seed"]) == [0, 1] and group["score"].mean() == pytest.approx(group["mean"].iloc[0])
     # the Optuna study is kept: Optuna's own API finds every trial with its value and knobs
     import optuna
 

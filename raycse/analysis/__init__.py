@@ -75,6 +75,7 @@ class Report:
     best_text: str
     plots: list = field(default_factory=list)  # Paths, or URIs when written to object storage
     exported: Optional[Path | str] = None
+    table_file: Optional[str] = None  # --table: every trial's every rung and seed, for pandas
 
 
 def tune_statuses(exp_dir: Path) -> dict:
@@ -173,9 +174,66 @@ def format_table(trials: list[TrialRecord], knobs: list[str], finished: bool) ->
     return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
+TABLE_FORMATS = (".csv", ".parquet", ".json")
+
+
+def seed_rows(trials: list[TrialRecord], finished: bool) -> list[dict]:
+    """One row per trial, rung and seed: the trial's knobs, status and rung aggregate beside the
+    seed's own score (long format, as pandas users group it)."""
+    rows = []
+    for t in trials:
+        for r in t.results or [{}]:
+            common = {"trial": t.short_name, "status": t.status(finished), "location": t.location,
+                      **{f"knob_{k}": v for k, v in sorted(t.params.items())},
+                      **{k: r.get(k) for k in ("rung", "step", "target", "mean", "std", "worst")}}
+            scores = list(zip(r.get("seeds", []), r.get("seed_scores", []))) or [(None, None)]
+            rows += [{**common, "seed": seed, "score": score} for seed, score in scores]
+    return rows
+
+
+def check_table_path(dest: str) -> None:
+    """A --table file raycse can write: a known format, a directory that is there, nothing it would replace."""
+    suffix = Path(dest).suffix.lower()
+    if suffix not in TABLE_FORMATS:
+        raise ConfigError(f"--table {dest}: give a file ending in {', '.join(TABLE_FORMATS)}")
+    if storage.is_uri(dest):
+        return
+    if not Path(dest).parent.is_dir():
+        raise ConfigError(f"--table {dest}: its directory {Path(dest).parent} does not exist")
+    if Path(dest).exists():
+        raise ConfigError(f"--table {dest} already exists; choose another file")
+
+
+def write_table(rows: list[dict], dest: str) -> str:
+    """The rows as CSV, Parquet or JSON (records) at ``dest``, written whole (beside, then renamed; or uploaded)."""
+    import pandas as pd
+
+    frame = pd.DataFrame(rows)
+    suffix = Path(dest).suffix.lower()
+    with temporary_dir("raycse-table-") as tmp:
+        local = tmp / f"table{suffix}"
+        if suffix == ".csv":
+            frame.to_csv(local, index=False)
+        elif suffix == ".parquet":
+            frame.to_parquet(local, index=False)
+        else:
+            frame.to_json(local, orient="records", indent=1)
+        if storage.is_uri(dest):
+            storage.upload_file(local, dest)
+        else:  # copied beside the destination, then renamed: a reader never sees half a table
+            beside = Path(dest).with_name(f".{Path(dest).name}.partial-{os.getpid()}")
+            try:
+                shutil.copyfile(local, beside)
+                os.replace(beside, dest)
+            finally:
+                beside.unlink(missing_ok=True)
+    return dest
+
+
 def analyze(exp_dir: str, plots: bool = True, plot_dir: Optional[str] = None, export_best: Optional[str] = None,
-            top: int = 5) -> Report:
-    """Table, best configuration, PNG plots (in ``plot_dir``, default EXP_DIR/plots) and optional export."""
+            top: int = 5, table: Optional[str] = None) -> Report:
+    """Table, best configuration, PNG plots (in ``plot_dir``, default EXP_DIR/plots), optional export
+    and, with ``table``, every trial's every rung and seed as a CSV/Parquet/JSON file."""
     from raycse.tune.search import load_settings
 
     remote = storage.is_uri(exp_dir)
@@ -184,13 +242,15 @@ def analyze(exp_dir: str, plots: bool = True, plot_dir: Optional[str] = None, ex
         raise ConfigError(f"experiment directory not found: {exp}")
     if export_best:
         check_export_path(export_best)  # before any plot is written
+    if table:
+        check_table_path(table)
     settings, _ = load_settings(exp)
     trials = load_trials(exp)
     if not trials:
         raise ConfigError(f"{exp} has no trials yet; run or resume the experiment first")
     knobs = sorted({k for t in trials for k in t.params})
     finished = all(t.results or t.error for t in trials) and len(trials) >= settings.num_samples
-    table = format_table(trials, knobs, finished)
+    text = format_table(trials, knobs, finished)
     scored = [t for t in trials if "target" in t.last]
     complete = [t for t in scored if t.complete] or scored
     best = max(complete, key=lambda t: t.last["target"]) if complete else None
@@ -201,7 +261,9 @@ def analyze(exp_dir: str, plots: bool = True, plot_dir: Optional[str] = None, ex
                      f"{m['std']:.2f}  worst {m['worst']:.2f}\n  config: "
                      + ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(best.params.items()))
                      + "\n  seeds: " + ", ".join(f"{s}: {v:.2f}" for s, v in zip(m["seeds"], m["seed_scores"])))
-    report = Report(trials, table, best, best_text)
+    report = Report(trials, text, best, best_text)
+    if table:
+        report.table_file = write_table(seed_rows(trials, finished), table)
     if plots:
         report.plots = _write_plots(trials, knobs, plot_dir or storage.join(str(exp), "plots"), settings.target, top)
     if export_best:
