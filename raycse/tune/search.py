@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from ray.tune import Callback
-from ray.tune.logger import TBXLoggerCallback
+from ray.tune.logger import LoggerCallback
 
 from raycse import storage
 from raycse.config import parse_tracking
@@ -348,20 +348,44 @@ def _tracking_callbacks(tracking: Optional[str], experiment: str) -> list:
     return [TensorBoardTo(str(Path(target) / experiment))]
 
 
-class TensorBoardTo(TBXLoggerCallback):
-    """Ray's TBXLoggerCallback writing each trial's events to DIR/<trial directory name> instead of
-    into the trial's own directory (``--tracking tensorboard:DIR`` names where TensorBoard looks)."""
+class TensorBoardTo(LoggerCallback):
+    """Each trial's reports as TensorBoard scalars under DIR/<trial directory name>, the tags Ray's
+    TBXLoggerCallback writes (``ray/tune/<metric>`` at each training iteration), through Ray's public
+    LoggerCallback hooks: Ray's own callback can only write into the trial's directory, and
+    ``--tracking tensorboard:DIR`` names where TensorBoard looks."""
 
     def __init__(self, root: str):
-        super().__init__()
-        self.root = root
+        from tensorboardX import SummaryWriter
+
+        self.root, self.writer_cls, self.writers = root, SummaryWriter, {}
 
     def log_trial_start(self, trial) -> None:
-        if trial in self._trial_writer:
-            self._trial_writer[trial].close()
-        self._trial_writer[trial] = self._summary_writer_cls(os.path.join(self.root, trial_dirname(trial)),
-                                                             flush_secs=30)
-        self._trial_result[trial] = {}
+        if trial in self.writers:  # a restarted trial appends to its own events
+            self.writers[trial].close()
+        self.writers[trial] = self.writer_cls(os.path.join(self.root, trial_dirname(trial)), flush_secs=30)
+
+    def log_trial_result(self, iteration: int, trial, result: dict) -> None:
+        if trial not in self.writers:
+            self.log_trial_start(trial)
+        step = result.get("training_iteration", iteration)
+        for key, value in _scalars(result):
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                self.writers[trial].add_scalar(f"ray/tune/{key}", value, global_step=step)
+        self.writers[trial].flush()
+
+    def log_trial_end(self, trial, failed: bool = False) -> None:
+        writer = self.writers.pop(trial, None)
+        if writer is not None:
+            writer.close()
+
+
+def _scalars(result: dict, prefix: str = ""):
+    """(slash-joined key, value) of every leaf of a nested result."""
+    for key, value in result.items():
+        if isinstance(value, dict):
+            yield from _scalars(value, f"{prefix}{key}/")
+        else:
+            yield f"{prefix}{key}", value
 
 
 def knob_text(value) -> str:
