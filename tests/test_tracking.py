@@ -7,6 +7,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
+
+import numpy as np
 
 import pytest
 
@@ -83,6 +86,13 @@ def test_train_and_tune_runs_in_mlflow(ray_cluster, mlflow_server, tiny_model, c
     dev = client.get_metric_history(run.info.run_id, "stsb_dev_spearman")
     assert sorted(m.step for m in dev) == [0, 4, 8]  # before training, then every eval step
     assert run.data.metrics["best_stsb_dev_spearman"] == pytest.approx(max(m.value for m in dev[1:]))
+    # the trained model is the run's "model" artifact, and sentence-transformers loads it back
+    from sentence_transformers import SentenceTransformer
+
+    fetched = Path(client.download_artifacts(run.info.run_id, "model", str(tmp_path / "fetched")))
+    sentences = ["the city river", "a king was born"]
+    np.testing.assert_allclose(SentenceTransformer(str(fetched)).encode(sentences),
+                               SentenceTransformer(str(tmp_path / "run" / "model")).encode(sentences), atol=1e-6)
 
     space = _tiny_space(tmp_path, tiny_model, corpus, stsb_dev)
     settings = TuneSettings(space=space, num_samples=2, seeds=[0], rungs=2, scheduler="none", concurrent=1,

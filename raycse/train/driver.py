@@ -320,6 +320,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
                    "fit_seconds": fit_seconds,
                    "objective_knobs": objective_knobs(run), "score_key": run.eval.score_key()}
         write_output(staging, run, best, summary, final)
+        _log_model(tracking, staging / "model")
         publish(staging, out, remote, overwrite)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -456,6 +457,14 @@ def publish(staging: Path, out: Path, remote: Optional[str], overwrite: bool) ->
     os.replace(staging, out)
     if remote:
         objstore.publish(out, remote, overwrite, parts=("model",))
+
+
+def _log_model(tracking, model_dir: Path) -> None:
+    try:
+        tracking_mod.log_model(tracking, model_dir)
+    except Exception as exc:  # the model is saved all the same: say so, go on
+        print(f"[raycse] warning: could not log the model to the tracking run "
+              f"({redact(str(exc).splitlines()[0][:160])})", flush=True)
 
 
 def _close_tracking(tracking, ok: bool, final: Optional[dict] = None) -> None:

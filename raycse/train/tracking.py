@@ -85,6 +85,16 @@ def open_run(spec: Optional[str], name: str, params: dict) -> Optional[Tracking]
     return Tracking(kind, target, run_id=run.info.run_id, name=name)
 
 
+def log_model(tracking: Optional[Tracking], model_dir) -> None:
+    """Driver side, once the model is saved: its directory as the MLflow run's ``model`` artifacts
+    (``SentenceTransformer`` loads the downloaded copy as it loads the output)."""
+    if tracking is None or tracking.kind != "mlflow":
+        return
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(tracking_uri=tracking.target).log_artifacts(tracking.run_id, str(model_dir), artifact_path="model")
+
+
 def close_run(tracking: Optional[Tracking], ok: bool, final: Optional[dict] = None) -> None:
     """Driver side, after the last fit: final scores, and the run's status."""
     if tracking is None or tracking.kind != "mlflow":
