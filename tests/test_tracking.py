@@ -10,7 +10,6 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
-
 import pytest
 
 from raycse.cli import main
