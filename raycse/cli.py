@@ -41,6 +41,8 @@ TRAIN_FLAGS = [
     ("--negative-column", "data.negative_column", "hard-negative field(s) of pairs, comma-separated (triplets: "
      "supervised simcse, bsc)"),
     ("--score-scale", "data.score_scale", "divide scores by this to get [0, 1] (stsb: 5 automatically)"),
+    ("--data-files", "data.data_files", "with --format hf and a builder name as --corpus (json, csv, parquet, "
+     "text): its local files, comma-separated"),
     ("--max-sentences", "data.max_sentences", "use only the first N cleaned sentences (default: all)"),
     ("--dedup", "data.dedup", "drop repeated examples across the whole corpus (counted)"),
     ("--grouping", "grouping.strategy",

@@ -65,7 +65,8 @@ class DataConfig:
         return bool(self.pair_column) or self.format == "stsb"
 
     # A file, a glob, a directory, several of them comma-separated, a URI Ray reads (s3://, gs://),
-    # or with format hf a Hugging Face dataset NAME[:CONFIG].
+    # or with format hf a Hugging Face dataset NAME[:CONFIG], a directory datasets' save_to_disk wrote, or
+    # a builder name (json, csv, ...) with data.data_files.
     corpus: Optional[str] = None
     # auto: by suffix (.txt text, .jsonl, .parquet, .csv/.tsv with a header); stsb: the headerless STS
     # Benchmark TSV (genre, file, year, id, score 0-5, s1, s2), read as scored pairs.
@@ -85,6 +86,9 @@ class DataConfig:
     max_sentences: Optional[int] = None
     dedup: bool = False
     split: str = "train"  # Hugging Face split (format hf)
+    # format hf with a builder name as the corpus (json, csv, parquet, text): its local files,
+    # comma-separated (datasets.load_dataset(NAME, data_files=...), offline)
+    data_files: Optional[str] = None
 
     def validate(self) -> None:
         _choice("data.format", self.format, CORPUS_FORMATS)
@@ -100,6 +104,9 @@ class DataConfig:
             raise ConfigError(f"data.negative_column names no column: {self.negative_column!r}")
         if self.max_sentences is not None:
             _at_least("data.max_sentences", self.max_sentences, 1)
+        if self.data_files and self.format != "hf":
+            raise ConfigError("data.data_files goes with --format hf (datasets.load_dataset(NAME, data_files=...)); "
+                              "for plain files pass them as --corpus")
 
     @property
     def negative_columns(self) -> tuple[str, ...]:

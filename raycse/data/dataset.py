@@ -26,6 +26,7 @@ from __future__ import annotations
 import glob
 import os
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -109,13 +110,22 @@ def check_not_empty(sources: list) -> None:
                     f"line (or records with a text field)")
 
 
+def saved_to_disk(path: str) -> bool:
+    """A directory ``datasets``' ``save_to_disk`` wrote (a Dataset or a DatasetDict)."""
+    p = Path(os.path.expanduser(path))
+    return p.is_dir() and any((p / f).is_file() for f in ("dataset_info.json", "state.json", "dataset_dict.json"))
+
+
 def check_hub_dataset(d) -> None:
     """A dataset named by a hub id while the hub cannot be reached is refused at once (the hub client
-    would retry for ~35 s first). With HF_HUB_OFFLINE=1 the datasets library reads its cache only."""
+    would retry for ~35 s first). With HF_HUB_OFFLINE=1 the datasets library reads its cache only.
+    A saved directory and a builder over local files (data.data_files) need no hub."""
     from huggingface_hub import constants
 
     from raycse import hub
 
+    if d.data_files or saved_to_disk(str(d.corpus).partition(":")[0]):
+        return
     unreachable = None if constants.HF_HUB_OFFLINE else hub.unreachable()
     if unreachable:
         raise DataError(f"cannot load Hugging Face dataset '{d.corpus}': {unreachable}; a dataset in the local "
@@ -225,27 +235,63 @@ def _first_columns(path: str, fmt: str) -> Optional[list[str]]:
     return None
 
 
-def raw_dataset(d, seed: int, shuffle: bool = True):
+def in_memory(source, d):
+    """A Ray Dataset from what the Python API was handed: a ``ray.data.Dataset`` as it is, a
+    ``datasets.Dataset`` (or a DatasetDict: its ``data.split``) through Ray's own converter."""
+    import ray.data
+
+    if isinstance(source, ray.data.Dataset):
+        return source
+    if hasattr(source, "keys") and hasattr(source, "column_names") and not hasattr(source, "features"):
+        if d.split not in source:
+            raise DataError(f"the DatasetDict has no split '{d.split}' (it has {', '.join(source)}); set data.split")
+        source = source[d.split]
+    if hasattr(source, "features") and hasattr(source, "select_columns"):  # a datasets.Dataset
+        return ray.data.from_huggingface(source)
+    raise DataError(f"corpus must be a path, a ray.data.Dataset or a datasets.Dataset, got {type(source).__name__}")
+
+
+def _hf_dataset(d):
+    """A Hugging Face dataset for --format hf: a save_to_disk directory, a builder over local files
+    (data.data_files), or a hub id (NAME[:CONFIG]; needs the hub or its local cache)."""
+    import datasets
+
+    name, _, config = str(d.corpus).partition(":")
+    if saved_to_disk(name):
+        hf = datasets.load_from_disk(os.path.expanduser(name))
+        if isinstance(hf, datasets.DatasetDict):
+            if d.split not in hf:
+                raise DataError(f"{name} holds splits {', '.join(hf)}, not '{d.split}'; set data.split")
+            hf = hf[d.split]
+        return hf
+    check_hub_dataset(d)
+    files = [f.strip() for f in (d.data_files or "").split(",") if f.strip()] or None
+    try:
+        return datasets.load_dataset(name, config or None, split=d.split, data_files=files)
+    except Exception as exc:
+        reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise DataError(f"cannot load Hugging Face dataset '{d.corpus}' split '{d.split}' ({reason}); offline, "
+                        f"save it elsewhere as Parquet/JSONL and pass that file with --corpus") from None
+
+
+def raw_dataset(d, seed: int, shuffle: bool = True, source=None):
     """The lazily read, parsed and cleaned (but not yet shuffled or numbered) dataset; its files in a
-    seeded random order, or in their own with ``shuffle`` off."""
+    seeded random order, or in their own with ``shuffle`` off. ``source``: a dataset object handed
+    to the Python API instead of ``d.corpus``."""
     import ray.data
 
     columns = columns_of(d)
     wanted = ([columns.text] + ([columns.pair] if columns.pair else []) + ([columns.label] if columns.label else [])
               + list(columns.negatives))
-    if d.format == "hf":
-        name, _, config = str(d.corpus).partition(":")
-        check_hub_dataset(d)
-        try:
-            import datasets
-
-            hf = datasets.load_dataset(name, config or None, split=d.split)
-        except Exception as exc:
-            reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
-            raise DataError(f"cannot load Hugging Face dataset '{d.corpus}' split '{d.split}' ({reason}); offline, "
-                            f"save it elsewhere as Parquet/JSONL and pass that file with --corpus") from None
-        _check_columns(list(hf.column_names), wanted, f"Hugging Face dataset {d.corpus}")
-        ds = ray.data.from_huggingface(hf.select_columns(wanted))
+    if source is not None or d.format == "hf":
+        if source is not None:
+            ds, what = in_memory(source, d), f"the {type(source).__name__} handed to raycse.train"
+        else:
+            hf = _hf_dataset(d)
+            _check_columns(list(hf.column_names), wanted, f"Hugging Face dataset {d.corpus}")
+            ds, what = ray.data.from_huggingface(hf.select_columns(wanted)), f"Hugging Face dataset {d.corpus}"
+        _check_columns(list(ds.schema().names), wanted, what)
+        ds = ds.select_columns(wanted)
         return ds.map_batches(CleanColumns(columns, d.max_chars), batch_format="numpy", zero_copy_batch=False)
     paths = resolve_sources(d.corpus)
     fmt = d.format if d.format != "auto" else detect_format(_pathlike(paths[0]))
@@ -271,8 +317,6 @@ def raw_dataset(d, seed: int, shuffle: bool = True):
 
 
 def _pathlike(path: str):
-    from pathlib import Path
-
     return Path(path.split("://", 1)[-1])
 
 
@@ -319,18 +363,19 @@ def _select_and_number(table, keep: Optional[np.ndarray], first_id: int):
 
 def load_corpus(d, seed: int, dedup: Optional[bool] = None, expand=None,
                 cpu_wait_s: float = DEFAULT_CPU_WAIT_S, cpu_wait_knob: Optional[str] = None,
-                shuffle: bool = True) -> Corpus:
+                shuffle: bool = True, source=None) -> Corpus:
     """Read, clean, pre-shuffle and number a corpus as a distributed Ray Dataset (see the module doc).
 
     ``expand(text, rng) -> list[str]``: extra rows made from each text (an objective's
     ``row_expander``, e.g. CompCSE's subsampling), added before the shuffle, deduplication and
     ``data.max_sentences`` (which therefore counts the extra rows too). The read waits at most
     ``cpu_wait_s`` for a free CPU (``cpu_wait_knob`` raises it), then fails naming what holds them.
-    ``shuffle`` off keeps the files' own order (no pre-shuffle: grouping.strategy none)."""
+    ``shuffle`` off keeps the files' own order (no pre-shuffle: grouping.strategy none). ``source``:
+    a ray.data.Dataset or datasets.Dataset read instead of ``d.corpus`` (the Python API's)."""
     import ray
 
     dedup = d.dedup if dedup is None else dedup
-    ds = raw_dataset(d, seed, shuffle)
+    ds = raw_dataset(d, seed, shuffle, source)
     if shuffle:
         ds = ds.randomize_block_order(seed=seed)
     else:  # the files' order must survive the read (Ray Data may otherwise finish blocks out of order)

@@ -1,1 +1,33 @@
-"""Ray Train: the driver (``driver.py``) and the per-worker loop (``loop.py``)."""
+"""Ray Train: the driver (``driver.py``) and the per-worker loop (``loop.py``).
+
+The package is also the Python API's entry point, ``raycse.train(run, corpus=...)``: a package
+named like a function shadows the function once it is imported (``raycse.train`` becomes the
+package), so the package itself is callable (a module whose class defines ``__call__``).
+"""
+
+import os
+import sys
+import types
+
+
+def train(run, overwrite: bool = False, corpus=None):
+    """Train a :class:`raycse.config.RunConfig` on Ray Train; returns a ``TrainResult``.
+
+    ``corpus``: a path or URI (as ``run.data.corpus``), or the data itself: a ``ray.data.Dataset`` or
+    a Hugging Face ``datasets.Dataset`` (a ``DatasetDict``: its ``run.data.split``) with the columns
+    ``run.data`` names (``text_column``, and ``pair_column``... for pairs)."""
+    from raycse.train.driver import train as run_training
+
+    if corpus is None or isinstance(corpus, (str, os.PathLike)):
+        if corpus is not None:
+            run.data.corpus = os.fspath(corpus)
+        return run_training(run, overwrite=overwrite)
+    return run_training(run, overwrite=overwrite, source=corpus)
+
+
+class _CallablePackage(types.ModuleType):
+    def __call__(self, run, overwrite: bool = False, corpus=None):
+        return train(run, overwrite=overwrite, corpus=corpus)
+
+
+sys.modules[__name__].__class__ = _CallablePackage

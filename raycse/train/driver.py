@@ -197,15 +197,17 @@ def objective_knobs(run: RunConfig) -> dict:
     return {**registry.knobs(run.objective.name), **run.objective.params}
 
 
-def load_run_corpus(run: RunConfig):
+def load_run_corpus(run: RunConfig, source=None):
     """``run``'s corpus as the train loop sees it: read, cleaned, expanded by the objective, numbered.
-    The read waits for a free CPU as long as the run's workers would wait to start."""
+    The read waits for a free CPU as long as the run's workers would wait to start. ``source``: a
+    dataset object read instead of ``run.data.corpus``."""
     from raycse.data.dataset import load_corpus
 
     t = run.train
     return load_corpus(run.data, t.seed, expand=row_expander(run),
                        cpu_wait_s=t.worker_start_timeout_s * t.worker_start_attempts,
-                       cpu_wait_knob="train.worker_start_timeout_s", shuffle=run.grouping.strategy != "none")
+                       cpu_wait_knob="train.worker_start_timeout_s", shuffle=run.grouping.strategy != "none",
+                       source=source)
 
 
 def data_key(run: RunConfig) -> str:
@@ -249,8 +251,11 @@ def prepare_data(run: RunConfig) -> Optional[PreparedData]:
 def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] = None,
           run_name: str = "train", stop_at: Optional[int] = None, eval_at: Sequence[int] = (),
           score_sink=None, prepared: Optional[PreparedData] = None, registry=None,
-          run_key: Optional[str] = None) -> TrainResult:
+          run_key: Optional[str] = None, source=None) -> TrainResult:
     """Train ``run`` on Ray Train and return where the best model was saved.
+
+    ``source``: the corpus as an object (a ``ray.data.Dataset`` or ``datasets.Dataset``) instead of
+    ``run.data.corpus``, which then only names it in the log and the model card.
 
     ``storage_path``: where Ray Train keeps checkpoints (default: inside the staging directory,
     removed on success); a fixed path plus ``run_name`` lets a restarted driver resume from the
@@ -267,7 +272,9 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     """
     import ray
 
-    model_path, dev, remote, sources = check_inputs(run, overwrite, storage_path)  # what a user can get wrong
+    if source is not None:
+        run.data.corpus = run.data.corpus or f"<{type(source).__name__}>"
+    model_path, dev, remote, sources = check_inputs(run, overwrite, storage_path, source is not None)
     if storage_path:  # before Ray starts: these checkpoints are this run's, or there are none yet
         definition = identity.definition(run, sources)
         identity.check(storage_path, run_name, definition)
@@ -290,7 +297,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         run_key = run_key or f"train-{staging.name}"
         if prepared is not None and prepared.key != data_key(run):
             prepared = None  # one of this run's knobs changes its batches
-        corpus, stats, num_examples = read_corpus(run, prepared)
+        corpus, stats, num_examples = read_corpus(run, prepared, source)
         spe, total = plan_steps(run, num_examples)
         say_when_unscored(run, dev)
         say_devices(run.train)
@@ -334,11 +341,11 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     return TrainResult(final, f"{final}/model", redact_obj(summary))
 
 
-def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = None
+def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = None, in_memory: bool = False
                  ) -> tuple[str, object, Optional[str], Optional[list]]:
     """Fail on anything a user can fix before Ray starts; the resolved model path, the model-selection
     data (or None), the output URI (None for a local output) and the corpus's sources (None for a
-    dataset named by a hub id)."""
+    dataset named by a hub id or handed over as an object, ``in_memory``)."""
     from raycse.data.dataset import check_hub_dataset, check_not_empty, resolve_sources
 
     run.validate()
@@ -349,10 +356,10 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     if not run.data.corpus:
         raise ConfigError("no corpus given: pass --corpus FILE (text, .jsonl or .parquet) or set data.corpus")
     check_data_fits_objective(run)
-    sources = None if run.data.format == "hf" else resolve_sources(run.data.corpus)  # a missing file or object
+    sources = None if run.data.format == "hf" or in_memory else resolve_sources(run.data.corpus)  # a missing file
     if sources:
         check_not_empty(sources)
-    else:
+    elif not in_memory:
         check_hub_dataset(run.data)
     refuse_credentials("--storage-path", storage_path)
     if storage_path and objstore.is_uri(storage_path):
@@ -370,9 +377,9 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     return model_path, dev, remote, sources
 
 
-def read_corpus(run: RunConfig, prepared: Optional[PreparedData]):
+def read_corpus(run: RunConfig, prepared: Optional[PreparedData], source=None):
     """(corpus, its stats, its example count): read now, or from ``prepared`` (corpus None); said in the log."""
-    corpus = None if prepared is not None else load_run_corpus(run)
+    corpus = None if prepared is not None else load_run_corpus(run, source)
     stats = prepared.stats if prepared is not None else corpus.stats
     num_examples = prepared.num_examples if prepared is not None else corpus.num_examples
     print(f"[raycse] corpus {run.data.corpus}: {stats.summary()}"

@@ -1,0 +1,73 @@
+"""Data in (issue 45 item 5): a corpus handed to the Python API as a ray.data.Dataset or a Hugging Face
+datasets.Dataset, and --format hf reading a save_to_disk directory or a builder over local files
+(data_files), all offline; each read back through raycse's own corpus reader."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import make_sentences
+from raycse.config import DataConfig, RunConfig
+from raycse.errors import DataError
+
+datasets = pytest.importorskip("datasets")
+SENTENCES = make_sentences(40, seed=11)
+
+
+def _texts(corpus) -> list[str]:
+    return sorted(r["text"] for r in corpus.dataset.iter_rows())
+
+
+def test_hf_format_reads_a_saved_directory_and_local_data_files(ray_cluster, tmp_path):
+    from raycse.data.dataset import load_corpus
+
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_dict({"body": SENTENCES, "n": list(range(40))}).save_to_disk(str(saved))
+    corpus = load_corpus(DataConfig(corpus=str(saved), format="hf", text_column="body"), seed=1)
+    assert corpus.num_examples == 40 and _texts(corpus) == sorted(SENTENCES)
+
+    both = tmp_path / "dict"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": SENTENCES[:10]}),
+                          "validation": datasets.Dataset.from_dict({"text": SENTENCES[10:25]})}).save_to_disk(str(both))
+    assert _texts(load_corpus(DataConfig(corpus=str(both), format="hf", split="validation"), seed=1)) == \
+        sorted(SENTENCES[10:25])
+    with pytest.raises(DataError, match="holds splits train, validation, not 'test'"):
+        load_corpus(DataConfig(corpus=str(both), format="hf", split="test"), seed=1)
+
+    records = tmp_path / "part.jsonl"
+    records.write_text("\n".join(json.dumps({"text": s}) for s in SENTENCES[:30]) + "\n")
+    corpus = load_corpus(DataConfig(corpus="json", format="hf", data_files=str(records)), seed=1)
+    assert _texts(corpus) == sorted(SENTENCES[:30])
+
+
+def test_objects_handed_to_the_python_api(ray_cluster, tmp_path):
+    import ray.data
+
+    from raycse.data.dataset import load_corpus
+
+    from_ray = load_corpus(DataConfig(), seed=2, source=ray.data.from_items([{"text": s} for s in SENTENCES]))
+    assert _texts(from_ray) == sorted(SENTENCES)
+    pairs = datasets.Dataset.from_dict({"q": SENTENCES[:20], "a": SENTENCES[20:]})
+    from_hf = load_corpus(DataConfig(text_column="q", pair_column="a"), seed=2, source=pairs)
+    assert sorted((r["text"], r["pair"]) for r in from_hf.dataset.iter_rows()) == sorted(zip(SENTENCES[:20],
+                                                                                               SENTENCES[20:]))
+    with pytest.raises(DataError, match="column 'text' not found"):
+        load_corpus(DataConfig(), seed=2, source=pairs)
+    with pytest.raises(DataError, match="corpus must be a path, a ray.data.Dataset or a datasets.Dataset"):
+        load_corpus(DataConfig(), seed=2, source=SENTENCES)
+
+
+def test_raycse_train_takes_a_datasets_dataset(ray_cluster, tiny_model, stsb_dev, tmp_path):
+    import raycse
+
+    run = RunConfig()
+    run.model.name_or_path, run.model.max_length = str(tiny_model), 16
+    run.train.batch_size, run.train.max_steps, run.train.cpus_per_worker = 8, 2, 1
+    run.eval.stsb_dev = str(stsb_dev)
+    run.output_dir = str(tmp_path / "out")
+    result = raycse.train(run, corpus=datasets.Dataset.from_dict({"text": SENTENCES}))
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["num_examples"] == 40 and metrics["last"]["step"] == 2
+    assert (tmp_path / "out" / "model" / "config.json").is_file() and result.model_dir.endswith("model")
