@@ -82,7 +82,7 @@ class TuneSettings:
         return self
 
 
-def _optuna_search(space: SearchSpace, settings: TuneSettings, where: study.StudyPlace):
+def _optuna_search(space: SearchSpace, settings: TuneSettings, where: Optional[study.StudyPlace] = None):
     import optuna
     from ray.tune.search.optuna import OptunaSearch
 
@@ -96,14 +96,19 @@ def _optuna_search(space: SearchSpace, settings: TuneSettings, where: study.Stud
         def on_trial_complete(self, trial_id: str, result: Optional[dict] = None, error: bool = False):
             if result and not self.learn_from_truncated and not is_final(result):
                 result = None
-            super().on_trial_complete(trial_id, result, error)
+            try:
+                super().on_trial_complete(trial_id, result, error)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                # a resumed experiment's searcher (Tune's last checkpoint of it) telling a trial that the
+                # lost driver already told the kept study: the study has it
+                pass
 
     sampler = (optuna.samplers.TPESampler(seed=settings.search_seed, n_startup_trials=settings.tpe_startup_trials)
                if settings.searcher == "optuna"
                else optuna.samplers.RandomSampler(seed=settings.search_seed))
+    kept = {"storage": where.storage(), "study_name": where.name} if where is not None else {}  # else in memory
     return TruncationAwareOptunaSearch(space=space.define_by_run(), metric=TARGET, mode="max", sampler=sampler,
-                                       learn_from_truncated=settings.learn_from_truncated,
-                                       storage=where.storage(), study_name=where.name)
+                                       learn_from_truncated=settings.learn_from_truncated, **kept)
 
 
 def _scheduler(settings: TuneSettings):
