@@ -285,13 +285,13 @@ def raw_dataset(d, seed: int, shuffle: bool = True, source=None):
               + list(columns.negatives))
     if source is not None or d.format == "hf":
         if source is not None:
-            ds, what = in_memory(source, d), f"the {type(source).__name__} handed to raycse.train"
-        else:
+            ds = in_memory(source, d)
+            _check_columns(list(ds.schema().names), wanted, f"the {type(source).__name__} handed to raycse.train")
+            ds = ds.select_columns(wanted)
+        else:  # columns checked and selected before the conversion: only those are converted
             hf = _hf_dataset(d)
             _check_columns(list(hf.column_names), wanted, f"Hugging Face dataset {d.corpus}")
-            ds, what = ray.data.from_huggingface(hf.select_columns(wanted)), f"Hugging Face dataset {d.corpus}"
-        _check_columns(list(ds.schema().names), wanted, what)
-        ds = ds.select_columns(wanted)
+            ds = ray.data.from_huggingface(hf.select_columns(wanted))
         return ds.map_batches(CleanColumns(columns, d.max_chars), batch_format="numpy", zero_copy_batch=False)
     paths = resolve_sources(d.corpus)
     fmt = d.format if d.format != "auto" else detect_format(_pathlike(paths[0]))
