@@ -224,6 +224,33 @@ def test_early_stopped_trials_reach_optuna_as_pruned_not_as_values(tmp_path):
         assert states[:2] == [expected, optuna.trial.TrialState.COMPLETE]
 
 
+def test_resumed_searcher_takes_reports_of_a_trial_the_lost_driver_already_told(tmp_path):
+    """A resumed experiment's searcher is Tune's last checkpoint of it, older than the kept study: a
+    trial that the lost driver finished in the study is reported again (its rung re-told, then its
+    end). Optuna refuses to update a finished trial; the resume must go on, and the study keep the
+    value the lost driver told it."""
+    import optuna
+
+    from raycse.tune.search import TuneSettings, _optuna_search
+    from raycse.tune.study import place
+
+    space = load_space(_space(tmp_path, {"tau": {"loguniform": [0.01, 0.1]}}))
+    where = place(tmp_path, "exp")
+    searcher = _optuna_search(space, TuneSettings(space="x"), where)
+    searcher.set_search_properties("target", "max", {})
+    assert "tau" in searcher.suggest("t1")
+    searcher.save(str(tmp_path / "searcher.pkl"))  # Tune's checkpoint of the searcher: t1 running
+    searcher.on_trial_result("t1", {"target": 80.0, "training_iteration": 1})
+    searcher.on_trial_complete("t1", {"target": 80.0, "rung": 1, "final_rung": 1})  # then the driver is lost
+
+    resumed = _optuna_search(space, TuneSettings(space="x"), where)
+    resumed.restore(str(tmp_path / "searcher.pkl"))
+    resumed.on_trial_result("t1", {"target": 80.0, "training_iteration": 1})  # raised before: the resume failed
+    resumed.on_trial_complete("t1", {"target": 80.0, "rung": 1, "final_rung": 1})
+    assert resumed.suggest("t2") is not None
+    kept = optuna.load_study(study_name="exp", storage=where.url)
+    assert [(t.state, t.value) for t in kept.trials[:1]] == [(optuna.trial.TrialState.COMPLETE, 80.0)]
+
 def test_preflight_refuses_a_trial_that_cannot_fit(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path):
     from raycse.tune.search import TuneSettings, preflight
 

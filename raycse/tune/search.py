@@ -93,15 +93,18 @@ def _optuna_search(space: SearchSpace, settings: TuneSettings, where: Optional[s
             super().__init__(*args, **kwargs)
             self.learn_from_truncated = learn_from_truncated
 
+        def on_trial_result(self, trial_id: str, result: dict):
+            try:
+                super().on_trial_result(trial_id, result)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                # a resumed experiment's searcher (Tune's last checkpoint of it, older than the kept
+                # study) re-reporting a trial that the lost driver already finished: the study has it
+                pass
+
         def on_trial_complete(self, trial_id: str, result: Optional[dict] = None, error: bool = False):
             if result and not self.learn_from_truncated and not is_final(result):
                 result = None
-            try:
-                super().on_trial_complete(trial_id, result, error)
-            except optuna.exceptions.UpdateFinishedTrialError:
-                # a resumed experiment's searcher (Tune's last checkpoint of it) telling a trial that the
-                # lost driver already told the kept study: the study has it
-                pass
+            super().on_trial_complete(trial_id, result, error)  # (Ray's tell logs an already-told trial)
 
     sampler = (optuna.samplers.TPESampler(seed=settings.search_seed, n_startup_trials=settings.tpe_startup_trials)
                if settings.searcher == "optuna"
