@@ -80,7 +80,8 @@ TRAIN_FLAGS = [
      "on CPU, scores move ~0.01) | bf16 | auto"),
     ("--output", "output_dir", "where the model, metrics.json and config.yaml go"),
     ("--tracking", "train.tracking", "log config and metrics (loss, lr, throughput, dev scores; rank 0 only) to "
-     "mlflow:URI (a tracking server, e.g. mlflow:http://127.0.0.1:5000) or tensorboard:DIR (default: off)"),
+     "mlflow:URI (a tracking server, e.g. mlflow:http://127.0.0.1:5000), tensorboard:DIR or "
+     "wandb:[ENTITY/]PROJECT (WANDB_API_KEY, or WANDB_MODE=offline; files in WANDB_DIR) (default: off)"),
 ]
 
 
@@ -227,8 +228,9 @@ def _tune_parser(sub) -> None:
     p.add_argument("--time-budget", type=float, default=None, help="seconds after which no new trial starts")
     p.add_argument("--tracking", default=None, metavar="SPEC",
                    help="log every trial (knobs, each rung's target, mean, std and per-seed scores) to mlflow:URI "
-                        "(a run per trial in an MLflow experiment named after this one) or tensorboard:DIR "
-                        "(DIR/NAME/<trial>) through Ray Tune's logger callbacks (default: off)")
+                        "(a run per trial in an MLflow experiment named after this one), tensorboard:DIR "
+                        "(DIR/NAME/<trial>) or wandb:[ENTITY/]PROJECT (a run per trial, grouped by experiment) "
+                        "through Ray Tune's logger callbacks (default: off)")
     p.add_argument("--no-preflight", dest="preflight", action="store_false",
                    help="skip the check that one trial fits the cluster (autoscaling clusters)")
     p.add_argument("--seeds-in-turn", dest="parallel_seeds", action="store_const", const=False, default=None,

@@ -249,7 +249,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     # Write every batch each worker trains on to DIR/rank{r}.jsonl (to inspect batch composition).
     record_batches: Optional[str] = None
-    # Experiment tracking: mlflow:URI or tensorboard:DIR (raycse.train.tracking); None: off.
+    # Experiment tracking: mlflow:URI, tensorboard:DIR or wandb:[ENTITY/]PROJECT (raycse.train.tracking); None: off.
     tracking: Optional[str] = None
     # GradCache (raycse.train.gradcache): encode in chunks of N rows, loss on the whole batch. None: off.
     cache_chunk_size: Optional[int] = None
@@ -529,14 +529,19 @@ def set_dotted(cfg: RunConfig, key: str, value: Any, _from_yaml: bool = False) -
     setattr(section, parts[1], coerce(key, value, hint))
 
 
+TRACKING_FORMS = "mlflow:URI (e.g. mlflow:http://127.0.0.1:5000), tensorboard:DIR or wandb:[ENTITY/]PROJECT"
+
+
 def parse_tracking(spec: Optional[str]) -> Optional[tuple[str, str]]:
-    """``mlflow:URI`` / ``tensorboard:DIR`` -> (kind, target); None or "none" -> None."""
+    """``mlflow:URI`` / ``tensorboard:DIR`` / ``wandb:[ENTITY/]PROJECT`` -> (kind, target); None or "none" -> None."""
     if spec is None or str(spec).lower() == "none":
         return None
     kind, _, target = str(spec).partition(":")
-    if kind not in ("mlflow", "tensorboard") or not target:
-        raise ConfigError(f"tracking must be mlflow:URI (e.g. mlflow:http://127.0.0.1:5000) or tensorboard:DIR; "
-                          f"got {spec!r}")
+    if kind not in ("mlflow", "tensorboard", "wandb") or not target:
+        raise ConfigError(f"tracking must be {TRACKING_FORMS}; got {spec!r}")
+    if kind == "wandb" and not re.fullmatch(r"([\w.-]+/)?[\w.-]+", target):
+        raise ConfigError(f"--tracking wandb:{target} is not a W&B project: use wandb:PROJECT or wandb:ENTITY/PROJECT "
+                          f"(letters, digits, '.', '_', '-')")
     return kind, target
 
 

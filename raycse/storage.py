@@ -39,6 +39,11 @@ def _fs(uri: str):
         raise RaycseError(f"cannot open {uri}: {str(exc).splitlines()[0][:200]}") from None
 
 
+def filesystem(uri: str):
+    """(pyarrow filesystem, path inside it) of a URI, for libraries that take both (Ray Tune's)."""
+    return _fs(uri)
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:

@@ -75,9 +75,9 @@ def inputs(tmp_path_factory):
     (beir / "qrels").mkdir(parents=True)
     (root / "models").mkdir()  # so "models/nosuch" is a local path, not a hub name
     (root / "nosite").mkdir()
-    # an interpreter where faiss and optuna cannot be imported (sys.modules[m] = None blocks an import)
+    # an interpreter where faiss, optuna and wandb cannot be imported (sys.modules[m] = None blocks an import)
     (root / "nosite" / "sitecustomize.py").write_text("import sys\nsys.modules['faiss'] = None\n"
-                                                      "sys.modules['optuna'] = None\n")
+                                                      "sys.modules['optuna'] = None\nsys.modules['wandb'] = None\n")
     (root / "nofaiss").mkdir()  # and one with optuna but not faiss
     (root / "nofaiss" / "sitecustomize.py").write_text("import sys\nsys.modules['faiss'] = None\n")
     return {"root": root, "model": model, "corpus": corpus, "pairs": pairs, "dev": dev, "space": space,
@@ -112,6 +112,9 @@ def _cases(i: dict) -> list:
         (["train", "--model", m, "--corpus", str(i["root"] / "blank.txt"), "--output", "out"],
          "the corpus has no usable text", None),
         ([*train, "--tracking", f"mlflow:file://{i['root']}/mlruns"], "is a file store, which MLflow 3 refuses", None),
+        ([*train, "--tracking", "wandb:a/b/c"], "is not a W&B project", None),
+        ([*train, "--tracking", "wandb:proj"], "needs W&B credentials", {"WANDB_API_KEY": "", "WANDB_MODE": ""}),
+        ([*train, "--tracking", "wandb:proj"], "pip install 'raycse[tracking]'", no_extras),
         ([*train[:2], "models/nosuch", *train[3:]], "model path does not exist: models/nosuch", None),
         ([*train[:2], dm["weights"], *train[3:]], "model.safetensors is damaged", None),
         ([*train, "--grouping", "knn"], "pip install 'raycse[grouping]'", no_extras),

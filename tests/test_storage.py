@@ -276,6 +276,9 @@ def test_tune_on_s3_interrupted_resumed_analyzed_and_exported(ray_cluster, s3_se
     assert [r["seed_scores"] for r in again.results] == [[rungs["scores"]["0"][0]]]
     assert s3.head_object(Bucket=bucket, Key=model)["LastModified"] == written  # not trained again
     assert all(t.location.startswith(f"{exp}/trial_") for t in trials)
+    from test_tune import _same_as_rays_own_reading
+
+    _same_as_rays_own_reading(exp, trials)  # Ray's own reading, from S3
     # each seed's model is on S3, published whole; the trials' resumable Train checkpoints were freed
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="tune/exp/", MaxKeys=5000)["Contents"]}
     for t in trials:

@@ -119,7 +119,7 @@ def test_unreachable_tracking_server_fails_fast_and_writes_nothing(tiny_model, c
     assert len(err) == 1 and "cannot reach the MLflow tracking server http://***@127.0.0.1:" in err[0]
     assert SECRET not in err[0]
     assert time.time() - t0 < 60 and not out.exists() and not list(tmp_path.glob(".run.partial-*"))
-    assert main(_train_args(tiny_model, corpus, out, stsb_dev, "wandb:x")) == 2
+    assert main(_train_args(tiny_model, corpus, out, stsb_dev, "neptune:x")) == 2
     assert "tracking must be mlflow:URI" in capsys.readouterr().err
 
 
@@ -135,3 +135,87 @@ def test_tensorboard_event_files_of_a_train_run(ray_cluster, tiny_model, corpus,
     assert sorted(e.step for e in acc.Scalars("stsb_dev_spearman")) == [0, 4, 8]
     # a tune experiment's TensorBoard files (Ray's TBX logger): test_tune's BEIR-metric experiment
     # writes and checks them (one tune fit fewer than an experiment of its own here)
+
+
+def _wandb_records(run_file: Path):
+    """The records of a W&B run file (``run-ID.wandb``), read by the format's own rules (a 7-byte header,
+    then LevelDB-log chunks in 32 KiB blocks: crc32, length, type FULL/FIRST/MIDDLE/LAST) and parsed
+    with wandb's own protobuf classes: offline runs are checked without a W&B server."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = run_file.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, pending = 7, 32768, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
+            pos += block - pos % block
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        pending += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL, LAST
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            yield record
+            pending = b""
+
+
+def _items(items) -> dict:
+    """A record's items (a name in ``key``, or in ``nested_key`` as W&B's service writes it) as a dict."""
+    return {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items}
+
+
+def _wandb_runs(root: Path) -> dict:
+    """run id -> {"runs": [its run records], "history": [{metric: value}], "summary": {key: value}} over
+    every offline run directory under ``root`` (a W&B run resumed by a later fit has a directory per fit)."""
+    out: dict = {}
+    for run_file in sorted(root.glob("wandb/offline-run-*/run-*.wandb")):
+        for record in _wandb_records(run_file):
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                run = out.setdefault(record.run.run_id, {"runs": [], "history": [], "summary": {}})
+                run["runs"].append(record.run)
+            elif kind == "history":
+                run["history"].append(_items(record.history.item))
+            elif kind == "summary":
+                run["summary"].update(_items(record.summary.update))
+    return out
+
+
+def test_train_and_tune_runs_in_wandb_offline(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path, monkeypatch):
+    """``--tracking wandb:PROJECT`` through Ray's own W&B integration, offline: the train run's fits log
+    into one W&B run (config, rank 0's metrics, the final scores in its summary), a tune experiment's
+    trials are runs of their own grouped by the experiment. Nothing lands in the output directory."""
+    from raycse.tune import TuneSettings, tune_search
+    from test_tune import _tiny_space
+
+    wb = tmp_path / "wb"
+    # the session's Ray workers were started without these: raycse hands the driver's mode and directory on
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(wb))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    assert main(_train_args(tiny_model, corpus, tmp_path / "run", stsb_dev, "wandb:raycse-test")) == 0
+    (run_id, run), = _wandb_runs(wb).items()
+    assert {r.project for r in run["runs"]} == {"raycse-test"} and {r.display_name for r in run["runs"]} == {"run"}
+    config = _items(run["runs"][0].config.update)
+    assert config["objective"]["name"] == "simcse" and config["train"]["num_workers"] == 2
+    steps = lambda key: sorted(h["_step"] for h in run["history"] if key in h)  # noqa: E731
+    assert steps("loss") == [2, 4, 6, 8] and steps("lr") == [2, 4, 6, 8]  # rank 0 only
+    assert steps("stsb_dev_spearman") == [0, 4, 8]  # before training, then every eval step
+    dev = [h["stsb_dev_spearman"] for h in run["history"] if "stsb_dev_spearman" in h and h["_step"] > 0]
+    assert run["summary"]["best_stsb_dev_spearman"] == pytest.approx(max(dev))
+    assert not [p for p in (tmp_path / "run").rglob("*") if "wandb" in p.name]
+
+    space = _tiny_space(tmp_path, tiny_model, corpus, stsb_dev)
+    settings = TuneSettings(space=space, num_samples=2, seeds=[0], rungs=1, scheduler="none", concurrent=1,
+                            tracking="wandb:raycse-test")
+    exp, results = tune_search(settings, str(tmp_path / "tune"), "exp-wandb")
+    assert not any(r.error for r in results)
+    trials = {k: v for k, v in _wandb_runs(wb).items() if k != run_id}
+    assert len(trials) == 2 and {r.run_group for t in trials.values() for r in t["runs"]} == {"exp-wandb"}
+    for t in trials.values():
+        assert [h["rung"] for h in t["history"] if "mean" in h] == [1]  # the trial's one rung
+        config = _items(t["runs"][0].config.update)
+        assert {"lr", "tau"} <= set(config)  # the trial's knobs
+    assert sorted(t["history"][-1]["mean"] for t in trials.values()) == pytest.approx(
+        sorted(r.metrics["mean"] for r in results))

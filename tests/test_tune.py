@@ -93,6 +93,39 @@ def _tiny_space(tmp_path, tiny_model, corpus, stsb_dev, num_rungs_steps=4):
     return _space(tmp_path, {"tau": {"loguniform": [0.02, 0.2]}, "lr": {"loguniform": [1e-4, 1e-3]}}, run)
 
 
+def _dashboard_get(storage_url: str, path: str) -> dict:
+    """GET ``path`` from optuna-dashboard's WSGI app over ``storage_url``, without a server or browser."""
+    from wsgiref.util import setup_testing_defaults
+
+    import optuna_dashboard
+
+    environ: dict = {}
+    setup_testing_defaults(environ)
+    environ.update(PATH_INFO=path, REQUEST_METHOD="GET")
+    status = []
+    body = b"".join(optuna_dashboard.wsgi(storage_url)(environ, lambda s, headers, exc=None: status.append(s)))
+    assert status == ["200 OK"], (status, body[:300])
+    return json.loads(body)
+
+
+def _same_as_rays_own_reading(exp, trials) -> None:
+    """raycse's reading of an experiment (plain JSON) agrees with Ray Tune's ExperimentAnalysis (which
+    unpickles the state, hence only when trusted): trials, statuses, knobs, every rung's target."""
+    from raycse.analysis import ray_analysis
+
+    with pytest.raises(ConfigError, match="unpickles"):
+        ray_analysis(exp)
+    ea = ray_analysis(exp, trusted=True)
+    assert {t.storage.trial_dir_name: t.status for t in ea.trials} == {t.name: t.tune_status for t in trials}
+    by_name = {t.name: t for t in trials}
+    for t in ea.trials:
+        mine = by_name[t.storage.trial_dir_name]
+        assert t.config == pytest.approx(mine.params)
+        assert list(ea.trial_dataframes[t.trial_id]["target"]) == pytest.approx([r["target"] for r in mine.results])
+    best = max(trials, key=lambda t: t.last["target"])
+    assert ea.get_best_config("target", "max", scope="last") == pytest.approx(best.params)
+
+
 def test_two_trials_two_seeds_analysis_plots_and_export(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path):
     from raycse.analysis import analyze
     from raycse.tune import TuneSettings, tune_search
@@ -122,6 +155,12 @@ def test_two_trials_two_seeds_analysis_plots_and_export(ray_cluster, tiny_model,
                   if t.state == optuna.trial.TrialState.COMPLETE)
     want = sorted((t.last["target"], t.params["lr"], t.params["tau"]) for t in report.trials)
     assert len(told) == 2 and all(a == pytest.approx(b) for a, b in zip(told, want))
+    # and optuna-dashboard's app serves it (its JSON API, called as a browser's page would)
+    shown = _dashboard_get(f"sqlite:///{exp}/optuna.db", "/api/studies")["study_summaries"]
+    assert [st["study_name"] for st in shown] == ["exp"]
+    trials = _dashboard_get(f"sqlite:///{exp}/optuna.db", f"/api/studies/{shown[0]['study_id']}")["trials"]
+    assert sorted(t["values"][0] for t in trials if t["state"] == "Complete") == pytest.approx([v for v, _, _ in told])
+    _same_as_rays_own_reading(exp, report.trials)
     lines = report.table.splitlines()
     assert len(lines) == 4  # header, rule, 2 trials
     for t in report.trials:

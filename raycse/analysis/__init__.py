@@ -271,6 +271,25 @@ def analyze(exp_dir: str, plots: bool = True, plot_dir: Optional[str] = None, ex
     return report
 
 
+def ray_analysis(exp_dir, trusted: bool = False):
+    """Ray Tune's own ``ExperimentAnalysis`` of an experiment (a path or URI): Ray's and pandas users'
+    API (``.dataframe()``, ``.trial_dataframes``, ``.get_best_config("target", "max")``, ``.trials``).
+
+    Ray reads an experiment's state with cloudpickle (a raycse experiment holds dozens of pickled
+    objects), which runs whatever code the experiment's author put there: ``trusted=True`` says the
+    experiment is yours or your team's. ``analyze`` reads the same records as plain JSON, so it is
+    safe on anyone's experiment."""
+    if not trusted:
+        raise ConfigError(f"Ray's ExperimentAnalysis unpickles {redact(str(exp_dir))}'s Tune state, which runs code its "
+                          f"author can put there; pass trusted=True for an experiment you trust, or use analyze()")
+    from ray.tune import ExperimentAnalysis
+
+    if storage.is_uri(exp_dir):
+        fs, path = storage.filesystem(str(exp_dir).rstrip("/"))
+        return ExperimentAnalysis(path, storage_filesystem=fs, default_metric="target", default_mode="max")
+    return ExperimentAnalysis(str(Path(exp_dir).resolve()), default_metric="target", default_mode="max")
+
+
 def _write_plots(trials, knobs, out: str, target: str, top: int) -> list:
     """PNGs into ``out``; on object storage each is drawn locally, then uploaded (one PUT: whole)."""
     from raycse.analysis.plots import write_plots

@@ -28,7 +28,7 @@ import yaml
 
 from raycse import storage as objstore  # "storage" is Ray Train's checkpoint path below
 from raycse.card import model_card
-from raycse.config import RunConfig, parse_tracking
+from raycse.config import RunConfig
 from raycse.encoder import resolve_model
 from raycse.errors import ConfigError
 from raycse.evaluation import initial_scores
@@ -111,15 +111,7 @@ def check_extras(run: RunConfig) -> None:
         require("faiss", "grouping", "--eval-metric beir:...")
     if run.data.format == "hf":
         require("datasets", "hf", "--format hf")
-    kind, target = parse_tracking(run.train.tracking) or (None, None)
-    if kind == "mlflow":
-        require("mlflow", "tracking", "--tracking mlflow:...")
-        if ("://" not in target or target.startswith("file:")) and os.environ.get("MLFLOW_ALLOW_FILE_STORE") != "true":
-            raise ConfigError(f"--tracking mlflow:{target} is a file store, which MLflow 3 refuses by default; use "
-                              f"mlflow:sqlite:///PATH/mlflow.db or a tracking server (mlflow:http://HOST:PORT), or "
-                              f"set MLFLOW_ALLOW_FILE_STORE=true")
-    elif kind == "tensorboard":
-        require("tensorboardX", "tracking", "--tracking tensorboard:...")
+    tracking_mod.check(run.train.tracking)
 
 
 def starts_private_ray() -> bool:

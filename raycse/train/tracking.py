@@ -1,4 +1,5 @@
-"""Experiment tracking of a training run: ``train.tracking`` = ``mlflow:URI`` or ``tensorboard:DIR``.
+"""Experiment tracking of a training run: ``train.tracking`` = ``mlflow:URI``, ``tensorboard:DIR`` or
+``wandb:[ENTITY/]PROJECT``.
 
 - MLflow: the driver opens one MLflow run per ``train()`` call (experiment ``raycse``, run named after
   the output directory) and logs the resolved config as parameters; rank 0 of every fit logs its
@@ -8,6 +9,10 @@
   turn). Tune experiments use Ray's own ``MLflowLoggerCallback`` (``raycse.tune.search``).
 - TensorBoard: rank 0 writes scalars with tensorboardX (what Ray's TBX logger uses) under
   ``DIR/<output name>``; every fit appends to the same directory.
+- W&B: Ray's own ``setup_wandb`` on rank 0 of every fit, each fit resuming the one W&B run the driver
+  named (its id), with the resolved config; the driver adds the final scores to the run's summary.
+  Its local files go to ``WANDB_DIR`` when set, else ``RAYCSE_CACHE/wandb`` (``WANDB_MODE=offline``
+  keeps them there for ``wandb sync``).
 
 Every wait on the tracking server is bounded (MLflow's own HTTP retries are capped below).
 """
@@ -55,8 +60,69 @@ class Tracking:
 
     kind: str
     target: str
-    run_id: Optional[str] = None  # MLflow
-    name: str = "run"  # TensorBoard sub-directory
+    run_id: Optional[str] = None  # MLflow's, W&B's
+    name: str = "run"  # TensorBoard sub-directory, W&B run name
+    config: Optional[dict] = None  # W&B: the resolved config (credentials masked), set on the run
+    # W&B: the driver's WANDB_MODE and local directory (a worker's environment need not have them)
+    wandb_mode: Optional[str] = None
+    wandb_dir: Optional[str] = None
+
+
+def wandb_dir() -> str:
+    """Where W&B keeps a run's local files: WANDB_DIR, else raycse's cache (never the output directory)."""
+    from raycse.machine import cache_dir
+
+    where = os.environ.get("WANDB_DIR") or str(cache_dir() / "wandb")
+    os.makedirs(where, exist_ok=True)
+    return where
+
+
+def check(spec: Optional[str]) -> None:
+    """Before anything starts: the tracker's package, and what it needs to accept a run."""
+    from raycse.errors import ConfigError, require
+
+    kind, target = parse(spec) or (None, None)
+    if kind == "mlflow":
+        require("mlflow", "tracking", "--tracking mlflow:...")
+        if ("://" not in target or target.startswith("file:")) and os.environ.get("MLFLOW_ALLOW_FILE_STORE") != "true":
+            raise ConfigError(f"--tracking mlflow:{target} is a file store, which MLflow 3 refuses by default; use "
+                              f"mlflow:sqlite:///PATH/mlflow.db or a tracking server (mlflow:http://HOST:PORT), or "
+                              f"set MLFLOW_ALLOW_FILE_STORE=true")
+    elif kind == "tensorboard":
+        require("tensorboardX", "tracking", "--tracking tensorboard:...")
+    elif kind == "wandb":
+        check_wandb()
+
+
+def check_wandb() -> None:
+    """Before anything starts: wandb installed, and a way to log in unless W&B runs offline."""
+    from raycse.errors import require
+
+    require("wandb", "tracking", "--tracking wandb:...")
+    if os.environ.get("WANDB_MODE") in ("offline", "disabled") or os.environ.get("WANDB_API_KEY"):
+        return
+    import wandb
+
+    try:  # (a key from settings or .netrc counts; nothing asked, nothing sent)
+        logged_in = bool(wandb.login(prompt=False, verify=False))
+    except Exception:
+        logged_in = False
+    if not logged_in:
+        raise RaycseError("--tracking wandb needs W&B credentials: set WANDB_API_KEY (or run `wandb login`), "
+                          "or set WANDB_MODE=offline to keep the runs locally for `wandb sync`")
+
+
+def _wandb_run(tracking: Tracking):
+    """The raycse run's one W&B run, opened or resumed (driver or rank 0) through Ray's ``setup_wandb``."""
+    from ray.air.integrations.wandb import setup_wandb
+
+    if tracking.wandb_mode:
+        os.environ["WANDB_MODE"] = tracking.wandb_mode  # (setup_wandb asks for an API key unless this says offline)
+    os.makedirs(tracking.wandb_dir, exist_ok=True)
+    entity, _, project = tracking.target.rpartition("/")
+    # (rank_zero_only off: raycse opens it on rank 0 only; one id, resume "allow": every fit logs into one run)
+    return setup_wandb(config=tracking.config, project=project, entity=entity or None, trial_id=tracking.run_id,
+                       trial_name=tracking.name, resume="allow", dir=tracking.wandb_dir, rank_zero_only=False)
 
 
 def open_run(spec: Optional[str], name: str, params: dict) -> Optional[Tracking]:
@@ -67,6 +133,12 @@ def open_run(spec: Optional[str], name: str, params: dict) -> Optional[Tracking]
     kind, target = parsed
     if kind == "tensorboard":
         return Tracking(kind, target, name=name)
+    if kind == "wandb":
+        import uuid
+
+        check_wandb()
+        return Tracking(kind, target, run_id=uuid.uuid4().hex[:12], name=name, config=redact_obj(params),
+                        wandb_mode=os.environ.get("WANDB_MODE"), wandb_dir=wandb_dir())
     mlflow_env()
     try:
         from mlflow.tracking import MlflowClient
@@ -97,6 +169,11 @@ def log_model(tracking: Optional[Tracking], model_dir) -> None:
 
 def close_run(tracking: Optional[Tracking], ok: bool, final: Optional[dict] = None) -> None:
     """Driver side, after the last fit: final scores, and the run's status."""
+    if tracking is not None and tracking.kind == "wandb":
+        run = _wandb_run(tracking)
+        run.summary.update({k: float(v) for k, v in (final or {}).items()})
+        run.finish(exit_code=0 if ok else 1)
+        return
     if tracking is None or tracking.kind != "mlflow":
         return
     from mlflow.tracking import MlflowClient
@@ -112,10 +189,12 @@ class Logger:
 
     def __init__(self, tracking: Optional[Tracking], rank: int):
         self.tracking = tracking if rank == 0 else None
-        self.writer = self.client = None
+        self.writer = self.client = self.wandb = None
         if self.tracking is None:
             return
-        if self.tracking.kind == "tensorboard":
+        if self.tracking.kind == "wandb":
+            self.wandb = _wandb_run(self.tracking)
+        elif self.tracking.kind == "tensorboard":
             from tensorboardX import SummaryWriter
 
             self.writer = SummaryWriter(os.path.join(self.tracking.target, self.tracking.name), flush_secs=10)
@@ -130,6 +209,8 @@ class Logger:
         if self.writer is not None:
             for key, value in scalars.items():
                 self.writer.add_scalar(key, value, step)
+        elif self.wandb is not None:
+            self.wandb.log(scalars, step=step)
         elif self.client is not None:
             from mlflow.entities import Metric
             import time
@@ -141,3 +222,5 @@ class Logger:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        if self.wandb is not None:
+            self.wandb.finish()

@@ -23,6 +23,7 @@ from raycse import storage
 from raycse.config import parse_tracking
 from raycse.errors import ConfigError, require
 from raycse.redact import refuse_credentials
+from raycse.train import tracking as trackers
 from raycse.tune import study
 from raycse.tune.space import SearchSpace, load_space, space_text
 from raycse.tune.trial import SEED_MODEL, SEED_RUN, TARGET, TrialSetup, is_final, parse_target, run_trial
@@ -346,13 +347,20 @@ def _tracking_callbacks(tracking: Optional[str], experiment: str) -> list:
         return []
     kind, target = parsed
     if kind == "mlflow":
-        from raycse.train.tracking import mlflow_env
-
-        mlflow_env()  # before mlflow is first imported
+        trackers.mlflow_env()  # before mlflow is first imported
         from ray.air.integrations.mlflow import MLflowLoggerCallback
 
         return [MLflowLoggerCallback(tracking_uri=target, experiment_name=experiment, save_artifact=False,
                                      tags={"raycse.experiment": experiment})]
+    if kind == "wandb":
+        from ray.air.integrations.wandb import WandbLoggerCallback
+
+        entity, _, project = target.rpartition("/")
+        # (mode and dir passed on: the logging actors need not share the driver's environment; a bound
+        # on the wait for their last upload at the end of the experiment)
+        return [WandbLoggerCallback(project=project, entity=entity or None, group=experiment,
+                                    dir=trackers.wandb_dir(), upload_timeout=120,
+                                    **({"mode": os.environ["WANDB_MODE"]} if os.environ.get("WANDB_MODE") else {}))]
     return [TensorBoardTo(str(Path(target) / experiment))]
 
 
@@ -432,6 +440,7 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
         require("optuna", "tune", "raycse tune --searcher optuna")
     refuse_credentials("--storage-path", str(storage_path))
     refuse_credentials("--tracking", settings.tracking)
+    trackers.check(settings.tracking)
     refuse_credentials("--optuna-storage", settings.optuna_storage)  # (Tune pickles the searcher with it)
     text = space_text(settings.space, settings.corpus) if Path(settings.space).is_file() else ""
     refuse_credentials("the search space", text)  # (with its --corpus: the experiment records both)
