@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-EXTRAS_MODULES = ("faiss", "optuna", "mlflow", "tensorboardX", "datasets", "matplotlib")
+EXTRAS_MODULES = ("faiss", "optuna", "mlflow", "tensorboardX", "wandb", "datasets", "matplotlib")
 
 
 def _run(args: list, cwd: Path, env: dict, timeout: int = 300) -> subprocess.CompletedProcess:
