@@ -297,6 +297,7 @@ def test_tune_on_s3_interrupted_resumed_analyzed_and_exported(ray_cluster, s3_se
         told = [t for t in kept.trials if t.state == optuna.trial.TrialState.COMPLETE]
         assert told and all(any(t.value == pytest.approx(r.last["target"]) for r in trials) for t in told)
         assert all(set(t.params) == {"tau", "lr"} for t in told)
+        assert not [t for t in kept.trials if t.state == optuna.trial.TrialState.RUNNING]  # none left running
 
     capsys.readouterr()
     best = f"s3://{bucket}/best"

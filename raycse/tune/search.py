@@ -478,7 +478,9 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
                                       callbacks=_callbacks(space, exp_dir, settings.tracking)),
         )
         try:
-            return exp_dir, tuner.fit()
+            results = tuner.fit()
+            study.close_orphans(where)
+            return exp_dir, results
         finally:
             study.sync(where)
 
@@ -566,6 +568,8 @@ def resume(exp_dir: str):
                                                         extra["cpus_per_worker"], prepared, registry),
                                    resume_unfinished=True, resume_errored=True)
         try:
-            return exp, tuner.fit()
+            results = tuner.fit()
+            study.close_orphans(where)
+            return exp, results
         finally:
             study.sync(where)

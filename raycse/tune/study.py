@@ -77,3 +77,23 @@ def prepare(where: StudyPlace) -> None:
     where.local.parent.mkdir(parents=True, exist_ok=True)
     if where.remote is not None and where.local.exists():
         where.local.unlink()
+
+
+ORPHAN_NOTE = "asked by a driver that was lost before Tune ran it; this configuration never ran"
+
+
+def close_orphans(where: StudyPlace) -> int:
+    """After a fit that ended (not one interrupted): a trial still RUNNING in the study was asked for
+    by a driver lost before Tune recorded it, and no resume will tell it; marked FAIL with a note, so
+    that optuna-dashboard and ``load_study`` do not show it running for ever. Returns how many."""
+    import optuna
+
+    running = optuna.trial.TrialState.RUNNING
+    rdb = where.storage()
+    study_id = rdb.get_study_id_from_name(where.name)
+    orphans = rdb.get_all_trials(study_id, deepcopy=False, states=(running,))
+    for t in orphans:
+        trial_id = rdb.get_trial_id_from_study_id_trial_number(study_id, t.number)
+        rdb.set_trial_user_attr(trial_id, "raycse_note", ORPHAN_NOTE)
+        rdb.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
+    return len(orphans)
