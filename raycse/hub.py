@@ -8,11 +8,15 @@ from typing import Optional
 from urllib.parse import urlsplit
 
 PROBE_TIMEOUT_S = 3.0
+ANSWER_KEPT_S = 60.0  # one command's checks and its reads ask once, not once each
+_answers: dict = {}  # (host, port) -> (when, answer)
 
 
 def unreachable(timeout_s: float = PROBE_TIMEOUT_S) -> Optional[str]:
     """Why the hub cannot be asked now (offline mode, or no TCP connection to its endpoint within
     ``timeout_s``), or None when it can."""
+    import time
+
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:
@@ -20,8 +24,13 @@ def unreachable(timeout_s: float = PROBE_TIMEOUT_S) -> Optional[str]:
     url = urlsplit(constants.ENDPOINT)
     host = url.hostname or ""
     port = url.port or (80 if url.scheme == "http" else 443)
+    when, answer = _answers.get((host, port), (float("-inf"), None))
+    if time.monotonic() - when < ANSWER_KEPT_S:
+        return answer
     try:
         with socket.create_connection((host, port), timeout=timeout_s):
-            return None
+            answer = None
     except OSError as exc:
-        return f"the hub ({url.scheme}://{host}:{port}) cannot be reached from this machine ({exc.strerror or exc})"
+        answer = f"the hub ({url.scheme}://{host}:{port}) cannot be reached from this machine ({exc.strerror or exc})"
+    _answers[(host, port)] = (time.monotonic(), answer)
+    return answer

@@ -187,3 +187,32 @@ def test_numbers_in_yaml_read_as_numbers(inputs):
 
     space = load_space(str(inputs["space"]))
     assert space.knobs[0].args == [1e-5, 1e-4]
+
+
+def test_hub_probe_asks_once_a_minute(monkeypatch):
+    """A command's checks and its reads share one probe of the hub (a --format hf train asked twice)."""
+    import socket
+
+    from huggingface_hub import constants
+
+    from raycse import hub
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+    monkeypatch.setattr(hub, "_answers", {})
+    assert hub.unreachable() is None and hub.unreachable() is None
+    server.settimeout(0.5)
+    accepted = 0
+    try:
+        while True:
+            server.accept()[0].close()
+            accepted += 1
+    except socket.timeout:
+        pass
+    server.close()
+    assert accepted == 1  # the second answer was the first one's
+    monkeypatch.setattr(hub, "ANSWER_KEPT_S", 0.0)  # once the answer is old, the hub is asked again
+    assert "cannot be reached from this machine" in hub.unreachable()
