@@ -300,6 +300,7 @@ def test_a_trial_only_asked_by_a_lost_driver_is_closed_when_the_search_ends(tmp_
     from raycse.tune.study import ORPHAN_NOTE, close_orphans, place
 
     where = place(tmp_path, "exp")
+    assert close_orphans(where) == 0  # no study yet
     kept = optuna.create_study(study_name="exp", storage=where.url, direction="maximize")
     told = kept.ask()
     kept.tell(told, 80.0)

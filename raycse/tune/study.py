@@ -90,7 +90,10 @@ def close_orphans(where: StudyPlace) -> int:
 
     running = optuna.trial.TrialState.RUNNING
     rdb = where.storage()
-    study_id = rdb.get_study_id_from_name(where.name)
+    try:
+        study_id = rdb.get_study_id_from_name(where.name)
+    except KeyError:  # no trial was ever asked for
+        return 0
     orphans = rdb.get_all_trials(study_id, deepcopy=False, states=(running,))
     for t in orphans:
         trial_id = rdb.get_trial_id_from_study_id_trial_number(study_id, t.number)
