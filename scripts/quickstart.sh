@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command on a fresh machine: install, train SimCSE on the embedded all-MiniLM-L6-v2, print STS scores.
 #   bash scripts/quickstart.sh [CORPUS] [OUTPUT]
-# CORPUS defaults to ../shared/data/wiki_sample.txt (11,914 Wikipedia sentences) beside the checkout.
+# CORPUS defaults to ../shared/data/wiki_sample.txt (11,915 Wikipedia sentences) beside the checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
