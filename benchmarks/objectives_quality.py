@@ -36,6 +36,7 @@ from common import ROOT, STSB_DEV, STSB_TRAIN, WIKI, machine, train_run
 from raycse.encoder import Encoder
 from raycse.evaluation.length_attack import length_attack
 from raycse.evaluation.sts import read_stsb
+from raycse.precision import resolve_precision
 
 HALVES = Path(__file__).resolve().parent / "stsb_dev_halves.json"
 HALVES_SEED = 0
@@ -109,7 +110,10 @@ def rows_to_run(args) -> list[tuple[str, str, dict]]:
 
 def scores(model: str, dev, ms: list[int], pooling=None) -> dict:
     enc = Encoder.from_pretrained(model, pooling=pooling, mlp_head="none" if pooling else None)
-    embed = lambda xs: enc.encode(xs, batch_size=128, max_length=256, autocast_dtype=torch.bfloat16)  # noqa: E731
+    # bf16 only where the CPU has it natively: emulated on an AVX2 box, it made the untrained model's
+    # attack scoring alone take over 7 minutes (2026-11-25, AMD EPYC)
+    dtype = resolve_precision("auto", torch.device("cpu"))
+    embed = lambda xs: enc.encode(xs, batch_size=128, max_length=256, autocast_dtype=dtype)  # noqa: E731
     rows = length_attack(embed, [dev], [1, *ms], enc.tokenizer, 256)
     return {r["m"]: r["spearman"] for r in rows}
 
@@ -134,7 +138,8 @@ def main() -> None:
         report = read_stsb(report_file, "stsb_dev_report_half")
         print(f"# {machine()}; {WIKI.name} ({args.sentences or 'all'} sentences), 1 epoch, max length "
               f"{args.max_length}, seeds {args.seeds}; select on {HALVES.name}'s selection half every "
-              f"{args.eval_steps} steps, report on its other half; attack: m in {ms} within 256 tokens", flush=True)
+              f"{args.eval_steps} steps, report on its other half; attack: m in {ms} within 256 tokens; scoring in "
+              f"{resolve_precision('auto', torch.device('cpu')) or 'fp32'}", flush=True)
         before: dict[str, dict] = {}
         table = []
         for name, config, overrides in rows_to_run(args):
