@@ -77,6 +77,12 @@ def wandb_dir() -> str:
     return where
 
 
+def wandb_project(target: str) -> tuple[Optional[str], str]:
+    """``[ENTITY/]PROJECT`` -> (entity or None, project)."""
+    entity, _, project = target.rpartition("/")
+    return entity or None, project
+
+
 def check(spec: Optional[str]) -> None:
     """Before anything starts: the tracker's package, and what it needs to accept a run."""
     from raycse.errors import ConfigError, require
@@ -119,14 +125,15 @@ def _wandb_run(tracking: Tracking):
     if tracking.wandb_mode:
         os.environ["WANDB_MODE"] = tracking.wandb_mode  # (setup_wandb asks for an API key unless this says offline)
     os.makedirs(tracking.wandb_dir, exist_ok=True)
-    entity, _, project = tracking.target.rpartition("/")
+    entity, project = wandb_project(tracking.target)
     # (rank_zero_only off: raycse opens it on rank 0 only; one id, resume "allow": every fit logs into one run)
-    return setup_wandb(config=tracking.config, project=project, entity=entity or None, trial_id=tracking.run_id,
+    return setup_wandb(config=tracking.config, project=project, entity=entity, trial_id=tracking.run_id,
                        trial_name=tracking.name, resume="allow", dir=tracking.wandb_dir, rank_zero_only=False)
 
 
 def open_run(spec: Optional[str], name: str, params: dict) -> Optional[Tracking]:
-    """Driver side, before the first fit: the MLflow run (params logged) or the TensorBoard target."""
+    """Driver side, before the first fit (after :func:`check`): the MLflow run (params logged), the
+    TensorBoard target, or the W&B run's id and settings."""
     parsed = parse(spec)
     if parsed is None:
         return None
@@ -136,7 +143,6 @@ def open_run(spec: Optional[str], name: str, params: dict) -> Optional[Tracking]
     if kind == "wandb":
         import uuid
 
-        check_wandb()
         return Tracking(kind, target, run_id=uuid.uuid4().hex[:12], name=name, config=redact_obj(params),
                         wandb_mode=os.environ.get("WANDB_MODE"), wandb_dir=wandb_dir())
     mlflow_env()

@@ -355,10 +355,10 @@ def _tracking_callbacks(tracking: Optional[str], experiment: str) -> list:
     if kind == "wandb":
         from ray.air.integrations.wandb import WandbLoggerCallback
 
-        entity, _, project = target.rpartition("/")
+        entity, project = trackers.wandb_project(target)
         # (mode and dir passed on: the logging actors need not share the driver's environment; a bound
         # on the wait for their last upload at the end of the experiment)
-        return [WandbLoggerCallback(project=project, entity=entity or None, group=experiment,
+        return [WandbLoggerCallback(project=project, entity=entity, group=experiment,
                                     dir=trackers.wandb_dir(), upload_timeout=120,
                                     **({"mode": os.environ["WANDB_MODE"]} if os.environ.get("WANDB_MODE") else {}))]
     return [TensorBoardTo(str(Path(target) / experiment))]
