@@ -36,7 +36,7 @@ def one(batch: int, chunk: int, steps: int) -> dict:
     from raycse.config import RunConfig
     from raycse.precision import autocast
     from raycse.train.gradcache import cached_step
-    from raycse.train.loop import build_module, build_optimizer
+    from raycse.train.module import build_module, build_optimizer
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     run = RunConfig()

@@ -19,87 +19,12 @@ import json
 import sys
 from typing import Optional, Sequence
 
-from raycse.config import POOLINGS
+from raycse.config import POOLINGS, flag_fields
 from raycse.errors import RaycseError
 from raycse.outputs import check_writable_file, write_text_atomic
 
-# flag -> (config key, help). Types and defaults come from the config dataclasses (one source of
-# truth): ``--help`` appends each default once; a help text that explains its default itself says "default".
-TRAIN_FLAGS = [
-    ("--model", "model.name_or_path", "HF model directory or hub name; 'default' = embedded all-MiniLM-L6-v2"),
-    ("--pooling", "model.pooling", " | ".join(POOLINGS)),
-    ("--mlp-head", "model.mlp_head", "auto | train_only | always | none (auto: train_only for cls)"),
-    ("--max-length", "model.max_length", "max tokens per training sentence"),
-    ("--corpus", "data.corpus", "training data: .txt (one sentence per line), .jsonl, .parquet, .csv/.tsv; "
-                                "several comma-separated, globs, directories, s3:// URIs, or an HF dataset name "
-                                "with --format hf"),
-    ("--format", "data.format",
-     "auto | text | jsonl | parquet | csv | tsv | stsb (STS Benchmark TSV as scored pairs) | hf (HF dataset name)"),
-    ("--text-column", "data.text_column", "text field of JSONL/Parquet/CSV corpora"),
-    ("--pair-column", "data.pair_column", "second text field: train on pairs (supervised simcse, bsc)"),
-    ("--label-column", "data.label_column", "label or score field of pairs (0/1 labels or scores)"),
-    ("--negative-column", "data.negative_column", "hard-negative field(s) of pairs, comma-separated (triplets: "
-     "supervised simcse, bsc)"),
-    ("--score-scale", "data.score_scale", "divide scores by this to get [0, 1] (stsb: 5 automatically)"),
-    ("--data-files", "data.data_files", "with --format hf and a builder name as --corpus (json, csv, parquet, "
-     "text): its local files, comma-separated"),
-    ("--max-sentences", "data.max_sentences", "use only the first N cleaned sentences (default: all)"),
-    ("--dedup", "data.dedup", "drop repeated examples across the whole corpus (counted)"),
-    ("--grouping", "grouping.strategy",
-     "batch order: random | knn (nearest-neighbour groups, regrouped each epoch) | shingle | cluster | none (file order, no shuffle)"),
-    ("--group-size", "grouping.group_size", "examples per group for knn/shingle/cluster"),
-    ("--objective", "objective.name", "training objective (see 'raycse objectives')"),
-    ("--tau", "objective.tau", "InfoNCE temperature (default: the objective's own, 0.05 for simcse)"),
-    ("--num-workers", "train.num_workers", "Ray Train workers (data-parallel)"),
-    ("--cpus-per-worker", "train.cpus_per_worker", "CPUs (= torch threads) per worker (default: all / workers)"),
-    ("--gpus-per-worker", "train.gpus_per_worker", "GPUs per worker with --use-gpu (default: 1); a fraction such as "
-     "0.25 lets trials or workers share a GPU (collectives then use gloo); memory is not divided"),
-    ("--batch-size", "train.batch_size", "sentences per worker per step"),
-    ("--epochs", "train.epochs", "passes over the corpus"),
-    ("--max-steps", "train.max_steps", "stop after N optimizer steps (default: the epochs decide)"),
-    ("--lr", "train.lr", "AdamW learning rate"),
-    ("--weight-decay", "train.weight_decay", "AdamW weight decay"),
-    ("--warmup-ratio", "train.warmup_ratio", "fraction of steps of linear warm-up"),
-    ("--max-grad-norm", "train.max_grad_norm", "gradient clipping norm, 0 = off"),
-    ("--precision", "train.precision", "auto | fp32 | bf16 | fp16 (auto: bf16 on GPUs and bf16-capable CPUs)"),
-    ("--seed", "train.seed", "random seed; the same seed reproduces the run"),
-    ("--log-steps", "train.log_steps", "print progress every N steps"),
-    ("--length-buckets", "train.length_buckets",
-     "encode each batch as N length-sorted sub-batches to skip padding (same loss; BERT-family models unpad "
-     "instead unless --unpad false)"),
-    ("--unpad", "train.unpad", "BERT-family encoders run their layers on real tokens only (padding only inside "
-     "attention; same loss, faster)"),
-    ("--score-before", "eval.before_training", "score the starting model before training: auto (only when this "
-     "machine remembers the score: free) | true (compute it when it is not remembered) | false"),
-    ("--eval-steps", "eval.eval_steps", "score STS-B dev and checkpoint every N steps"),
-    ("--stsb-dev", "eval.stsb_dev", "STS-B dev csv for model selection; none: train without dev scoring, keeping "
-     "the last checkpoint; auto: ../shared/data/stsbenchmark/sts-dev.csv where it exists"),
-    ("--eval-metric", "eval.metric", "model selection: stsb_dev (Spearman on --stsb-dev) or beir:DIR:METRIC "
-     "(ndcg@10 | mrr@10 | recall@100 on a BEIR-layout DIR, split eval.beir_split)"),
-    ("--eval-precision", "eval.precision", "dev scoring: fp32 (exact) | train (the training autocast: ~2.5x faster "
-     "on CPU, scores move ~0.01) | bf16 | auto"),
-    ("--output", "output_dir", "where the model, metrics.json and config.yaml go"),
-    ("--tracking", "train.tracking", "log config and metrics (loss, lr, throughput, dev scores; rank 0 only) to "
-     "mlflow:URI (a tracking server, e.g. mlflow:http://127.0.0.1:5000), tensorboard:DIR or "
-     "wandb:[ENTITY/]PROJECT (WANDB_API_KEY, or WANDB_MODE=offline; files in WANDB_DIR) (default: off)"),
-]
-
-
-def config_field(key: str) -> tuple[object, object]:
-    """(default, type) of a dotted config key, from the config dataclasses."""
-    import typing
-
-    from raycse.config import RunConfig
-
-    if key == "output_dir":
-        return RunConfig().output_dir, str
-    if key == "objective.tau":
-        return None, float
-    section, name = key.split(".")
-    obj = getattr(RunConfig(), section)
-    hint = typing.get_type_hints(type(obj))[name]
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    return getattr(obj, name), (args[0] if args else hint)
+# Train flags are the config's knobs (raycse.config.flag_fields: each field's flag, help text, type and
+# default, one source); ``--help`` appends each default once, unless the help text states it itself.
 
 
 def show_default(value) -> str:
@@ -139,8 +64,7 @@ def _train_parser(sub) -> None:
     p.add_argument("--config", metavar="YAML", help="YAML run config (sections model, data, grouping, objective, train, eval), "
                                     "or a shipped recipe by name: simcse, hicl, compcse, sgopt, laser, bsc, bsc_paper; "
                                     "flags override it")
-    for flag, key, text in TRAIN_FLAGS:
-        default, typ = config_field(key)
+    for flag, key, text, default, typ in flag_fields():
         if default is not None and "default" not in text.lower():
             text = f"{text} (default: {show_default(default)})"
         metavar = "{true,false}" if typ is bool else typ.__name__.upper()
@@ -312,7 +236,7 @@ def resolve_train_config(args: argparse.Namespace):
     from raycse.config import RunConfig, load_yaml, recipe, set_dotted
 
     run = RunConfig.from_dict(load_yaml(recipe("configs", args.config))) if args.config else RunConfig()
-    for _, key, _ in TRAIN_FLAGS + [(None, "train.use_gpu", None)]:
+    for key in [key for _, key, *_ in flag_fields()] + ["train.use_gpu"]:
         value = getattr(args, key, None)
         if value is not None:
             set_dotted(run, key, value)

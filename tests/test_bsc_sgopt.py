@@ -266,7 +266,7 @@ def test_sgopt_views_cover_every_layer_and_pool(sgopt):
 
 
 def test_sgopt_regularizer_zero_at_start_frozen_copy_never_changes(sgopt):
-    from raycse.train.loop import TrainModule
+    from raycse.train.module import TrainModule
 
     enc, obj = sgopt
     module = TrainModule(enc, obj).train()

@@ -159,6 +159,7 @@ def test_truncated_checkpoint_is_skipped_with_a_warning(ray_cluster, tiny_model,
     from raycse.config import RunConfig
     from raycse.train import checkpoint as ckpt
     from raycse.train.driver import train
+    from raycse.train.plan import TuneHooks
 
     run = RunConfig()
     run.model.name_or_path, run.model.max_length = str(tiny_model), 16
@@ -169,7 +170,7 @@ def test_truncated_checkpoint_is_skipped_with_a_warning(ray_cluster, tiny_model,
     run.output_dir = str(tmp_path / "a")
     run.train.checkpoint_upload = "sync"  # (the run that resumes below copies them in the background: async)
     store = tmp_path / "store"
-    assert train(run, storage_path=str(store), stop_at=6).metrics["last"]["checkpoint_upload"] == "sync"
+    assert train(run, storage_path=str(store), hooks=TuneHooks(stop_at=6)).metrics["last"]["checkpoint_upload"] == "sync"
     dirs = sorted(d for d in (store / "train").glob("checkpoint_*") if d.is_dir())
     steps = {d: ckpt.step_of(d) for d in dirs}
     latest = max(dirs, key=steps.get)
@@ -189,7 +190,7 @@ def test_truncated_checkpoint_is_skipped_with_a_warning(ray_cluster, tiny_model,
 def test_waiting_for_a_checkpoint_upload_is_bounded(tmp_path):
     """Under train.checkpoint_upload async, a checkpoint first waits for the previous one to reach
     storage (Ray removes its local directory then), at most train.checkpoint_upload_timeout_s."""
-    from raycse.train.loop import wait_for_upload
+    from raycse.train.checkpointer import wait_for_upload
 
     local = tmp_path / "raycse-ckpt-x"
     local.mkdir()

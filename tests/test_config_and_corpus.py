@@ -105,3 +105,30 @@ def test_every_shipped_config_validates():
 
     for path in sorted((Path(__file__).parents[1] / "configs").glob("*.yaml")):
         RunConfig.from_dict(load_yaml(path)).validate()
+
+
+def test_every_train_flag_is_one_config_field_with_its_one_help_text():
+    """Issue 46 item 1: a knob has one name, one default and one help text, kept on its config field;
+    ``raycse train``'s flag is built from it and lands in that field."""
+    from raycse.cli import build_parser, resolve_train_config, show_default
+    from raycse.config import flag_fields
+
+    fields = flag_fields()
+    flags, keys = [f[0] for f in fields], [f[1] for f in fields]
+    assert len(set(flags)) == len(flags) and len(set(keys)) == len(keys) and len(fields) >= 40
+    parser = build_parser()
+    train = next(a for a in parser._actions if a.dest == "command").choices["train"]
+    actions = {a.option_strings[0]: a for a in train._actions if a.option_strings}
+    samples = {bool: "true", int: "3", float: "0.5"}
+    for flag, key, text, default, typ in fields:
+        action = actions[flag]
+        assert action.dest == key and action.help.startswith(text), flag
+        if default is not None and "default" not in text.lower():
+            assert action.help.endswith(f"(default: {show_default(default)})"), flag
+        section, _, name = key.rpartition(".")
+        if typ in samples and section != "objective":  # the flag's value reaches the field it names
+            run = resolve_train_config(parser.parse_args(["train", flag, samples[typ]]))
+            assert getattr(getattr(run, section), name) == typ(samples[typ] == "true" if typ is bool else samples[typ])
+    run = resolve_train_config(parser.parse_args(["train", "--tau", "0.07", "--eval-precision", "train",
+                                                  "--output", "elsewhere"]))
+    assert run.objective.params["tau"] == 0.07 and run.eval.precision == "train" and run.output_dir == "elsewhere"

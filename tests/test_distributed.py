@@ -7,7 +7,7 @@ import torch
 
 from conftest import make_sentences
 from raycse.config import RunConfig
-from raycse.train.loop import build_module, unwrap
+from raycse.train.module import build_module, unwrap
 
 B = 6
 TEXTS = make_sentences(2 * B, seed=3)

@@ -11,7 +11,7 @@ from conftest import make_sentences, own_lines
 from raycse.config import RunConfig
 from raycse.precision import autocast
 from raycse.train.gradcache import ChunkedEncoder, cached_step, replay
-from raycse.train.loop import build_module
+from raycse.train.module import build_module
 from raycse.train.runtime import seed_everything
 
 TEXTS = make_sentences(8, seed=5, min_len=6)

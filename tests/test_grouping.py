@@ -12,7 +12,7 @@ from raycse.grouping import epoch_batches
 from raycse.grouping import knn as knn_mod
 from raycse.grouping.batches import pack
 from raycse.grouping.strategies import GroupOrder, keyed_order, knn_order, random_order
-from raycse.train.loop import row_examples
+from raycse.train.batches import row_examples
 
 
 # ----------------------------------------------------------------------------- pure parts

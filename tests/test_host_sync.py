@@ -31,29 +31,30 @@ class ReadCounter:
         self.step, self.collating, self.reads, self.widths = None, False, [], set()
 
     def patch(self, monkeypatch):
-        from raycse.train import loop
+        from raycse.train.batches import BatchSource
+        from raycse.train.steps import StepEngine
 
         for name in READS:
             original = getattr(torch.Tensor, name)
             monkeypatch.setattr(torch.Tensor, name, self._counted(name, original))
-        train_step, collate_row = loop.WorkerRun.train_step, loop.WorkerRun.collate_row
+        step, collate = StepEngine.step, BatchSource.collate
         counter = self
 
-        def counted_step(worker, batch):
-            counter.step = worker.step + 1  # the step this iteration completes
+        def counted_step(engine, batch, done):
+            counter.step = done + 1  # the step this iteration completes
             if "input_ids" in batch:
                 counter.widths.add(batch["input_ids"].shape[1])
-            return train_step(worker, batch)
+            return step(engine, batch, done)
 
-        def counted_collate(worker, row, tokenizer):
+        def counted_collate(source, row, tokenizer):
             counter.collating = True
             try:
-                return collate_row(worker, row, tokenizer)
+                return collate(source, row, tokenizer)
             finally:
                 counter.collating = False
 
-        monkeypatch.setattr(loop.WorkerRun, "train_step", counted_step)
-        monkeypatch.setattr(loop.WorkerRun, "collate_row", counted_collate)
+        monkeypatch.setattr(StepEngine, "step", counted_step)
+        monkeypatch.setattr(BatchSource, "collate", counted_collate)
 
     def _counted(self, name, original):
         counter = self

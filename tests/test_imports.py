@@ -59,3 +59,38 @@ def test_raycse_has_no_import_circle():
     assert {"raycse.objectives.registry", "raycse.objectives.hicl", "raycse.train.driver"} <= set(graph)
     assert "raycse.objectives.catalog" in graph["raycse.objectives.hicl"]  # imports are seen
     assert cycles(graph) == []
+
+
+PARTS = ("raycse.train.steps", "raycse.train.batches", "raycse.train.reporter", "raycse.train.checkpointer")
+
+
+def test_the_worker_loop_is_four_named_parts_and_one_page():
+    """Issue 46 item 2: the step engine, the batch source, the reporter and the checkpointer are a
+    file each, short, none importing another or the loop; the loop assembles them."""
+    graph = module_imports()
+    assert set(PARTS) <= graph["raycse.train.loop"]
+    for part in PARTS:
+        assert not graph[part] & (set(PARTS) | {"raycse.train.loop", "raycse.train.driver"}), part
+        lines = len((PACKAGE.parent / (part.replace(".", "/") + ".py")).read_text().splitlines())
+        assert lines <= 160, (part, lines)
+    assert len((PACKAGE / "train" / "loop.py").read_text().splitlines()) <= 200
+
+
+def test_the_driver_hands_the_workers_one_frozen_typed_plan():
+    """Issue 46 item 1: the workers get a FitPlan (no dict to cast from), Tune's needs come as TuneHooks."""
+    import dataclasses
+    import inspect
+
+    import pytest
+
+    from raycse.config import RunConfig
+    from raycse.train import driver
+    from raycse.train.plan import FitPlan, TuneHooks
+
+    plan = FitPlan(run=RunConfig(), total_steps=10, stop_at=5, steps_per_epoch=10, regroup_in_fit=False,
+                   checkpoint_dir="ckpt", threads=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.stop_at = 6
+    assert all(f.type != "dict" for f in dataclasses.fields(FitPlan))
+    params = inspect.signature(driver.train).parameters
+    assert params["hooks"].annotation in ("Optional[TuneHooks]", TuneHooks | None) and "stop_at" not in params

@@ -126,7 +126,7 @@ def test_triplets_travel_whole_through_grouping(ray_cluster, tmp_path, fmt):
     from raycse.config import DataConfig, GroupingConfig
     from raycse.data.dataset import load_corpus
     from raycse.grouping import epoch_batches
-    from raycse.train.loop import row_examples
+    from raycse.train.batches import row_examples
 
     path, rows = _triplets(tmp_path)
     if fmt != "jsonl":

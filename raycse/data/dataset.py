@@ -274,10 +274,11 @@ def _hf_dataset(d):
                         f"save it elsewhere as Parquet/JSONL and pass that file with --corpus") from None
 
 
-def raw_dataset(d, seed: int, shuffle: bool = True, source=None):
+def raw_dataset(d, seed: int, shuffle: bool = True, source=None, paths: Optional[list] = None):
     """The lazily read, parsed and cleaned (but not yet shuffled or numbered) dataset; its files in a
     seeded random order, or in their own with ``shuffle`` off. ``source``: a dataset object handed
-    to the Python API instead of ``d.corpus``."""
+    to the Python API instead of ``d.corpus``; ``paths``: ``d.corpus``'s files, when the caller
+    resolved them already (:func:`resolve_sources`: a listing of object storage is not free)."""
     import ray.data
 
     columns = columns_of(d)
@@ -293,7 +294,7 @@ def raw_dataset(d, seed: int, shuffle: bool = True, source=None):
             _check_columns(list(hf.column_names), wanted, f"Hugging Face dataset {d.corpus}")
             ds = ray.data.from_huggingface(hf.select_columns(wanted))
         return ds.map_batches(CleanColumns(columns, d.max_chars), batch_format="numpy", zero_copy_batch=False)
-    paths = resolve_sources(d.corpus)
+    paths = paths or resolve_sources(d.corpus)
     fmt = d.format if d.format != "auto" else detect_format(_pathlike(paths[0]))
     if fmt == "parquet":
         import pyarrow.parquet as pq
@@ -363,7 +364,7 @@ def _select_and_number(table, keep: Optional[np.ndarray], first_id: int):
 
 def load_corpus(d, seed: int, dedup: Optional[bool] = None, expand=None,
                 cpu_wait_s: float = DEFAULT_CPU_WAIT_S, cpu_wait_knob: Optional[str] = None,
-                shuffle: bool = True, source=None) -> Corpus:
+                shuffle: bool = True, source=None, paths: Optional[list] = None) -> Corpus:
     """Read, clean, pre-shuffle and number a corpus as a distributed Ray Dataset (see the module doc).
 
     ``expand(text, rng) -> list[str]``: extra rows made from each text (an objective's
@@ -371,11 +372,12 @@ def load_corpus(d, seed: int, dedup: Optional[bool] = None, expand=None,
     ``data.max_sentences`` (which therefore counts the extra rows too). The read waits at most
     ``cpu_wait_s`` for a free CPU (``cpu_wait_knob`` raises it), then fails naming what holds them.
     ``shuffle`` off keeps the files' own order (no pre-shuffle: grouping.strategy none). ``source``:
-    a ray.data.Dataset or datasets.Dataset read instead of ``d.corpus`` (the Python API's)."""
+    a ray.data.Dataset or datasets.Dataset read instead of ``d.corpus`` (the Python API's); ``paths``:
+    ``d.corpus``'s files already resolved (:func:`raw_dataset`)."""
     import ray
 
     dedup = d.dedup if dedup is None else dedup
-    ds = raw_dataset(d, seed, shuffle, source)
+    ds = raw_dataset(d, seed, shuffle, source, paths)
     if shuffle:
         ds = ds.randomize_block_order(seed=seed)
     else:  # the files' order must survive the read (Ray Data may otherwise finish blocks out of order)

@@ -1,4 +1,6 @@
-"""Ray Train: the driver (``driver.py``) and the per-worker loop (``loop.py``).
+"""Ray Train: the driver (``driver.py``) builds a :class:`~raycse.train.plan.FitPlan`; every worker runs
+``loop.py`` over four parts: the step engine (``steps.py``), the batch source (``batches.py``), the
+reporter (``reporter.py``) and the checkpointer (``checkpointer.py``).
 
 The package is also the Python API's entry point, ``raycse.train(run, corpus=...)``: a package
 named like a function shadows the function once it is imported (``raycse.train`` becomes the

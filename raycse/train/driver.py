@@ -21,7 +21,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 import yaml
@@ -40,8 +40,10 @@ from raycse.train import checkpoint as ckpt
 from raycse.train import identity
 from raycse.train import release
 from raycse.train import tracking as tracking_mod
-from raycse.train.loop import CHECKPOINT_RANK, SCORE_METRIC, train_loop_per_worker
-from raycse.train.plan import planned_epochs, plan_steps
+from raycse.train.checkpointer import CHECKPOINT_RANK
+from raycse.train.loop import train_loop_per_worker
+from raycse.train.plan import FitPlan, TuneHooks, planned_epochs, plan_steps
+from raycse.train.reporter import SCORE_METRIC
 from raycse.train.runtime import cluster_cpus, ensure_ray, setup_ray_data, train_worker_env
 
 
@@ -189,17 +191,17 @@ def objective_knobs(run: RunConfig) -> dict:
     return {**registry.knobs(run.objective.name), **run.objective.params}
 
 
-def load_run_corpus(run: RunConfig, source=None):
+def load_run_corpus(run: RunConfig, source=None, paths: Optional[list] = None):
     """``run``'s corpus as the train loop sees it: read, cleaned, expanded by the objective, numbered.
     The read waits for a free CPU as long as the run's workers would wait to start. ``source``: a
-    dataset object read instead of ``run.data.corpus``."""
+    dataset object read instead of ``run.data.corpus``; ``paths``: its files, resolved by check_inputs."""
     from raycse.data.dataset import load_corpus
 
     t = run.train
     return load_corpus(run.data, t.seed, expand=row_expander(run),
                        cpu_wait_s=t.worker_start_timeout_s * t.worker_start_attempts,
                        cpu_wait_knob="train.worker_start_timeout_s", shuffle=run.grouping.strategy != "none",
-                       source=source)
+                       source=source, paths=paths)
 
 
 def data_key(run: RunConfig) -> str:
@@ -241,9 +243,7 @@ def prepare_data(run: RunConfig) -> Optional[PreparedData]:
 
 
 def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] = None,
-          run_name: str = "train", stop_at: Optional[int] = None, eval_at: Sequence[int] = (),
-          score_sink=None, prepared: Optional[PreparedData] = None, registry=None,
-          run_key: Optional[str] = None, source=None) -> TrainResult:
+          run_name: str = "train", hooks: Optional[TuneHooks] = None, source=None) -> TrainResult:
     """Train ``run`` on Ray Train and return where the best model was saved.
 
     ``source``: the corpus as an object (a ``ray.data.Dataset`` or ``datasets.Dataset``) instead of
@@ -251,18 +251,14 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
 
     ``storage_path``: where Ray Train keeps checkpoints (default: inside the staging directory,
     removed on success); a fixed path plus ``run_name`` lets a restarted driver resume from the
-    latest whole checkpoint there. ``stop_at``: stop after this many steps but keep the learning-rate
-    schedule of the full run (Tune's rungs continue the same run later). ``eval_at``: steps scored on
-    STS-B dev besides every ``eval.eval_steps``. ``score_sink``: an object with ``post(step, score)``
-    that rank 0 calls with every dev score as soon as it has it (picklable: it travels to the worker).
-    ``prepared``: the data from :func:`prepare_data`, used when its key matches this run's.
-    ``registry``/``run_key``: the :class:`raycse.train.release.RunRegistry` where this run's fits
-    are recorded and the key they go under (a Tune trial's, so its driver can end them); by
-    default this driver process's (:func:`raycse.train.release.driver_registry`). Every fit's
-    workers and placement group are released before the next fit starts and before this returns
-    or raises.
+    latest whole checkpoint there. ``hooks``: a Tune trial's needs (:class:`raycse.train.plan.TuneHooks`:
+    a rung's last step, extra scored steps, the score sink, the experiment's prepared data, and the
+    registry of live runs, by default this driver process's, :func:`raycse.train.release.driver_registry`).
+    Every fit's workers and placement group are released before this returns or raises.
     """
     import ray
+
+    hooks = hooks or TuneHooks()
 
     if source is not None:
         run.data.corpus = run.data.corpus or f"<{type(source).__name__}>"
@@ -284,12 +280,10 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         if ensure_ray():
             check_local_gpus(run.train, ray.cluster_resources().get("GPU", 0))  # not after the workers' start timeout
         setup_ray_data()
-        if registry is None:
-            registry = release.driver_registry()
-        run_key = run_key or f"train-{staging.name}"
-        if prepared is not None and prepared.key != data_key(run):
-            prepared = None  # one of this run's knobs changes its batches
-        corpus, stats, num_examples = read_corpus(run, prepared, source)
+        registry = hooks.registry or release.driver_registry()
+        run_key = hooks.run_key or f"train-{staging.name}"
+        prepared = hooks.prepared if hooks.prepared is not None and hooks.prepared.key == data_key(run) else None
+        corpus, stats, num_examples = read_corpus(run, prepared, source, sources)  # (files resolved once)
         spe, total = plan_steps(run, num_examples)
         say_when_unscored(run, dev)
         say_devices(run.train)
@@ -298,15 +292,14 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         storage = storage_path or str(staging / "ray")
         if storage_path:
             identity.record(storage_path, run_name, definition)
-        loop_config = {"run": run.to_dict(), "dev": ray.put(dev) if dev is not None else None,
-                       "initial_cache": {"key": initial_scores.key(model_path, run, dev) if dev is not None else None,
-                                         "file": initial_scores.cache_file()},
-                       "threads": max(1, round(cpus)), "total_steps": total, "stop_at": min(total, stop_at or total),
-                       "steps_per_epoch": spe, "regroup_in_fit": run.grouping.regroups_in_fit,
-                       "eval_at": list(eval_at), "checkpoint_dir": objstore.join(storage, run_name),
-                       "score_sink": score_sink, "tracking": tracking}
-        trainer = build_trainer(run, per_rank, cpus, storage, run_name, release.RegisterRun(registry, run_key),
-                                dev is not None, loop_config)
+        plan = FitPlan(run=run, total_steps=total, stop_at=min(total, hooks.stop_at or total), steps_per_epoch=spe,
+                       regroup_in_fit=run.grouping.regroups_in_fit, checkpoint_dir=objstore.join(storage, run_name),
+                       threads=max(1, round(cpus)), dev=ray.put(dev) if dev is not None else None,
+                       initial_key=initial_scores.key(model_path, run, dev) if dev is not None else None,
+                       initial_file=initial_scores.cache_file(), eval_at=tuple(int(s) for s in hooks.eval_at),
+                       score_sink=hooks.score_sink, tracking=tracking)
+        trainer = build_trainer(plan, per_rank, cpus, storage, run_name, release.RegisterRun(registry, run_key),
+                                dev is not None)
         t_fit = time.perf_counter()
         result = _fit_and_release(trainer, run.train, registry, run_key, worker_resources(run.train, cpus))
         fit_seconds = [time.perf_counter() - t_fit]
@@ -369,9 +362,9 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     return model_path, dev, remote, sources
 
 
-def read_corpus(run: RunConfig, prepared: Optional[PreparedData], source=None):
+def read_corpus(run: RunConfig, prepared: Optional[PreparedData], source=None, paths: Optional[list] = None):
     """(corpus, its stats, its example count): read now, or from ``prepared`` (corpus None); said in the log."""
-    corpus = None if prepared is not None else load_run_corpus(run, source)
+    corpus = None if prepared is not None else load_run_corpus(run, source, paths)
     stats = prepared.stats if prepared is not None else corpus.stats
     num_examples = prepared.num_examples if prepared is not None else corpus.num_examples
     print(f"[raycse] corpus {run.data.corpus}: {stats.summary()}"
@@ -389,18 +382,18 @@ def say_when_unscored(run: RunConfig, dev) -> None:
         print(f"[raycse] {why}: training without evaluation, keeping the last checkpoint", flush=True)
 
 
-def build_trainer(run: RunConfig, per_rank: dict, cpus: float, storage: str, run_name: str, register,
-                  scored: bool, loop_config: dict):
+def build_trainer(plan: FitPlan, per_rank: dict, cpus: float, storage: str, run_name: str, register,
+                  scored: bool):
     """One ``TorchTrainer`` for every epoch. A restarted driver (same storage and run name) resumes
-    inside it: the workers load the furthest whole checkpoint under ``loop_config["checkpoint_dir"]``
-    (train.loop.latest_in_storage)."""
+    inside it: the workers load the furthest whole checkpoint under ``plan.checkpoint_dir``
+    (train.checkpointer.latest_in_storage)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig as TrainRunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    t = run.train
+    t = plan.run.train
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config=loop_config,
+        train_loop_config={"plan": plan},
         torch_config=TorchConfig(backend=collective_backend(t)),
         scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu,
                                      resources_per_worker=worker_resources(t, cpus)),
@@ -424,7 +417,7 @@ def build_trainer(run: RunConfig, per_rank: dict, cpus: float, storage: str, run
 def best_checkpoint(result, dev) -> tuple:
     """(checkpoint, its metrics) of the best-scored checkpoint Ray kept (a resumed run's include the
     earlier fits': Ray restores them from the run's storage), else the last one; a tie goes to the
-    earlier step, as Ray's ranking does (:func:`raycse.train.loop.checkpoint_rank`)."""
+    earlier step, as Ray's ranking does (:func:`raycse.train.checkpointer.checkpoint_rank`)."""
     best, best_metrics = result.checkpoint, dict(result.metrics or {})
     if dev is not None and result.best_checkpoints:
         scored = [cm for cm in result.best_checkpoints if dev.key in cm[1]]

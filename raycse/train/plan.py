@@ -1,10 +1,14 @@
-"""How many steps a run takes and which epochs hold them: pure arithmetic on the config.
+"""A fit's plan: how many steps a run takes and which epochs hold them (pure arithmetic on the
+config), and the typed plan the driver hands its workers (:class:`FitPlan`).
 
 Kept apart from the driver (which imports torch, transformers and Ray Train) because a Tune trial
 needs the step count for its rung ends and should not pay ~1.5 s of imports for it.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
 
 from raycse.config import RunConfig
 from raycse.errors import DataError
@@ -23,3 +27,43 @@ def plan_steps(run: RunConfig, num_examples: int) -> tuple[int, int]:
 def planned_epochs(run: RunConfig, steps_per_epoch: int, total: int) -> list[int]:
     """The epochs that have steps (``max_steps`` may end the run early); all run in one fit."""
     return [e for e in range(run.train.epochs) if e * steps_per_epoch < total]
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """One fit as the driver resolved it, handed to every worker as is (Ray pickles it once).
+
+    Everything a worker needs and nothing it must parse: the run, the step arithmetic, the batch
+    route, where checkpoints go and what scores them."""
+
+    run: RunConfig
+    total_steps: int
+    stop_at: int  # below total_steps: a Tune rung ends the fit early, the schedule still spans the run
+    steps_per_epoch: int
+    regroup_in_fit: bool  # batches from the corpus regrouped by the workers, else the driver's per-rank layout
+    checkpoint_dir: str  # the run's checkpoints in storage (a restarted driver resumes from the furthest)
+    threads: int  # torch threads per worker
+    dev: Any = None  # ObjectRef of the model-selection data (raycse.evaluation.selection.Selection), or None
+    initial_key: Optional[str] = None  # raycse.evaluation.initial_scores: the untrained model's remembered score
+    initial_file: str = ""
+    eval_at: tuple[int, ...] = ()  # extra scored steps (Tune's rung ends)
+    score_sink: Any = None  # rank 0 posts each dev score here at once (TuneHooks.score_sink)
+    tracking: Any = None  # raycse.train.tracking.Tracking, or None
+
+
+@dataclass(frozen=True)
+class TuneHooks:
+    """What a Tune trial asks of a Train run beyond the run itself.
+
+    ``stop_at``: stop after this many steps, the learning-rate schedule still spanning the whole run
+    (a rung); ``eval_at``: steps scored besides eval.eval_steps; ``score_sink``: an object with
+    ``post(step, score)`` receiving each dev score as rank 0 has it; ``prepared``: the corpus read and
+    laid out once for the experiment (raycse.train.driver.PreparedData); ``registry``/``run_key``:
+    the experiment's registry of live Train runs, so a stopped trial's fit is released."""
+
+    stop_at: Optional[int] = None
+    eval_at: tuple[int, ...] = ()
+    score_sink: Any = None
+    prepared: Any = None
+    registry: Any = None
+    run_key: Optional[str] = None

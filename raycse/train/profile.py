@@ -92,3 +92,17 @@ def describe(summary: dict) -> str:
 def span(profiler: StepProfiler, name: str):
     """A named span in the profile while ``profiler`` records, else nothing at all."""
     return torch.profiler.record_function(name) if profiler.prof is not None else nullcontext()
+
+
+def fit_window(run, stop_at: int, rank: int) -> Optional[tuple]:
+    """train.profile_steps within a fit ending at ``stop_at`` (said in the log when it does not reach it)."""
+    import logging
+
+    window = run.train.profile_window()
+    if window is None or rank != 0:
+        return None
+    if window[0] >= stop_at:
+        logging.getLogger("raycse.train").warning(f"[raycse] train.profile_steps {run.train.profile_steps}: this fit "
+                                                  f"ends at step {stop_at}; nothing profiled")
+        return None
+    return window[0], min(window[1], stop_at)

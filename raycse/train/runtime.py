@@ -88,7 +88,7 @@ TRAIN_WORKER_MALLOC = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": str(32
 def train_worker_env() -> dict:
     """Environment variables for Ray Train worker processes (``worker_runtime_env``)."""
     env = {k: v for k, v in TRAIN_WORKER_MALLOC.items() if k not in os.environ}
-    if os.environ.get("RAYCSE_GPU_STAND_IN"):  # (raycse.train.loop.worker_device), to workers on any node
+    if os.environ.get("RAYCSE_GPU_STAND_IN"):  # (raycse.train.module.worker_device), to workers on any node
         env["RAYCSE_GPU_STAND_IN"] = os.environ["RAYCSE_GPU_STAND_IN"]
     return env
 

@@ -109,13 +109,15 @@ def _train_outside_trial(run_dict: dict, seed_dir: str, stop: int, eval_at: list
     directories of models still being written (``.model_out.partial-*`` left behind)."""
     from raycse.config import RunConfig
     from raycse.train.driver import train
+    from raycse.train.plan import TuneHooks
     from raycse.train.runtime import setup_ray_data
 
     setup_ray_data(progress_bars=False)  # k runs' bars interleaved in one log are ~4,000 lines per trial
     run = RunConfig.from_dict(run_dict)
     run.output_dir = os.path.join(seed_dir, SEED_MODEL)
-    return train(run, overwrite=True, storage_path=seed_dir, run_name=SEED_RUN, stop_at=stop, eval_at=eval_at,
-                 score_sink=sink, prepared=prepared, registry=registry, run_key=run_key).metrics
+    hooks = TuneHooks(stop_at=stop, eval_at=tuple(eval_at), score_sink=sink, prepared=prepared, registry=registry,
+                      run_key=run_key)
+    return train(run, overwrite=True, storage_path=seed_dir, run_name=SEED_RUN, hooks=hooks).metrics
 
 
 def seed_runs(params: dict, setup: TrialSetup) -> dict:

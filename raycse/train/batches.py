@@ -1,0 +1,90 @@
+"""The batch source: this rank's batches, one row per step, whichever route brought them.
+
+Two routes, one interface: a fixed order laid out by the driver (Ray Data, one ordered dataset per
+rank), or the corpus regrouped by the workers before every epoch with the weights they hold
+(:mod:`raycse.train.regroup`). Either way a row is one worker batch with its ``step`` and ``epoch``."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from raycse.train import ahead, regroup
+from raycse.train.plan import FitPlan
+
+
+def row_examples(row: dict) -> list:
+    """One dataset row (a whole batch) -> the examples the objective collates: texts or pairs."""
+    texts = list(row["text"])
+    if "pair" not in row:
+        return texts
+    scores = [None if s is None or s != s else float(s) for s in row["score"]]
+    if "negatives" in row:  # triplets: (q, a, score, (negative, ...))
+        return [(t, p, s, tuple(n)) for t, p, s, n in zip(texts, list(row["pair"]), scores, list(row["negatives"]))]
+    return list(zip(texts, list(row["pair"]), scores))
+
+
+def record_batch(directory: Path, rank: int, step: int, epoch: int, examples: list) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / f"rank{rank}.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"step": step, "epoch": epoch, "time": time.time(), "pid": os.getpid(),
+                             # a digest of the dropout stream: a resumed run must continue it exactly
+                             "rng": int(torch.get_rng_state().to(torch.int64).sum()),
+                             "examples": examples}) + "\n")
+
+
+class BatchSource:
+    """Rank ``rank``'s batches of ``plan``; ``engine`` (raycse.train.steps.StepEngine) embeds for
+    in-fit regrouping. ``grouping``: the current epoch's regrouped layout (saved in checkpoints, so a
+    restart mid-epoch trains on the same batches) and every epoch's grouping record."""
+
+    def __init__(self, plan: FitPlan, rank: int, world_size: int, engine):
+        self.plan, self.rank, self.world_size, self.engine = plan, rank, world_size, engine
+        self.objective = engine.core.objective
+        self.grouping = {"layout": None, "log": []}
+
+    def rows(self, start: int) -> Iterator[dict]:
+        import ray.train
+
+        p, e = self.plan, self.engine
+        if p.regroup_in_fit:
+            return regroup.regrouped_rows(e.core.encoder, p.run, self.rank, self.world_size, e.device, e.dtype,
+                                          p.steps_per_epoch, p.total_steps, p.stop_at, start, self.grouping)
+        return ray.train.get_dataset_shard(f"rank{self.rank}").iter_rows()
+
+    def step_rows(self, start: int) -> Iterator[dict]:
+        """The rows of steps ``start`` .. ``stop_at - 1``, in order (earlier ones were done before the
+        checkpoint this run resumed from)."""
+        expected, stop = start, self.plan.stop_at
+        if expected >= stop:
+            return
+        for row in self.rows(start):
+            if int(row["step"]) < expected:
+                continue
+            if int(row["step"]) != expected:
+                raise RuntimeError(f"rank {self.rank} expected the batch of step {expected}, got step {row['step']}")
+            yield row
+            expected += 1
+            if expected >= stop:
+                return
+
+    def collate(self, row: dict, tokenizer) -> tuple[list, dict]:
+        """A row -> (its examples, the objective's batch of tensors)."""
+        examples = row_examples(row)
+        return examples, self.objective.collate(examples, tokenizer, self.plan.run.model.max_length)
+
+    def looks_ahead(self, step: int, helper: ahead.CollateAhead) -> bool:
+        """Whether the next step's row is fetched and collated during step ``step``: not across an
+        in-fit regroup, which must embed with the weights of the epoch's last step."""
+        crosses_regroup = self.plan.regroup_in_fit and (step + 1) % self.plan.steps_per_epoch == 0
+        return helper.enabled and not crosses_regroup
+
+    def record(self, step: int, epoch: int, examples: list) -> None:
+        """train.record_batches: every rank's examples per step, for tests and audits."""
+        if self.plan.run.train.record_batches:
+            record_batch(Path(self.plan.run.train.record_batches), self.rank, step, epoch, examples)

@@ -1,0 +1,133 @@
+"""The checkpointer: where a fit resumes from, and each checkpoint written and reported to Ray
+Train (rank 0: the model, optimizer and schedule; every rank: its random state). The files'
+format is :mod:`raycse.train.checkpoint`."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Optional
+
+from raycse import storage as objstore
+from raycse.outputs import private_tempdir
+from raycse.train import checkpoint as ckpt
+from raycse.train import regroup
+from raycse.train.plan import FitPlan
+
+CHECKPOINT_RANK = "checkpoint_rank"
+log = logging.getLogger("raycse.train")
+
+
+def checkpoint_rank(score: Optional[float], step: int) -> float:
+    """How Ray ranks a checkpoint for keeping: by score, a tie going to the earlier step (Ray keeps
+    the newer of equals, so a resumed run's repeated last step evicted an equally good earlier
+    best, and the published weights changed); unscored ones below every score, the latest first."""
+    return score - 1e-12 * step if score is not None else -1e9 + step
+
+
+def latest_in_storage(run_dir: Optional[str], rank: int, world_size: int) -> tuple[Optional[str], list]:
+    """The furthest whole checkpoint in the run's storage as rank 0 sees it, shared with every rank,
+    and the damaged ones rank 0 skipped. Why: after a worker (or its node) is lost, Ray Train restarts
+    with the latest checkpoint its controller registered, which can lag the uploads (a node removed
+    right after two checkpoints reached S3 restarted the run from step 0); a restarted driver has none."""
+    import torch.distributed as dist
+
+    path, skipped = None, []
+    if run_dir and rank == 0:
+        found = ckpt.latest_valid(run_dir, skipped)
+        path = found[1] if found else None
+    if world_size > 1 and dist.is_available() and dist.is_initialized():
+        box = [path]
+        dist.broadcast_object_list(box, src=0)
+        path = box[0]
+    return path, skipped
+
+
+def choose_checkpoint(run_dir: Optional[str], rank: int, world_size: int) -> tuple[Optional[object], list]:
+    """The furthest whole checkpoint among Ray's latest and the furthest in storage (a
+    ``ray.train.Checkpoint``, or None), and the damaged ones passed over ("name: problem")."""
+    import ray.train
+
+    candidates = [c for c in (ray.train.get_checkpoint(),) if c is not None]
+    found, skipped = latest_in_storage(run_dir, rank, world_size)
+    if found:
+        candidates.append(ray.train.Checkpoint(found))
+    chosen = None
+    for cand in candidates:
+        with cand.as_directory() as d:
+            problem = ckpt.verify(Path(d))
+            if problem is not None:
+                log.warning(f"[raycse] skipping checkpoint {cand.path}: {problem}")
+                skipped.append(f"{Path(cand.path).name}: {problem}")
+            elif chosen is None or ckpt.step_of(Path(d)) > chosen[0]:
+                chosen = (ckpt.step_of(Path(d)), cand)
+    return (chosen[1] if chosen else None), skipped
+
+
+def wait_for_upload(local: Path, step: int, limit_s: float, dest: str) -> None:
+    """Wait until the checkpoint of ``step`` reached storage, which Ray says by removing its local
+    directory ``local``: one upload at a time, so a slow store slows the run instead of filling
+    this node's disk; after ``limit_s`` the run fails naming the store."""
+    deadline = time.monotonic() + limit_s
+    while local.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the checkpoint of step {step} has not reached {dest} in {limit_s:g} s; check that "
+                               "the storage is reachable, or raise train.checkpoint_upload_timeout_s")
+        time.sleep(0.05)
+
+
+class Checkpointer:
+    """Rank ``rank``'s checkpoints of ``plan``'s fit, of the state ``engine`` (StepEngine) trains."""
+
+    def __init__(self, plan: FitPlan, rank: int, world_size: int, engine):
+        self.plan, self.rank, self.world_size, self.engine = plan, rank, world_size, engine
+        mode = plan.run.train.checkpoint_upload  # async: copied to storage while training goes on
+        self.upload_async = mode == "async" or (mode == "auto" and objstore.is_uri(plan.checkpoint_dir))
+        self.seconds, self.uploading = 0.0, None  # the training thread's time in checkpoints; the copy in flight
+
+    def resume(self, grouping: dict) -> Optional[tuple[dict, str, list]]:
+        """Load the furthest whole checkpoint (every rank the same): (its state, its path, the damaged
+        ones skipped), or None; the epoch's regrouped layout goes into ``grouping``."""
+        chosen, skipped = choose_checkpoint(self.plan.checkpoint_dir, self.rank, self.world_size)
+        if chosen is None:
+            return None
+        e = self.engine
+        with chosen.as_directory() as d:
+            state = ckpt.load(Path(d), e.core, e.opt, e.sched, self.rank)
+            grouping["layout"] = regroup.Layout.load(Path(d) / ckpt.STATE_DIR)
+        grouping["log"] = list(state.get("grouping") or [])
+        return state, chosen.path, skipped
+
+    def save(self, metrics: dict, layout, initial: Optional[float]) -> None:
+        """Write this step's checkpoint and report it with ``metrics`` (``layout``: the epoch's
+        regrouped batches or None; ``initial``: the score before training, kept for a restart)."""
+        import ray.train
+        from ray.train import CheckpointUploadMode
+
+        t0, t = time.perf_counter(), self.plan.run.train
+        if self.uploading is not None:
+            wait_for_upload(*self.uploading, t.checkpoint_upload_timeout_s, self.plan.checkpoint_dir)
+        # a worker killed meanwhile (a stopped trial, a lost node) leaves its directory to the next
+        # checkpoint on this machine to remove: it holds the weights and optimizer state
+        tmp = private_tempdir("raycse-ckpt-")
+        try:
+            if self.rank == 0:
+                if layout is not None:
+                    layout.save(tmp / ckpt.STATE_DIR)
+                ckpt.write(tmp, self.engine.core, self.engine.opt, self.engine.sched, {**metrics, "initial": initial})
+            ckpt.write_rng(tmp, self.rank)
+            mode = CheckpointUploadMode.ASYNC if self.upload_async else CheckpointUploadMode.SYNC
+            ray.train.report({**metrics, "checkpoint_seconds": self.seconds,
+                              "checkpoint_upload": "async" if self.upload_async else "sync"},
+                             checkpoint=ray.train.Checkpoint.from_directory(str(tmp)),
+                             checkpoint_upload_mode=mode, delete_local_checkpoint_after_upload=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if self.upload_async:  # Ray removes it after the copy; the next checkpoint (or the fit's end) waits
+            self.uploading = (tmp, int(metrics["step"]))
+        else:  # Ray removed it after the copy, unless it skipped the report (a worker lost)
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.seconds += time.perf_counter() - t0

@@ -1,0 +1,112 @@
+"""What a worker trains: the encoder and objective as one module, on the device Ray gave it, and
+its optimizer and learning-rate schedule."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from raycse.config import RunConfig
+from raycse.encoder import Encoder
+from raycse.objectives import registry
+from raycse.objectives.base import LossOutput, Objective
+from raycse.unpad import use_fast_dropout
+
+GPU_STAND_IN = "RAYCSE_GPU_STAND_IN"  # =cpu: workers holding declared GPUs train on the CPU (tests)
+
+
+class TrainModule(nn.Module):
+    """Encoder + objective as one module, so DDP sees every trainable parameter (heads, tau)."""
+
+    def __init__(self, encoder: Encoder, objective: Objective):
+        super().__init__()
+        self.encoder = encoder
+        self.objective = objective
+
+    def forward(self, batch: dict) -> LossOutput:
+        return self.objective(self.encoder, batch)
+
+
+def build_module(run: RunConfig) -> TrainModule:
+    encoder = Encoder.from_pretrained(run.model.name_or_path, pooling=run.model.pooling,
+                                      mlp_head=run.model.resolved_mlp_head)
+    encoder.length_buckets = run.train.length_buckets
+    encoder.unpad = run.train.unpad
+    if run.train.fast_dropout:
+        use_fast_dropout(encoder.backbone)
+    objective = registry.build(run.objective.name, run.objective.params)
+    objective.setup(encoder)
+    multiple = pad_multiple(run)
+    for part in objective.modules():  # (HiCL's base objective collates too)
+        if isinstance(part, Objective):
+            part.pad_multiple = multiple
+    return TrainModule(encoder, objective)
+
+
+def unwrap(module: nn.Module) -> TrainModule:
+    return module.module if hasattr(module, "module") else module
+
+
+def worker_device(t) -> torch.device:
+    """The device Ray gave this worker. A worker that holds GPUs its torch cannot use fails in one
+    line, unless RAYCSE_GPU_STAND_IN=cpu says to train on the CPU instead: how a CPU machine tests
+    GPU scheduling (GPUs declared to Ray, e.g. ``ray.init(num_gpus=1)``)."""
+    import ray.train.torch
+
+    device = ray.train.torch.get_device()
+    if device.type == "cuda" and not torch.cuda.is_available():
+        if os.environ.get(GPU_STAND_IN) == "cpu":
+            return torch.device("cpu")
+        raise RuntimeError(f"this worker holds GPU {ray.get_gpu_ids()} (train.gpus_per_worker {t.gpu_share:g}) but "
+                           f"its torch {torch.__version__} has no CUDA; install torch's CUDA build on the GPU nodes")
+    return device
+
+
+def pad_multiple(run: RunConfig) -> int:
+    """train.pad_to_multiple_of, resolved: 8 on GPUs, 1 on CPUs."""
+    t = run.train
+    return t.pad_to_multiple_of if t.pad_to_multiple_of is not None else (8 if t.use_gpu else 1)
+
+
+def shape_bound(run: RunConfig, objective: Objective) -> str:
+    """How many distinct batch shapes a run can meet: full batches only (the partial last one of an
+    epoch is dropped), so the token widths decide. Objectives that cut or repeat sentences after
+    tokenizing (CompCSE's halves, LA(SER)^3's repeats, HiCL's pieces) make widths of their own."""
+    m, longest = pad_multiple(run), run.model.max_length
+    widths = -(-longest // m) if m > 1 else longest - 1  # (a width holds at least [CLS] and [SEP])
+    return (f"batch shapes: {run.train.batch_size} sentences per worker in every step, token widths up to "
+            f"{longest}" + (f" padded to a multiple of {m}" if m > 1 else "")
+            + f": at most {widths} distinct widths" + (" for the tokenized batch (this objective derives other "
+                                                       "widths from it)" if objective.derives_widths else ""))
+
+
+def build_optimizer(module: nn.Module, run: RunConfig, total_steps: int):
+    """AdamW (no decay on biases and norms; objective knobs like a trainable tau at their own
+    learning rate) + linear warm-up then linear decay to 0."""
+    custom = {f"objective.{k}": v for k, v in unwrap(module).objective.custom_lr().items()}
+    decay, no_decay, groups = [], [], []
+    for name, p in unwrap(module).named_parameters():
+        if not p.requires_grad:
+            continue
+        if name in custom:
+            groups.append({"params": [p], "weight_decay": 0.0, "lr": custom[name]})
+        else:
+            (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
+    groups += [{"params": decay, "weight_decay": run.train.weight_decay},
+               {"params": no_decay, "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]
+    betas = (run.train.adam_beta1, run.train.adam_beta2)
+    try:  # one fused kernel per step (CPU and GPU) instead of ~10 elementwise passes per tensor
+        opt = torch.optim.AdamW(groups, lr=run.train.lr, betas=betas, fused=True)
+    except (RuntimeError, ValueError):  # a device or dtype without the fused kernel
+        opt = torch.optim.AdamW(groups, lr=run.train.lr, betas=betas)
+    warmup = int(round(run.train.warmup_ratio * total_steps))
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)

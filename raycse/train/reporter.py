@@ -1,0 +1,154 @@
+"""The evaluator and reporter: a fit's scores (rank 0 scores the model-selection data), its log
+lines, tracking, the metrics each checkpoint carries, and the scores a Tune trial waits for."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from raycse.evaluation import initial_scores
+from raycse.objectives.base import LossOutput
+from raycse.train import tracking
+from raycse.train.module import shape_bound
+from raycse.train.plan import FitPlan
+from raycse.train.profile import describe
+from raycse.train.runtime import release_freed_memory, resolve_precision
+
+SCORE_METRIC = "stsb_dev_spearman"  # the default model-selection key (eval.metric: stsb_dev)
+# Workers log instead of print: Ray Train V2 patches print() into its logger and would echo each line twice.
+log = logging.getLogger("raycse.train")
+
+
+@dataclass
+class Progress:
+    """What a fit has done: restored from a checkpoint on resume, reported at each one."""
+
+    step: int = 0
+    history: list = field(default_factory=list)  # mean loss per checkpoint
+    initial: Optional[float] = None  # the score before training
+    resumed: Optional[dict] = None  # where this fit's state came from
+    window: list = field(default_factory=list)  # losses since the last checkpoint
+    train_time: float = 0.0  # this fit's seconds in steps, and examples seen in them
+    seen: int = 0
+    to_step_10: Optional[float] = None  # seconds this fit took to its 10th step
+    places: list = field(default_factory=list)  # every rank's (Ray node, GPU ids)
+
+    @property
+    def speed(self) -> float:
+        return self.seen / max(self.train_time, 1e-9)
+
+
+class Reporter:
+    """Rank ``rank``'s scores and reports for ``plan``'s fit of ``engine`` (StepEngine)."""
+
+    def __init__(self, plan: FitPlan, rank: int, world_size: int, engine, progress: Progress):
+        import ray
+
+        self.plan, self.run, self.rank, self.world_size = plan, plan.run, rank, world_size
+        self.engine, self.progress = engine, progress
+        self.dev = ray.get(plan.dev) if plan.dev is not None and rank == 0 else None  # only rank 0 scores
+        self.key = self.run.eval.score_key()
+        self.eval_dtype = (engine.dtype if self.run.eval.precision == "train"
+                           else resolve_precision(self.run.eval.precision, engine.device))
+        self.sink = plan.score_sink if rank == 0 else None
+        self.tlog = tracking.Logger(plan.tracking, rank)  # rank 0 logs; a no-op elsewhere
+
+    def evaluate(self) -> Optional[float]:
+        """Rank 0's model-selection score of the current weights (None elsewhere or without dev data)."""
+        if self.dev is None:
+            return None
+        encoder, size = self.engine.core.encoder, self.run.eval.batch_size
+        score = self.dev.score(lambda xs: encoder.encode(xs, batch_size=size, autocast_dtype=self.eval_dtype))
+        release_freed_memory()  # (encode() switched the encoder to eval mode and back by itself)
+        return score
+
+    def score_before_training(self) -> bool:
+        """The starting model's score when asked for (eval.before_training), computed once per machine;
+        True when it was remembered from an earlier run."""
+        before, p = self.run.eval.before_training, self.progress
+        if p.step != 0 or before == "false" or self.dev is None:
+            return False
+        p.initial = initial_scores.lookup(self.plan.initial_key, self.plan.initial_file)
+        remembered = p.initial is not None
+        if p.initial is None and before == "true":
+            p.initial = self.evaluate()
+            initial_scores.store(self.plan.initial_key, p.initial, self.plan.initial_file)
+        if p.initial is not None:
+            self.tlog.log({self.key: p.initial}, 0)
+        return remembered
+
+    def log_start(self, remembered: bool) -> None:
+        """Rank 0's first lines: the machine and kernels, then the run's shape and starting score."""
+        log.setLevel(logging.INFO)
+        if self.rank != 0:
+            return
+        from raycse import machine, onednn
+
+        run, dev, p, e = self.run, self.dev, self.progress, self.engine
+        kernels = onednn.choice()
+        log.info(f"[raycse] rank 0 on {machine.describe()}, torch {torch.__version__}; fp32 CPU linears on "
+                 f"{'oneDNN' if kernels['onednn'] else 'PyTorch default kernels'} ({kernels['why']})")
+        fresh = p.step == 0 and dev is not None
+        log.info(f"[raycse] {self.world_size} worker(s), steps {p.step}..{self.plan.stop_at} of "
+                 f"{self.plan.total_steps}, global batch {run.train.batch_size * self.world_size}, precision "
+                 f"{e.dtype or 'fp32'}, threads {torch.get_num_threads()}" + (", resumed" if p.step else "")
+                 + (f", {dev.label} before: {p.initial:.2f}" if fresh and p.initial is not None else "")
+                 + (" (remembered from an earlier run: raycse.evaluation.initial_scores)" if remembered else "")
+                 + (f", {dev.label} before: not measured (--score-before true measures it)"
+                    if fresh and p.initial is None and run.eval.before_training == "auto" else ""))
+        log.info(f"[raycse] {shape_bound(run, e.core.objective)}")
+
+    def note_warmup(self, started: float) -> None:
+        """The time this fit took to its 10th step (first shapes, kernel choice, allocator warm-up)."""
+        self.progress.to_step_10 = self.engine.synchronize() - started
+        if self.rank == 0:
+            log.info(f"[raycse] 10 steps in {self.progress.to_step_10:.2f} s from the fit's first step")
+
+    def log_progress(self, epoch: int) -> None:
+        """Rank 0, every train.log_steps: the recent mean loss, learning rate and examples/s."""
+        p, every, total = self.progress, self.run.train.log_steps, self.plan.total_steps
+        if self.rank != 0 or not (p.step % every == 0 or p.step == total):
+            return
+        recent = p.window[-every:]
+        loss, lr = sum(recent) / len(recent), self.engine.lr
+        log.info(f"[raycse] step {p.step}/{total} ({100 * p.step / total:.0f}%) epoch {epoch} "
+                 f"loss {loss:.4f} lr {lr:.2e} {p.speed:.1f} examples/s")
+        self.tlog.log({"loss": loss, "lr": lr, "examples_per_s": p.speed, "epoch": epoch}, p.step)
+
+    def log_profile(self, profiler) -> None:
+        log.info(f"[raycse] profile of {describe(profiler.summary)}\n{profiler.table}")
+
+    def metrics(self, epoch: int, out: LossOutput, grouping_log: list, profile: Optional[dict]) -> dict:
+        """A checkpoint's metrics; closes the loss window."""
+        p = self.progress
+        if p.window:
+            p.history.append(sum(p.window) / len(p.window))
+            p.window = []
+        return {"step": p.step, "epoch": epoch, "loss": p.history[-1], "loss_history": list(p.history),
+                "worker_nodes": [node for node, _ in p.places], "worker_gpus": [gpus for _, gpus in p.places],
+                "resumed": p.resumed, **({"grouping": list(grouping_log)} if grouping_log else {}),
+                "train_examples_per_s": p.speed, "train_seconds": p.train_time,
+                "total_steps": self.plan.total_steps, **self.engine.peak_memory(),
+                **({"profile": profile} if profile else {}),
+                **({"seconds_to_step_10": p.to_step_10} if p.to_step_10 is not None else {}),
+                **{f"last_{k}": float(v) for k, v in out.metrics.items()}}
+
+    def scored(self, metrics: dict, score: Optional[float]) -> dict:
+        """``metrics`` with the score (None: unscored) and its starting value; logged and tracked."""
+        if score is None:
+            return metrics
+        log.info(f"[raycse] step {self.progress.step}: {self.dev.label} {score:.2f}")
+        self.tlog.log({self.key: score}, self.progress.step)
+        return {**metrics, self.key: score, self.key + "_initial": self.progress.initial}
+
+    def post(self, step: int, score: Optional[float]) -> None:
+        """Give a Tune trial the score of ``step`` at once (it decides its rung on it while the
+        checkpoint is written). A trial keeps the first it gets for a step."""
+        if self.sink is not None and score is not None:
+            self.sink.post(step, float(score))
+
+    def close(self) -> None:
+        self.tlog.close()
