@@ -210,9 +210,19 @@ class ObjectiveConfig:
         ("--tau", "tau", float, "InfoNCE temperature (default: the objective's own, 0.05 for simcse)"),)
 
     def validate(self) -> None:
+        self.typed()
+
+    def typed(self):
+        """The knobs as the objective's own typed ``Params`` (coerced, range-checked): parsed once for
+        the current name and params, which stay a plain mapping for YAML, flags and search spaces."""
         from raycse.objectives.registry import build_params
 
-        build_params(self.name, self.params)
+        key = (self.name, repr(sorted(self.params.items())))
+        cached = self.__dict__.get("_typed")
+        if cached is None or cached[0] != key:
+            cached = (key, build_params(self.name, self.params))
+            self.__dict__["_typed"] = cached  # (not a field: to_dict and equality ignore it)
+        return cached[1]
 
 
 @dataclass

@@ -127,8 +127,33 @@ def test_every_train_flag_is_one_config_field_with_its_one_help_text():
             assert action.help.endswith(f"(default: {show_default(default)})"), flag
         section, _, name = key.rpartition(".")
         if typ in samples and section != "objective":  # the flag's value reaches the field it names
-            run = resolve_train_config(parser.parse_args(["train", flag, samples[typ]]))
+            extra = ["--use-gpu"] if key == "train.gpus_per_worker" else []  # (a GPU share needs GPUs on)
+            run = resolve_train_config(parser.parse_args(["train", flag, samples[typ], *extra]))
             assert getattr(getattr(run, section), name) == typ(samples[typ] == "true" if typ is bool else samples[typ])
     run = resolve_train_config(parser.parse_args(["train", "--tau", "0.07", "--eval-precision", "train",
                                                   "--output", "elsewhere"]))
     assert run.objective.params["tau"] == 0.07 and run.eval.precision == "train" and run.output_dir == "elsewhere"
+
+
+def test_objective_knobs_are_parsed_once_and_again_only_when_they_change(monkeypatch):
+    """Issue 46 item 1: validation, the data check and the row expander share one typed parse of the
+    knobs; a knob set afterwards is parsed (and validated) anew."""
+    from raycse.objectives import registry
+    from raycse.train import driver
+
+    calls = []
+    parse = registry.OBJECTIVES.build_params
+    monkeypatch.setattr(registry.OBJECTIVES, "build_params", lambda name, raw: calls.append(name) or parse(name, raw))
+    monkeypatch.setattr(registry, "build_params", registry.OBJECTIVES.build_params)
+    run = RunConfig()
+    set_dotted(run, "objective.name", "compcse")
+    set_dotted(run, "objective.tau", "0.1")
+    set_dotted(run, "objective.subsample", "adjacent")  # (CompCSE adds rows to the corpus then)
+    run.validate()
+    driver.check_data_fits_objective(run)
+    expand = driver.row_expander(run)
+    assert calls == ["compcse"] and run.objective.typed().tau == 0.1 and expand is not None
+    set_dotted(run, "objective.tau", "-1")
+    with pytest.raises(ConfigError, match="tau"):
+        run.validate()
+    assert calls == ["compcse", "compcse"]

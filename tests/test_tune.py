@@ -342,6 +342,7 @@ def test_data_prepared_once_serves_runs_with_the_same_batches_only(ray_cluster, 
     (batch size) ignores the prepared data."""
     from raycse.config import RunConfig
     from raycse.train.driver import prepare_data, train
+    from raycse.train.plan import TuneHooks
 
     def run_with(name: str, **train_knobs) -> RunConfig:
         run = RunConfig()
@@ -361,9 +362,9 @@ def test_data_prepared_once_serves_runs_with_the_same_batches_only(ray_cluster, 
 
     prepared = prepare_data(run_with("base"))
     assert prepared is not None and prepared.num_examples == 96
-    used = train(run_with("prepared", lr=3e-4), prepared=prepared)
+    used = train(run_with("prepared", lr=3e-4), hooks=TuneHooks(prepared=prepared))
     own = train(run_with("own", lr=3e-4))
-    other = train(run_with("other", batch_size=8), prepared=prepared)
+    other = train(run_with("other", batch_size=8), hooks=TuneHooks(prepared=prepared))
     assert used.metrics["data_prepared_before"] and not own.metrics["data_prepared_before"]
     assert batches("prepared") == batches("own") and len(batches("own")) == 3
     assert not other.metrics["data_prepared_before"]

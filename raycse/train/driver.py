@@ -124,7 +124,7 @@ def starts_private_ray() -> bool:
 
 
 def check_data_fits_objective(run: RunConfig) -> None:
-    objective = registry.build(run.objective.name, run.objective.params)
+    objective = registry.get(run.objective.name)(run.objective.typed())
     accepts = objective.accepts  # HiCL's depends on its base
     if run.data.is_pairs and "pairs" not in accepts:
         raise ConfigError(f"objective '{run.objective.name}' trains on single sentences; drop data.pair_column "
@@ -183,7 +183,7 @@ def report_resume(resumed: Optional[dict]) -> None:
 def row_expander(run: RunConfig):
     """The objective's extra rows per corpus row (CompCSE's subsampling), or None."""
     cls = registry.get(run.objective.name)
-    return cls.row_expander(registry.build_params(run.objective.name, run.objective.params))
+    return cls.row_expander(run.objective.typed())
 
 
 def objective_knobs(run: RunConfig) -> dict:

@@ -36,7 +36,7 @@ def build_module(run: RunConfig) -> TrainModule:
     encoder.unpad = run.train.unpad
     if run.train.fast_dropout:
         use_fast_dropout(encoder.backbone)
-    objective = registry.build(run.objective.name, run.objective.params)
+    objective = registry.get(run.objective.name)(run.objective.typed())
     objective.setup(encoder)
     multiple = pad_multiple(run)
     for part in objective.modules():  # (HiCL's base objective collates too)
