@@ -42,6 +42,7 @@ def one_fit(out: str, before: bool, args) -> tuple[float, float]:
     from raycse.config import RunConfig
     from raycse.train import release
     from raycse.train.driver import train
+    from raycse.train.plan import TuneHooks
 
     run = RunConfig()
     run.data.corpus, run.data.max_sentences = str(WIKI), args.sentences
@@ -51,7 +52,7 @@ def one_fit(out: str, before: bool, args) -> tuple[float, float]:
     wall, cpu_s = time.perf_counter(), machine_cpu_seconds()
     registry = release.start_registry() if before else None  # before: a registry of this call's own
     with contextlib.redirect_stdout(io.StringIO()):
-        train(run, overwrite=True, registry=registry)
+        train(run, overwrite=True, hooks=TuneHooks(registry=registry))
     if registry is not None:
         ray.kill(registry)
     return time.perf_counter() - wall, machine_cpu_seconds() - cpu_s
