@@ -55,14 +55,22 @@ def test_publish_fetch_and_incomplete_prefixes(s3_server, tmp_path):
 
 
 def test_unusable_uris_fail_before_ray_with_one_line(s3_server, tiny_model, corpus, tmp_path, capsys):
-    """A corpus object that is not there, a bucket that does not exist, an empty corpus prefix: one line
-    and exit 2 from train (corpus and --storage-path) and mine, before Ray starts; nothing written."""
+    """A corpus object that is not there, a bucket that does not exist, an empty corpus prefix, objects
+    holding no text: one line and exit 2 from train (corpus and --storage-path) and mine, before Ray
+    starts; nothing written."""
     import boto3
 
-    bucket = s3_server()
+    bucket, blank = s3_server(), s3_server()
+    s3 = boto3.client("s3")
+    s3.put_object(Bucket=blank, Key="blank.txt", Body=b"\n  \n\t\n")  # blank lines only
+    s3.put_object(Bucket=blank, Key="corpus/a.txt", Body=b"")
+    s3.put_object(Bucket=blank, Key="corpus/b.jsonl", Body=b"   \n")
     out = tmp_path / "out"
     base = ["--model", str(tiny_model), "--stsb-dev", "none", "--output", str(out), "--max-steps", "2"]
     cases = [
+        # a corpus with no text on object storage: refused before Ray, as a local one is
+        (["train", "--corpus", f"s3://{blank}/blank.txt", *base], "the corpus has no usable text"),
+        (["train", "--corpus", f"s3://{blank}/corpus/", *base], "the corpus has no usable text"),
         (["train", "--corpus", f"s3://{bucket}/missing.txt", *base], f"corpus not found: s3://{bucket}/missing.txt"),
         (["train", "--corpus", f"s3://{bucket}/corpus/", *base], "corpus not found"),
         (["train", "--corpus", f"{corpus},s3://no-such-bucket-raycse/c.txt", *base],

@@ -83,28 +83,50 @@ def resolve_sources(spec: str) -> list[str]:
     return out
 
 
-def check_not_empty(sources: list) -> None:
-    """A local corpus of empty or blank files is refused before Ray starts (an object store's is found
-    by the read). Reads until the first non-blank byte, at most 64 MiB a file."""
-    for src in sources:
-        if storage.is_uri(src):
-            return
-        if src.endswith(".parquet"):
+def _has_text(open_file, name: str) -> bool:
+    """Whether a corpus file holds a row (Parquet) or a non-blank byte within its first 64 MiB; an
+    unreadable one counts as text, so the read names the file and its problem."""
+    try:
+        if name.endswith(".parquet"):
             import pyarrow.parquet as pq
 
-            try:
-                if pq.ParquetFile(src).metadata.num_rows > 0:
-                    return
-            except Exception:
-                return  # unreadable: the read names the file and the problem
-            continue
-        with open(src, "rb") as fh:
+            with open_file() as fh:
+                return pq.ParquetFile(fh).metadata.num_rows > 0
+        with open_file() as fh:
             for _ in range(64):
                 block = fh.read(1 << 20)
                 if not block or block.strip():
                     break
-            if block.strip() or len(block) == 1 << 20:
+            return bool(block.strip()) or len(block) == 1 << 20
+    except Exception:
+        return True
+
+
+def _uri_files(uri: str) -> list[tuple]:
+    """(filesystem, path) of every file at ``uri``: the object, or the objects under the prefix."""
+    import pyarrow.fs as pafs
+
+    fs, path = storage.filesystem(uri)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.File:
+        return [(fs, path)]
+    found = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    return [(fs, i.path) for i in found if i.type == pafs.FileType.File and not i.base_name.startswith(".")]
+
+
+def check_not_empty(sources: list) -> None:
+    """A corpus of empty or blank files, local or on object storage, is refused before Ray starts.
+    Reads until the first non-blank byte, at most 64 MiB a file."""
+    for src in sources:
+        if storage.is_uri(src):
+            try:
+                files = _uri_files(src)
+            except OSError:
+                return  # (resolve_sources found it: a store failing now fails the read, naming itself)
+            if any(_has_text(lambda: fs.open_input_file(path), path) for fs, path in files):
                 return
+        elif _has_text(lambda: open(src, "rb"), src):
+            return
     raise DataError(f"the corpus has no usable text: {', '.join(sources[:3])}{' ...' if len(sources) > 3 else ''} "
                     f"{'is' if len(sources) == 1 else 'are'} empty or blank; give a corpus with one sentence per "
                     f"line (or records with a text field)")
