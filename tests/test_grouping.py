@@ -152,7 +152,7 @@ def _corpus_file(tmp_path, sentences, extra=b""):
 
 
 def _rows(eb):
-    return {name: list(ds.iter_rows()) for name, ds in eb.datasets.items()}
+    return {name: list(rows) for name, rows in eb.rows.items()}
 
 
 @pytest.mark.parametrize("strategy", ["random", "shingle", "knn", "cluster"])
@@ -234,7 +234,7 @@ def test_grouping_none_keeps_the_files_order_every_epoch(ray_cluster, tmp_path):
     assert [text_of[i] for i in range(48)] == lines
     world, bs = 2, 4
     plans = [plan_epoch(corpus, GroupingConfig(strategy="none"), bs, world, 3, e, e * 6) for e in range(2)]
-    rows = {rank: list(ds.iter_rows()) for rank, ds in lay_out(corpus, plans, world).items()}
+    rows = lay_out(corpus, plans, world)
     for r in range(world):
         for row in rows[f"rank{r}"]:
             b = (row["step"] - row["epoch"] * 6) * world + r  # batch b of the epoch goes to rank b % world
@@ -260,9 +260,9 @@ def test_several_epochs_laid_out_in_one_pass_follow_each_epochs_plan(ray_cluster
                         max_steps=(spe if e < 2 else 2)) for e in range(3)]
     assert [p.packing.steps(world) for p in plans] == [spe, spe, 2]
     assert not np.array_equal(plans[0].packing.batches, plans[1].packing.batches)  # each epoch its own order
-    datasets = lay_out(corpus, plans, world)
+    laid_out = lay_out(corpus, plans, world)
     for rank in range(world):
-        rows = list(datasets[f"rank{rank}"].iter_rows())
+        rows = laid_out[f"rank{rank}"]
         assert [r["step"] for r in rows] == list(range(2 * spe + 2))
         for r in rows:
             e = r["epoch"]

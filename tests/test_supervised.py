@@ -138,8 +138,8 @@ def test_triplets_travel_whole_through_grouping(ray_cluster, tmp_path, fmt):
     want = {r["q"]: (r["a"], (r["neg1"], r["neg2"])) for r in rows}
     eb = epoch_batches(corpus, GroupingConfig(strategy="shingle", group_size=4), 8, 2, 1, 0, 0)
     seen = 0
-    for ds in eb.datasets.values():
-        for row in ds.iter_rows():
+    for rows in eb.rows.values():
+        for row in rows:
             for q, a, score, negs in row_examples(row):
                 assert (a, negs) == want[q] and score is None
                 seen += 1

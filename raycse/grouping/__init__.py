@@ -1,8 +1,9 @@
-"""Batch construction: group orders (random, knn, shingle, cluster) packed into per-worker batch rows.
+"""Batch construction: group orders (random, knn, shingle, cluster, none) packed into batches of row ids.
 
-corpus (raycse.data.dataset) -> features (embed) -> group order (strategies, knn) -> batches.
-:func:`plan_epoch` groups and packs one epoch; :func:`lay_out` turns the planned epochs into the
-per-rank batch rows the train workers read, in one pass.
+corpus (raycse.data.dataset) -> features (embed) -> group order (strategies, knn) -> batches (layout).
+:func:`plan_epoch` groups and packs one epoch; :func:`layouts` makes the planned epochs the
+:class:`~raycse.grouping.layout.Layout` list the train workers read their rows by, and
+:func:`lay_out` reads those rows here, per rank, as the workers do (for tests and tools).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from raycse.grouping.batches import Packing, batch_rows, pack_epoch, split_by_rank
+from raycse.grouping.batches import Packing, pack_epoch
+from raycse.grouping.layout import CorpusTable, Layout, epoch_rows
 from raycse.grouping.strategies import GroupOrder, group_order
 
 log = logging.getLogger("raycse.grouping")
@@ -31,7 +33,7 @@ class EpochPlan:
 
 @dataclass
 class EpochBatches:
-    datasets: dict  # rank{r} -> materialized Ray Dataset of batch rows, in step order
+    rows: dict  # rank{r} -> that rank's batch rows, in step order
     steps: int
     packing: Packing
     order: GroupOrder
@@ -60,12 +62,17 @@ def plan_epoch(corpus, grouping, batch_size: int, world_size: int, seed: int, ep
     return EpochPlan(epoch, first_step, packing, order, info)
 
 
+def layouts(plans: list[EpochPlan]) -> list[Layout]:
+    """The planned epochs as the layouts a fit's workers read (FitPlan.layouts)."""
+    return [Layout(p.epoch, p.packing.batches, p.info) for p in plans]
+
+
 def lay_out(corpus, plans: list[EpochPlan], world_size: int) -> dict:
-    """The planned epochs' batch rows, one after the other: ``rank{r}`` -> a materialized dataset in
-    step order (all epochs in one Ray Data pass)."""
-    rows = batch_rows(corpus.dataset, [p.packing for p in plans], corpus.num_examples, world_size,
-                      [p.first_step for p in plans], [p.epoch for p in plans])
-    return split_by_rank(rows, world_size)
+    """The planned epochs' batch rows as the workers read them: ``rank{r}`` -> rows in step order."""
+    table = CorpusTable(corpus.dataset)
+    return {f"rank{r}": [row for p, layout in zip(plans, layouts(plans))
+                         for row in epoch_rows(table, layout, r, world_size, p.first_step)]
+            for r in range(world_size)}
 
 
 def epoch_batches(corpus, grouping, batch_size: int, world_size: int, seed: int, epoch: int, first_step: int,

@@ -1,4 +1,4 @@
-"""From a group order to the rows the train workers read: one row = one worker's batch.
+"""From a group order to batches of row ids (one per worker and step).
 
 Packing (:func:`pack`): groups are laid, in order, into the first of the last 64 open batches
 with room for them (first fit), else into a new batch. Batches left short at the end are topped
@@ -8,11 +8,8 @@ to worker ``b % world_size`` at step ``b // world_size``. Only whole steps are k
 worker runs the same number of steps (no DDP hang) and at most one global batch minus one
 example is left out per epoch (the final partial step).
 
-Rows (:func:`batch_rows`): the corpus rows are tagged with their batch and slot by a broadcast
-lookup table (one copy per epoch), grouped by batch on the cluster (``groupby().map_groups``),
-sorted into step order and split into one dataset per rank, every epoch in one pass. Storing a
-whole batch per row is what keeps groups intact: a row-per-sentence dataset is re-blocked and
-mixed on its way to the workers.
+The batches reach the workers as row ids (:mod:`raycse.grouping.layout`): a batch is one row
+of ids, so groups stay intact on the way.
 """
 
 from __future__ import annotations
@@ -93,113 +90,3 @@ def pack_epoch(order: GroupOrder, batch_size: int, world_size: int,
             "groups": int(len(order.sizes)),
             "mean_group_size": float(order.sizes.mean()) if len(order.sizes) else 0.0}
     return packing, info
-
-
-class _Tag:
-    """map_batches: one copy of each corpus row per epoch it is trained in, with its global slot
-    (``slot_of[e, row]``: the epoch's batch offset * batch size + its slot, -1 when left out)."""
-
-    def __init__(self, slot_of):
-        self.slot_of = slot_of
-
-    def __call__(self, table):
-        import pyarrow as pa
-        import ray
-
-        if not isinstance(self.slot_of, np.ndarray):
-            self.slot_of = ray.get(self.slot_of)
-        ids = table["_id"].to_numpy()
-        copies = []
-        for epoch_slots in self.slot_of:
-            slots = epoch_slots[ids]
-            keep = slots >= 0
-            copies.append(table.filter(pa.array(keep)).append_column("_slot", pa.array(slots[keep])))
-        return pa.concat_tables(copies)
-
-
-def _to_row(batch_size: int, world_size: int, offsets: np.ndarray, first_steps: list[int], epochs: list[int]):
-    """map_groups: the rows of one batch (in slot order) -> one row holding the whole batch.
-    Global batch ``g`` is batch ``g - offsets[i]`` of the i-th epoch laid out."""
-
-    def to_row(group: dict) -> dict:
-        order = np.argsort(group["_slot"])
-        g = int(group["_slot"][0]) // batch_size
-        i = int(np.searchsorted(offsets, g, side="right")) - 1
-        b = g - int(offsets[i])
-        row = {"step": np.array([first_steps[i] + b // world_size]), "rank": np.array([b % world_size]),
-               "epoch": np.array([epochs[i]]), "batch": np.array([g])}
-        for col in ("text", "pair", "score", "negatives"):
-            if col in group:
-                cell = np.empty(1, dtype=object)
-                cell[0] = group[col][order].tolist()
-                row[col] = cell
-        return row
-
-    return to_row
-
-
-def batch_rows(corpus_ds, packings: list[Packing], num_examples: int, world_size: int, first_steps: list[int],
-               epochs: list[int]):
-    """Several epochs' batches as one Ray Dataset, one row per (step, rank), sorted by step then rank.
-
-    All epochs in one pass (one tagging map, one groupby, one sort): a pass costs ~7 s of Ray Data
-    scheduling on 2 cores whatever its size, and small corpora are trained for many epochs."""
-    import ray
-
-    bs = next((p.batches.shape[1] for p in packings if p.batches.size), 1)
-    counts = [len(p.batches) for p in packings]
-    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    slot_of = np.full((len(packings), num_examples), -1, dtype=np.int64)
-    for e, p in enumerate(packings):
-        slot_of[e, p.batches.reshape(-1)] = offsets[e] * bs + np.arange(p.batches.size)
-    tagged = corpus_ds.map_batches(_Tag(ray.put(slot_of)), batch_format="pyarrow", zero_copy_batch=False)
-    keyed = tagged.map_batches(_add_batch_key(bs), batch_format="pyarrow")
-    total = int(sum(counts))
-    # Few partitions: Ray's default (200) costs seconds of scheduling for a few hundred batches.
-    parts = max(1, min(16, total // 256))
-    rows = keyed.groupby("_b", num_partitions=parts).map_groups(
-        _to_row(bs, world_size, offsets, list(first_steps), list(epochs)), batch_format="numpy")
-    # Known key range: give the sort its boundaries instead of letting it sample.
-    # (global batch = epochs laid out one after the other, each step * world_size + rank: step order)
-    bounds = [total * i // parts for i in range(1, parts)]
-    return rows.sort("batch", boundaries=bounds or None)
-
-
-def _add_batch_key(batch_size: int):
-    def add(table):
-        import pyarrow as pa
-
-        return table.append_column("_b", pa.array(table["_slot"].to_numpy() // batch_size))
-
-    return add
-
-
-class preserve_order:
-    """Run Ray Data with ``preserve_order`` on (map and union operators may reorder blocks otherwise)."""
-
-    def __enter__(self):
-        from ray.data import DataContext
-
-        self.ctx = DataContext.get_current()
-        self.before = self.ctx.execution_options.preserve_order
-        self.ctx.execution_options.preserve_order = True
-        return self
-
-    def __exit__(self, *exc):
-        self.ctx.execution_options.preserve_order = self.before
-        return False
-
-
-def split_by_rank(rows, world_size: int) -> dict:
-    """One materialized dataset per rank (``rank0``, ``rank1``, ...), each in step order."""
-    with preserve_order():
-        if world_size > 1:
-            rows = rows.materialize()  # else each rank's filter runs the whole groupby and sort again
-        return {f"rank{r}": _quiet(rows.filter(expr=f"rank == {r}").materialize()) for r in range(world_size)}
-
-
-def _quiet(ds):
-    """No progress bar when a Train worker iterates it: it has nothing left to compute, and the bar
-    repeats itself in the worker's log at every step."""
-    ds.context.enable_progress_bars = False
-    return ds

@@ -1,8 +1,10 @@
-"""The batch source: this rank's batches, one row per step, whichever route brought them.
+"""The batch source: this rank's batches, one row per step, on one route for every batch order.
 
-Two routes, one interface: a fixed order laid out by the driver (Ray Data, one ordered dataset per
-rank), or the corpus regrouped by the workers before every epoch with the weights they hold
-(:mod:`raycse.train.regroup`). Either way a row is one worker batch with its ``step`` and ``epoch``."""
+The batches are row ids (:class:`raycse.grouping.layout.Layout`, one per epoch), laid out by the
+driver before the fit (``FitPlan.layouts``) or regrouped by the workers before every epoch with the
+weights they hold (:mod:`raycse.train.regroup`); either way the rows come from the corpus, read once
+per worker into a :class:`~raycse.grouping.layout.CorpusTable`. A row is one worker batch with its
+``step`` and ``epoch``."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Iterator
 
 import torch
 
+from raycse.grouping.layout import CorpusTable, epoch_rows
 from raycse.train import ahead, regroup
 from raycse.train.plan import FitPlan
 
@@ -47,15 +50,28 @@ class BatchSource:
         self.plan, self.rank, self.world_size, self.engine = plan, rank, world_size, engine
         self.objective = engine.core.objective
         self.grouping = {"layout": None, "log": []}
+        self._table = None
+
+    def table(self) -> CorpusTable:
+        """The corpus, read on first use (a fit resumed at its end reads nothing)."""
+        import ray.train
+
+        if self._table is None:
+            self._table = CorpusTable(ray.train.get_dataset_shard("corpus"))
+        return self._table
 
     def rows(self, start: int) -> Iterator[dict]:
-        import ray.train
+        """Rows from step ``start`` on: the driver's layouts, or regrouped epoch by epoch in the fit."""
+        import ray
 
         p, e = self.plan, self.engine
         if p.regroup_in_fit:
-            return regroup.regrouped_rows(e.core.encoder, p.run, self.rank, self.world_size, e.device, e.dtype,
-                                          p.steps_per_epoch, p.total_steps, p.stop_at, start, self.grouping)
-        return ray.train.get_dataset_shard(f"rank{self.rank}").iter_rows()
+            return regroup.regrouped_rows(e.core.encoder, self.table, p.run, self.rank, self.world_size, e.device,
+                                          e.dtype, p.steps_per_epoch, p.total_steps, p.stop_at, start, self.grouping)
+        layouts = ray.get(p.layouts)
+        return (row for layout in layouts
+                for row in epoch_rows(self.table(), layout, self.rank, self.world_size,
+                                      layout.epoch * p.steps_per_epoch, start))
 
     def step_rows(self, start: int) -> Iterator[dict]:
         """The rows of steps ``start`` .. ``stop_at - 1``, in order (earlier ones were done before the

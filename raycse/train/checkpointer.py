@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Optional
 
 from raycse import storage as objstore
+from raycse.grouping.layout import Layout
 from raycse.outputs import private_tempdir
 from raycse.train import checkpoint as ckpt
-from raycse.train import regroup
 from raycse.train.plan import FitPlan
 
 CHECKPOINT_RANK = "checkpoint_rank"
@@ -96,7 +96,7 @@ class Checkpointer:
         e = self.engine
         with chosen.as_directory() as d:
             state = ckpt.load(Path(d), e.core, e.opt, e.sched, self.rank)
-            grouping["layout"] = regroup.Layout.load(Path(d) / ckpt.STATE_DIR)
+            grouping["layout"] = Layout.load(Path(d) / ckpt.STATE_DIR)
         grouping["log"] = list(state.get("grouping") or [])
         return state, chosen.path, skipped
 

@@ -1,10 +1,11 @@
 """The Ray Train driver: validate, read the corpus, lay out batches, run ``TorchTrainer.fit``, publish.
 
-Data path: the corpus is read and cleaned by Ray Data (:mod:`raycse.data.dataset`), grouped and
-packed into one row per worker batch (:mod:`raycse.grouping`), and handed to the workers as one
-ordered dataset per rank. Strategies that group by the model's embeddings (knn, cluster) with
-``grouping.regroup_every_epoch`` hand the workers the corpus instead: they regroup it before every
-epoch with the weights they hold, inside the one running fit (:mod:`raycse.train.regroup`).
+Data path: the corpus is read and cleaned by Ray Data (:mod:`raycse.data.dataset`) and numbered;
+the batch order of each epoch is grouped and packed into batches of row ids (:mod:`raycse.grouping`)
+and handed to the workers with the corpus, which every worker reads once and takes its batches' rows
+from (one route: :mod:`raycse.grouping.layout`). Strategies that group by the model's embeddings
+(knn, cluster) with ``grouping.regroup_every_epoch`` leave the ids to the workers: they regroup
+before every epoch with the weights they hold, inside the one running fit (:mod:`raycse.train.regroup`).
 
 The output directory appears only when a run succeeds: everything is written to a hidden
 staging directory beside it and renamed at the end, so a failed or interrupted run never
@@ -136,10 +137,10 @@ def check_data_fits_objective(run: RunConfig) -> None:
                           f"or choose simcse (supervised) or bsc")
 
 
-def lay_out_epochs(run: RunConfig, corpus, spe: int, total: int, embed_from: str):
-    """The per-rank datasets of the fit (its epochs one after the other) and each epoch's grouping log.
+def lay_out_epochs(run: RunConfig, corpus, spe: int, total: int, embed_from: str) -> tuple[list, list]:
+    """The fit's epochs as layouts of row ids (raycse.grouping.layout) and each epoch's grouping log.
     Strategies that group by embeddings embed the corpus once, with ``embed_from``."""
-    from raycse.grouping import lay_out, plan_epoch
+    from raycse.grouping import layouts, plan_epoch
     from raycse.grouping.embed import embed_corpus
 
     t = run.train
@@ -158,17 +159,18 @@ def lay_out_epochs(run: RunConfig, corpus, spe: int, total: int, embed_from: str
                   f"mean size {plan.info['mean_group_size']:.2f}, {plan.info['split_groups']} split"
                   + (f", kNN {plan.info['knn_method']} recall {plan.info['knn_recall']:.3f}"
                      if plan.info.get("knn_recall") is not None else ""), flush=True)
-    return lay_out(corpus, plans, t.num_workers), [{"epoch": p.epoch, **p.info} for p in plans]
+    return layouts(plans), [{"epoch": p.epoch, **p.info} for p in plans]
 
 
-def fit_datasets(run: RunConfig, corpus, prepared, spe: int, total: int, model_path: str):
-    """The fit's datasets and the grouping log so far: laid out before this run (``prepared``), the
-    whole corpus for the workers to regroup epoch by epoch, or laid out now with the starting model."""
+def fit_data(run: RunConfig, corpus, prepared, spe: int, total: int, model_path: str) -> tuple:
+    """(the corpus dataset, the epochs' layouts or None, the grouping log so far): read and laid out
+    before this run (``prepared``), left for the workers to regroup epoch by epoch (None), or laid
+    out now with the starting model."""
     if prepared is not None:
-        return prepared.per_rank, list(prepared.grouping_log)
+        return prepared.dataset, prepared.layouts, list(prepared.grouping_log)
     if run.grouping.regroups_in_fit:
-        return {"corpus": corpus.dataset}, []
-    return lay_out_epochs(run, corpus, spe, total, model_path)
+        return corpus.dataset, None, []
+    return (corpus.dataset, *lay_out_epochs(run, corpus, spe, total, model_path))
 
 
 def report_resume(resumed: Optional[dict]) -> None:
@@ -218,13 +220,14 @@ def data_key(run: RunConfig) -> str:
 @dataclass
 class PreparedData:
     """A run's corpus read and its batches laid out once, for runs that differ only in knobs that do
-    not touch the data (a Tune experiment's trials of one seed). Holds materialized Ray Datasets:
-    the process that built it owns their blocks and must outlive the runs that use it."""
+    not touch the data (a Tune experiment's trials of one seed). Holds a materialized Ray Dataset:
+    the process that built it owns its blocks and must outlive the runs that use it."""
 
     key: str
     stats: object  # raycse.data.dataset.CorpusStats
     num_examples: int
-    per_rank: dict
+    dataset: object  # the numbered corpus
+    layouts: list  # raycse.grouping.layout.Layout per epoch
     grouping_log: list
 
 
@@ -238,8 +241,8 @@ def prepare_data(run: RunConfig) -> Optional[PreparedData]:
     spe, total = plan_steps(run, corpus.num_examples)
     if run.grouping.regroups_in_fit:
         return None  # every trial's workers group with their own weights
-    per_rank, logs = lay_out_epochs(run, corpus, spe, total, resolve_model(run.model.name_or_path))
-    return PreparedData(data_key(run), corpus.stats, corpus.num_examples, per_rank, logs)
+    layouts, logs = lay_out_epochs(run, corpus, spe, total, resolve_model(run.model.name_or_path))
+    return PreparedData(data_key(run), corpus.stats, corpus.num_examples, corpus.dataset, layouts, logs)
 
 
 def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] = None,
@@ -287,7 +290,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         spe, total = plan_steps(run, num_examples)
         say_when_unscored(run, dev)
         say_devices(run.train)
-        per_rank, grouping_log = fit_datasets(run, corpus, prepared, spe, total, model_path)
+        dataset, layouts, grouping_log = fit_data(run, corpus, prepared, spe, total, model_path)
         cpus = run.train.cpus_per_worker or max(1, cluster_cpus() // run.train.num_workers)
         storage = storage_path or str(staging / "ray")
         if storage_path:
@@ -297,8 +300,9 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
                        threads=max(1, round(cpus)), dev=ray.put(dev) if dev is not None else None,
                        initial_key=initial_scores.key(model_path, run, dev) if dev is not None else None,
                        initial_file=initial_scores.cache_file(), eval_at=tuple(int(s) for s in hooks.eval_at),
-                       score_sink=hooks.score_sink, tracking=tracking)
-        trainer = build_trainer(plan, per_rank, cpus, storage, run_name, release.RegisterRun(registry, run_key),
+                       score_sink=hooks.score_sink, tracking=tracking,
+                       layouts=ray.put(layouts) if layouts is not None else None)
+        trainer = build_trainer(plan, dataset, cpus, storage, run_name, release.RegisterRun(registry, run_key),
                                 dev is not None)
         t_fit = time.perf_counter()
         result = _fit_and_release(trainer, run.train, registry, run_key, worker_resources(run.train, cpus))
@@ -382,7 +386,7 @@ def say_when_unscored(run: RunConfig, dev) -> None:
         print(f"[raycse] {why}: training without evaluation, keeping the last checkpoint", flush=True)
 
 
-def build_trainer(plan: FitPlan, per_rank: dict, cpus: float, storage: str, run_name: str, register,
+def build_trainer(plan: FitPlan, corpus, cpus: float, storage: str, run_name: str, register,
                   scored: bool):
     """One ``TorchTrainer`` for every epoch. A restarted driver (same storage and run name) resumes
     inside it: the workers load the furthest whole checkpoint under ``plan.checkpoint_dir``
@@ -397,7 +401,7 @@ def build_trainer(plan: FitPlan, per_rank: dict, cpus: float, storage: str, run_
         torch_config=TorchConfig(backend=collective_backend(t)),
         scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu,
                                      resources_per_worker=worker_resources(t, cpus)),
-        datasets=per_rank,
+        datasets={"corpus": corpus},  # every worker reads it whole (raycse.grouping.layout)
         dataset_config=_dataset_config(),
         run_config=TrainRunConfig(
             name=run_name, storage_path=storage,
@@ -522,7 +526,7 @@ def _fit_and_release(trainer, t, registry, run_key: str, per_worker: dict):
 
 
 def _dataset_config():
-    """Every worker reads its own rank's dataset whole and in order (no splitting, no reordering)."""
+    """Every worker reads the corpus whole (no splitting); in order, which costs nothing here."""
     from ray.data import ExecutionOptions
     from ray.train import DataConfig
 

@@ -40,7 +40,7 @@ class FitPlan:
     total_steps: int
     stop_at: int  # below total_steps: a Tune rung ends the fit early, the schedule still spans the run
     steps_per_epoch: int
-    regroup_in_fit: bool  # batches from the corpus regrouped by the workers, else the driver's per-rank layout
+    regroup_in_fit: bool  # batches regrouped by the workers every epoch, else the driver's ``layouts``
     checkpoint_dir: str  # the run's checkpoints in storage (a restarted driver resumes from the furthest)
     threads: int  # torch threads per worker
     dev: Any = None  # ObjectRef of the model-selection data (raycse.evaluation.selection.Selection), or None
@@ -49,6 +49,7 @@ class FitPlan:
     eval_at: tuple[int, ...] = ()  # extra scored steps (Tune's rung ends)
     score_sink: Any = None  # rank 0 posts each dev score here at once (TuneHooks.score_sink)
     tracking: Any = None  # raycse.train.tracking.Tracking, or None
+    layouts: Any = None  # ObjectRef of the epochs' raycse.grouping.layout.Layout list (fixed orders), or None
 
 
 @dataclass(frozen=True)

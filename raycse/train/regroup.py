@@ -5,7 +5,7 @@ Before epoch e each worker embeds its share of the corpus (rows ``rank::world``)
 without gradients, rank 0 gathers the vectors, builds the epoch's group order and packing (the
 same :func:`raycse.grouping.strategies.group_order` and :func:`raycse.grouping.batches.pack_epoch` the
 driver uses for epoch layouts) and broadcasts the batches, and every rank reads its own batches
-(``b % world == rank``) from its copy of the corpus. No fit ends, no checkpoint is reloaded and no
+(``b % world == rank``) from its copy of the corpus (the one route of :mod:`raycse.grouping.layout`). No fit ends, no checkpoint is reloaded and no
 separate embedding pool starts (each regroup used to cost a new ``TorchTrainer.fit``: ~29 s of
 start-up on 2 cores, BENCHMARKS.md).
 
@@ -18,72 +18,22 @@ weights the uninterrupted run had there.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Iterator, Optional
+from dataclasses import replace
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 import torch
 
 from raycse.grouping.batches import pack_epoch
 from raycse.grouping.embed import column
+from raycse.grouping.layout import CorpusTable, Layout, epoch_rows
 from raycse.grouping.strategies import group_order
-
-LAYOUT_FILE = "layout.npz"
-COLUMNS = ("text", "pair", "score", "negatives")
-
-
-class CorpusTable:
-    """Every example's columns by row id, read once by each worker from the unsplit corpus dataset
-    (every batch may hold examples from anywhere in the corpus)."""
-
-    def __init__(self, shard):
-        ids, cols = [], {}
-        for b in shard.iter_batches(batch_format="numpy", batch_size=4096):
-            ids.append(np.asarray(b["_id"], dtype=np.int64))
-            for c in COLUMNS:
-                if c in b:
-                    cols.setdefault(c, []).append(b[c])
-        order = np.argsort(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
-        self.n = len(order)
-        self.columns = {c: [x for part in parts for x in part] for c, parts in cols.items()}
-        self.columns = {c: [v[i] for i in order] for c, v in self.columns.items()}
-
-    def row(self, ids: np.ndarray, step: int, epoch: int) -> dict:
-        """One batch as the loop's dataset rows look (lists per column)."""
-        out = {"step": step, "epoch": epoch}
-        for c, values in self.columns.items():
-            out[c] = [_plain(values[int(i)]) for i in ids]
-        return out
-
-
-def _plain(value):
-    return value.tolist() if isinstance(value, np.ndarray) else value
-
-
-@dataclass
-class Layout:
-    epoch: int
-    batches: np.ndarray  # (num_batches, batch_size) row ids; batch b -> step first + b // world, rank b % world
-    info: dict = field(default_factory=dict)
-
-    def save(self, state_dir: Path) -> None:
-        state_dir.mkdir(parents=True, exist_ok=True)
-        np.savez(state_dir / LAYOUT_FILE, epoch=np.array([self.epoch]), batches=self.batches)
-
-    @staticmethod
-    def load(state_dir: Path) -> Optional["Layout"]:
-        path = state_dir / LAYOUT_FILE
-        if not path.is_file():
-            return None
-        with np.load(path, allow_pickle=False) as z:
-            return Layout(int(z["epoch"][0]), z["batches"].astype(np.int64))
 
 
 def embed_share(encoder, table: CorpusTable, by: str, rank: int, world: int, max_length: int, batch_size: int,
                 dtype: Optional[torch.dtype]) -> np.ndarray:
     """This rank's rows (``rank::world``), embedded in eval mode with no gradients."""
-    texts = table.columns[column(by)][rank::world]
+    texts = table.values(column(by), rank, world)
     with torch.no_grad():
         return encoder.encode(texts, batch_size=batch_size, max_length=max_length, autocast_dtype=dtype)
 
@@ -134,14 +84,6 @@ def build_layout(vectors: np.ndarray, grouping, batch_size: int, world: int, see
     return Layout(epoch, packing.batches, info)
 
 
-def epoch_rows(table: CorpusTable, layout: Layout, rank: int, world: int, first_step: int,
-               from_step: int) -> Iterator[dict]:
-    for b in range(rank, len(layout.batches), world):
-        step = first_step + b // world
-        if step >= from_step:
-            yield table.row(layout.batches[b], step, layout.epoch)
-
-
 def _collective_device(device: torch.device, world: int) -> torch.device:
     if world > 1:
         import torch.distributed as dist
@@ -169,28 +111,25 @@ def regroup(encoder, table: CorpusTable, run, rank: int, world: int, device: tor
     return layout
 
 
-def regrouped_rows(encoder, run, rank: int, world: int, device: torch.device, dtype: Optional[torch.dtype],
-                   steps_per_epoch: int, total: int, end: int, start: int, state: dict) -> Iterator[dict]:
+def regrouped_rows(encoder, table: Callable[[], CorpusTable], run, rank: int, world: int, device: torch.device,
+                   dtype: Optional[torch.dtype], steps_per_epoch: int, total: int, end: int, start: int,
+                   state: dict) -> Iterator[dict]:
     """The loop's batch rows from step ``start`` to ``end``, each epoch regrouped when the loop asks
-    for its first batch (after the previous epoch's last step: the weights are current). ``state``:
-    the loop's {"layout": the resumed epoch's Layout or None, "log": every epoch's record}, updated."""
+    for its first batch (after the previous epoch's last step: the weights are current). ``table``:
+    the corpus (read on the first call); ``state``: the loop's {"layout": the resumed epoch's Layout
+    or None, "log": every epoch's record}, updated."""
     import logging
 
-    import ray.train
-
     log = logging.getLogger("raycse.train")
-    table = None
     for epoch in range(run.train.epochs):
         first = epoch * steps_per_epoch
         if first >= end:
             return
         if min(first + steps_per_epoch, total) <= start:
             continue  # done before the checkpoint this run resumed from
-        if table is None:  # read once, only by a run with an epoch left to train
-            table = CorpusTable(ray.train.get_dataset_shard("corpus"))
         layout = state.get("layout")
         if layout is None or layout.epoch != epoch:
-            layout = regroup(encoder, table, run, rank, world, device, dtype, epoch, total - first)
+            layout = regroup(encoder, table(), run, rank, world, device, dtype, epoch, total - first)
             state["layout"] = layout
             if rank == 0:
                 info = layout.info
@@ -201,4 +140,4 @@ def regrouped_rows(encoder, run, rank: int, world: int, device: torch.device, dt
                          f"{info['embed_seconds']:.1f} s)"
                          + (f", kNN {info['knn_method']} recall {info['knn_recall']:.3f}"
                             if info.get("knn_recall") is not None else ""))
-        yield from epoch_rows(table, layout, rank, world, first, max(start, first))
+        yield from epoch_rows(table(), layout, rank, world, first, max(start, first))

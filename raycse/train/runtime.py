@@ -127,21 +127,16 @@ def release_freed_memory() -> None:
 def setup_ray_data(progress_bars: bool = True) -> None:
     """This process's Ray Data settings (datasets carry them to the tasks they start).
 
-    - Logs: Ray Data logs every execution plan at INFO; keep warnings. Train workers also drop the
-      progress bars (their data is already materialized; the bar only repeats itself in the log).
-    - Shuffles (the layout's groupby and sort): the pull-based sort shuffle. Ray 2.60's default
-      (SHUFFLE_V2) starts aggregator actors, new processes, for every groupby and sort: 2.6-4.1 s a
-      layout of 4,096 sentences on 2 CPUs, vs 0.2-0.3 s (BENCHMARKS.md, fixed cost). The pull-based
-      shuffle was Ray Data's default before SHUFFLE_V2. RAY_DATA_DEFAULT_SHUFFLE_STRATEGY, where set,
-      wins (e.g. ``shuffle_v2`` for a corpus of many GB on a large cluster).
+    Ray Data logs every execution plan at INFO: keep warnings. Train workers also drop the progress
+    bars (their data is already materialized; the bar only repeats itself in the log). No shuffle
+    setting: batches travel as row ids (raycse.grouping.layout), so no groupby or sort runs (the
+    layout's groupby used to, where Ray 2.60's SHUFFLE_V2 default started aggregator processes).
     """
     import logging
 
-    from ray.data.context import DataContext, ShuffleStrategy
+    from ray.data.context import DataContext
 
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     ctx = DataContext.get_current()
-    if not os.environ.get("RAY_DATA_DEFAULT_SHUFFLE_STRATEGY"):
-        ctx.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
     if not progress_bars:
         ctx.enable_progress_bars = False

@@ -1,0 +1,79 @@
+"""A fit's batches as row ids, and the corpus they index: the one route from a batch order to the
+train workers.
+
+A :class:`Layout` is one epoch's batches (``num_batches x batch_size`` row ids; batch ``b`` goes to
+rank ``b % W`` at the epoch's step ``b // W``). The driver lays out fixed orders (random, shingle,
+none, and knn/cluster grouped once) before the fit; knn/cluster regrouped every epoch are laid out
+by the workers with their current weights (:mod:`raycse.train.regroup`). Either way each worker reads
+the numbered corpus once into a :class:`CorpusTable` (Arrow columns, ~the corpus's UTF-8 size) and
+takes its batches' rows from it with :func:`epoch_rows`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional
+
+import numpy as np
+
+COLUMNS = ("text", "pair", "score", "negatives")
+LAYOUT_FILE = "layout.npz"
+
+
+class CorpusTable:
+    """Every example's columns by row id (``_id``), read whole from ``source`` (a Ray Dataset or a Train
+    worker's dataset shard): any batch may hold examples from anywhere in the corpus."""
+
+    def __init__(self, source):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        tables = [t for t in source.iter_batches(batch_format="pyarrow", batch_size=65536) if t.num_rows]
+        table = (pa.concat_tables(tables, promote_options="default") if tables
+                 else pa.table({"_id": pa.array([], pa.int64())}))
+        table = table.take(pc.sort_indices(table["_id"]))
+        self.n = table.num_rows
+        self.columns = {c: table[c].combine_chunks() for c in COLUMNS if c in table.column_names}
+
+    def values(self, column: str, start: int = 0, step: int = 1) -> list:
+        """Rows ``start::step`` of one column, as Python values."""
+        return self.columns[column].take(np.arange(start, self.n, step)).to_pylist()
+
+    def row(self, ids: np.ndarray, step: int, epoch: int) -> dict:
+        """One batch as the loop reads it: its step and epoch, and a list per column."""
+        import pyarrow as pa
+
+        index = pa.array(np.asarray(ids, dtype=np.int64))
+        return {"step": step, "epoch": epoch, **{c: col.take(index).to_pylist() for c, col in self.columns.items()}}
+
+
+@dataclass
+class Layout:
+    epoch: int
+    batches: np.ndarray  # (num_batches, batch_size) row ids; batch b -> step first + b // world, rank b % world
+    info: dict = field(default_factory=dict)
+
+    def steps(self, world: int) -> int:
+        return len(self.batches) // world
+
+    def save(self, state_dir: Path) -> None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        np.savez(state_dir / LAYOUT_FILE, epoch=np.array([self.epoch]), batches=self.batches)
+
+    @staticmethod
+    def load(state_dir: Path) -> Optional["Layout"]:
+        path = state_dir / LAYOUT_FILE
+        if not path.is_file():
+            return None
+        with np.load(path, allow_pickle=False) as z:
+            return Layout(int(z["epoch"][0]), z["batches"].astype(np.int64))
+
+
+def epoch_rows(table: CorpusTable, layout: Layout, rank: int, world: int, first_step: int,
+               from_step: int = 0) -> Iterator[dict]:
+    """Rank ``rank``'s rows of ``layout`` (its epoch starting at ``first_step``), from ``from_step`` on."""
+    for b in range(rank, len(layout.batches), world):
+        step = first_step + b // world
+        if step >= from_step:
+            yield table.row(layout.batches[b], step, layout.epoch)
