@@ -167,10 +167,17 @@ def fit_data(run: RunConfig, corpus, prepared, spe: int, total: int, model_path:
     before this run (``prepared``), left for the workers to regroup epoch by epoch (None), or laid
     out now with the starting model."""
     if prepared is not None:
-        return prepared.dataset, prepared.layouts, list(prepared.grouping_log)
+        return quiet(prepared.dataset), prepared.layouts, list(prepared.grouping_log)
     if run.grouping.regroups_in_fit:
-        return corpus.dataset, None, []
-    return (corpus.dataset, *lay_out_epochs(run, corpus, spe, total, model_path))
+        return quiet(corpus.dataset), None, []
+    return (quiet(corpus.dataset), *lay_out_epochs(run, corpus, spe, total, model_path))
+
+
+def quiet(dataset):
+    """No progress bar when the Train workers read it: it has nothing left to compute, and the bar's
+    last line reaches the driver's log from every worker."""
+    dataset.context.enable_progress_bars = False
+    return dataset
 
 
 def report_resume(resumed: Optional[dict]) -> None:
