@@ -54,9 +54,6 @@ class Layout:
     batches: np.ndarray  # (num_batches, batch_size) row ids; batch b -> step first + b // world, rank b % world
     info: dict = field(default_factory=dict)
 
-    def steps(self, world: int) -> int:
-        return len(self.batches) // world
-
     def save(self, state_dir: Path) -> None:
         state_dir.mkdir(parents=True, exist_ok=True)
         np.savez(state_dir / LAYOUT_FILE, epoch=np.array([self.epoch]), batches=self.batches)

@@ -167,10 +167,10 @@ def fit_data(run: RunConfig, corpus, prepared, spe: int, total: int, model_path:
     before this run (``prepared``), left for the workers to regroup epoch by epoch (None), or laid
     out now with the starting model."""
     if prepared is not None:
-        return quiet(prepared.dataset), prepared.layouts, list(prepared.grouping_log)
+        return prepared.dataset, prepared.layouts, list(prepared.grouping_log)
     if run.grouping.regroups_in_fit:
-        return quiet(corpus.dataset), None, []
-    return (quiet(corpus.dataset), *lay_out_epochs(run, corpus, spe, total, model_path))
+        return corpus.dataset, None, []
+    return (corpus.dataset, *lay_out_epochs(run, corpus, spe, total, model_path))
 
 
 def quiet(dataset):
@@ -309,7 +309,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
                        initial_file=initial_scores.cache_file(), eval_at=tuple(int(s) for s in hooks.eval_at),
                        score_sink=hooks.score_sink, tracking=tracking,
                        layouts=ray.put(layouts) if layouts is not None else None)
-        trainer = build_trainer(plan, dataset, cpus, storage, run_name, release.RegisterRun(registry, run_key),
+        trainer = build_trainer(plan, quiet(dataset), cpus, storage, run_name, release.RegisterRun(registry, run_key),
                                 dev is not None)
         t_fit = time.perf_counter()
         result = _fit_and_release(trainer, run.train, registry, run_key, worker_resources(run.train, cpus))
