@@ -220,3 +220,22 @@ def json_settings(exp):
     import json
 
     return json.loads((exp / "raycse_tune.json").read_text())
+
+
+def test_a_worker_waits_for_the_drivers_objects_within_its_bound(ray_cluster, monkeypatch):
+    """The fit's objects the driver put (scoring data, batch layouts) are fetched with a bound: an
+    object that never comes ends in one line naming it, not a hang."""
+    from raycse.train import runtime
+
+    @ray_cluster.remote(num_cpus=0)
+    def never():
+        time.sleep(60)
+
+    monkeypatch.setattr(runtime, "OBJECT_WAIT_S", 0.5)
+    ref = never.remote()
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="waited 0.5 s for the batch layouts from the driver"):
+        runtime.fetch(ref, "the batch layouts")
+    assert time.monotonic() - t0 < 10
+    ray_cluster.cancel(ref, force=True)
+    assert runtime.fetch(ray_cluster.put([1, 2]), "the scoring data") == [1, 2]

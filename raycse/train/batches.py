@@ -19,6 +19,7 @@ import torch
 from raycse.grouping.layout import CorpusTable, epoch_rows
 from raycse.train import ahead, regroup
 from raycse.train.plan import FitPlan
+from raycse.train.runtime import fetch
 
 
 def row_examples(row: dict) -> list:
@@ -62,13 +63,11 @@ class BatchSource:
 
     def rows(self, start: int) -> Iterator[dict]:
         """Rows from step ``start`` on: the driver's layouts, or regrouped epoch by epoch in the fit."""
-        import ray
-
         p, e = self.plan, self.engine
         if p.regroup_in_fit:
             return regroup.regrouped_rows(e.core.encoder, self.table, p.run, self.rank, self.world_size, e.device,
                                           e.dtype, p.steps_per_epoch, p.total_steps, p.stop_at, start, self.grouping)
-        layouts = ray.get(p.layouts)
+        layouts = fetch(p.layouts, "the batch layouts")
         return (row for layout in layouts
                 for row in epoch_rows(self.table(), layout, self.rank, self.world_size,
                                       layout.epoch * p.steps_per_epoch, start))

@@ -15,7 +15,7 @@ from raycse.train import tracking
 from raycse.train.module import shape_bound
 from raycse.train.plan import FitPlan
 from raycse.train.profile import describe
-from raycse.train.runtime import release_freed_memory, resolve_precision
+from raycse.train.runtime import fetch, release_freed_memory, resolve_precision
 
 SCORE_METRIC = "stsb_dev_spearman"  # the default model-selection key (eval.metric: stsb_dev)
 # Workers log instead of print: Ray Train V2 patches print() into its logger and would echo each line twice.
@@ -45,11 +45,10 @@ class Reporter:
     """Rank ``rank``'s scores and reports for ``plan``'s fit of ``engine`` (StepEngine)."""
 
     def __init__(self, plan: FitPlan, rank: int, world_size: int, engine, progress: Progress):
-        import ray
-
         self.plan, self.run, self.rank, self.world_size = plan, plan.run, rank, world_size
         self.engine, self.progress = engine, progress
-        self.dev = ray.get(plan.dev) if plan.dev is not None and rank == 0 else None  # only rank 0 scores
+        # only rank 0 scores
+        self.dev = fetch(plan.dev, "the scoring data") if plan.dev is not None and rank == 0 else None
         self.key = self.run.eval.score_key()
         self.eval_dtype = (engine.dtype if self.run.eval.precision == "train"
                            else resolve_precision(self.run.eval.precision, engine.device))

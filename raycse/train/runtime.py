@@ -93,6 +93,23 @@ def train_worker_env() -> dict:
     return env
 
 
+# A fit's objects that the driver put before it (the scoring data, the batch layouts): a worker
+# waits for each at most this long, then the fit fails in one line instead of hanging.
+OBJECT_WAIT_S = 300.0
+
+
+def fetch(ref, what: str):
+    """``ray.get(ref)`` within :data:`OBJECT_WAIT_S`; a TimeoutError naming ``what`` after it."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    try:
+        return ray.get(ref, timeout=OBJECT_WAIT_S)
+    except GetTimeoutError:
+        raise TimeoutError(f"this worker waited {OBJECT_WAIT_S:g} s for {what} from the driver and got nothing; "
+                           f"check that the driver and the object store's node are alive") from None
+
+
 def cluster_cpus() -> int:
     import ray
 
