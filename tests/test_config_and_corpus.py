@@ -157,3 +157,20 @@ def test_objective_knobs_are_parsed_once_and_again_only_when_they_change(monkeyp
     with pytest.raises(ConfigError, match="tau"):
         run.validate()
     assert calls == ["compcse", "compcse"]
+
+
+def test_the_empty_corpus_check_looks_into_a_bounded_number_of_files(tmp_path, monkeypatch):
+    """Blank files only: refused; one with text among them: accepted; past the bound the verdict is
+    the read's (a prefix of countless blank objects must not keep the check reading)."""
+    from raycse.data import dataset
+
+    blank = []
+    for i in range(5):
+        (tmp_path / f"b{i}.txt").write_text("\n \n")
+        blank.append(str(tmp_path / f"b{i}.txt"))
+    (tmp_path / "t.txt").write_text("hello\n")
+    with pytest.raises(DataError, match="no usable text"):
+        dataset.check_not_empty(blank)
+    dataset.check_not_empty(blank + [str(tmp_path / "t.txt")])
+    monkeypatch.setattr(dataset, "EMPTY_CHECK_FILES", 3)
+    dataset.check_not_empty(blank)

@@ -114,19 +114,27 @@ def _uri_files(uri: str) -> list[tuple]:
     return [(fs, i.path) for i in found if i.type == pafs.FileType.File and not i.base_name.startswith(".")]
 
 
+EMPTY_CHECK_FILES = 100  # files looked into before the check leaves the verdict to the read
+
+
 def check_not_empty(sources: list) -> None:
     """A corpus of empty or blank files, local or on object storage, is refused before Ray starts.
-    Reads until the first non-blank byte, at most 64 MiB a file."""
+    Reads until the first non-blank byte, at most 64 MiB a file and :data:`EMPTY_CHECK_FILES` files
+    (a prefix of countless blank objects is then left to the read, which fails on it in one line)."""
+    checked = 0
     for src in sources:
         if storage.is_uri(src):
             try:
                 files = _uri_files(src)
             except OSError:
                 return  # (resolve_sources found it: a store failing now fails the read, naming itself)
-            if any(_has_text(lambda: fs.open_input_file(path), path) for fs, path in files):
+            opens = [(lambda fs=fs, path=path: fs.open_input_file(path), path) for fs, path in files]
+        else:
+            opens = [(lambda src=src: open(src, "rb"), src)]
+        for open_file, name in opens:
+            if checked == EMPTY_CHECK_FILES or _has_text(open_file, name):
                 return
-        elif _has_text(lambda: open(src, "rb"), src):
-            return
+            checked += 1
     raise DataError(f"the corpus has no usable text: {', '.join(sources[:3])}{' ...' if len(sources) > 3 else ''} "
                     f"{'is' if len(sources) == 1 else 'are'} empty or blank; give a corpus with one sentence per "
                     f"line (or records with a text field)")
