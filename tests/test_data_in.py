@@ -4,7 +4,9 @@ datasets.Dataset, and --format hf reading a save_to_disk directory or a builder 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 
 import pytest
 
@@ -16,11 +18,28 @@ datasets = pytest.importorskip("datasets")
 SENTENCES = make_sentences(40, seed=11)
 
 
+_AUDIT = {"events": None, "seen": []}
+
+
+@contextlib.contextmanager
+def _audited(events: tuple):
+    """The audit events ``events`` this process raises inside the block (Python's audit hooks, which
+    cannot be removed: the one hook records only while a block is open)."""
+    if _AUDIT["events"] is None:
+        sys.addaudithook(lambda event, args: _AUDIT["seen"].append((event, args))
+                         if _AUDIT["events"] and event in _AUDIT["events"] else None)
+    _AUDIT["events"], _AUDIT["seen"] = events, []
+    try:
+        yield _AUDIT["seen"]
+    finally:
+        _AUDIT["events"] = ()
+
+
 def _texts(corpus) -> list[str]:
     return sorted(r["text"] for r in corpus.dataset.iter_rows())
 
 
-def test_hf_format_reads_a_saved_directory_and_local_data_files(ray_cluster, tmp_path):
+def test_hf_format_reads_a_saved_directory_and_local_data_files(ray_cluster, tmp_path, monkeypatch):
     from raycse.data.dataset import load_corpus
 
     saved = tmp_path / "saved"
@@ -38,8 +57,15 @@ def test_hf_format_reads_a_saved_directory_and_local_data_files(ray_cluster, tmp
 
     records = tmp_path / "part.jsonl"
     records.write_text("\n".join(json.dumps({"text": s}) for s in SENTENCES[:30]) + "\n")
-    corpus = load_corpus(DataConfig(corpus="json", format="hf", data_files=str(records)), seed=1)
+    # Ray's from_huggingface reloaded a "json" builder by name, which globbed the working directory
+    # (150 s from the checkout) and then asked huggingface.co without a timeout: neither happens now
+    workdir = tmp_path / "workdir"
+    (workdir / "sub").mkdir(parents=True)
+    monkeypatch.chdir(workdir)
+    with _audited(("os.scandir", "os.listdir", "socket.getaddrinfo", "socket.connect")) as seen:
+        corpus = load_corpus(DataConfig(corpus="json", format="hf", data_files=str(records)), seed=1)
     assert _texts(corpus) == sorted(SENTENCES[:30])
+    assert not [(e, a) for e, a in seen if e.startswith("socket.") or str(workdir) in str(a[0])], seen
 
 
 def test_objects_handed_to_the_python_api(ray_cluster, tmp_path):

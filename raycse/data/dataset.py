@@ -277,8 +277,25 @@ def in_memory(source, d):
             raise DataError(f"the DatasetDict has no split '{d.split}' (it has {', '.join(source)}); set data.split")
         source = source[d.split]
     if hasattr(source, "features") and hasattr(source, "select_columns"):  # a datasets.Dataset
-        return ray.data.from_huggingface(source)
+        return from_hf(source)
     raise DataError(f"corpus must be a path, a ray.data.Dataset or a datasets.Dataset, got {type(source).__name__}")
+
+
+def from_hf(hf):
+    """A Ray Dataset of a Hugging Face dataset's rows, which are on this machine already.
+
+    Not ``ray.data.from_huggingface``: before it converts, it reloads the dataset by its builder's
+    name to look for the hub's Parquet copy. For a builder over local files (``json``, ``csv``) that
+    globs the working directory recursively (150 s from a checkout with its venv; unbounded from a
+    large home directory), and it then asks huggingface.co with no timeout."""
+    import datasets
+    import ray.data
+
+    if isinstance(hf, datasets.IterableDataset):  # streamed, as Ray's converter streams it
+        from ray.data._internal.datasource.huggingface_datasource import HuggingFaceDatasource
+
+        return ray.data.read_datasource(HuggingFaceDatasource(dataset=hf))
+    return ray.data.from_arrow(hf.with_format("arrow")[:])  # (the view: select/shuffle applied)
 
 
 def _hf_dataset(d):
@@ -322,7 +339,7 @@ def raw_dataset(d, seed: int, shuffle: bool = True, source=None, paths: Optional
         else:  # columns checked and selected before the conversion: only those are converted
             hf = _hf_dataset(d)
             _check_columns(list(hf.column_names), wanted, f"Hugging Face dataset {d.corpus}")
-            ds = ray.data.from_huggingface(hf.select_columns(wanted))
+            ds = from_hf(hf.select_columns(wanted))
         return ds.map_batches(CleanColumns(columns, d.max_chars), batch_format="numpy", zero_copy_batch=False)
     paths = paths or resolve_sources(d.corpus)
     fmt = d.format if d.format != "auto" else detect_format(_pathlike(paths[0]))
