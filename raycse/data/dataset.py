@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import glob
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Optional
 
@@ -45,6 +45,7 @@ class Corpus:
     num_examples: int
     stats: CorpusStats
     pairs: bool
+    blocks: list = field(default_factory=list)  # the dataset's Arrow blocks (ObjectRefs), numbered in order
 
 
 def columns_of(d) -> ExampleColumns:
@@ -470,8 +471,7 @@ def load_corpus(d, seed: int, dedup: Optional[bool] = None, expand=None,
                         f"({stats.summary()}); give a file with at least one non-empty line")
     offsets = np.cumsum([0] + counts[:-1])
     refs = [number.remote(p[0], k, int(o)) for p, k, o in zip(parts, keeps, offsets)]
-    dataset = ray.data.from_arrow_refs(refs)
-    return Corpus(dataset, total, stats, d.is_pairs)
+    return Corpus(ray.data.from_arrow_refs(refs), total, stats, d.is_pairs, refs)
 
 
 class ray_data_errors:

@@ -69,7 +69,7 @@ def layouts(plans: list[EpochPlan]) -> list[Layout]:
 
 def lay_out(corpus, plans: list[EpochPlan], world_size: int) -> dict:
     """The planned epochs' batch rows as the workers read them: ``rank{r}`` -> rows in step order."""
-    table = CorpusTable(corpus.dataset)
+    table = CorpusTable.of_dataset(corpus.dataset)
     return {f"rank{r}": [row for p, layout in zip(plans, layouts(plans))
                          for row in epoch_rows(table, layout, r, world_size, p.first_step)]
             for r in range(world_size)}

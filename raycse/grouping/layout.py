@@ -5,8 +5,8 @@ A :class:`Layout` is one epoch's batches (``num_batches x batch_size`` row ids; 
 rank ``b % W`` at the epoch's step ``b // W``). The driver lays out fixed orders (random, shingle,
 none, and knn/cluster grouped once) before the fit; knn/cluster regrouped every epoch are laid out
 by the workers with their current weights (:mod:`raycse.train.regroup`). Either way each worker reads
-the numbered corpus once into a :class:`CorpusTable` (Arrow columns, ~the corpus's UTF-8 size) and
-takes its batches' rows from it with :func:`epoch_rows`.
+the numbered corpus's blocks once, from the object store, into a :class:`CorpusTable` (Arrow
+columns, ~the corpus's UTF-8 size) and takes its batches' rows from it with :func:`epoch_rows`.
 """
 
 from __future__ import annotations
@@ -22,19 +22,24 @@ LAYOUT_FILE = "layout.npz"
 
 
 class CorpusTable:
-    """Every example's columns by row id (``_id``), read whole from ``source`` (a Ray Dataset or a Train
-    worker's dataset shard): any batch may hold examples from anywhere in the corpus."""
+    """Every example's columns by row id (``_id``), from the numbered corpus's Arrow ``tables`` (its
+    blocks, or :meth:`of_dataset`): any batch may hold examples from anywhere in the corpus."""
 
-    def __init__(self, source):
+    def __init__(self, tables: list):
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        tables = [t for t in source.iter_batches(batch_format="pyarrow", batch_size=65536) if t.num_rows]
+        tables = [t for t in tables if t.num_rows]
         table = (pa.concat_tables(tables, promote_options="default") if tables
                  else pa.table({"_id": pa.array([], pa.int64())}))
         table = table.take(pc.sort_indices(table["_id"]))
         self.n = table.num_rows
         self.columns = {c: table[c].combine_chunks() for c in COLUMNS if c in table.column_names}
+
+    @staticmethod
+    def of_dataset(dataset) -> "CorpusTable":
+        """From the numbered corpus as a Ray Dataset (:class:`raycse.data.dataset.Corpus`'s)."""
+        return CorpusTable(list(dataset.iter_batches(batch_format="pyarrow", batch_size=65536)))
 
     def values(self, column: str, start: int = 0, step: int = 1) -> list:
         """Rows ``start::step`` of one column, as Python values."""

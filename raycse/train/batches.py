@@ -55,10 +55,8 @@ class BatchSource:
 
     def table(self) -> CorpusTable:
         """The corpus, read on first use (a fit resumed at its end reads nothing)."""
-        import ray.train
-
         if self._table is None:
-            self._table = CorpusTable(ray.train.get_dataset_shard("corpus"))
+            self._table = CorpusTable(fetch(list(self.plan.corpus), "the corpus's blocks"))
         return self._table
 
     def rows(self, start: int) -> Iterator[dict]:

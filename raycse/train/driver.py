@@ -2,7 +2,7 @@
 
 Data path: the corpus is read and cleaned by Ray Data (:mod:`raycse.data.dataset`) and numbered;
 the batch order of each epoch is grouped and packed into batches of row ids (:mod:`raycse.grouping`)
-and handed to the workers with the corpus, which every worker reads once and takes its batches' rows
+and handed to the workers with the corpus's blocks, which every worker reads once from the object store and takes its batches' rows
 from (one route: :mod:`raycse.grouping.layout`). Strategies that group by the model's embeddings
 (knn, cluster) with ``grouping.regroup_every_epoch`` leave the ids to the workers: they regroup
 before every epoch with the weights they hold, inside the one running fit (:mod:`raycse.train.regroup`).
@@ -163,21 +163,14 @@ def lay_out_epochs(run: RunConfig, corpus, spe: int, total: int, embed_from: str
 
 
 def fit_data(run: RunConfig, corpus, prepared, spe: int, total: int, model_path: str) -> tuple:
-    """(the corpus dataset, the epochs' layouts or None, the grouping log so far): read and laid out
-    before this run (``prepared``), left for the workers to regroup epoch by epoch (None), or laid
-    out now with the starting model."""
+    """(the numbered corpus's Arrow blocks, the epochs' layouts or None, the grouping log so far): read
+    and laid out before this run (``prepared``), left for the workers to regroup epoch by epoch
+    (None), or laid out now with the starting model."""
     if prepared is not None:
-        return prepared.dataset, prepared.layouts, list(prepared.grouping_log)
+        return prepared.blocks, prepared.layouts, list(prepared.grouping_log)
     if run.grouping.regroups_in_fit:
-        return corpus.dataset, None, []
-    return (corpus.dataset, *lay_out_epochs(run, corpus, spe, total, model_path))
-
-
-def quiet(dataset):
-    """No progress bar when the Train workers read it: it has nothing left to compute, and the bar's
-    last line reaches the driver's log from every worker."""
-    dataset.context.enable_progress_bars = False
-    return dataset
+        return corpus.blocks, None, []
+    return (corpus.blocks, *lay_out_epochs(run, corpus, spe, total, model_path))
 
 
 def report_resume(resumed: Optional[dict]) -> None:
@@ -227,13 +220,13 @@ def data_key(run: RunConfig) -> str:
 @dataclass
 class PreparedData:
     """A run's corpus read and its batches laid out once, for runs that differ only in knobs that do
-    not touch the data (a Tune experiment's trials of one seed). Holds a materialized Ray Dataset:
-    the process that built it owns its blocks and must outlive the runs that use it."""
+    not touch the data (a Tune experiment's trials of one seed). Holds the corpus's blocks in the
+    object store: the process that built it owns them and must outlive the runs that use it."""
 
     key: str
     stats: object  # raycse.data.dataset.CorpusStats
     num_examples: int
-    dataset: object  # the numbered corpus
+    blocks: list  # the numbered corpus's Arrow blocks (ObjectRefs)
     layouts: list  # raycse.grouping.layout.Layout per epoch
     grouping_log: list
 
@@ -249,7 +242,7 @@ def prepare_data(run: RunConfig) -> Optional[PreparedData]:
     if run.grouping.regroups_in_fit:
         return None  # every trial's workers group with their own weights
     layouts, logs = lay_out_epochs(run, corpus, spe, total, resolve_model(run.model.name_or_path))
-    return PreparedData(data_key(run), corpus.stats, corpus.num_examples, corpus.dataset, layouts, logs)
+    return PreparedData(data_key(run), corpus.stats, corpus.num_examples, corpus.blocks, layouts, logs)
 
 
 def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] = None,
@@ -297,7 +290,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         spe, total = plan_steps(run, num_examples)
         say_when_unscored(run, dev)
         say_devices(run.train)
-        dataset, layouts, grouping_log = fit_data(run, corpus, prepared, spe, total, model_path)
+        blocks, layouts, grouping_log = fit_data(run, corpus, prepared, spe, total, model_path)
         cpus = run.train.cpus_per_worker or max(1, cluster_cpus() // run.train.num_workers)
         storage = storage_path or str(staging / "ray")
         if storage_path:
@@ -307,9 +300,9 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
                        threads=max(1, round(cpus)), dev=ray.put(dev) if dev is not None else None,
                        initial_key=initial_scores.key(model_path, run, dev) if dev is not None else None,
                        initial_file=initial_scores.cache_file(), eval_at=tuple(int(s) for s in hooks.eval_at),
-                       score_sink=hooks.score_sink, tracking=tracking,
+                       score_sink=hooks.score_sink, tracking=tracking, corpus=tuple(blocks),
                        layouts=ray.put(layouts) if layouts is not None else None)
-        trainer = build_trainer(plan, quiet(dataset), cpus, storage, run_name, release.RegisterRun(registry, run_key),
+        trainer = build_trainer(plan, cpus, storage, run_name, release.RegisterRun(registry, run_key),
                                 dev is not None)
         t_fit = time.perf_counter()
         result = _fit_and_release(trainer, run.train, registry, run_key, worker_resources(run.train, cpus))
@@ -393,7 +386,7 @@ def say_when_unscored(run: RunConfig, dev) -> None:
         print(f"[raycse] {why}: training without evaluation, keeping the last checkpoint", flush=True)
 
 
-def build_trainer(plan: FitPlan, corpus, cpus: float, storage: str, run_name: str, register,
+def build_trainer(plan: FitPlan, cpus: float, storage: str, run_name: str, register,
                   scored: bool):
     """One ``TorchTrainer`` for every epoch. A restarted driver (same storage and run name) resumes
     inside it: the workers load the furthest whole checkpoint under ``plan.checkpoint_dir``
@@ -408,8 +401,6 @@ def build_trainer(plan: FitPlan, corpus, cpus: float, storage: str, run_name: st
         torch_config=TorchConfig(backend=collective_backend(t)),
         scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu,
                                      resources_per_worker=worker_resources(t, cpus)),
-        datasets={"corpus": corpus},  # every worker reads it whole (raycse.grouping.layout)
-        dataset_config=_dataset_config(),
         run_config=TrainRunConfig(
             name=run_name, storage_path=storage,
             worker_runtime_env={"env_vars": train_worker_env()},
@@ -530,14 +521,6 @@ def _fit_and_release(trainer, t, registry, run_key: str, per_worker: dict):
         raise
     release.release(registry, run_key, release_s)
     return result
-
-
-def _dataset_config():
-    """Every worker reads the corpus whole (no splitting); in order, which costs nothing here."""
-    from ray.data import ExecutionOptions
-    from ray.train import DataConfig
-
-    return DataConfig(datasets_to_split=[], execution_options=ExecutionOptions(preserve_order=True))
 
 
 def best_score(metrics: dict) -> Optional[float]:

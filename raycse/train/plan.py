@@ -50,6 +50,9 @@ class FitPlan:
     score_sink: Any = None  # rank 0 posts each dev score here at once (TuneHooks.score_sink)
     tracking: Any = None  # raycse.train.tracking.Tracking, or None
     layouts: Any = None  # ObjectRef of the epochs' raycse.grouping.layout.Layout list (fixed orders), or None
+    # the numbered corpus's Arrow blocks (ObjectRefs; raycse.data.dataset.Corpus.blocks): every worker
+    # reads them whole, straight from the object store (no Ray Data pipeline or actor per fit)
+    corpus: tuple = ()
 
 
 @dataclass(frozen=True)
