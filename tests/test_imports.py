@@ -94,3 +94,16 @@ def test_the_driver_hands_the_workers_one_frozen_typed_plan():
     assert all(f.type != "dict" for f in dataclasses.fields(FitPlan))
     params = inspect.signature(driver.train).parameters
     assert params["hooks"].annotation in ("Optional[TuneHooks]", TuneHooks | None) and "stop_at" not in params
+
+
+def test_the_workers_read_the_corpus_from_its_blocks_not_a_ray_data_dataset(tmp_path):
+    """Issue 46 item 5: the trainer is handed no Ray Data dataset (a dataset there cost each fit a
+    pipeline per worker); the plan carries the numbered corpus's blocks, which the workers fetch."""
+    from raycse.config import RunConfig
+    from raycse.train import driver, release
+    from raycse.train.plan import FitPlan
+
+    plan = FitPlan(run=RunConfig(), total_steps=10, stop_at=10, steps_per_epoch=10, regroup_in_fit=False,
+                   checkpoint_dir=str(tmp_path / "ckpt"), threads=1, corpus=("a block",))
+    trainer = driver.build_trainer(plan, 1, str(tmp_path), "run", release.RegisterRun(None, "k"), False)
+    assert not trainer.datasets and trainer.train_loop_config["plan"].corpus == ("a block",)
