@@ -69,7 +69,9 @@ def layouts(plans: list[EpochPlan]) -> list[Layout]:
 
 def lay_out(corpus, plans: list[EpochPlan], world_size: int) -> dict:
     """The planned epochs' batch rows as the workers read them: ``rank{r}`` -> rows in step order."""
-    table = CorpusTable.of_dataset(corpus.dataset)
+    import ray
+
+    table = CorpusTable(ray.get(corpus.blocks))  # as the workers read it (raycse.train.batches)
     return {f"rank{r}": [row for p, layout in zip(plans, layouts(plans))
                          for row in epoch_rows(table, layout, r, world_size, p.first_step)]
             for r in range(world_size)}

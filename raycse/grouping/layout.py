@@ -23,7 +23,7 @@ LAYOUT_FILE = "layout.npz"
 
 class CorpusTable:
     """Every example's columns by row id (``_id``), from the numbered corpus's Arrow ``tables`` (its
-    blocks, or :meth:`of_dataset`): any batch may hold examples from anywhere in the corpus."""
+    blocks, :attr:`raycse.data.dataset.Corpus.blocks`): any batch may hold examples from anywhere in the corpus."""
 
     def __init__(self, tables: list):
         import pyarrow as pa
@@ -35,11 +35,6 @@ class CorpusTable:
         table = table.take(pc.sort_indices(table["_id"]))
         self.n = table.num_rows
         self.columns = {c: table[c].combine_chunks() for c in COLUMNS if c in table.column_names}
-
-    @staticmethod
-    def of_dataset(dataset) -> "CorpusTable":
-        """From the numbered corpus as a Ray Dataset (:class:`raycse.data.dataset.Corpus`'s)."""
-        return CorpusTable(list(dataset.iter_batches(batch_format="pyarrow", batch_size=65536)))
 
     def values(self, column: str, start: int = 0, step: int = 1) -> list:
         """Rows ``start::step`` of one column, as Python values."""
