@@ -72,7 +72,7 @@ def test_the_worker_loop_is_four_named_parts_and_one_page():
     for part in PARTS:
         assert not graph[part] & (set(PARTS) | {"raycse.train.loop", "raycse.train.driver"}), part
         lines = len((PACKAGE.parent / (part.replace(".", "/") + ".py")).read_text().splitlines())
-        assert lines <= 160, (part, lines)
+        assert lines <= 130, (part, lines)  # the "none over ~120 lines"
     assert len((PACKAGE / "train" / "loop.py").read_text().splitlines()) <= 200
 
 

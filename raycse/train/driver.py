@@ -390,7 +390,7 @@ def build_trainer(plan: FitPlan, cpus: float, storage: str, run_name: str, regis
                   scored: bool):
     """One ``TorchTrainer`` for every epoch. A restarted driver (same storage and run name) resumes
     inside it: the workers load the furthest whole checkpoint under ``plan.checkpoint_dir``
-    (train.checkpointer.latest_in_storage)."""
+    (train.resume.latest_in_storage)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig as TrainRunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 

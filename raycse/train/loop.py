@@ -24,7 +24,8 @@ from raycse.train.checkpointer import Checkpointer, checkpoint_rank, CHECKPOINT_
 from raycse.train.module import build_module, worker_device
 from raycse.train.plan import FitPlan
 from raycse.train.profile import StepProfiler, fit_window, span
-from raycse.train.reporter import Progress, Reporter
+from raycse.train.progress import Progress
+from raycse.train.reporter import Reporter
 from raycse.train.runtime import seed_everything, setup_ray_data
 from raycse.train.steps import StepEngine, move
 

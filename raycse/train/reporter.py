@@ -4,7 +4,6 @@ lines, tracking, the metrics each checkpoint carries, and the scores a Tune tria
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -14,31 +13,13 @@ from raycse.objectives.base import LossOutput
 from raycse.train import tracking
 from raycse.train.module import shape_bound
 from raycse.train.plan import FitPlan
+from raycse.train.progress import Progress, run_line
 from raycse.train.profile import describe
 from raycse.train.runtime import fetch, release_freed_memory, resolve_precision
 
 SCORE_METRIC = "stsb_dev_spearman"  # the default model-selection key (eval.metric: stsb_dev)
 # Workers log instead of print: Ray Train V2 patches print() into its logger and would echo each line twice.
 log = logging.getLogger("raycse.train")
-
-
-@dataclass
-class Progress:
-    """What a fit has done: restored from a checkpoint on resume, reported at each one."""
-
-    step: int = 0
-    history: list = field(default_factory=list)  # mean loss per checkpoint
-    initial: Optional[float] = None  # the score before training
-    resumed: Optional[dict] = None  # where this fit's state came from
-    window: list = field(default_factory=list)  # losses since the last checkpoint
-    train_time: float = 0.0  # this fit's seconds in steps, and examples seen in them
-    seen: int = 0
-    to_step_10: Optional[float] = None  # seconds this fit took to its 10th step
-    places: list = field(default_factory=list)  # every rank's (Ray node, GPU ids)
-
-    @property
-    def speed(self) -> float:
-        return self.seen / max(self.train_time, 1e-9)
 
 
 class Reporter:
@@ -90,14 +71,7 @@ class Reporter:
         kernels = onednn.choice()
         log.info(f"[raycse] rank 0 on {machine.describe()}, torch {torch.__version__}; fp32 CPU linears on "
                  f"{'oneDNN' if kernels['onednn'] else 'PyTorch default kernels'} ({kernels['why']})")
-        fresh = p.step == 0 and dev is not None
-        log.info(f"[raycse] {self.world_size} worker(s), steps {p.step}..{self.plan.stop_at} of "
-                 f"{self.plan.total_steps}, global batch {run.train.batch_size * self.world_size}, precision "
-                 f"{e.dtype or 'fp32'}, threads {torch.get_num_threads()}" + (", resumed" if p.step else "")
-                 + (f", {dev.label} before: {p.initial:.2f}" if fresh and p.initial is not None else "")
-                 + (" (remembered from an earlier run: raycse.evaluation.initial_scores)" if remembered else "")
-                 + (f", {dev.label} before: not measured (--score-before true measures it)"
-                    if fresh and p.initial is None and run.eval.before_training == "auto" else ""))
+        log.info(run_line(self.plan, self.world_size, p, e.dtype, dev, remembered))
         log.info(f"[raycse] {shape_bound(run, e.core.objective)}")
 
     def note_warmup(self, started: float) -> None:

@@ -1,0 +1,44 @@
+"""What a fit has done (:class:`Progress`: restored on resume, reported at each checkpoint) and rank
+0's line that says the run's shape and where it starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from raycse.train.plan import FitPlan
+
+
+@dataclass
+class Progress:
+    """What a fit has done: restored from a checkpoint on resume, reported at each one."""
+
+    step: int = 0
+    history: list = field(default_factory=list)  # mean loss per checkpoint
+    initial: Optional[float] = None  # the score before training
+    resumed: Optional[dict] = None  # where this fit's state came from
+    window: list = field(default_factory=list)  # losses since the last checkpoint
+    train_time: float = 0.0  # this fit's seconds in steps, and examples seen in them
+    seen: int = 0
+    to_step_10: Optional[float] = None  # seconds this fit took to its 10th step
+    places: list = field(default_factory=list)  # every rank's (Ray node, GPU ids)
+
+    @property
+    def speed(self) -> float:
+        return self.seen / max(self.train_time, 1e-9)
+
+
+def run_line(plan: FitPlan, world_size: int, p: Progress, dtype, dev, remembered: bool) -> str:
+    """Workers, steps, global batch, precision, threads, and the starting score where there is one
+    (``remembered``: read back from an earlier run, not computed)."""
+    run = plan.run
+    fresh = p.step == 0 and dev is not None
+    return (f"[raycse] {world_size} worker(s), steps {p.step}..{plan.stop_at} of "
+            f"{plan.total_steps}, global batch {run.train.batch_size * world_size}, precision "
+            f"{dtype or 'fp32'}, threads {torch.get_num_threads()}" + (", resumed" if p.step else "")
+            + (f", {dev.label} before: {p.initial:.2f}" if fresh and p.initial is not None else "")
+            + (" (remembered from an earlier run: raycse.evaluation.initial_scores)" if remembered else "")
+            + (f", {dev.label} before: not measured (--score-before true measures it)"
+               if fresh and p.initial is None and run.eval.before_training == "auto" else ""))
