@@ -251,9 +251,9 @@ def resolve_train_config(args: argparse.Namespace):
 def cmd_train(args) -> int:
     import yaml
 
+    run = resolve_train_config(args)  # a bad flag or config is refused before the driver's imports (torch, Ray)
     from raycse.train.driver import best_score, train
 
-    run = resolve_train_config(args)
     if args.print_config:
         print(yaml.safe_dump(run.to_dict(), sort_keys=False))
         return 0

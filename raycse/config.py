@@ -477,7 +477,9 @@ class RunConfig:
                            'where the model, metrics.json and config.yaml go')
 
     def validate(self) -> "RunConfig":
-        for section in (self.model, self.data, self.grouping, self.objective, self.train, self.eval):
+        # the objective's knobs last: parsing them imports the objectives (torch, seconds), so a bad plain
+        # setting is refused at once
+        for section in (self.model, self.data, self.grouping, self.train, self.eval, self.objective):
             section.validate()
         if self.grouping.strategy not in ("random", "none") and self.grouping.group_size > self.train.batch_size:
             raise ConfigError(f"grouping.group_size ({self.grouping.group_size}) must be <= train.batch_size "

@@ -219,3 +219,41 @@ def s3_server():
 
     yield bucket
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server on 127.0.0.1 (sqlite store in a temp dir), once per session: it
+    takes 20-45 s to start on 2 cores."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    pytest.importorskip("mlflow")
+    root = tmp_path_factory.mktemp("mlflow")
+    port = _free_port()
+    cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+           "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--default-artifact-root", str(root / "art"),
+           "--workers", "1"]
+    log = open(root / "server.log", "w")
+    # No job runner (MLflow 3's huey consumer, unused here: its store, a dir in /dev/shm per start, was
+    # left behind at stop); its own process group, so the teardown stops the uvicorn child as well.
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90  # bounded: a server that does not come up fails the tests, it never hangs them
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            stop_process_group(proc, 0)
+            raise RuntimeError(f"MLflow server did not start in 90 s: {(root / 'server.log').read_text()[-2000:]}")
+        time.sleep(0.5)
+    yield url
+    stop_process_group(proc, 20)
+    log.close()

@@ -1,12 +1,10 @@
 """Experiment tracking against a real MLflow tracking server on 127.0.0.1 (sqlite store in a temp
-dir) and TensorBoard event files, read back through their own readers."""
+dir; conftest's mlflow_server), TensorBoard event files and offline W&B runs, read back through their
+own readers. A train run's TensorBoard files are checked in test_train_cli, tune experiments' MLflow
+runs and TensorBoard files in test_tune: on runs those tests make anyway (each fit costs ~20 s)."""
 
 import json
-import os
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -14,39 +12,9 @@ import pytest
 
 from raycse.cli import main
 
-from conftest import _free_port, own_lines, stop_process_group
+from conftest import _free_port, own_lines
 
 pytest.importorskip("mlflow")
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mlflow")
-    port = _free_port()
-    cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-           "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--default-artifact-root", str(root / "art"),
-           "--workers", "1"]
-    log = open(root / "server.log", "w")
-    # No job runner (MLflow 3's huey consumer, unused here: its store, a dir in /dev/shm per start, was
-    # left behind at stop); its own process group, so the teardown stops the uvicorn child as well.
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90  # bounded: a server that does not come up fails the tests, it never hangs them
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            stop_process_group(proc, 0)
-            raise RuntimeError(f"MLflow server did not start in 90 s: {(root / 'server.log').read_text()[-2000:]}")
-        time.sleep(0.5)
-    yield url
-    stop_process_group(proc, 20)
-    log.close()
 
 
 def _train_args(model, corpus, out, dev, tracking):
@@ -59,11 +27,8 @@ def _train_args(model, corpus, out, dev, tracking):
 SECRET = "SEKRETmlflow41"
 
 
-def test_train_and_tune_runs_in_mlflow(ray_cluster, mlflow_server, tiny_model, corpus, stsb_dev, tmp_path, capsys):
+def test_train_runs_in_mlflow(ray_cluster, mlflow_server, tiny_model, corpus, stsb_dev, tmp_path, capsys):
     from mlflow.tracking import MlflowClient
-
-    from raycse.tune import TuneSettings, tune_search
-    from test_tune import _tiny_space
 
     client = MlflowClient(tracking_uri=mlflow_server)
     # a password inside the tracking URI (HTTP basic auth; this server ignores it) is tracked, printed
@@ -92,22 +57,8 @@ def test_train_and_tune_runs_in_mlflow(ray_cluster, mlflow_server, tiny_model, c
     sentences = ["the city river", "a king was born"]
     np.testing.assert_allclose(SentenceTransformer(str(fetched)).encode(sentences),
                                SentenceTransformer(str(tmp_path / "run" / "model")).encode(sentences), atol=1e-6)
-
-    space = _tiny_space(tmp_path, tiny_model, corpus, stsb_dev)
-    settings = TuneSettings(space=space, num_samples=2, seeds=[0], rungs=2, scheduler="none", concurrent=1,
-                            tracking=f"mlflow:{mlflow_server}")
-    exp, results = tune_search(settings, str(tmp_path / "tune"), "exp-tracked")
-    assert not any(r.error for r in results)
-    runs = client.search_runs([client.get_experiment_by_name("exp-tracked").experiment_id])
-    assert len(runs) == 2 and all(r.info.status == "FINISHED" for r in runs)
-    for r in runs:
-        assert {"lr", "tau"} <= set(r.data.params)  # the trial's knobs
-        assert [m.step for m in client.get_metric_history(r.info.run_id, "mean")] == [1, 2]  # one per rung
-        assert r.data.metrics["mean"] == pytest.approx(r.data.metrics["seed0_score"])  # one seed: its score
-        assert r.data.metrics["rung"] == 2
-    assert sorted(r.data.metrics["mean"] for r in runs) == pytest.approx(sorted(t.metrics["mean"] for t in results))
-    # the trials' seed runs did not open MLflow runs of their own
-    assert len(client.search_runs([client.get_experiment_by_name("raycse").experiment_id])) == 1
+    # a tune experiment's MLflow runs: test_tune's two-trial experiment tracks into this server (one
+    # experiment of two trials fewer than one of its own here)
 
 
 def test_unreachable_tracking_server_fails_fast_and_writes_nothing(tiny_model, corpus, stsb_dev, tmp_path, capsys):
@@ -121,20 +72,6 @@ def test_unreachable_tracking_server_fails_fast_and_writes_nothing(tiny_model, c
     assert time.time() - t0 < 60 and not out.exists() and not list(tmp_path.glob(".run.partial-*"))
     assert main(_train_args(tiny_model, corpus, out, stsb_dev, "neptune:x")) == 2
     assert "tracking must be mlflow:URI" in capsys.readouterr().err
-
-
-def test_tensorboard_event_files_of_a_train_run(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    tb = tmp_path / "tb"
-    assert main(_train_args(tiny_model, corpus, tmp_path / "run", stsb_dev, f"tensorboard:{tb}")) == 0
-    acc = EventAccumulator(str(tb / "run"))
-    acc.Reload()
-    assert {"loss", "lr", "examples_per_s", "stsb_dev_spearman"} <= set(acc.Tags()["scalars"])
-    assert [e.step for e in acc.Scalars("loss")] == [2, 4, 6, 8]
-    assert sorted(e.step for e in acc.Scalars("stsb_dev_spearman")) == [0, 4, 8]
-    # a tune experiment's TensorBoard files (Ray's TBX logger): test_tune's BEIR-metric experiment
-    # writes and checks them (one tune fit fewer than an experiment of its own here)
 
 
 def _wandb_records(run_file: Path):

@@ -52,8 +52,10 @@ def test_train_two_workers_loss_goes_down_and_model_reloads(ray_cluster, tiny_mo
     # paths relative to the user's directory, which Ray's workers do not share (a GPU run failed so)
     monkeypatch.chdir(tmp_path)
     rel_model, rel_corpus = os.path.relpath(tiny_model), os.path.relpath(corpus)
+    tb = tmp_path / "tb"
     assert main(_train_args(rel_model, rel_corpus, Path("run"), stsb_dev, "--pooling", "cls",
-                                  "--score-before", "true", "--set", "train.profile_steps=5:7")) == 0
+                            "--score-before", "true", "--set", "train.profile_steps=5:7",
+                            "--tracking", f"tensorboard:{tb}")) == 0
     from raycse.machine import describe
 
     assert capsys.readouterr().out.startswith(f"[raycse] driver on {describe()}")  # the log names its machine
@@ -92,6 +94,19 @@ def test_train_two_workers_loss_goes_down_and_model_reloads(ray_cluster, tiny_mo
                  "AutoModel.from_pretrained", "cls pooling"):
         assert fact in card, fact
     check_card_parses(card, model_dir)
+    tensorboard_files_of_the_run(tb / "run")
+
+
+def tensorboard_files_of_the_run(where: Path) -> None:
+    """--tracking tensorboard:DIR: rank 0's scalars under DIR/<output name>, read back with
+    TensorBoard's own reader: a loss per logged step (every 4), the dev score before and at each eval."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(where))
+    acc.Reload()
+    assert {"loss", "lr", "examples_per_s", "stsb_dev_spearman"} <= set(acc.Tags()["scalars"])
+    assert [e.step for e in acc.Scalars("loss")] == [4, 8, 12, 16]  # rank 0 only: one value per logged step
+    assert sorted(e.step for e in acc.Scalars("stsb_dev_spearman")) == [0, 4, 8, 12, 16]
 
 
 def check_card_parses(card: str, model_dir) -> None:
@@ -190,7 +205,7 @@ def test_use_gpu_on_a_machine_without_gpus_fails_at_once(tiny_model, corpus, tmp
     assert [p.name for p in tmp_path.iterdir()] == ["corpus.txt"]  # no output, no staging left
 
 
-def test_bsc_on_scored_pairs_and_sgopt_train_end_to_end(ray_cluster, tiny_model, stsb_dev, tmp_path):
+def test_bsc_on_scored_pairs_trains_end_to_end(ray_cluster, tiny_model, stsb_dev, tmp_path):
     from conftest import make_sentences
 
     # Learnable pairs in the headerless STS-B TSV: (s, s) scored 5, (s, unrelated) scored 0.
@@ -207,19 +222,6 @@ def test_bsc_on_scored_pairs_and_sgopt_train_end_to_end(ray_cluster, tiny_model,
     h = m["last"]["loss_history"]  # 6 windows of 4 steps; single windows are noisy at batch 8
     assert sum(h[-2:]) < sum(h[:2])
 
-    corpus = tmp_path / "c.txt"
-    corpus.write_text("\n".join(make_sentences(128, seed=9)) + "\n")
-    out = tmp_path / "sgopt"
-    assert main(_train_args(tiny_model, corpus, out, stsb_dev, "--objective", "sgopt", "--num-workers", "1",
-                            "--cpus-per-worker", "2", "--set", "objective.proj_hidden=64",
-                            "--set", "objective.tau=0.1", "--pooling", "cls_before_pooler")) == 0
-    m = json.loads((out / "metrics.json").read_text())
-    assert m["last"]["step"] == 16
-    assert m["last"]["loss_history"][-1] < m["last"]["loss_history"][0]
-    import safetensors.torch
-
-    saved = safetensors.torch.load_file(str(out / "model" / "model.safetensors"))
-    assert not any("frozen" in k or "head" in k for k in saved)
 
 
 def test_objective_and_data_mismatch_is_clear(tiny_model, corpus, stsb_dev, tmp_path, capsys):
@@ -311,17 +313,27 @@ def test_eval_tune_analyze_meet_bad_input_like_train(tiny_model, stsb_dev, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "exp", stsb_dev.name] and not list(exp.iterdir())
 
 
-def test_model_selection_by_a_beir_metric(ray_cluster, tiny_model, corpus, tmp_path, capsys):
-    """eval.metric beir:DIR:ndcg@10 scores retrieval at every eval step and keeps the best checkpoint
-    by it (x100); STS-B dev is not scored then."""
-    from conftest import make_beir_dir
+def test_sgopt_trains_end_to_end_selected_by_a_beir_metric(ray_cluster, tiny_model, tmp_path, capsys):
+    """SG-OPT through `raycse train` (its frozen copy and head left out of the saved model), with
+    eval.metric beir:DIR:ndcg@10: retrieval is scored at every eval step and the best checkpoint kept
+    by it (x100); STS-B dev is not scored then. (One fit for both: each fit costs ~20 s of the suite.)"""
+    from conftest import make_beir_dir, make_sentences
 
     beir = make_beir_dir(tmp_path / "beir")
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(make_sentences(128, seed=9)) + "\n")
     out = tmp_path / "run"
-    argv = _train_args(tiny_model, corpus, out, "none", "--num-workers", "1", "--max-steps", "8",
-                       "--eval-metric", f"beir:{beir}:ndcg@10")
+    argv = _train_args(tiny_model, corpus, out, "none", "--objective", "sgopt", "--num-workers", "1",
+                       "--cpus-per-worker", "2", "--set", "objective.proj_hidden=64", "--set", "objective.tau=0.1",
+                       "--pooling", "cls_before_pooler", "--eval-metric", f"beir:{beir}:ndcg@10")
     assert main(argv) == 0
     metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["last"]["step"] == 16
+    assert metrics["last"]["loss_history"][-1] < metrics["last"]["loss_history"][0]
+    import safetensors.torch
+
+    saved = safetensors.torch.load_file(str(out / "model" / "model.safetensors"))
+    assert not any("frozen" in k or "head" in k for k in saved)
     assert metrics["score_key"] == "beir_ndcg@10"
     best, last = metrics["best"], metrics["last"]
     assert 0.0 <= best["beir_ndcg@10"] <= 100.0 and "stsb_dev_spearman" not in best

@@ -128,15 +128,48 @@ def _same_as_rays_own_reading(exp, trials) -> None:
     assert ea.get_best_config("target", "max", scope="last") == pytest.approx(best.params)
 
 
-def test_two_trials_two_seeds_analysis_plots_and_export(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path):
+def _mlflow_runs(server: str, experiment: str) -> list:
+    """The MLflow runs of ``experiment`` on ``server`` (none when it does not exist)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=server)
+    exp = client.get_experiment_by_name(experiment)
+    return sorted(r.info.run_id for r in client.search_runs([exp.experiment_id])) if exp is not None else []
+
+
+def _tracked_in_mlflow(server: str, experiment: str, results) -> None:
+    """A tune experiment in MLflow: a finished run per trial, with the trial's knobs as parameters and
+    one ``mean`` per rung (the mean of its seeds' scores), agreeing with Tune's results."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=server)
+    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    assert len(runs) == len(results) and all(r.info.status == "FINISHED" for r in runs)
+    for r in runs:
+        assert {"lr", "tau"} <= set(r.data.params)  # the trial's knobs
+        assert [m.step for m in client.get_metric_history(r.info.run_id, "mean")] == [1, 2]  # one per rung
+        seeds = [v for k, v in r.data.metrics.items() if k.startswith("seed") and k.endswith("_score")]
+        assert len(seeds) == 2 and r.data.metrics["mean"] == pytest.approx(np.mean(seeds))
+        assert r.data.metrics["rung"] == 2
+    assert sorted(r.data.metrics["mean"] for r in runs) == pytest.approx(sorted(t.metrics["mean"] for t in results))
+
+
+def test_two_trials_two_seeds_analysis_plots_and_export(ray_cluster, mlflow_server, tiny_model, corpus, stsb_dev,
+                                                       tmp_path):
+    """Two trials of two seeds and two rungs, read back by `analyze`, Optuna, optuna-dashboard and Ray;
+    tracked in MLflow through Ray's MLflowLoggerCallback (a run per trial, none per seed)."""
     from raycse.analysis import analyze
     from raycse.tune import TuneSettings, tune_search
 
     space = _tiny_space(tmp_path, tiny_model, corpus, stsb_dev)
-    settings = TuneSettings(space=space, num_samples=2, seeds=[0, 1], rungs=2, scheduler="none", concurrent=1)
+    settings = TuneSettings(space=space, num_samples=2, seeds=[0, 1], rungs=2, scheduler="none", concurrent=1,
+                            tracking=f"mlflow:{mlflow_server}")
     registries = run_registries(alive_only=True)
+    train_runs = _mlflow_runs(mlflow_server, "raycse")
     exp, results = tune_search(settings, str(tmp_path / "tune"), "exp")
     assert len(results) == 2 and not any(r.error for r in results)
+    _tracked_in_mlflow(mlflow_server, "exp", results)
+    assert _mlflow_runs(mlflow_server, "raycse") == train_runs  # the trials' seed runs opened no run of their own
     # the experiment's run registry ended with it (one process per experiment kept by a notebook's driver)
     assert run_registries(alive_only=True) == registries
     assert json.loads((exp / "raycse_tune.json").read_text())["parallel_seeds"] is True
