@@ -181,6 +181,14 @@ def test_cli_process_exit_code_and_help(tmp_path):
     r = subprocess.run([sys.executable, "-m", "raycse", "train", "--corpus", str(tmp_path / "none.txt"),
                         "--model", "default", "--output", str(tmp_path / "o")], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip() == f"raycse: error: corpus file not found: {tmp_path / 'none.txt'}"
+    # a bad plain setting is refused before torch (or the driver) is imported: here torch cannot be
+    # imported at all, and the line still comes (it took 3 s of imports before the refusal on 2 cores)
+    (tmp_path / "notorch").mkdir()
+    (tmp_path / "notorch" / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = None\n")
+    r = subprocess.run([sys.executable, "-m", "raycse", "train", "--corpus", str(tmp_path / "none.txt"), "--output",
+                        str(tmp_path / "o"), "--seed", "-1"], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path / "notorch")})
+    assert r.returncode == 2 and r.stderr.strip() == "raycse: error: train.seed must be in [0, 2**32), got -1", r.stderr
     h = subprocess.run([sys.executable, "-m", "raycse", "train", "--help"], capture_output=True, text=True)
     for flag in ("--num-workers", "--use-gpu", "--eval-steps", "--pooling", "--tau", "--set", "--config"):
         assert flag in h.stdout
