@@ -3,9 +3,10 @@
 Data path: the corpus is read and cleaned by Ray Data (:mod:`raycse.data.dataset`) and numbered;
 the batch order of each epoch is grouped and packed into batches of row ids (:mod:`raycse.grouping`)
 and handed to the workers with the corpus's blocks, which every worker reads once from the object
-store and takes its batches' rows from (one route: :mod:`raycse.grouping.layout`). Strategies that group by the model's embeddings
-(knn, cluster) with ``grouping.regroup_every_epoch`` leave the ids to the workers: they regroup
-before every epoch with the weights they hold, inside the one running fit (:mod:`raycse.train.regroup`).
+store and takes its batches' rows from (one route: :mod:`raycse.grouping.layout`). Strategies that
+group by the model's embeddings (knn, cluster) with ``grouping.regroup_every_epoch`` leave the ids
+to the workers: they regroup before every epoch with the weights they hold, inside the one running
+fit (:mod:`raycse.train.regroup`).
 
 The output directory appears only when a run succeeds: everything is written to a hidden
 staging directory beside it and renamed at the end, so a failed or interrupted run never
