@@ -153,8 +153,8 @@ def _tune_parser(sub) -> None:
     p.add_argument("--tracking", default=None, metavar="SPEC",
                    help="log every trial (knobs, each rung's target, mean, std and per-seed scores) to mlflow:URI "
                         "(a run per trial in an MLflow experiment named after this one), tensorboard:DIR "
-                        "(DIR/NAME/<trial>) or wandb:[ENTITY/]PROJECT (a run per trial, grouped by experiment) "
-                        "through Ray Tune's logger callbacks (default: off)")
+                        "(DIR/NAME/<trial>) or wandb:[ENTITY/]PROJECT (a run per trial, grouped by experiment), "
+                        "or several joined by commas, through Ray Tune's logger callbacks (default: off)")
     p.add_argument("--no-preflight", dest="preflight", action="store_false",
                    help="skip the check that one trial fits the cluster (autoscaling clusters)")
     p.add_argument("--seeds-in-turn", dest="parallel_seeds", action="store_const", const=False, default=None,

@@ -303,7 +303,8 @@ class TrainConfig:
                                    'log config and metrics (loss, lr, throughput, dev scores; rank 0 only) to '
                                    'mlflow:URI (a tracking server, e.g. mlflow:http://127.0.0.1:5000), '
                                    'tensorboard:DIR or wandb:[ENTITY/]PROJECT (WANDB_API_KEY, or WANDB_MODE=offline; '
-                                   'files in WANDB_DIR) (default: off)')
+                                   'files in WANDB_DIR), or several joined by commas, e.g. '
+                                   'mlflow:http://127.0.0.1:5000,tensorboard:tb (default: off)')
     # GradCache (raycse.train.gradcache): encode in chunks of N rows, loss on the whole batch. None: off.
     cache_chunk_size: Optional[int] = None
     # "A:B": profile steps A+1..B on rank 0 with torch.profiler (host, and CUDA on GPUs); the
@@ -609,20 +610,27 @@ def set_dotted(cfg: RunConfig, key: str, value: Any, _from_yaml: bool = False) -
     setattr(section, parts[1], coerce(key, value, hint))
 
 
-TRACKING_FORMS = "mlflow:URI (e.g. mlflow:http://127.0.0.1:5000), tensorboard:DIR or wandb:[ENTITY/]PROJECT"
+TRACKING_FORMS = ("mlflow:URI (e.g. mlflow:http://127.0.0.1:5000), tensorboard:DIR or wandb:[ENTITY/]PROJECT, "
+                  "or several of them separated by commas")
 
 
-def parse_tracking(spec: Optional[str]) -> Optional[tuple[str, str]]:
-    """``mlflow:URI`` / ``tensorboard:DIR`` / ``wandb:[ENTITY/]PROJECT`` -> (kind, target); None or "none" -> None."""
+def parse_tracking(spec: Optional[str]) -> list[tuple[str, str]]:
+    """``mlflow:URI`` / ``tensorboard:DIR`` / ``wandb:[ENTITY/]PROJECT``, or several joined by commas ->
+    [(kind, target), ...]; None or "none" -> []. One tracker of each kind (W&B keeps one run a process)."""
     if spec is None or str(spec).lower() == "none":
-        return None
-    kind, _, target = str(spec).partition(":")
-    if kind not in ("mlflow", "tensorboard", "wandb") or not target:
-        raise ConfigError(f"tracking must be {TRACKING_FORMS}; got {spec!r}")
-    if kind == "wandb" and not re.fullmatch(r"([\w.-]+/)?[\w.-]+", target):
-        raise ConfigError(f"--tracking wandb:{target} is not a W&B project: use wandb:PROJECT or wandb:ENTITY/PROJECT "
-                          f"(letters, digits, '.', '_', '-')")
-    return kind, target
+        return []
+    out: list[tuple[str, str]] = []
+    for part in str(spec).split(","):
+        kind, _, target = part.strip().partition(":")
+        if kind not in ("mlflow", "tensorboard", "wandb") or not target:
+            raise ConfigError(f"tracking must be {TRACKING_FORMS}; got {spec!r}")
+        if kind == "wandb" and not re.fullmatch(r"([\w.-]+/)?[\w.-]+", target):
+            raise ConfigError(f"--tracking wandb:{target} is not a W&B project: use wandb:PROJECT or "
+                              f"wandb:ENTITY/PROJECT (letters, digits, '.', '_', '-')")
+        if kind in {k for k, _ in out}:
+            raise ConfigError(f"--tracking names {kind} twice; give one tracker of each kind")
+        out.append((kind, target))
+    return out
 
 
 def _parse_scalar(text: str) -> Any:

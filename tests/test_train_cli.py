@@ -13,6 +13,7 @@ import torch
 
 from raycse.cli import main
 
+import tracked
 from conftest import own_lines
 
 
@@ -41,8 +42,10 @@ def _train_args(model, corpus, out, dev, *extra):
             "--max-length", "16", "--eval-steps", "4", "--log-steps", "4", "--epochs", "3", "--max-steps", "16", *extra]
 
 
-def test_train_two_workers_loss_goes_down_and_model_reloads(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path, capsys,
-                                                            monkeypatch):
+def test_train_two_workers_loss_goes_down_and_model_reloads(ray_cluster, mlflow_server, tiny_model, corpus, stsb_dev,
+                                                            tmp_path, capsys, monkeypatch):
+    """The main 2-worker run, tracked into TensorBoard, MLflow and W&B at once (each tracker's checks in
+    ``tracked``: this run is the one they read)."""
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel
 
@@ -52,13 +55,15 @@ def test_train_two_workers_loss_goes_down_and_model_reloads(ray_cluster, tiny_mo
     # paths relative to the user's directory, which Ray's workers do not share (a GPU run failed so)
     monkeypatch.chdir(tmp_path)
     rel_model, rel_corpus = os.path.relpath(tiny_model), os.path.relpath(corpus)
-    tb = tmp_path / "tb"
+    tb, wb = tmp_path / "tb", tracked.wandb_offline(monkeypatch, tmp_path / "wb")
+    trackers = f"tensorboard:{tb},mlflow:{tracked.mlflow_with_password(mlflow_server)},wandb:raycse-test"
     assert main(_train_args(rel_model, rel_corpus, Path("run"), stsb_dev, "--pooling", "cls",
                             "--score-before", "true", "--set", "train.profile_steps=5:7",
-                            "--tracking", f"tensorboard:{tb}")) == 0
+                            "--tracking", trackers)) == 0
     from raycse.machine import describe
 
-    assert capsys.readouterr().out.startswith(f"[raycse] driver on {describe()}")  # the log names its machine
+    printed = capsys.readouterr()
+    assert printed.out.startswith(f"[raycse] driver on {describe()}")  # the log names its machine
     metrics = json.loads((out / "metrics.json").read_text())
     history = metrics["last"]["loss_history"]
     assert len(history) == 4 and history[-1] < history[0]
@@ -94,7 +99,10 @@ def test_train_two_workers_loss_goes_down_and_model_reloads(ray_cluster, tiny_mo
                  "AutoModel.from_pretrained", "cls pooling"):
         assert fact in card, fact
     check_card_parses(card, model_dir)
+    logged, scored = [4, 8, 12, 16], [0, 4, 8, 12, 16]
     tensorboard_files_of_the_run(tb / "run")
+    tracked.mlflow_train_run(mlflow_server, out, printed.out + printed.err, tmp_path / "fetched", logged, scored)
+    tracked.wandb_train_run(wb, out, logged, scored)
 
 
 def tensorboard_files_of_the_run(where: Path) -> None:

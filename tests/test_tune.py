@@ -16,6 +16,7 @@ from raycse.errors import ConfigError
 from raycse.tune.space import load_space
 from raycse.tune.trial import parse_target, rung_ends, target_value
 
+import tracked
 from conftest import run_registries
 
 
@@ -155,20 +156,23 @@ def _tracked_in_mlflow(server: str, experiment: str, results) -> None:
 
 
 def test_two_trials_two_seeds_analysis_plots_and_export(ray_cluster, mlflow_server, tiny_model, corpus, stsb_dev,
-                                                       tmp_path):
+                                                       tmp_path, monkeypatch):
     """Two trials of two seeds and two rungs, read back by `analyze`, Optuna, optuna-dashboard and Ray;
-    tracked in MLflow through Ray's MLflowLoggerCallback (a run per trial, none per seed)."""
+    tracked in MLflow and W&B (offline) at once through Ray's logger callbacks (a run per trial, none
+    per seed)."""
     from raycse.analysis import analyze
     from raycse.tune import TuneSettings, tune_search
 
     space = _tiny_space(tmp_path, tiny_model, corpus, stsb_dev)
+    wb = tracked.wandb_offline(monkeypatch, tmp_path / "wb")
     settings = TuneSettings(space=space, num_samples=2, seeds=[0, 1], rungs=2, scheduler="none", concurrent=1,
-                            tracking=f"mlflow:{mlflow_server}")
+                            tracking=f"mlflow:{mlflow_server},wandb:raycse-test")
     registries = run_registries(alive_only=True)
     train_runs = _mlflow_runs(mlflow_server, "raycse")
     exp, results = tune_search(settings, str(tmp_path / "tune"), "exp")
     assert len(results) == 2 and not any(r.error for r in results)
     _tracked_in_mlflow(mlflow_server, "exp", results)
+    tracked.wandb_tune_experiment(wb, "exp", results, rungs=[1, 2])
     assert _mlflow_runs(mlflow_server, "raycse") == train_runs  # the trials' seed runs opened no run of their own
     # the experiment's run registry ended with it (one process per experiment kept by a notebook's driver)
     assert run_registries(alive_only=True) == registries

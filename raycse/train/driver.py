@@ -275,9 +275,9 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     out = local_root / "out" if remote else Path(run.output_dir).resolve()
     staging = _prepare_output(out, overwrite)
     final = remote or str(out)
-    tracking = None
+    tracking: tuple = ()
     try:
-        tracking = tracking_mod.open_run(run.train.tracking, out.name, run.to_dict())  # unreachable: fails now
+        tracking = tracking_mod.open_runs(run.train.tracking, out.name, run.to_dict())  # unreachable: fails now
         from raycse.machine import describe
 
         print(f"[raycse] driver on {describe()}", flush=True)  # the first line of the log names the machine
@@ -454,19 +454,22 @@ def publish(staging: Path, out: Path, remote: Optional[str], overwrite: bool) ->
         objstore.publish(out, remote, overwrite, parts=("model",))
 
 
-def _log_model(tracking, model_dir: Path) -> None:
-    try:
-        tracking_mod.log_model(tracking, model_dir)
-    except Exception as exc:  # the model is saved all the same: say so, go on
-        print(f"[raycse] warning: could not log the model to the tracking run "
-              f"({redact(str(exc).splitlines()[0][:160])})", flush=True)
+def _log_model(tracking: tuple, model_dir: Path) -> None:
+    for t in tracking:
+        try:
+            tracking_mod.log_model(t, model_dir)
+        except Exception as exc:  # the model is saved all the same: say so, go on
+            print(f"[raycse] warning: could not log the model to the {t.kind} run "
+                  f"({redact(str(exc).splitlines()[0][:160])})", flush=True)
 
 
-def _close_tracking(tracking, ok: bool, final: Optional[dict] = None) -> None:
-    try:
-        tracking_mod.close_run(tracking, ok, final)
-    except Exception as exc:  # the run itself is done (or failing for its own reason): say so, go on
-        print(f"[raycse] warning: could not close the tracking run ({str(exc).splitlines()[0][:160]})", flush=True)
+def _close_tracking(tracking: tuple, ok: bool, final: Optional[dict] = None) -> None:
+    for t in tracking:  # (each one: a tracker that fails to close does not keep the others open)
+        try:
+            tracking_mod.close_run(t, ok, final)
+        except Exception as exc:  # the run itself is done (or failing for its own reason): say so, go on
+            print(f"[raycse] warning: could not close the {t.kind} run "
+                  f"({redact(str(exc).splitlines()[0][:160])})", flush=True)
 
 
 @contextlib.contextmanager

@@ -48,7 +48,7 @@ class FitPlan:
     initial_file: str = ""
     eval_at: tuple[int, ...] = ()  # extra scored steps (Tune's rung ends)
     score_sink: Any = None  # rank 0 posts each dev score here at once (TuneHooks.score_sink)
-    tracking: Any = None  # raycse.train.tracking.Tracking, or None
+    tracking: tuple = ()  # raycse.train.tracking.Tracking, one per tracker of the run
     layouts: Any = None  # ObjectRef of the epochs' raycse.grouping.layout.Layout list (fixed orders), or None
     # the numbered corpus's Arrow blocks (ObjectRefs; raycse.data.dataset.Corpus.blocks): every worker
     # reads them whole, straight from the object store (no Ray Data pipeline or actor per fit)

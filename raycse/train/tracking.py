@@ -1,5 +1,6 @@
 """Experiment tracking of a training run: ``train.tracking`` = ``mlflow:URI``, ``tensorboard:DIR`` or
-``wandb:[ENTITY/]PROJECT``.
+``wandb:[ENTITY/]PROJECT``, or several of them joined by commas (one of each kind; each gets the same
+config and metrics, and a failure to close one does not keep the others open).
 
 - MLflow: the driver opens one MLflow run per ``train()`` call (experiment ``raycse``, run named after
   the output directory) and logs the resolved config as parameters; rank 0 of every fit logs its
@@ -73,7 +74,11 @@ def wandb_dir() -> str:
     from raycse.machine import cache_dir
 
     where = os.environ.get("WANDB_DIR") or str(cache_dir() / "wandb")
-    os.makedirs(where, exist_ok=True)
+    try:
+        os.makedirs(where, exist_ok=True)
+    except OSError as exc:
+        raise RaycseError(f"W&B's local directory {where} cannot be made ({exc.strerror}); set WANDB_DIR to a "
+                          f"writable directory") from None
     return where
 
 
@@ -87,17 +92,17 @@ def check(spec: Optional[str]) -> None:
     """Before anything starts: the tracker's package, and what it needs to accept a run."""
     from raycse.errors import ConfigError, require
 
-    kind, target = parse(spec) or (None, None)
-    if kind == "mlflow":
-        require("mlflow", "tracking", "--tracking mlflow:...")
-        if ("://" not in target or target.startswith("file:")) and os.environ.get("MLFLOW_ALLOW_FILE_STORE") != "true":
-            raise ConfigError(f"--tracking mlflow:{target} is a file store, which MLflow 3 refuses by default; use "
-                              f"mlflow:sqlite:///PATH/mlflow.db or a tracking server (mlflow:http://HOST:PORT), or "
-                              f"set MLFLOW_ALLOW_FILE_STORE=true")
-    elif kind == "tensorboard":
-        require("tensorboardX", "tracking", "--tracking tensorboard:...")
-    elif kind == "wandb":
-        check_wandb()
+    for kind, target in parse(spec):
+        if kind == "mlflow":
+            require("mlflow", "tracking", "--tracking mlflow:...")
+            if ("://" not in target or target.startswith("file:")) and os.environ.get("MLFLOW_ALLOW_FILE_STORE") != "true":
+                raise ConfigError(f"--tracking mlflow:{redact(target)} is a file store, which MLflow 3 refuses by "
+                                  f"default; use mlflow:sqlite:///PATH/mlflow.db or a tracking server "
+                                  f"(mlflow:http://HOST:PORT), or set MLFLOW_ALLOW_FILE_STORE=true")
+        elif kind == "tensorboard":
+            require("tensorboardX", "tracking", "--tracking tensorboard:...")
+        elif kind == "wandb":
+            check_wandb()
 
 
 def check_wandb() -> None:
@@ -131,13 +136,24 @@ def _wandb_run(tracking: Tracking):
                        trial_name=tracking.name, resume="allow", dir=tracking.wandb_dir, rank_zero_only=False)
 
 
-def open_run(spec: Optional[str], name: str, params: dict) -> Optional[Tracking]:
-    """Driver side, before the first fit (after :func:`check`): the MLflow run (params logged), the
-    TensorBoard target, or the W&B run's id and settings."""
-    parsed = parse(spec)
-    if parsed is None:
-        return None
-    kind, target = parsed
+def open_runs(spec: Optional[str], name: str, params: dict) -> tuple[Tracking, ...]:
+    """Driver side, before the first fit (after :func:`check`): one :class:`Tracking` per tracker named
+    (none when tracking is off). Should one fail to open, the MLflow run opened before it is marked FAILED
+    (a W&B run opens only on rank 0's first log)."""
+    opened: list[Tracking] = []
+    try:
+        for kind, target in parse(spec):
+            opened.append(_open(kind, target, name, params))
+    except BaseException:
+        for t in opened:
+            if t.kind == "mlflow":
+                close_run(t, ok=False)
+        raise
+    return tuple(opened)
+
+
+def _open(kind: str, target: str, name: str, params: dict) -> Tracking:
+    """The MLflow run (params logged), the TensorBoard target, or the W&B run's id and settings."""
     if kind == "tensorboard":
         return Tracking(kind, target, name=name)
     if kind == "wandb":
@@ -163,24 +179,24 @@ def open_run(spec: Optional[str], name: str, params: dict) -> Optional[Tracking]
     return Tracking(kind, target, run_id=run.info.run_id, name=name)
 
 
-def log_model(tracking: Optional[Tracking], model_dir) -> None:
+def log_model(tracking: Tracking, model_dir) -> None:
     """Driver side, once the model is saved: its directory as the MLflow run's ``model`` artifacts
     (``SentenceTransformer`` loads the downloaded copy as it loads the output)."""
-    if tracking is None or tracking.kind != "mlflow":
+    if tracking.kind != "mlflow":
         return
     from mlflow.tracking import MlflowClient
 
     MlflowClient(tracking_uri=tracking.target).log_artifacts(tracking.run_id, str(model_dir), artifact_path="model")
 
 
-def close_run(tracking: Optional[Tracking], ok: bool, final: Optional[dict] = None) -> None:
+def close_run(tracking: Tracking, ok: bool, final: Optional[dict] = None) -> None:
     """Driver side, after the last fit: final scores, and the run's status."""
-    if tracking is not None and tracking.kind == "wandb":
+    if tracking.kind == "wandb":
         run = _wandb_run(tracking)
         run.summary.update({k: float(v) for k, v in (final or {}).items()})
         run.finish(exit_code=0 if ok else 1)
         return
-    if tracking is None or tracking.kind != "mlflow":
+    if tracking.kind != "mlflow":
         return
     from mlflow.tracking import MlflowClient
 
@@ -191,33 +207,48 @@ def close_run(tracking: Optional[Tracking], ok: bool, final: Optional[dict] = No
 
 
 class Logger:
-    """Rank 0's metric writer for one fit (a no-op elsewhere or without tracking)."""
+    """Rank 0's metric writer for one fit, into every tracker of the run (a no-op elsewhere or without
+    tracking)."""
 
-    def __init__(self, tracking: Optional[Tracking], rank: int):
-        self.tracking = tracking if rank == 0 else None
-        self.writer = self.client = self.wandb = None
-        if self.tracking is None:
+    def __init__(self, trackings: tuple[Tracking, ...], rank: int):
+        self.sinks = [_Sink(t) for t in trackings] if rank == 0 else []
+
+    def log(self, metrics: dict, step: int) -> None:
+        if not self.sinks:
             return
-        if self.tracking.kind == "wandb":
-            self.wandb = _wandb_run(self.tracking)
-        elif self.tracking.kind == "tensorboard":
+        scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        for sink in self.sinks:
+            sink.log(scalars, step)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+class _Sink:
+    """One tracker's writer on rank 0: a TensorBoard event file, the W&B run, or an MLflow client."""
+
+    def __init__(self, tracking: Tracking):
+        self.tracking, self.writer, self.client, self.wandb = tracking, None, None, None
+        if tracking.kind == "wandb":
+            self.wandb = _wandb_run(tracking)
+        elif tracking.kind == "tensorboard":
             from tensorboardX import SummaryWriter
 
-            self.writer = SummaryWriter(os.path.join(self.tracking.target, self.tracking.name), flush_secs=10)
+            self.writer = SummaryWriter(os.path.join(tracking.target, tracking.name), flush_secs=10)
         else:
             mlflow_env()
             from mlflow.tracking import MlflowClient
 
-            self.client = MlflowClient(tracking_uri=self.tracking.target)
+            self.client = MlflowClient(tracking_uri=tracking.target)
 
-    def log(self, metrics: dict, step: int) -> None:
-        scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    def log(self, scalars: dict, step: int) -> None:
         if self.writer is not None:
             for key, value in scalars.items():
                 self.writer.add_scalar(key, value, step)
         elif self.wandb is not None:
             self.wandb.log(scalars, step=step)
-        elif self.client is not None:
+        else:
             from mlflow.entities import Metric
             import time
 

@@ -52,7 +52,7 @@ class TuneSettings:
     # seeds side by side (one fit each per trial) or one after another (a fit per seed per rung);
     # None: side by side when the cluster holds them, which the pre-flight decides and records
     parallel_seeds: Optional[bool] = None
-    tracking: Optional[str] = None  # mlflow:URI | tensorboard:DIR: every trial as a run (Ray's logger callbacks)
+    tracking: Optional[str] = None  # mlflow:URI | tensorboard:DIR | wandb:PROJECT, or several joined by commas
     corpus: Optional[str] = None  # the training corpus, replacing the space's run.data.corpus (tune --corpus)
     # where the Optuna study is kept (an RDB URL; raycse.tune.study): None, an SQLite file beside the experiment
     optuna_storage: Optional[str] = None
@@ -340,28 +340,29 @@ def _callbacks(space: SearchSpace, exp_dir: Path, tracking: Optional[str] = None
 
 
 def _tracking_callbacks(tracking: Optional[str], experiment: str) -> list:
-    """Ray Tune's own MLflow / TensorBoard logger callbacks: a run per trial with its knobs as
-    parameters and every rung's report (target, mean, std, worst, each seed's score) as metrics."""
-    parsed = parse_tracking(tracking)
-    if parsed is None:
-        return []
-    kind, target = parsed
+    """Ray Tune's own MLflow / TensorBoard / W&B logger callbacks, one per tracker named: a run per trial
+    with its knobs as parameters and every rung's report (target, mean, std, worst, each seed's score)
+    as metrics."""
+    return [_tracking_callback(kind, target, experiment) for kind, target in parse_tracking(tracking)]
+
+
+def _tracking_callback(kind: str, target: str, experiment: str):
     if kind == "mlflow":
         trackers.mlflow_env()  # before mlflow is first imported
         from ray.air.integrations.mlflow import MLflowLoggerCallback
 
-        return [MLflowLoggerCallback(tracking_uri=target, experiment_name=experiment, save_artifact=False,
-                                     tags={"raycse.experiment": experiment})]
+        return MLflowLoggerCallback(tracking_uri=target, experiment_name=experiment, save_artifact=False,
+                                    tags={"raycse.experiment": experiment})
     if kind == "wandb":
         from ray.air.integrations.wandb import WandbLoggerCallback
 
         entity, project = trackers.wandb_project(target)
         # (mode and dir passed on: the logging actors need not share the driver's environment; a bound
         # on the wait for their last upload at the end of the experiment)
-        return [WandbLoggerCallback(project=project, entity=entity, group=experiment,
-                                    dir=trackers.wandb_dir(), upload_timeout=120,
-                                    **({"mode": os.environ["WANDB_MODE"]} if os.environ.get("WANDB_MODE") else {}))]
-    return [TensorBoardTo(str(Path(target) / experiment))]
+        return WandbLoggerCallback(project=project, entity=entity, group=experiment,
+                                   dir=trackers.wandb_dir(), upload_timeout=120,
+                                   **({"mode": os.environ["WANDB_MODE"]} if os.environ.get("WANDB_MODE") else {}))
+    return TensorBoardTo(str(Path(target) / experiment))
 
 
 class TensorBoardTo(LoggerCallback):
