@@ -430,7 +430,8 @@ def test_ended_trial_keeps_only_each_seeds_final_model(tmp_path):
 def test_tune_selects_by_a_beir_metric_and_writes_tensorboard_files(ray_cluster, tiny_model, corpus, tmp_path):
     """eval.metric beir:DIR:mrr@10 in the space's run: the rungs report the retrieval score (x100).
     With --tracking tensorboard:DIR, Ray's TBX logger writes each trial under DIR/EXPERIMENT/<trial
-    directory> (one experiment checks both: each costs a fit)."""
+    directory>. With --time-budget, the trial running when it passes finishes and no other starts (one
+    experiment checks all three: each costs a fit)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from conftest import make_beir_dir
@@ -445,8 +446,10 @@ def test_tune_selects_by_a_beir_metric_and_writes_tensorboard_files(ray_cluster,
            "eval": {"stsb_dev": "none", "metric": f"beir:{beir}:mrr@10", "eval_steps": 1000}}
     space = _space(tmp_path, {"lr": {"loguniform": [1e-4, 1e-3]}}, run)
     tb = tmp_path / "tb"
-    settings = TuneSettings(space=space, num_samples=1, seeds=[0], rungs=2, scheduler="none", concurrent=1,
-                            tracking=f"tensorboard:{tb}")
+    # and a time budget that has passed when the first trial ends: that trial runs to its last rung (Tune's
+    # own time_budget_s would stop it), and no other starts
+    settings = TuneSettings(space=space, num_samples=3, seeds=[0], rungs=2, scheduler="none", concurrent=1,
+                            tracking=f"tensorboard:{tb}", time_budget_s=1.0)
     exp, results = tune_search(settings, str(tmp_path / "tune"), "exp")
     assert len(results) == 1 and not results[0].error
     (trial,) = analyze(str(exp), plots=False).trials

@@ -29,6 +29,7 @@ from raycse.tune.space import SearchSpace, load_space, space_text
 from raycse.tune.trial import SEED_MODEL, SEED_RUN, TARGET, TrialSetup, is_final, parse_target, run_trial
 
 SETTINGS = "raycse_tune.json"
+_DRIVER = os.urandom(8).hex()  # this process, as a searcher pickled by another driver can tell
 TRIAL_CPU = 0.01  # the trial function only coordinates; the Train workers hold the real CPUs
 
 
@@ -48,7 +49,7 @@ class TuneSettings:
     learn_from_truncated: bool = False
     preflight: bool = True
     tpe_startup_trials: int = 5  # random trials before TPE models the space (Optuna's default is 10)
-    time_budget_s: Optional[float] = None  # stop starting trials after this many seconds
+    time_budget_s: Optional[float] = None  # no trial starts after this many seconds; the running ones finish
     # seeds side by side (one fit each per trial) or one after another (a fit per seed per rung);
     # None: side by side when the cluster holds them, which the pre-flight decides and records
     parallel_seeds: Optional[bool] = None
@@ -85,14 +86,30 @@ class TuneSettings:
 
 def _optuna_search(space: SearchSpace, settings: TuneSettings, where: Optional[study.StudyPlace] = None):
     import optuna
+    from ray.tune.search import Searcher
     from ray.tune.search.optuna import OptunaSearch
 
     class TruncationAwareOptunaSearch(OptunaSearch):
-        """Trials ASHA stopped early go to Optuna as PRUNED, not as finished values (unless asked)."""
+        """Trials ASHA stopped early go to Optuna as PRUNED, not as finished values (unless asked). With a
+        time budget, no trial starts once it has passed and the running ones finish (Tune's own
+        ``time_budget_s`` stops every running trial: their work since the last rung was lost)."""
 
-        def __init__(self, *args, learn_from_truncated: bool = False, **kwargs):
+        def __init__(self, *args, learn_from_truncated: bool = False, budget_s: Optional[float] = None,
+                     **kwargs):
             super().__init__(*args, **kwargs)
             self.learn_from_truncated = learn_from_truncated
+            self.budget_s = budget_s
+            self.clock: Optional[tuple[str, float]] = None  # (driver process, its first suggestion's time)
+
+        def suggest(self, trial_id: str):
+            if self.budget_s is not None:
+                # the budget counts from this driver's first suggestion: a resumed experiment's searcher
+                # (pickled by Tune with the lost driver's clock) gets the whole budget again, as Tune's would
+                if self.clock is None or self.clock[0] != _DRIVER:
+                    self.clock = (_DRIVER, time.time())
+                if time.time() - self.clock[1] > self.budget_s:
+                    return Searcher.FINISHED
+            return super().suggest(trial_id)
 
         def on_trial_result(self, trial_id: str, result: dict):
             try:
@@ -112,7 +129,8 @@ def _optuna_search(space: SearchSpace, settings: TuneSettings, where: Optional[s
                else optuna.samplers.RandomSampler(seed=settings.search_seed))
     kept = {"storage": where.storage(), "study_name": where.name} if where is not None else {}  # else in memory
     return TruncationAwareOptunaSearch(space=space.define_by_run(), metric=TARGET, mode="max", sampler=sampler,
-                                       learn_from_truncated=settings.learn_from_truncated, **kept)
+                                       learn_from_truncated=settings.learn_from_truncated,
+                                       budget_s=settings.time_budget_s, **kept)
 
 
 def _scheduler(settings: TuneSettings):
@@ -473,7 +491,7 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
             tune_config=tune.TuneConfig(search_alg=_optuna_search(space, settings, where),
                                         scheduler=_scheduler(settings),
                                         num_samples=settings.num_samples, max_concurrent_trials=concurrent,
-                                        time_budget_s=settings.time_budget_s, trial_dirname_creator=trial_dirname),
+                                        trial_dirname_creator=trial_dirname),
             run_config=tune.RunConfig(name=name, storage_path=_parent(exp_dir), verbose=1,
                                       checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                                       callbacks=_callbacks(space, exp_dir, settings.tracking)),

@@ -1,0 +1,130 @@
+"""A search that is to beat every recipe (issue 44, item 4), under the protocol of objectives_quality.py.
+
+    python benchmarks/combined_search.py search --time-budget 5400 [--num-samples 40]
+    python benchmarks/combined_search.py best [--json benchmarks/results/objectives-quality-issue44.json]
+
+``search``: ``search_spaces/combined.yaml`` (the objective, HiCL over SimCSE or LA(SER)^3, the batch
+order and each objective's knobs) on all of wiki_sample.txt (the space's 2,048-sentence cap lifted),
+3 seeds a trial side by side, every trial selected on STS-B dev's *selection* half
+(``benchmarks/stsb_dev_halves.json``), fp32, TPE (Optuna) with ASHA over 3 rungs of the epoch. One
+Optuna study, kept in ``benchmarks/results/combined_study.db``, goes on from call to call: a trial
+takes about half an hour on a 2-core box, so the search spans sessions. Each call starts trials until
+``--time-budget`` seconds have passed (the running ones then finish) and prints the study's best.
+
+``best``: the study's best configuration, trained again with seeds 0-2 and scored on the *reporting*
+half (and the elongation attack), into the same JSON file as the recipes' table: one more row of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from common import ROOT, WIKI, machine
+
+STUDY = ROOT / "benchmarks" / "results" / "combined_study.db"
+NAME = "issue44-combined"
+SPACE = ROOT / "search_spaces" / "combined.yaml"
+
+
+def space_on_the_protocol(tmp: Path, select: Path, sentences=None) -> Path:
+    """combined.yaml with the whole corpus (or ``sentences`` of it), fp32, and the selection half as the dev set."""
+    raw = yaml.safe_load(SPACE.read_text())
+    run = raw["run"]
+    run.setdefault("data", {})["max_sentences"] = sentences
+    run.setdefault("train", {})["precision"] = "fp32"
+    run.setdefault("eval", {}).update({"stsb_dev": str(select), "precision": "fp32"})
+    path = tmp / "combined-protocol.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def best_trial(where: Path):
+    """(the best complete trial or None, complete trials, all trials) of the kept study."""
+    import optuna
+
+    if not where.exists():
+        return None, 0, 0
+    study = optuna.load_study(study_name=NAME, storage=f"sqlite:///{where}")
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    return max(done, key=lambda t: t.value) if done else None, len(done), len(study.trials)
+
+
+def search(args) -> None:
+    from objectives_quality import dev_halves
+    from raycse.tune import TuneSettings, tune_search
+
+    where = Path(args.study).resolve()
+    _, complete, total = best_trial(where)
+    # (a trial left RUNNING by a call that was killed is marked FAIL when this call's search ends;
+    # each call seeds the sampler with the trials so far, so that TPE's random start never repeats)
+    print(f"# {machine()}; {WIKI.name}, {args.sentences or 'all'} sentences; study {where}: {complete} complete of "
+          f"{total} trials", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        select, _ = dev_halves(Path(tmp))
+        settings = TuneSettings(space=str(space_on_the_protocol(Path(tmp), select, args.sentences)), num_samples=args.num_samples,
+                                seeds=[0, 1, 2], rungs=3, scheduler="asha", search_seed=total,
+                                time_budget_s=args.time_budget, corpus=str(WIKI),
+                                optuna_storage=f"sqlite:///{where}")
+        tune_search(settings, str(Path(tmp) / "tune"), NAME)
+    best, complete, total = best_trial(where)
+    print(f"study: {complete} complete of {total} trials; best: "
+          f"{'none yet' if best is None else f'{best.value:.2f} with {best.params}'}")
+
+
+def best(args) -> None:
+    """The study's best configuration as one more row of the recipes' table (same protocol, same file)."""
+    import ray
+
+    import objectives_quality as oq
+    from raycse.train.driver import train
+    from raycse.tune.space import load_space
+
+    trial, complete, _ = best_trial(Path(args.study))
+    if trial is None:
+        raise SystemExit(f"{args.study} has no complete trial yet: run `combined_search.py search` first")
+    ns = argparse.Namespace(sentences=args.sentences, max_length=64, eval_steps=125, precision="fp32", only=None)
+    store = oq.Store(Path(args.json), oq.protocol(ns))
+    row = f"combined search best (trial {trial.number} of {complete})"
+    with tempfile.TemporaryDirectory() as tmp:
+        select, report_file = oq.dev_halves(Path(tmp))
+        report = oq.read_stsb(report_file, "stsb_dev_report_half")
+        space = load_space(str(space_on_the_protocol(Path(tmp), select, args.sentences)), corpus=str(WIKI))
+        for seed in args.seeds:
+            if store.run(row, seed):
+                continue
+            cfg = space.run_config(trial.params, seed=seed)
+            cfg.train.log_steps, cfg.output_dir = 100, f"{tmp}/best-{seed}"
+            result = train(cfg, overwrite=True)
+            ray.shutdown()  # (the cores to the scoring)
+            figures = oq.scores(str(result.model_dir), report, [4, 16], None)
+            store.add_run({"row": row, "seed": seed, "pooling": cfg.model.pooling, "head": cfg.model.mlp_head,
+                           "params": trial.params, "scores": {str(m): s for m, s in figures.items()},
+                           "selected_step": (result.metrics.get("best") or {}).get("step"),
+                           "machine": machine(), "commit": oq.commit()})
+            print(f"  {row} seed {seed}: report half {figures[1]:.2f}", flush=True)
+    print(json.dumps([r for r in store.data["runs"] if r["row"] == row], indent=1, default=str))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("search", help="add trials to the kept study until --time-budget")
+    s.add_argument("--time-budget", type=float, required=True, help="seconds after which no trial starts")
+    s.add_argument("--num-samples", type=int, default=40, help="at most this many trials in this call")
+    b = sub.add_parser("best", help="the study's best configuration, 3 seeds, on the reporting half")
+    b.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "objectives-quality-issue44.json"))
+    for p in (s, b):  # (a quick check of the script itself: a few sentences, another study and file)
+        p.add_argument("--sentences", type=int, default=None, help="trim the corpus (default: all of it)")
+        p.add_argument("--study", default=str(STUDY), help="the Optuna study's SQLite file")
+    b.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    args = ap.parse_args()
+    search(args) if args.command == "search" else best(args)
+
+
+if __name__ == "__main__":
+    main()
