@@ -147,7 +147,10 @@ def open_runs(spec: Optional[str], name: str, params: dict) -> tuple[Tracking, .
     except BaseException:
         for t in opened:
             if t.kind == "mlflow":
-                close_run(t, ok=False)
+                try:
+                    close_run(t, ok=False)
+                except Exception:  # (the error that stopped the run is the one to report)
+                    pass
         raise
     return tuple(opened)
 
