@@ -149,7 +149,7 @@ def _tune_parser(sub) -> None:
     p.add_argument("--learn-from-truncated", action="store_true",
                    help="let Optuna treat an early-stopped trial's last value as final (default: it is PRUNED)")
     p.add_argument("--tpe-startup", type=int, default=5, help="random trials before TPE starts modelling")
-    p.add_argument("--time-budget", type=float, default=None, help="seconds after which no new trial starts")
+    p.add_argument("--time-budget", type=float, default=None, help="seconds after which no new trial starts; the running ones finish")
     p.add_argument("--tracking", default=None, metavar="SPEC",
                    help="log every trial (knobs, each rung's target, mean, std and per-seed scores) to mlflow:URI "
                         "(a run per trial in an MLflow experiment named after this one), tensorboard:DIR "
