@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+import time
 from pathlib import Path
 
 import yaml
@@ -97,15 +98,14 @@ def best(args) -> None:
         for seed in args.seeds:
             if store.run(row, seed):
                 continue
+            start = time.perf_counter()
             cfg = space.run_config(trial.params, seed=seed)
             cfg.train.log_steps, cfg.output_dir = 100, f"{tmp}/best-{seed}"
             result = train(cfg, overwrite=True)
             ray.shutdown()  # (the cores to the scoring)
             figures = oq.scores(str(result.model_dir), report, [4, 16], None)
-            store.add_run({"row": row, "seed": seed, "pooling": cfg.model.pooling, "head": cfg.model.mlp_head,
-                           "params": trial.params, "scores": {str(m): s for m, s in figures.items()},
-                           "selected_step": (result.metrics.get("best") or {}).get("step"),
-                           "machine": machine(), "commit": oq.commit()})
+            store.add_run(row, seed, cfg.model.pooling, cfg.model.mlp_head, figures, result, start,
+                          params=trial.params)
             print(f"  {row} seed {seed}: report half {figures[1]:.2f}", flush=True)
     print(json.dumps([r for r in store.data["runs"] if r["row"] == row], indent=1, default=str))
 

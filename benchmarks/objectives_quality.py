@@ -166,8 +166,14 @@ class Store:
         self.data["before"][pooling] = figures
         self.save()
 
-    def add_run(self, record: dict) -> None:
-        self.data["runs"].append(record)
+    def add_run(self, row: str, seed: int, pooling: str, head: str, figures: dict, result, started: float,
+                **extra) -> None:
+        """One finished run, with what every record carries: scores, selected step, time, machine, commit, date."""
+        self.data["runs"].append({"row": row, "seed": seed, "pooling": pooling, "head": head, **extra,
+                                  "scores": {str(m): s for m, s in figures.items()},
+                                  "selected_step": (result.metrics.get("best") or {}).get("step"),
+                                  "seconds": round(time.perf_counter() - started, 1), "machine": machine(),
+                                  "commit": commit(), "date": time.strftime("%Y-%m-%d")})
         self.save()
 
     def save(self) -> None:
@@ -235,11 +241,8 @@ def main() -> None:
                 start = time.perf_counter()
                 result = train_run(f"{tmp}/{config}-{seed}", settings_from(config, overrides, args, seed, select))
                 figures = scores(str(result.model_dir), report, ms, dtype)
-                step = (result.metrics.get("best") or {}).get("step")
-                store.add_run({"row": name, "seed": seed, "pooling": pooling, "head": head,
-                               "scores": {str(m): s for m, s in figures.items()}, "selected_step": step,
-                               "seconds": round(time.perf_counter() - start, 1), "machine": machine(),
-                               "commit": commit(), "date": time.strftime("%Y-%m-%d")})
+                store.add_run(name, seed, pooling, head, figures, result, start)
+                step = store.run(name, seed)["selected_step"]
                 print(f"  {name} seed {seed}: report half {figures[1]:.2f} (step {step}), "
                       f"m=4 {figures[4]:.2f}, m=16 {figures[16]:.2f}", flush=True)
                 shutil.rmtree(f"{tmp}/{config}-{seed}", ignore_errors=True)
