@@ -21,10 +21,10 @@ Reported per row, over the seeds: the reporting half's Spearman x100 (mean +- st
 elongation attack at m = 4 and 16 on it (each side repeated m times within 256 tokens).
 ``--sentences N`` trims the corpus for a quick check of the script itself.
 
-The table takes hours on a 2-core box (12-15 minutes a wiki run on 2 cores), so ``--json FILE`` keeps each
+The table takes hours on a 2-core box (12-15 minutes a wiki run), so ``--json FILE`` keeps each
 run's figures as it ends and a later call with the same file and protocol runs only what is missing;
-``--table-only`` prints the table from it. Training and scoring are fp32 by default so that runs made
-on AVX2 and AVX-512 boxes stay comparable in one table.
+``--table-only`` prints the table from it, and each paper claim's verdict (``verdicts.py``).
+Training and scoring are fp32 by default so that runs made on AVX2 and AVX-512 boxes stay comparable in one table.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from raycse.encoder import Encoder
 from raycse.evaluation.length_attack import length_attack
 from raycse.evaluation.sts import read_stsb
 from raycse.precision import resolve_precision
+from verdicts import print_verdicts
 
 HALVES = Path(__file__).resolve().parent / "stsb_dev_halves.json"
 HALVES_SEED = 0
@@ -253,6 +254,7 @@ def main() -> None:
                       f"m=4 {figures[4]:.2f}, m=16 {figures[16]:.2f}", flush=True)
                 shutil.rmtree(f"{tmp}/{config}-{seed}", ignore_errors=True)
     print_table(store, rows, args.seeds)
+    print_verdicts(store.data, args.seeds)
 
 
 if __name__ == "__main__":
