@@ -40,13 +40,13 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
-
 from common import ROOT, STSB_DEV, STSB_TRAIN, WIKI, machine, train_run
+from verdicts import print_verdicts
+
 from raycse.encoder import Encoder
 from raycse.evaluation.length_attack import length_attack
 from raycse.evaluation.sts import read_stsb
 from raycse.precision import resolve_precision
-from verdicts import print_verdicts
 
 HALVES = Path(__file__).resolve().parent / "stsb_dev_halves.json"
 HALVES_SEED = 0
@@ -131,7 +131,7 @@ def rows_to_run(args) -> list[tuple[str, str, dict]]:
 
 def scores(model: str, dev, ms: list[int], dtype, pooling=None) -> dict:
     enc = Encoder.from_pretrained(model, pooling=pooling, mlp_head="none" if pooling else None)
-    embed = lambda xs: enc.encode(xs, batch_size=128, max_length=256, autocast_dtype=dtype)  # noqa: E731
+    embed = lambda xs: enc.encode(xs, batch_size=128, max_length=256, autocast_dtype=dtype)
     rows = length_attack(embed, [dev], [1, *ms], enc.tokenizer, 256)
     return {r["m"]: r["spearman"] for r in rows}
 
