@@ -5,7 +5,7 @@ one figure of the reporting half: the plain Spearman (m = 1) or the elongation a
 rule, fixed before the runs: with every seed in, a claim that A beats B is *reproduced* when the mean
 difference exceeds the two rows' seed spreads added (population std over the seeds), *not reproduced*
 otherwise (and "reversed" when B wins by more than that); a claim that A is no worse than B is
-reproduced unless B wins by more than the spread. Fewer seeds than asked: *pending*.
+reproduced unless B wins by more than the spread. Fewer seeds than asked, or fewer than 2: *pending*.
 
 What the rule cannot see is written beside each claim: all-MiniLM-L6-v2 is already a trained sentence
 encoder (the papers start from BERT/RoBERTa, except LA(SER)^3), and every row has one epoch at 64 tokens.
