@@ -83,7 +83,14 @@ def main() -> None:
     ap.add_argument("--json", default=str(here / "results" / "objectives-quality-issue44.json"))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = ap.parse_args()
-    print_verdicts(json.loads(Path(args.json).read_text()), args.seeds)
+    try:
+        data = json.loads(Path(args.json).read_text())
+        if not isinstance(data, dict) or not {"runs", "before"} <= data.keys():
+            raise ValueError("no 'runs' and 'before' in it")
+    except (OSError, ValueError) as exc:
+        ap.error(f"--json {args.json} is not a table kept by objectives_quality.py ({type(exc).__name__}: {exc}); "
+                 "name the file its --json wrote")
+    print_verdicts(data, args.seeds)
 
 
 if __name__ == "__main__":
