@@ -33,9 +33,11 @@ import argparse
 import json
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -67,6 +69,12 @@ RUNS = [
     ("BSC on STS-B pairs, paper knobs, random order", "bsc_paper",
      {"data.corpus": str(STSB_TRAIN), "grouping.strategy": "random"}),
 ]
+
+
+def refuse(message: str) -> NoReturn:
+    """A bad argument: one line on stderr and exit 2, as argparse does."""
+    print(f"objectives_quality.py: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def dev_halves(tmp: Path) -> tuple[Path, Path]:
@@ -125,7 +133,7 @@ def rows_to_run(args) -> list[tuple[str, str, dict]]:
         return rows
     unknown = [name for name in args.only if name not in {r[0] for r in rows}]
     if unknown:
-        raise SystemExit(f"no row named {unknown}: the rows are {[r[0] for r in rows]}")
+        refuse(f"no row named {unknown}: the rows are {[r[0] for r in rows]}")
     return [next(r for r in rows if r[0] == name) for name in args.only]
 
 
@@ -157,10 +165,13 @@ class Store:
         self.path, self.proto = path, proto
         self.data = {"protocol": proto, "before": {}, "runs": []}
         if path and path.is_file():
-            saved = json.loads(path.read_text())
-            if saved.get("protocol") != proto:
-                raise SystemExit(f"{path} holds runs of another protocol ({saved.get('protocol')}): "
-                                 "name another --json file")
+            try:
+                saved = json.loads(path.read_text())
+            except ValueError as exc:
+                refuse(f"{path} is not a table this script kept ({exc}): name another --json file")
+            kept = saved.get("protocol") if isinstance(saved, dict) else None
+            if kept != proto:
+                refuse(f"{path} holds runs of another protocol ({kept}): name another --json file")
             self.data = saved
 
     def before(self, pooling: str):
