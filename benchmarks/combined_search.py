@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -44,13 +45,25 @@ def space_on_the_protocol(tmp: Path, select: Path, sentences=None) -> Path:
     return path
 
 
+def refuse(message: str):
+    """A bad argument or a study not ready: one line on stderr and exit 2, as argparse does."""
+    print(f"combined_search.py: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def best_trial(where: Path):
     """(the best complete trial or None, complete trials, all trials) of the kept study."""
     import optuna
+    from sqlalchemy.exc import DatabaseError
 
     if not where.exists():
         return None, 0, 0
-    study = optuna.load_study(study_name=NAME, storage=f"sqlite:///{where}")
+    try:
+        study = optuna.load_study(study_name=NAME, storage=f"sqlite:///{where}")
+    except KeyError:  # (optuna's answer for a database that holds no study of this name)
+        refuse(f"{where} holds no study named {NAME!r}: pass --study with the file `search` writes")
+    except DatabaseError:
+        refuse(f"{where} is not an SQLite database: pass --study with the file `search` writes")
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     return max(done, key=lambda t: t.value) if done else None, len(done), len(study.trials)
 
@@ -87,7 +100,7 @@ def best(args) -> None:
 
     trial, complete, _ = best_trial(Path(args.study))
     if trial is None:
-        raise SystemExit(f"{args.study} has no complete trial yet: run `combined_search.py search` first")
+        refuse(f"{args.study} has no complete trial yet: run `combined_search.py search` first")
     ns = argparse.Namespace(sentences=args.sentences, max_length=64, eval_steps=125, precision="fp32", only=None)
     store = oq.Store(Path(args.json), oq.protocol(ns))
     row = f"combined search best (trial {trial.number} of {complete})"
