@@ -43,7 +43,7 @@ import numpy as np
 import torch
 import yaml
 from common import ROOT, STSB_DEV, STSB_TRAIN, WIKI, machine, train_run
-from verdicts import print_verdicts
+from verdicts import SEARCHED, print_verdicts
 
 from raycse.encoder import Encoder
 from raycse.evaluation.length_attack import length_attack
@@ -210,7 +210,8 @@ def commit() -> str:
 def print_table(store: Store, rows: list, seeds: list[int]) -> None:
     print(f"\n{'run':48s} {'pooling / head':26s} {'before':>7s} {'after (report half)':>20s} "
           f"{'attack m=4':>15s} {'attack m=16':>15s} seeds")
-    for name, *_ in rows:
+    searched = dict.fromkeys(r["row"] for r in store.data["runs"] if r["row"].startswith(SEARCHED))
+    for name in [r[0] for r in rows] + list(searched):  # (and the row combined_search.py adds)
         done = [r for r in store.data["runs"] if r["row"] == name and r["seed"] in seeds]
         if not done:
             print(f"{name:48s} (not run)")
