@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import yaml
 
-from common import ROOT, WIKI, machine
+from common import ROOT, WIKI, machine, refuse
 
 STUDY = ROOT / "benchmarks" / "results" / "combined_study.db"
 NAME = "issue44-combined"
@@ -43,12 +42,6 @@ def space_on_the_protocol(tmp: Path, select: Path, sentences=None) -> Path:
     path = tmp / "combined-protocol.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
-
-
-def refuse(message: str):
-    """A bad argument or a study not ready: one line on stderr and exit 2, as argparse does."""
-    print(f"combined_search.py: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def best_trial(where: Path):

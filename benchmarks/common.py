@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 
@@ -12,6 +14,13 @@ SHARED = Path(os.environ.get("RAYCSE_SHARED", ROOT.parent / "shared"))
 WIKI = SHARED / "data" / "wiki_sample.txt"
 STSB_DEV = SHARED / "data" / "stsbenchmark" / "sts-dev.csv"
 STSB_TRAIN = SHARED / "data" / "stsbenchmark" / "sts-train.csv"
+
+
+def refuse(message: str) -> NoReturn:
+    """A bad argument (or a file not ready): one line on stderr, named after the script run, and exit 2,
+    as argparse does."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def cpu() -> str:

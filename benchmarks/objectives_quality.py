@@ -33,16 +33,14 @@ import argparse
 import json
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import NoReturn
 
 import numpy as np
 import torch
 import yaml
-from common import ROOT, STSB_DEV, STSB_TRAIN, WIKI, machine, train_run
+from common import ROOT, STSB_DEV, STSB_TRAIN, WIKI, machine, refuse, train_run
 from verdicts import SEARCHED, print_verdicts
 
 from raycse.encoder import Encoder
@@ -69,12 +67,6 @@ RUNS = [
     ("BSC on STS-B pairs, paper knobs, random order", "bsc_paper",
      {"data.corpus": str(STSB_TRAIN), "grouping.strategy": "random"}),
 ]
-
-
-def refuse(message: str) -> NoReturn:
-    """A bad argument: one line on stderr and exit 2, as argparse does."""
-    print(f"objectives_quality.py: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def dev_halves(tmp: Path) -> tuple[Path, Path]:
