@@ -88,6 +88,7 @@ def best(args) -> None:
     import ray
 
     import objectives_quality as oq
+    from verdicts import SEARCHED
     from raycse.train.driver import train
     from raycse.tune.space import load_space
 
@@ -96,7 +97,7 @@ def best(args) -> None:
         refuse(f"{args.study} has no complete trial yet: run `combined_search.py search` first")
     ns = argparse.Namespace(sentences=args.sentences, max_length=64, eval_steps=125, precision="fp32", only=None)
     store = oq.Store(Path(args.json), oq.protocol(ns))
-    row = f"combined search best (trial {trial.number} of {complete})"
+    row = f"{SEARCHED} (trial {trial.number})"  # (not the count of trials: a later call resumes the same row)
     with tempfile.TemporaryDirectory() as tmp:
         select, report_file = oq.dev_halves(Path(tmp))
         report = oq.read_stsb(report_file, "stsb_dev_report_half")
@@ -111,7 +112,7 @@ def best(args) -> None:
             ray.shutdown()  # (the cores to the scoring)
             figures = oq.scores(str(result.model_dir), report, [4, 16], None)
             store.add_run(row, seed, cfg.model.pooling, cfg.model.mlp_head, figures, result, start,
-                          params=trial.params)
+                          params=trial.params, trials_complete=complete)
             print(f"  {row} seed {seed}: report half {figures[1]:.2f}", flush=True)
     print(json.dumps([r for r in store.data["runs"] if r["row"] == row], indent=1, default=str))
 
