@@ -55,15 +55,19 @@ WARM_START = (
 
 
 def warm_start(where: Path) -> int:
-    """Enqueue WARM_START into the kept study (created if new); a point it already holds is skipped."""
+    """Enqueue each WARM_START point the kept study (created if new) has not tried, is not trying and has not
+    queued. A point whose trial failed (its call was stopped) is queued again: Optuna's own
+    ``skip_if_exists`` would skip it, as it counts failed trials too."""
     import optuna
 
     study = optuna.create_study(study_name=NAME, storage=f"sqlite:///{where}", direction="maximize",
                                 load_if_exists=True)
-    before = len(study.trials)
-    for params in WARM_START:
-        study.enqueue_trial(params, skip_if_exists=True)
-    return len(study.trials) - before
+    held = [t.params or t.system_attrs.get("fixed_params", {}) for t in study.trials
+            if t.state != optuna.trial.TrialState.FAIL]
+    todo = [params for params in WARM_START if params not in held]
+    for params in todo:
+        study.enqueue_trial(params)
+    return len(todo)
 
 
 def best_trial(where: Path):
