@@ -8,9 +8,10 @@ order and each objective's knobs) on all of wiki_sample.txt (the space's 2,048-s
 3 seeds a trial side by side, every trial selected on STS-B dev's *selection* half
 (``benchmarks/stsb_dev_halves.json``), fp32, TPE (Optuna) with ASHA over 3 rungs of the epoch. One
 Optuna study, kept in ``benchmarks/results/combined_study.db``, goes on from call to call: a trial
-takes about an hour on a 2-core box (59 min for HiCL over SimCSE), so the search spans sessions. Each call starts trials until
-``--time-budget`` seconds have passed (the running ones then finish) and prints the study's best.
-``--warm-start`` first enqueues WARM_START (the best wiki recipes, moved into the space), once per study.
+takes about an hour on a 2-core box (59 min for HiCL over SimCSE), so the search spans sessions. Each
+call starts trials until ``--time-budget`` seconds have passed (the running ones then finish) and prints
+the study's best. ``--warm-start`` first queues each WARM_START point (the best wiki recipes, moved into
+the space) that the study has not tried yet (or whose trial was stopped).
 
 ``best``: the study's best configuration, trained again with seeds 0-2 and scored on the *reporting*
 half (and the elongation attack), into the same JSON file as the recipes' table: one more row of it.
