@@ -46,7 +46,7 @@ def space_on_the_protocol(tmp: Path, select: Path, sentences=None) -> Path:
     return path
 
 
-# The first trials a new study asks for, before TPE's random start (Optuna's enqueue_trial): the best wiki
+# What ``search --warm-start`` queues as the study's next trials (Optuna's enqueue_trial): the best wiki
 # recipes of the table, moved into the space (which has no d0 = off, so the paper's d0 / d = 1/3) and given
 # hard (kNN) batches, which no recipe row had. The search wins only if some configuration beats these.
 WARM_START = (
