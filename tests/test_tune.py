@@ -77,6 +77,39 @@ def test_conditional_knobs_and_combined_space(tmp_path):
     assert 0.0 in beta.args and any(v > 0 for v in beta.args)
 
 
+def test_combined_space_holds_the_best_recipe_and_records_trials_run_elsewhere(tmp_path):
+    """Issue 44: the combined space can express the table's best wiki row, CompCSE's recipe
+    (configs/compcse.yaml) under mean pooling, d0 off and the train-only head; and each knob's Optuna
+    distribution holds every value it draws, so a trial run under another study can be recorded in it."""
+    import optuna
+
+    from raycse.config import RECIPES
+    from raycse.tune.space import space_files
+
+    space = load_space(str(next(p for p in space_files() if p.stem == "combined")))
+    recipe = yaml.safe_load((RECIPES / "configs" / "compcse.yaml").read_text())
+    point = {"objective": "compcse", "grouping": "random", "tau": recipe["objective"]["tau"],
+             "lr": recipe["train"]["lr"], "mlp_head": recipe["model"]["mlp_head"], "d0": recipe["objective"]["d0"],
+             "compose_at": recipe["objective"]["compose_at"]}
+    knobs = {k.name: k for k in space.knobs}
+    for name, value in point.items():  # (each value is one the space can draw)
+        assert value in knobs[name].args if knobs[name].kind == "choice" else knobs[name].args[0] <= value <= \
+            knobs[name].args[1], name
+    cfg = space.run_config(point, seed=0)
+    assert (cfg.model.pooling, cfg.model.mlp_head, cfg.grouping.strategy) == ("mean", "train_only", "random")
+    assert cfg.objective.name == "compcse" and cfg.train.lr == recipe["train"]["lr"]
+    assert {k: cfg.objective.params[k] for k in ("tau", "d0", "compose_at")} == \
+        {k: recipe["objective"][k] for k in ("tau", "d0", "compose_at")}
+    study = optuna.create_study(direction="maximize")
+    rng = np.random.default_rng(0)
+    for i in range(20):
+        params = space.sample(rng)
+        study.add_trial(optuna.trial.create_trial(  # (create_trial refuses a value its distribution lacks)
+            params=params, distributions={k: knobs[k].distribution() for k in params}, value=float(i)))
+    assert len(study.trials) == 20 and study.best_trial.params == params
+    with pytest.raises(ValueError):
+        optuna.trial.create_trial(params={"d0": 0.1}, distributions={"d0": knobs["d0"].distribution()}, value=0.0)
+
 def test_targets_and_rungs():
     assert target_value([80.0, 82.0], "mean") == 81.0
     assert target_value([80.0, 82.0], parse_target("mean - 2*std")) == pytest.approx(79.0)

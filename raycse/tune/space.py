@@ -39,6 +39,7 @@ ALIASES = {
     "lambda": "objective.lam",
     "d0": "objective.d0",
     "compose_at": "objective.compose_at",
+    "mlp_head": "model.mlp_head",
     "group_size": "grouping.group_size",
     "grouping": "grouping.strategy",
     "batch_size": "train.batch_size",
@@ -68,6 +69,15 @@ class Knob:
         if self.kind == "logint":
             return trial.suggest_int(self.name, *self.args, log=True)
         return trial.suggest_categorical(self.name, self.args)
+
+    def distribution(self):
+        """The Optuna distribution :meth:`suggest` draws from (to record a trial run elsewhere in a study)."""
+        from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+        if self.kind == "choice":
+            return CategoricalDistribution(self.args)
+        cls = FloatDistribution if self.kind in ("uniform", "loguniform") else IntDistribution
+        return cls(*self.args, log=self.kind.startswith("log"))
 
     def extremes(self) -> list:
         return list(self.args) if self.kind == "choice" else [self.args[0], self.args[1]]
