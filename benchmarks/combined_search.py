@@ -97,13 +97,14 @@ def _holds(dist, value) -> bool:
     return value in dist.choices if hasattr(dist, "choices") else dist.low <= value <= dist.high
 
 
-def kept_study(where: Path):
-    """The kept study, created if new with the first study's complete trials carried over."""
+def kept_study(where: Path, carry: bool):
+    """The kept study, created if new, with the first study's complete trials carried over if ``carry`` (they
+    ran on the whole corpus: a quick check on a few sentences carries nothing)."""
     import optuna
 
     study = optuna.create_study(study_name=NAME, storage=f"sqlite:///{where}", direction="maximize",
                                 load_if_exists=True)
-    if not study.trials:
+    if carry and not study.trials:
         print(f"# carried over from {PREVIOUS[0].name}: {carry_over(study, *PREVIOUS)} complete trials", flush=True)
     return study
 
@@ -145,7 +146,7 @@ def search(args) -> None:
 
     where = Path(args.study).resolve()
     best_trial(where)  # (first: it refuses a --study file that is not this study's)
-    study = kept_study(where)
+    study = kept_study(where, carry=args.sentences is None)
     if args.warm_start:
         print(f"# warm start: {warm_start(study)} recipe points enqueued", flush=True)
     _, complete, total = best_trial(where)
