@@ -83,18 +83,18 @@ def carry_over(study, previous: Path, name: str) -> int:
             if knob.active(params):
                 params[knob.name] = old.params.get(knob.name, NEW_KNOB_WAS.get(knob.name))
         dists = {k: knob.distribution() for knob in knobs for k in [knob.name] if k in params}
-        if set(old.params) - set(params) or not all(_holds(dists[k], v) for k, v in params.items()):
-            print(f"# not carried over: trial {old.number} of {previous.name} ({old.params})", flush=True)
+        try:  # (create_trial refuses a value outside its distribution)
+            if set(old.params) - set(params):
+                raise ValueError("a knob the widened space does not have")
+            trial = optuna.trial.create_trial(
+                params=params, distributions=dists, value=old.value, intermediate_values=old.intermediate_values,
+                user_attrs={**old.user_attrs, "carried_from": f"{name}, trial {old.number}"})
+        except ValueError as exc:
+            print(f"# not carried over: trial {old.number} of {previous.name} ({old.params}): {exc}", flush=True)
             continue
-        study.add_trial(optuna.trial.create_trial(
-            params=params, distributions=dists, value=old.value, intermediate_values=old.intermediate_values,
-            user_attrs={**old.user_attrs, "carried_from": f"{name}, trial {old.number}"}))
+        study.add_trial(trial)
         carried += 1
     return carried
-
-
-def _holds(dist, value) -> bool:
-    return value in dist.choices if hasattr(dist, "choices") else dist.low <= value <= dist.high
 
 
 def kept_study(where: Path, carry: bool):

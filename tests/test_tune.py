@@ -77,7 +77,7 @@ def test_conditional_knobs_and_combined_space(tmp_path):
     assert 0.0 in beta.args and any(v > 0 for v in beta.args)
 
 
-def test_combined_space_holds_the_best_recipe_and_records_trials_run_elsewhere(tmp_path):
+def test_combined_space_holds_the_best_recipe_and_records_trials_run_elsewhere():
     """Issue 44: the combined space can express the table's best wiki row, CompCSE's recipe
     (configs/compcse.yaml) under mean pooling, d0 off and the train-only head; and each knob's Optuna
     distribution holds every value it draws, so a trial run under another study can be recorded in it."""
@@ -109,6 +109,7 @@ def test_combined_space_holds_the_best_recipe_and_records_trials_run_elsewhere(t
     assert len(study.trials) == 20 and study.best_trial.params == params
     with pytest.raises(ValueError):
         optuna.trial.create_trial(params={"d0": 0.1}, distributions={"d0": knobs["d0"].distribution()}, value=0.0)
+
 
 def test_targets_and_rungs():
     assert target_value([80.0, 82.0], "mean") == 81.0
