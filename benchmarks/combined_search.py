@@ -1,6 +1,7 @@
 """A search that is to beat every recipe (issue 44, item 4), under the protocol of objectives_quality.py.
 
     python benchmarks/combined_search.py search --time-budget 5400 [--num-samples 40] [--warm-start]
+        [--enqueue JSON --why TEXT]
     python benchmarks/combined_search.py best [--json benchmarks/results/objectives-quality-issue44.json]
 
 ``search``: ``search_spaces/combined.yaml`` (the objective, HiCL over SimCSE or LA(SER)^3, the batch
@@ -11,7 +12,8 @@ Optuna study, kept in ``benchmarks/results/combined_study_v2.db``, goes on from 
 takes about an hour on a 2-core box (59 min for HiCL over SimCSE), so the search spans sessions. Each
 call starts trials until ``--time-budget`` seconds have passed (the running ones then finish) and prints
 the study's best. ``--warm-start`` first queues each WARM_START point (the best wiki recipe, in the space)
-that the study has not tried yet (or whose trial was stopped); a new study starts with the complete
+that the study has not tried yet (or whose trial was stopped), and ``--enqueue JSON --why TEXT`` a point picked
+by hand, with its reason kept in the trial's user_attrs; a new study starts with the complete
 trials of the first one (``combined_study.db``, whose space lacked d0 off and the MLP head) carried over.
 
 ``best``: the study's best configuration, trained again with seeds 0-2 and scored on the *reporting*
@@ -109,17 +111,49 @@ def kept_study(where: Path, carry: bool):
     return study
 
 
-def warm_start(study) -> int:
-    """Enqueue each WARM_START point the study has not tried, is not trying and has not queued. A point
-    whose trial failed (its call was stopped) is queued again: Optuna's own ``skip_if_exists`` would skip
-    it, as it counts failed trials too."""
+def checked_point(text: str) -> dict:
+    """``text`` (JSON) as a point of the space, or a refusal naming what is wrong: each knob the point
+    makes active is given, no other, and each value is one its distribution holds (so TPE can model it)."""
+    import optuna
+
+    from raycse.tune.space import load_space
+
+    try:
+        params = json.loads(text)
+    except json.JSONDecodeError as exc:
+        refuse(f"--enqueue {text!r} is not JSON ({exc}): give an object of knob: value")
+    if not isinstance(params, dict):
+        refuse(f"--enqueue {text!r} is not a JSON object: give an object of knob: value")
+
+    knobs = load_space(str(SPACE)).knobs
+    active = {}
+    for knob in knobs:  # (in the space's order: a knob's `when` reads the knobs before it)
+        if knob.active(active):
+            if knob.name not in params:
+                refuse(f"--enqueue {json.dumps(params)} lacks {knob.name!r}: give every knob the point makes active")
+            active[knob.name] = params[knob.name]
+    if set(params) - set(active):
+        refuse(f"--enqueue gives {sorted(set(params) - set(active))}, which the point does not make active in "
+               f"{SPACE.name}: leave them out")
+    try:
+        optuna.trial.create_trial(params=active, distributions={k.name: k.distribution() for k in knobs
+                                                                if k.name in active}, value=0.0)
+    except ValueError as exc:
+        refuse(f"--enqueue {json.dumps(params)} is outside {SPACE.name}: {exc}")
+    return active
+
+
+def enqueue(study, points, why: str | None = None) -> int:
+    """Enqueue each point the study has not tried, is not trying and has not queued, with ``why`` (a pick
+    made by hand) in the trial's user_attrs. A point whose trial failed (its call was stopped) is queued
+    again: Optuna's own ``skip_if_exists`` would skip it, as it counts failed trials too."""
     import optuna
 
     held = [t.params or t.system_attrs.get("fixed_params", {}) for t in study.trials
             if t.state != optuna.trial.TrialState.FAIL]
-    todo = [params for params in WARM_START if params not in held]
+    todo = [params for params in points if params not in held]
     for params in todo:
-        study.enqueue_trial(params)
+        study.enqueue_trial(params, user_attrs={"enqueued_by_hand": why} if why else None)
     return len(todo)
 
 
@@ -145,10 +179,15 @@ def search(args) -> None:
     from raycse.tune import TuneSettings, tune_search
 
     where = Path(args.study).resolve()
+    if args.enqueue and not args.why:
+        refuse("--enqueue needs --why: the reason for the pick is kept in the trial's user_attrs")
+    args.enqueue = [checked_point(point) for point in args.enqueue]
     best_trial(where)  # (first: it refuses a --study file that is not this study's)
     study = kept_study(where, carry=args.sentences is None)
     if args.warm_start:
-        print(f"# warm start: {warm_start(study)} recipe points enqueued", flush=True)
+        print(f"# warm start: {enqueue(study, WARM_START)} recipe points enqueued", flush=True)
+    if args.enqueue:
+        print(f"# by hand: {enqueue(study, args.enqueue, args.why)} points enqueued ({args.why})", flush=True)
     _, complete, total = best_trial(where)
     # (a trial left RUNNING by a call that was killed is marked FAIL when this call's search ends;
     # each call seeds the sampler with the trials so far, so that TPE's random start never repeats)
@@ -209,6 +248,11 @@ def main() -> None:
     s.add_argument("--time-budget", type=float, required=True, help="seconds after which no trial starts")
     s.add_argument("--num-samples", type=int, default=40, help="at most this many trials in this call")
     s.add_argument("--warm-start", action="store_true", help="first try the best recipes, moved into the space")
+    s.add_argument("--enqueue", action="append", default=[], metavar="JSON",
+                   help="first try this point of the space, a pick by hand, e.g. "
+                        "'{\"objective\": \"laser\", \"grouping\": \"knn\", \"tau\": 0.012, \"lr\": 2.7e-5, "
+                        "\"mlp_head\": \"auto\"}' (repeatable)")
+    s.add_argument("--why", help="why the --enqueue points were picked (kept with each trial)")
     b = sub.add_parser("best", help="the study's best configuration, 3 seeds, on the reporting half")
     b.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "objectives-quality-issue44.json"))
     for p in (s, b):  # (a quick check of the script itself: a few sentences, another study and file)

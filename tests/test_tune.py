@@ -111,6 +111,54 @@ def test_combined_space_holds_the_best_recipe_and_records_trials_run_elsewhere()
         optuna.trial.create_trial(params={"d0": 0.1}, distributions={"d0": knobs["d0"].distribution()}, value=0.0)
 
 
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.mark.parametrize("point, why, message", [
+    ('{"objective": "laser", "grouping": "knn", "tau": 0.012}', "x", "lacks 'lr'"),
+    ('{"objective": "laser", "grouping": "knn", "tau": 0.012, "lr": 3e-5, "mlp_head": "auto", "d0": 0.25}', "x",
+     "gives ['d0'], which the point does not make active"),
+    ('{"objective": "laser", "grouping": "knn", "tau": 0.5, "lr": 3e-5, "mlp_head": "auto"}', "x", "is outside combined.yaml"),
+    ('{"objective": "laser", "grouping": "knn", "tau": 0.012, "lr": 3e-5, "mlp_head": "auto"}', None, "--enqueue needs --why"),
+    ('[1, 2]', "x", "is not a JSON object"),
+    ('{"objective": laser}', "x", "is not JSON"),
+])
+def test_combined_search_refuses_a_hand_pick_outside_the_space(tmp_path, point, why, message):
+    """Issue 44: ``combined_search.py search --enqueue`` refuses, in one line and before any study file is
+    written, a point the space cannot hold (so TPE could not model it) or one given without its reason."""
+    study = tmp_path / "study.db"
+    cmd = [sys.executable, str(BENCH / "combined_search.py"), "search", "--time-budget", "1", "--study", str(study),
+           "--enqueue", point] + (["--why", why] if why else [])
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert not study.exists() and not list(tmp_path.iterdir())
+
+
+def test_combined_search_enqueues_a_hand_pick_once_with_its_reason(tmp_path, monkeypatch):
+    """A point picked by hand is queued once, with its reason in the trial's user_attrs; it is queued again
+    only if its trial failed (a stopped call), and the warm start's point is kept apart from it."""
+    import optuna
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    import combined_search as cs
+
+    pick = cs.checked_point('{"objective": "laser", "grouping": "knn", "tau": 0.012, "lr": 2.7e-5, "mlp_head": "auto"}')
+    assert pick == {"objective": "laser", "grouping": "knn", "tau": 0.012, "lr": 2.7e-5, "mlp_head": "auto"}
+    compcse = cs.checked_point(json.dumps(cs.WARM_START[0]))  # (d0 None: off, a choice of the space)
+    assert compcse == cs.WARM_START[0]
+    study = optuna.create_study(study_name=cs.NAME, storage=f"sqlite:///{tmp_path / 's.db'}", direction="maximize")
+    assert cs.enqueue(study, [pick], "low tau with kNN batches") == 1
+    assert cs.enqueue(study, [pick], "again") == 0 and cs.enqueue(study, [compcse]) == 1
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [t.user_attrs for t in waiting] == [{"enqueued_by_hand": "low tau with kNN batches"}, {}]
+    trial = study.ask()  # (the first queued point comes first, with its reason)
+    assert trial.params == {} and trial.user_attrs == {"enqueued_by_hand": "low tau with kNN batches"}
+    assert {k: trial.suggest_float(k, 0.001, 1.0, log=True) for k in ("tau",)} == {"tau": 0.012}
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    assert cs.enqueue(study, [pick], "after a stopped call") == 1
+
+
 def test_targets_and_rungs():
     assert target_value([80.0, 82.0], "mean") == 81.0
     assert target_value([80.0, 82.0], parse_target("mean - 2*std")) == pytest.approx(79.0)
