@@ -23,6 +23,7 @@ half (and the elongation attack), into the same JSON file as the recipes' table:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import tempfile
 import time
@@ -71,28 +72,19 @@ def carry_over(study, previous: Path, name: str) -> int:
     trial whose values the widened space cannot hold is left out."""
     import optuna
 
-    from raycse.tune.space import load_space
-
     if not previous.exists():
         return 0
-    knobs = load_space(str(SPACE)).knobs
     carried = 0
     for old in optuna.load_study(study_name=name, storage=f"sqlite:///{previous}").trials:
         if old.state != optuna.trial.TrialState.COMPLETE:
             continue
-        params = {}
-        for knob in knobs:  # (in the space's order: a knob's `when` reads the knobs before it)
-            if knob.active(params):
-                params[knob.name] = old.params.get(knob.name, NEW_KNOB_WAS.get(knob.name))
-        dists = {k: knob.distribution() for knob in knobs for k in [knob.name] if k in params}
-        try:  # (create_trial refuses a value outside its distribution)
-            if set(old.params) - set(params):
-                raise ValueError("a knob the widened space does not have")
-            trial = optuna.trial.create_trial(
-                params=params, distributions=dists, value=old.value, intermediate_values=old.intermediate_values,
-                user_attrs={**old.user_attrs, "carried_from": f"{name}, trial {old.number}"})
+        try:
+            trial = trial_in_space(lambda knob: old.params.get(knob, NEW_KNOB_WAS.get(knob)), old.params,
+                                   value=old.value, intermediate_values=old.intermediate_values,
+                                   user_attrs={**old.user_attrs, "carried_from": f"{name}, trial {old.number}"})
         except ValueError as exc:
-            print(f"# not carried over: trial {old.number} of {previous.name} ({old.params}): {exc}", flush=True)
+            print(f"# not carried over: trial {old.number} of {previous.name}: {json.dumps(old.params)} {exc}",
+                  flush=True)
             continue
         study.add_trial(trial)
         carried += 1
@@ -111,13 +103,37 @@ def kept_study(where: Path, carry: bool):
     return study
 
 
+@functools.cache
+def space_knobs() -> tuple:
+    from raycse.tune.space import load_space
+
+    return tuple(load_space(str(SPACE)).knobs)
+
+
+def trial_in_space(value_of, given: dict, **trial):
+    """A trial of SPACE (``optuna.trial.create_trial`` with ``trial``'s value and attributes) whose every
+    knob the point makes active is ``value_of(knob name)``, taken in the space's order (a knob's `when`
+    reads the knobs before it). ValueError names a knob ``given`` holds that the point does not make
+    active, or a value outside its knob's distribution (create_trial's check: TPE could not model it)."""
+    import optuna
+
+    params = {}
+    for knob in space_knobs():
+        if knob.active(params):
+            params[knob.name] = value_of(knob.name)
+    extra = sorted(set(given) - set(params))
+    if extra:
+        raise ValueError(f"gives {extra}, which the point does not make active in {SPACE.name}: leave them out")
+    dists = {knob.name: knob.distribution() for knob in space_knobs() if knob.name in params}
+    try:
+        return optuna.trial.create_trial(params=params, distributions=dists, **trial)
+    except ValueError as exc:
+        raise ValueError(f"is outside {SPACE.name}: {exc}") from exc
+
+
 def checked_point(text: str) -> dict:
     """``text`` (JSON) as a point of the space, or a refusal naming what is wrong: each knob the point
     makes active is given, no other, and each value is one its distribution holds (so TPE can model it)."""
-    import optuna
-
-    from raycse.tune.space import load_space
-
     try:
         params = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -125,22 +141,15 @@ def checked_point(text: str) -> dict:
     if not isinstance(params, dict):
         refuse(f"--enqueue {text!r} is not a JSON object: give an object of knob: value")
 
-    knobs = load_space(str(SPACE)).knobs
-    active = {}
-    for knob in knobs:  # (in the space's order: a knob's `when` reads the knobs before it)
-        if knob.active(active):
-            if knob.name not in params:
-                refuse(f"--enqueue {json.dumps(params)} lacks {knob.name!r}: give every knob the point makes active")
-            active[knob.name] = params[knob.name]
-    if set(params) - set(active):
-        refuse(f"--enqueue gives {sorted(set(params) - set(active))}, which the point does not make active in "
-               f"{SPACE.name}: leave them out")
+    def given(knob: str):
+        if knob not in params:
+            refuse(f"--enqueue {json.dumps(params)} lacks {knob!r}: give every knob the point makes active")
+        return params[knob]
+
     try:
-        optuna.trial.create_trial(params=active, distributions={k.name: k.distribution() for k in knobs
-                                                                if k.name in active}, value=0.0)
+        return trial_in_space(given, params, value=0.0).params
     except ValueError as exc:
-        refuse(f"--enqueue {json.dumps(params)} is outside {SPACE.name}: {exc}")
-    return active
+        refuse(f"--enqueue {json.dumps(params)} {exc}")
 
 
 def enqueue(study, points, why: str | None = None) -> int:
@@ -181,6 +190,8 @@ def search(args) -> None:
     where = Path(args.study).resolve()
     if args.enqueue and not args.why:
         refuse("--enqueue needs --why: the reason for the pick is kept in the trial's user_attrs")
+    if args.why and not args.enqueue:
+        refuse("--why without --enqueue: give the point it explains with --enqueue JSON, or leave --why out")
     args.enqueue = [checked_point(point) for point in args.enqueue]
     best_trial(where)  # (first: it refuses a --study file that is not this study's)
     study = kept_study(where, carry=args.sentences is None)

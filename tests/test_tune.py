@@ -122,13 +122,14 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
     ('{"objective": "laser", "grouping": "knn", "tau": 0.012, "lr": 3e-5, "mlp_head": "auto"}', None, "--enqueue needs --why"),
     ('[1, 2]', "x", "is not a JSON object"),
     ('{"objective": laser}', "x", "is not JSON"),
+    (None, "x", "--why without --enqueue"),
 ])
 def test_combined_search_refuses_a_hand_pick_outside_the_space(tmp_path, point, why, message):
     """Issue 44: ``combined_search.py search --enqueue`` refuses, in one line and before any study file is
     written, a point the space cannot hold (so TPE could not model it) or one given without its reason."""
     study = tmp_path / "study.db"
-    cmd = [sys.executable, str(BENCH / "combined_search.py"), "search", "--time-budget", "1", "--study", str(study),
-           "--enqueue", point] + (["--why", why] if why else [])
+    cmd = [sys.executable, str(BENCH / "combined_search.py"), "search", "--time-budget", "1", "--study", str(study)]
+    cmd += (["--enqueue", point] if point else []) + (["--why", why] if why else [])
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 2, out.stderr
     assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
@@ -157,6 +158,44 @@ def test_combined_search_enqueues_a_hand_pick_once_with_its_reason(tmp_path, mon
     assert {k: trial.suggest_float(k, 0.001, 1.0, log=True) for k in ("tau",)} == {"tau": 0.012}
     study.tell(trial, state=optuna.trial.TrialState.FAIL)
     assert cs.enqueue(study, [pick], "after a stopped call") == 1
+
+
+def test_combined_search_carries_over_the_first_studys_trials_the_widened_space_holds(tmp_path, monkeypatch, capsys):
+    """A new study starts with the first study's complete trials, each knob the first space lacked
+    (mlp_head) at the value that space fixed, and their values and rung scores kept; a trial whose values
+    the widened space cannot hold, a failed one, and none of a missing first study are left out."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    import combined_search as cs
+
+    old = optuna.create_study(study_name="first", storage=f"sqlite:///{tmp_path / 'first.db'}", direction="maximize")
+    common = {"grouping": "knn", "tau": 0.02, "lr": 3e-5}
+    dists = {"objective": CategoricalDistribution(["laser", "compcse"]), "grouping": CategoricalDistribution(["knn"]),
+             "tau": FloatDistribution(0.001, 1.0, log=True), "lr": FloatDistribution(1e-6, 1e-3, log=True),
+             "d0": CategoricalDistribution([0.1, 0.25]), "compose_at": CategoricalDistribution(["head"]),
+             "width": CategoricalDistribution([1, 2])}
+
+    def add(params, value, state=optuna.trial.TrialState.COMPLETE):
+        old.add_trial(optuna.trial.create_trial(
+            params=params, distributions={k: dists[k] for k in params}, value=value, state=state,
+            intermediate_values={1: value - 0.5} if value is not None else None, user_attrs={"seeds": 3}))
+
+    add({"objective": "laser", **common}, 88.5)  # kept, mlp_head as the first space fixed it
+    add({"objective": "compcse", **common, "d0": 0.1, "compose_at": "head"}, 87.0)  # d0 0.1: not in the space
+    add({"objective": "laser", **common, "width": 2}, 86.0)  # a knob the widened space does not have
+    add({"objective": "laser", **common}, None, optuna.trial.TrialState.FAIL)
+    new = optuna.create_study(study_name=cs.NAME, storage=f"sqlite:///{tmp_path / 'new.db'}", direction="maximize")
+    assert cs.carry_over(new, tmp_path / "missing.db", "first") == 0 and not (tmp_path / "missing.db").exists()
+    assert cs.carry_over(new, tmp_path / "first.db", "first") == 1
+    (kept,) = new.trials
+    assert kept.params == {"objective": "laser", **common, "mlp_head": "auto"}
+    assert kept.value == 88.5 and kept.intermediate_values == {1: 88.0}
+    assert kept.user_attrs == {"seeds": 3, "carried_from": "first, trial 0"}
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 2 and "trial 1 of first.db" in printed[0] and "is outside combined.yaml" in printed[0]
+    assert "trial 2 of first.db" in printed[1] and "gives ['width']" in printed[1]
 
 
 def test_targets_and_rungs():
