@@ -104,7 +104,7 @@ def kept_study(where: Path, carry: bool):
 
 
 @functools.cache
-def space_knobs() -> tuple:
+def space_knobs() -> tuple:  # (combined.yaml read once a process, not once a point)
     from raycse.tune.space import load_space
 
     return tuple(load_space(str(SPACE)).knobs)
