@@ -107,6 +107,19 @@ def test_every_shipped_config_validates():
         RunConfig.from_dict(load_yaml(path)).validate()
 
 
+def test_train_help_names_every_shipped_recipe():
+    """``raycse train --help`` lists the recipes ``--config NAME`` finds: a new file in configs/ is named there."""
+    from pathlib import Path
+
+    from raycse.cli import build_parser
+
+    train = next(a for a in build_parser()._actions if a.dest == "command").choices["train"]
+    text = next(a for a in train._actions if a.dest == "config").help
+    listed = text.split("by name: ")[1].split(";")[0].split(", ")
+    shipped = sorted(p.stem for p in (Path(__file__).parents[1] / "raycse" / "configs").glob("*.yaml"))
+    assert sorted(listed) == shipped
+
+
 def test_every_train_flag_is_one_config_field_with_its_one_help_text():
     """Issue 46 item 1: a knob has one name, one default and one help text, kept on its config field;
     ``raycse train``'s flag is built from it and lands in that field."""
