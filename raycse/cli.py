@@ -19,7 +19,7 @@ import json
 import sys
 from typing import Optional, Sequence
 
-from raycse.config import POOLINGS, flag_fields
+from raycse.config import POOLINGS, flag_fields, shipped
 from raycse.errors import RaycseError
 from raycse.outputs import check_writable_file, write_text_atomic
 
@@ -62,7 +62,7 @@ def _train_parser(sub) -> None:
                     "workers, in-batch negatives gathered across workers). The best STS-B dev checkpoint is "
                     "saved to OUTPUT/model, loadable by transformers.AutoModel and sentence_transformers.")
     p.add_argument("--config", metavar="YAML", help="YAML run config (sections model, data, grouping, objective, train, eval), "
-                                    "or a shipped recipe by name: simcse, hicl, compcse, sgopt, laser, bsc, bsc_paper, combined_best; "
+                                    f"or a shipped recipe by name: {', '.join(shipped('configs'))}; "
                                     "flags override it")
     for flag, key, text, default, typ in flag_fields():
         if default is not None and "default" not in text.lower():

@@ -536,6 +536,11 @@ YamlLoader.add_implicit_resolver("tag:yaml.org,2002:float",
 RECIPES = Path(__file__).resolve().parent  # raycse/configs/*.yaml and raycse/search_spaces/*.yaml, shipped in the wheel
 
 
+def shipped(kind: str) -> list[str]:
+    """The names of the recipes raycse ships of ``kind`` (configs or search_spaces), sorted."""
+    return sorted(f.stem for f in (RECIPES / kind).glob("*.yaml"))
+
+
 def recipe(kind: str, name_or_path: str) -> str:
     """A run config (``kind`` configs) or a search space (search_spaces): a path as given, else a
     recipe shipped with raycse by its name (``--config simcse``, ``--space hicl``)."""
@@ -544,7 +549,7 @@ def recipe(kind: str, name_or_path: str) -> str:
     shipped = RECIPES / kind / f"{name_or_path}.yaml"
     if shipped.is_file():
         return str(shipped)
-    names = ", ".join(sorted(f.stem for f in (RECIPES / kind).glob("*.yaml")))
+    names = ", ".join(shipped(kind))
     raise ConfigError(f"{name_or_path!r} is neither a file nor one of raycse's {kind.replace('_', ' ')}: {names}")
 
 
