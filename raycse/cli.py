@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Optional, Sequence
 
 from raycse.config import POOLINGS, flag_fields, shipped
 from raycse.errors import RaycseError
-from raycse.outputs import check_writable_file, write_text_atomic
+from raycse.outputs import check_not_inside, check_writable_file, write_text_atomic
 
 # Train flags are the config's knobs (raycse.config.flag_fields: each field's flag, help text, type and
 # default, one source); ``--help`` appends each default once, unless the help text states it itself.
@@ -434,7 +435,8 @@ def cmd_mine(args) -> int:
     from raycse.errors import require
 
     require("faiss", "grouping", "raycse mine")
-    out = check_writable_file(args.output)
+    out = check_writable_file(os.path.expanduser(args.output))
+    check_not_inside(out, "--output", {"--corpus": args.corpus, "--candidates": args.candidates, "--model": args.model})
     if out.exists() and not args.overwrite:
         raise RaycseError(f"--output {out} exists; pass --overwrite to replace it")
     data = DataConfig(corpus=args.corpus, format=args.format, text_column=args.text_column,

@@ -546,20 +546,23 @@ def recipe(kind: str, name_or_path: str) -> str:
     recipe shipped with raycse by its name (``--config simcse``, ``--space hicl``)."""
     if Path(os.path.expanduser(name_or_path)).exists() or "/" in name_or_path or name_or_path.endswith((".yaml", ".yml")):
         return name_or_path
-    shipped = RECIPES / kind / f"{name_or_path}.yaml"
-    if shipped.is_file():
-        return str(shipped)
+    packaged = RECIPES / kind / f"{name_or_path}.yaml"
+    if packaged.is_file():
+        return str(packaged)
     names = ", ".join(shipped(kind))
     raise ConfigError(f"{name_or_path!r} is neither a file nor one of raycse's {kind.replace('_', ' ')}: {names}")
 
 
 def load_yaml(path: str | os.PathLike) -> dict:
     """Read a YAML mapping, turning every failure into one readable line."""
-    p = Path(path)
+    p = Path(os.path.expanduser(str(path)))
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
         data = yaml.load(p.read_text(encoding="utf-8"), Loader=YamlLoader)
+    except RecursionError:
+        raise ConfigError(f"{p} nests deeper than {MAX_YAML_DEPTH} levels; a raycse config or search space needs "
+                          f"at most a few") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -571,7 +574,23 @@ def load_yaml(path: str | os.PathLike) -> dict:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: the top level must be a mapping (section: {{key: value}}), got {type(data).__name__}")
+    if _depth(data) > MAX_YAML_DEPTH:
+        raise ConfigError(f"{p} nests deeper than {MAX_YAML_DEPTH} levels; a raycse config or search space needs "
+                          f"at most a few")
     return data
+
+
+MAX_YAML_DEPTH = 16  # the deepest shipped file (a search space with conditional knobs) nests 6
+
+
+def _depth(value, limit: int = MAX_YAML_DEPTH + 1) -> int:
+    """How deep ``value``'s mappings and lists nest, counted no further than ``limit`` (no recursion)."""
+    deepest, level = 0, [value]
+    while level and deepest < limit:
+        level = [v for item in level if isinstance(item, (dict, list))
+                 for v in (item.values() if isinstance(item, dict) else item)]
+        deepest += 1
+    return deepest
 
 
 def set_dotted(cfg: RunConfig, key: str, value: Any, _from_yaml: bool = False) -> None:
@@ -640,10 +659,16 @@ def parse_tracking(spec: Optional[str]) -> list[tuple[str, str]]:
 
 def _parse_scalar(text: str) -> Any:
     """'0.1' -> 0.1, 'true' -> True, 'x' -> 'x' (for --set objective.knob=value)."""
+    too_deep = ConfigError(f"the value {text[:40]}... nests deeper than {MAX_YAML_DEPTH} levels; give a plain value")
     try:
-        return yaml.load(text, Loader=YamlLoader)
+        value = yaml.load(text, Loader=YamlLoader)
     except yaml.YAMLError:
         return text
+    except RecursionError:
+        raise too_deep from None
+    if _depth(value) > MAX_YAML_DEPTH:
+        raise too_deep
+    return value
 
 
 def _choice(key: str, value: str, allowed: tuple) -> None:

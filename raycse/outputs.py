@@ -17,10 +17,14 @@ import shutil
 import socket
 import sys
 import tempfile
+import time
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
+from raycse.errors import RaycseError
 
 
 def staging_prefix(name: str) -> str:
@@ -77,6 +81,24 @@ def sweep_abandoned(parent: Path, prefix: str) -> list[Path]:
     return removed
 
 
+def live_stagings(parent: Path, prefix: str) -> list[Path]:
+    """The directories ``prefix*`` in ``parent`` that a process still running made (or another machine's
+    process, whose life cannot be seen from here)."""
+    try:
+        entries = [e for e in Path(parent).iterdir() if e.name.startswith(prefix) and e.is_dir()]
+    except OSError:
+        return []
+    live = []
+    for entry in entries:
+        host, _, rest = entry.name[len(prefix):].partition("-")
+        pid = rest.partition("-")[0]
+        if not pid.isdigit():
+            continue  # not a name raycse makes
+        if host != _host() or _alive(int(pid)):
+            live.append(entry)
+    return sorted(live)
+
+
 def staging_dir(dest: Path) -> Path:
     """A new, empty staging directory beside ``dest`` (first removing those killed runs left there)."""
     sweep_abandoned(dest.parent, staging_prefix(dest.name))
@@ -123,6 +145,129 @@ def check_replaceable(path: Path, flag: str = "--output") -> None:
         raise ConfigError(f"{flag} {path} holds files raycse did not write (no {MANIFEST}, or no "
                           f"{', '.join(RUN_MARKERS)}); --overwrite replaces only a raycse output: choose another "
                           f"{flag}")
+
+
+def snapshot(path: Path) -> Optional[frozenset]:
+    """What is at ``path``: every entry under it with its kind, size and modification time; None for
+    nothing there or an empty directory (what a publish may fill without removing anything)."""
+    if not os.path.lexists(path):
+        return None
+    if path.is_symlink() or not path.is_dir():
+        st = path.lstat()
+        return frozenset({(".", st.st_mode, st.st_size, st.st_mtime_ns)})
+    entries = set()
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            full = os.path.join(root, name)
+            st = os.lstat(full)
+            entries.add((os.path.relpath(full, path), st.st_mode, st.st_size, st.st_mtime_ns))
+    return frozenset(entries) or None
+
+
+@dataclass(frozen=True)
+class OutputClaim:
+    """An output directory this run will publish: its staging directory, and what was at the
+    destination when the run checked it (None: nothing, or an empty directory)."""
+
+    dest: Path
+    staging: Path
+    before: Optional[frozenset]
+    flag: str = "--output"
+
+
+class OutputConflict(RaycseError):
+    """The destination changed during the run: nothing there was touched, the run's output was kept."""
+
+
+def claim_output(dest: Path, overwrite: bool, flag: str = "--output") -> OutputClaim:
+    """Check ``dest`` (empty, or raycse's own output and ``overwrite``), make the run's staging
+    directory beside it, and refuse when another raycse run is writing the same destination."""
+    from raycse.errors import ConfigError
+
+    if dest.is_dir() and any(dest.iterdir()) and not overwrite:
+        raise ConfigError(f"output directory {dest} already exists and is not empty; choose another {flag} or pass "
+                          f"--overwrite")
+    check_replaceable(dest, flag)
+    staging = staging_dir(dest)
+    others = [s for s in live_stagings(dest.parent, staging_prefix(dest.name)) if s != staging]
+    if others:  # (made first, checked after: of two runs starting together, neither goes on unseen)
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ConfigError(f"{flag} {dest} is being written by another raycse run ({_who(others[0], dest.name)}); "
+                          f"wait for it to finish or choose another {flag}")
+    return OutputClaim(dest, staging, snapshot(dest), flag)
+
+
+def _who(staging: Path, name: str) -> str:
+    host, _, rest = staging.name[len(staging_prefix(name)):].partition("-")
+    pid = rest.partition("-")[0]
+    where = "on this machine" if host == _host() else "on another machine; remove it if that run is gone"
+    return f"process {pid} {where}: {staging}"
+
+
+def publish_claimed(claim: OutputClaim) -> None:
+    """The staging directory becomes the destination by renames that remove nothing this run did not
+    check at its start: onto nothing (or an empty directory), or, with ``--overwrite``, after the old
+    output is moved aside and found unchanged. If the destination changed meanwhile (another run
+    published there, a user put files in it), nothing there is touched and the staged output is
+    kept beside it under a visible name, named in the :class:`OutputConflict` raised."""
+    dest, staging = claim.dest, claim.staging
+    if snapshot(dest) != claim.before:
+        _conflict(claim, "changed since this run checked it")
+    if claim.before is None:
+        try:
+            os.rename(staging, dest)  # the kernel refuses a non-empty directory or a file there
+        except OSError as err:
+            _conflict(claim, f"was filled during the publish ({err.strerror})")
+        return
+    aside = dest.parent / f".{dest.name}.replaced-{_owner_tag()}{uuid.uuid4().hex[:8]}"
+    os.rename(dest, aside)
+    if snapshot(aside) != claim.before:  # (changed between the check and the move)
+        os.rename(aside, dest)
+        _conflict(claim, "changed since this run checked it")
+    try:
+        os.rename(staging, dest)
+    except OSError as err:
+        try:
+            os.rename(aside, dest)
+        except OSError:
+            raise OutputConflict(f"{claim.flag} {dest} was filled during the publish; the output it held is kept at "
+                                 f"{aside} and this run's at {staging}") from None
+        _conflict(claim, f"was filled during the publish ({err.strerror})")
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _conflict(claim: OutputClaim, what: str) -> None:
+    kept = claim.dest.with_name(f"{claim.dest.name}.unpublished-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}")
+    os.rename(claim.staging, kept)
+    raise OutputConflict(f"{claim.flag} {claim.dest} {what}, so nothing there was replaced; this run's output is "
+                         f"kept at {kept}")
+
+
+def check_not_inside(dest, flag: str, inputs: dict, writes: Optional[dict] = None) -> None:
+    """Refuse an input (``{flag: path or paths}``, those that exist; URIs and None skipped) or another
+    place the command writes (``writes``, checked before it exists) that is ``dest`` or lies inside it:
+    publishing, or ``--overwrite``, would take it along."""
+    from raycse.errors import ConfigError
+
+    dest = Path(os.path.expanduser(str(dest))).resolve()
+    for checked, must_exist in ((inputs, True), (writes or {}, False)):
+        for what, value in checked.items():
+            for item in _paths_of(value):
+                path = Path(os.path.expanduser(item))
+                if must_exist and not os.path.lexists(path):
+                    continue  # a hub name, a glob: nothing of the user's there to lose
+                path = path.resolve()
+                if path == dest or dest in path.parents:
+                    where = "is" if path == dest else "lies inside"
+                    raise ConfigError(f"{what} {item} {where} {flag} {dest}, which this command writes; choose a "
+                                      f"{flag} apart from its inputs")
+
+
+def _paths_of(value) -> list[str]:
+    if value is None:
+        return []
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    return [str(i).strip() for i in items if str(i).strip() and "://" not in str(i)]
 
 
 def check_writable_file(path: str) -> Path:

@@ -222,3 +222,97 @@ def test_a_corpus_line_holding_the_span_separator_is_one_sentence():
     stats = CorpusStats()
     text = clean_text(f"left part{FIELD}middle{FIELD}right part", 1000, stats)
     assert text == "left part middle right part" and FIELD not in text and stats.kept == 1
+
+
+# Issue 65 item 1: publishing replaces only what this run checked at its start.
+
+def _raycse_output(root: Path) -> Path:
+    for marker in ("metrics.json", "config.yaml", "model/raycse.json"):
+        (root / marker).parent.mkdir(parents=True, exist_ok=True)
+        (root / marker).write_text("{}")
+    return root
+
+
+def _staged(claim) -> None:
+    (claim.staging / "model").mkdir()
+    (claim.staging / "model" / "weights.bin").write_bytes(b"new")
+
+
+def test_publish_keeps_what_appeared_or_changed_at_the_output_during_the_run(tmp_path):
+    from raycse.outputs import OutputConflict, claim_output, publish_claimed
+
+    # another run published into an output that was absent at this run's start
+    dest = tmp_path / "out"
+    claim = claim_output(dest, overwrite=False)
+    _staged(claim)
+    _raycse_output(dest)
+    before = _snapshot(dest)
+    with pytest.raises(OutputConflict, match="nothing there was replaced; this run's output is kept at") as err:
+        publish_claimed(claim)
+    assert _snapshot(dest) == before
+    kept = Path(str(err.value).rsplit(" ", 1)[1])
+    assert (kept / "model" / "weights.bin").read_bytes() == b"new" and not claim.staging.exists()
+    # --overwrite of raycse's own output, into which a user put a file during the run
+    claim = claim_output(dest, overwrite=True)
+    _staged(claim)
+    (dest / "notes.txt").write_text("mine")
+    with pytest.raises(OutputConflict):
+        publish_claimed(claim)
+    assert (dest / "notes.txt").read_text() == "mine" and (dest / "metrics.json").is_file()
+    # unchanged: replaced, and nothing of the old output or the move left beside it
+    (dest / "notes.txt").unlink()
+    claim = claim_output(dest, overwrite=True)
+    _staged(claim)
+    publish_claimed(claim)
+    assert _snapshot(dest) == {"model/weights.bin": b"new"}
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name != "out")
+    assert len(left) == 2 and all(n.startswith("out.unpublished-") for n in left) and kept.name in left, left
+
+
+def test_a_second_run_on_an_output_being_written_is_refused_naming_the_first(tmp_path):
+    import subprocess
+    import sys
+
+    from raycse.errors import ConfigError
+    from raycse.outputs import claim_output
+
+    dest = tmp_path / "out"
+    first = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                              "from raycse.outputs import claim_output; claim_output(Path(sys.argv[1]), False); "
+                              "print('claimed', flush=True); time.sleep(120)", str(dest)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "claimed"
+        with pytest.raises(ConfigError, match=f"being written by another raycse run \\(process {first.pid} on this"):
+            claim_output(dest, overwrite=True)
+        assert len([p for p in tmp_path.iterdir() if ".partial-" in p.name]) == 1  # the refused claim left none
+    finally:
+        first.kill()
+        first.wait(timeout=30)
+    claim_output(dest, overwrite=False)  # the first is gone: its staging is swept, the claim goes on
+
+
+def test_inputs_and_checkpoints_inside_the_output_are_refused_before_anything_starts(tmp_path, capsys, tiny_model,
+                                                                                      corpus):
+    """``--storage-path`` inside ``--output`` (the publish wiped the run's own checkpoints), a corpus inside
+    an output given with --overwrite, and ``mine``'s own input as its output (it rewrote it)."""
+    out = _raycse_output(tmp_path / "o7")
+    (out / "corpus.txt").write_text(corpus.read_text())
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"q": f"q {i}", "a": f"a {i}"}) + "\n" for i in range(20)))
+    before = _snapshot(tmp_path)
+    base = ["train", "--model", str(tiny_model), "--stsb-dev", "none", "--max-steps", "2"]
+    cases = [([*base, "--corpus", str(corpus), "--output", str(tmp_path / "fresh"), "--storage-path",
+               str(tmp_path / "fresh" / "ck")], "--storage-path"),
+             ([*base, "--corpus", str(out / "corpus.txt"), "--output", str(out), "--overwrite"], "--corpus"),
+             ([*base, "--corpus", str(corpus), "--output", str(out), "--overwrite",
+               "--storage-path", str(out / "ck")], "--storage-path"),
+             (["mine", "--corpus", str(pairs), "--text-column", "q", "--pair-column", "a", "--model", str(tiny_model),
+               "--output", str(pairs), "--overwrite"], "--corpus")]
+    for argv, flag in cases:
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = own_lines(capsys.readouterr().err)
+        assert len(err) == 1 and err[0].startswith(f"raycse: error: {flag} ") and "which this command writes" in err[0], err
+    assert _snapshot(tmp_path) == before
+    assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name or p.name == "fresh"]

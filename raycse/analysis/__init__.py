@@ -22,7 +22,7 @@ from typing import Optional
 
 from raycse import storage
 from raycse.errors import ConfigError
-from raycse.outputs import private_tempdir, staging_dir, temporary_dir
+from raycse.outputs import claim_output, private_tempdir, publish_claimed, temporary_dir
 from raycse.redact import redact, redact_obj
 
 # what analysis reads of an experiment: Tune's records, not the models and checkpoints beside them
@@ -325,7 +325,7 @@ def check_export_path(dest) -> None:
         if storage.prefix_exists(str(dest)):
             raise ConfigError(f"--export-best {dest} is not empty; choose another URI")
         return
-    dest = Path(dest)
+    dest = Path(os.path.expanduser(dest))
     if dest.is_file():
         raise ConfigError(f"--export-best {dest} is a file; give a directory path for the model")
     if dest.exists() and any(dest.iterdir()):
@@ -354,16 +354,14 @@ def export_model(best: Optional[TrialRecord], dest, experiment: str = "", target
             _export_card(staging, run_dir, str(dest), best, seed, experiment, target)
             storage.publish(staging, str(dest))
         return str(dest)
-    dest = Path(dest)
-    staging = staging_dir(dest)
+    dest = Path(os.path.expanduser(dest)).resolve()
+    claim = claim_output(dest, overwrite=False, flag="--export-best")
     try:
-        shutil.copytree(src, staging, dirs_exist_ok=True)
-        _export_card(staging, run_dir, dest, best, seed, experiment, target)
-        if dest.exists():
-            dest.rmdir()
-        os.replace(staging, dest)
+        shutil.copytree(src, claim.staging, dirs_exist_ok=True)
+        _export_card(claim.staging, run_dir, dest, best, seed, experiment, target)
+        publish_claimed(claim)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(claim.staging, ignore_errors=True)
         raise
     return dest
 

@@ -36,7 +36,7 @@ from raycse.errors import ConfigError
 from raycse.evaluation import initial_scores
 from raycse.evaluation.selection import load_selection
 from raycse.objectives import registry
-from raycse.outputs import check_replaceable, private_tempdir, staging_dir
+from raycse.outputs import OutputClaim, check_not_inside, claim_output, private_tempdir, publish_claimed
 from raycse.redact import redact, redact_obj, refuse_credentials
 from raycse.train import checkpoint as ckpt
 from raycse.train import identity
@@ -54,13 +54,6 @@ class TrainResult:
     output_dir: str  # a local directory or a URI
     model_dir: str
     metrics: dict
-
-
-def _prepare_output(out: Path, overwrite: bool) -> Path:
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ConfigError(f"output directory {out} already exists and is not empty; choose another --output or pass --overwrite")
-    check_replaceable(out)
-    return staging_dir(out)
 
 
 def check_local_gpus(t, gpus: float) -> None:
@@ -266,14 +259,16 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
 
     if source is not None:
         run.data.corpus = run.data.corpus or f"<{type(source).__name__}>"
+    storage_path = resolve_storage_path(storage_path)
     model_path, dev, remote, sources = check_inputs(run, overwrite, storage_path, source is not None)
     if storage_path:  # before Ray starts: these checkpoints are this run's, or there are none yet
         definition = identity.definition(run, sources)
         identity.check(storage_path, run_name, definition)
     # an output on object storage is built in a local directory and published at the end
     local_root = private_tempdir("raycse-output-") if remote else None
-    out = local_root / "out" if remote else Path(run.output_dir).resolve()
-    staging = _prepare_output(out, overwrite)
+    out = local_root / "out" if remote else Path(os.path.expanduser(run.output_dir)).resolve()
+    claim = claim_output(out, overwrite)
+    staging = claim.staging
     final = remote or str(out)
     tracking: tuple = ()
     try:
@@ -318,7 +313,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
                    "objective_knobs": objective_knobs(run), "score_key": run.eval.score_key()}
         write_output(staging, run, best, summary, final)
         _log_model(tracking, staging / "model")
-        publish(staging, out, remote, overwrite)
+        publish(claim, remote, overwrite)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         _close_tracking(tracking, ok=False)
@@ -352,6 +347,7 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     elif not in_memory:
         check_hub_dataset(run.data)
     refuse_credentials("--storage-path", storage_path)
+    check_apart_from_output(run, storage_path)
     if storage_path and objstore.is_uri(storage_path):
         objstore.check_usable(storage_path)  # else Train's controller fails on it, with a traceback
     model_path = resolve_model(run.model.name_or_path)
@@ -444,14 +440,35 @@ def write_output(staging: Path, run: RunConfig, best, summary: dict, final: str)
     shutil.rmtree(staging / "ray", ignore_errors=True)
 
 
-def publish(staging: Path, out: Path, remote: Optional[str], overwrite: bool) -> None:
-    """``staging`` becomes ``out`` in one rename; then, for an output on object storage, it is uploaded
-    (objects under a staging prefix, the manifest last)."""
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(staging, out)
+def publish(claim: OutputClaim, remote: Optional[str], overwrite: bool) -> None:
+    """The staging directory becomes the output by renames that remove nothing this run did not check
+    (raycse.outputs.publish_claimed); then, for an output on object storage, it is uploaded (objects
+    under a staging prefix, the manifest last)."""
+    publish_claimed(claim)
     if remote:
-        objstore.publish(out, remote, overwrite, parts=("model",))
+        objstore.publish(claim.dest, remote, overwrite, parts=("model",))
+
+
+def resolve_storage_path(storage_path: Optional[str]) -> Optional[str]:
+    """``--storage-path`` as Ray Train takes it: a URI as given, a local path absolute (resolved against
+    the working directory, as ``--output`` is) and refused now, before Ray starts, if it is a file."""
+    if not storage_path or objstore.is_uri(storage_path):
+        return storage_path
+    path = Path(os.path.expanduser(storage_path)).resolve()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--storage-path {storage_path} is a file; give a directory for the checkpoints")
+    return str(path)
+
+
+def check_apart_from_output(run: RunConfig, storage_path: Optional[str]) -> None:
+    """Nothing the run reads, and not its checkpoints, inside the local output directory it publishes."""
+    if objstore.is_uri(run.output_dir):
+        return
+    beir = run.eval.selection()
+    check_not_inside(run.output_dir, "--output",
+                     {"--corpus": run.data.corpus, "--model": run.model.name_or_path, "--stsb-dev": run.eval.resolved_stsb_dev(),
+                      "--eval-metric": beir[1] if beir[0] == "beir" else None},
+                     writes={"--storage-path": storage_path})
 
 
 def _log_model(tracking: tuple, model_dir: Path) -> None:
