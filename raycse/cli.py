@@ -464,11 +464,20 @@ def cmd_mine(args) -> int:
     return 0
 
 
+def expand_home(args: argparse.Namespace) -> argparse.Namespace:
+    """``~`` expanded in every argument that starts with it, as a shell would outside quotes: every
+    path argument treats it alike (a quoted ``--output "~/x"`` made a folder named ``~``)."""
+    for name, value in vars(args).items():
+        if isinstance(value, str) and (value == "~" or value.startswith("~/")):
+            setattr(args, name, os.path.expanduser(value))
+    return args
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from raycse.redact import redacted_streams
 
     with redacted_streams():  # a credential in a URI argument is printed nowhere, tracebacks included
-        args = build_parser().parse_args(argv)
+        args = expand_home(build_parser().parse_args(argv))
         handler = {"train": cmd_train, "eval": cmd_eval, "objectives": cmd_objectives, "tune": cmd_tune,
                    "analyze": cmd_analyze, "mine": cmd_mine}[args.command]
         try:

@@ -458,7 +458,7 @@ class EvalConfig:
         if self.stsb_dev is None or self.stsb_dev.lower() == "none":
             return None
         if self.stsb_dev.lower() != "auto":
-            return self.stsb_dev
+            return os.path.expanduser(self.stsb_dev)
         for base in (Path.cwd(), Path(__file__).resolve().parents[1]):
             cand = base.parent / "shared" / "data" / "stsbenchmark" / "sts-dev.csv"
             if cand.is_file():

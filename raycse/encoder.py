@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -232,7 +232,8 @@ class Encoder(nn.Module):
             tokenizer = AutoTokenizer.from_pretrained(body)
             backbone = AutoModel.from_pretrained(body)
         except Exception as exc:
-            raise ModelError(f"cannot load model from {body}: {str(exc).splitlines()[0][:200]}") from None
+            raise ModelError(f"cannot load model from {body}: {_load_failure(exc)}") from None
+        check_tokenizer(tokenizer, str(body))
         pooling = pooling or meta.get("pooling") or _st_pooling(layout.pooling) or "cls"
         mlp_head = mlp_head or meta.get("mlp_head", "auto")
         enc = cls(backbone, tokenizer, pooling, mlp_head, max_seq_length or meta.get("max_seq_length"),
@@ -453,6 +454,60 @@ def _read_st_meta(body: Path) -> dict:
 def _st_pooling(mode: Optional[str]) -> Optional[str]:
     """raycse's pooling for a sentence-transformers Pooling mode ([CLS] never takes raycse's MLP head)."""
     return "cls_before_pooler" if mode == "cls" else mode
+
+
+def _load_failure(exc: Exception) -> str:
+    """What went wrong loading a model, in one line and whole (not cut off mid-sentence)."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    if "Weights only load failed" in text:
+        return ("its .bin weights hold pickled objects besides tensors, which raycse does not unpickle (that could "
+                "run code); save the model as safetensors from a copy you trust")
+    text = " ".join(text.split()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:300].rsplit(" ", 1)[0] + " ..."
+
+
+UNKNOWN_SHARE_LIMIT = 0.5  # more unknown tokens than this in a sample: the tokenizer does not fit the text
+
+
+def check_tokenizer(tokenizer, where: str, sample: Sequence[str] = ()) -> None:
+    """Refuse a tokenizer that would turn the text into [UNK]s: one that knows no word beyond its
+    special tokens (what transformers builds when a model directory lacks its tokenizer files), or
+    one that maps most tokens of ``sample`` (sentences of the data at hand) to its unknown token."""
+    specials = set(tokenizer.all_special_ids)
+    if len(tokenizer) - len(specials) < 2:
+        raise ModelError(f"the tokenizer of {where} knows no words ({len(tokenizer)} tokens, all special): its "
+                         f"tokenizer files (tokenizer.json, vocab.txt, ...) are missing; copy them from the model it "
+                         f"was trained from")
+    unk = tokenizer.unk_token_id
+    if not sample or unk is None:
+        return
+    ids = [i for row in tokenizer(list(sample), add_special_tokens=False)["input_ids"] for i in row]
+    unknown = sum(i == unk for i in ids)
+    if ids and unknown > UNKNOWN_SHARE_LIMIT * len(ids):
+        raise ModelError(f"the tokenizer of {where} maps {unknown} of {len(ids)} tokens of {len(sample)} sample "
+                         f"sentence(s) to {tokenizer.unk_token}: it does not fit this text; give the model's own "
+                         f"tokenizer files, or a model for this language")
+
+
+def probe_tokenizer(model_path: str, sample: Sequence[str]) -> None:
+    """:func:`check_tokenizer` of the model at ``model_path`` (as :meth:`Encoder.from_pretrained` finds
+    its tokenizer) on ``sample``, before a run starts; a tokenizer that does not load is the
+    workers' to report, with the model."""
+    from transformers import AutoTokenizer
+
+    from raycse.st_format import read_layout
+
+    path = Path(model_path)
+    meta = _read_meta(path) if path.is_dir() else {}
+    head = meta.get("mlp_module", "2_Dense" if meta.get("mlp_head") == "always" else None)
+    body = path / read_layout(path, head).transformer_dir if path.is_dir() else model_path
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(body), local_files_only=True)  # (resolve_model found it)
+    except Exception:
+        return
+    check_tokenizer(tokenizer, str(body), sample)
 
 
 def _default_max_length(backbone: nn.Module, tokenizer) -> int:

@@ -112,7 +112,7 @@ def test_known_perfect_and_inverted_rankings(tmp_path):
     rows = [("a" * 5, "a" * k + "b" * (5 - k)) for k in range(1, 6)]
     for sign, want in ((1, 100.0), (-1, -100.0)):
         (folder / "sts-test.csv").write_text("\n".join(
-            f"g\tf\ty\t{k}\t{sign * k}\t{a}\t{b}" for k, (a, b) in enumerate(rows, 1)) + "\n")
+            f"g\tf\ty\t{k}\t{k if sign > 0 else 6 - k}\t{a}\t{b}" for k, (a, b) in enumerate(rows, 1)) + "\n")  # (gold in 0-5)
         assert evaluate_senteval(letters, tmp_path, ["STSB"])["STSBenchmark"] == pytest.approx(want)
 
 

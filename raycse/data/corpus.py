@@ -8,6 +8,7 @@ refused with the line number (``error``). Every drop is counted in :class:`Corpu
 
 from __future__ import annotations
 
+import codecs
 import csv
 import hashlib
 import io
@@ -28,9 +29,21 @@ class CorpusStats:
     decode_replaced: int = 0
     truncated: int = 0
     extra_rows: int = 0  # added by the objective (CompCSE's subsampling); included in kept
+    repeats: int = 0  # examples equal to an earlier one (what deduplication drops, or dropped)
 
     def summary(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in asdict(self).items())
+
+    def repetition_warning(self, dedup: bool) -> Optional[str]:
+        """A warning when more than half the examples repeat another, else None."""
+        total = self.kept + self.duplicates_dropped
+        if not total or self.repeats * 2 <= total:
+            return None
+        if dedup:
+            return (f"deduplication dropped {self.repeats} of {total} examples as repeats; {self.kept} are left "
+                    f"to train on: check that the corpus is the one meant")
+        return (f"{self.repeats} of {total} examples repeat another: each repeat in a batch is a false in-batch "
+                f"negative; deduplicate the corpus (--dedup true) or check that it is the one meant")
 
 
 def detect_format(path: Path, fmt: str = "auto") -> str:
@@ -94,11 +107,36 @@ def _records(path: Path, fmt: str, columns: list[str], on_decode_error: str, sta
         yield [cells[header.index(c)] if header.index(c) < len(cells) else None for c in columns]
 
 
+BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
+        (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))  # (UTF-32 LE's starts as UTF-16 LE's)
+
+
 def _decoded_lines(path: Path, on_decode_error: str, stats: CorpusStats,
                    data: Optional[bytes] = None) -> Iterator[tuple[int, str]]:
+    """A file's lines as text: UTF-8, or the UTF-16/32 its byte-order mark names. A NUL byte in a
+    UTF-8 line is refused: it is a UTF-16 file without a mark, or not text at all."""
     with (io.BytesIO(data) if data is not None else open(path, "rb")) as fh:
+        head = fh.read(4)
+        fh.seek(0)
+        encoding = next((name for bom, name in BOMS if head.startswith(bom)), None)
+        if encoding not in (None, "utf-8-sig"):
+            text = io.TextIOWrapper(fh, encoding=encoding, errors="strict" if on_decode_error == "error" else "replace",
+                                    newline=None)
+            try:
+                for lineno, line in enumerate(text, start=1):
+                    stats.lines_read += 1
+                    yield lineno, line
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{path}: undecodable {encoding} ({exc.reason}); fix the file or set "
+                                f"data.on_decode_error: replace") from None
+            return
         for lineno, raw in enumerate(fh, start=1):
             stats.lines_read += 1
+            if lineno == 1 and encoding:
+                raw = raw[len(codecs.BOM_UTF8):]
+            if b"\0" in raw:
+                raise DataError(f"{path}:{lineno}: NUL bytes in a text line: a UTF-16 file without a byte-order mark, "
+                                f"or not a text file; convert it to UTF-8")
             try:
                 yield lineno, raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -115,8 +153,8 @@ def _raw_texts(path: Path, fmt: str, column: str, on_decode_error: str, stats: C
         for _, line in _decoded_lines(path, on_decode_error, stats, data):
             yield line
         return
-    for (value,) in _records(path, fmt, [column], on_decode_error, stats, data):
-        yield "" if value is None else str(value)
+    for lineno, (value,) in enumerate(_records(path, fmt, [column], on_decode_error, stats, data), start=1):
+        yield as_text(value, column, f"{path}: row {lineno}")
 
 
 def text_key(text: str) -> int:
@@ -151,18 +189,29 @@ def file_examples(path: str, fmt: str, columns: "ExampleColumns", max_chars: int
     k = len(columns.negatives)
     for lineno, row in enumerate(rows, start=1):
         where = f"{path}: row {lineno}"
-        pair = clean_pair(row[:len(row) - k], max_chars, score_scale, where, stats)
+        pair = clean_pair(row[:len(row) - k], max_chars, score_scale, where, stats, (columns.text, columns.pair))
         if pair is not None and k:
             pair = (*pair, clean_negatives(row[len(row) - k:], columns.negatives, max_chars, where))
         if pair is not None:
             yield pair
 
 
-def clean_text(raw, max_chars: int, stats: CorpusStats) -> Optional[str]:
+def as_text(value, column: str, where: str) -> str:
+    """A text cell as a string ("" for a missing one): a number or a list in a text column is refused,
+    not turned into "0" or "[0, 1]" and trained on."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    raise DataError(f"{where}: column '{column}' holds {type(value).__name__} values, not text; name a text column "
+                    f"(data.text_column / pair_column / negative_column)")
+
+
+def clean_text(raw, max_chars: int, stats: CorpusStats, column: str = "text", where: str = "") -> Optional[str]:
     """Strip and cap one text; None (counted) when nothing is left. The unit separator (0x1F) becomes
     a space: it marks the fields of CompCSE's span rows, so a sentence holding two of them was read
     as a row of three fields."""
-    text = "" if raw is None else str(raw).replace("\x1f", " ").strip()
+    text = as_text(raw, column, where or "corpus").replace("\x1f", " ").strip()
     if not text:
         stats.empty_dropped += 1
         return None
@@ -173,10 +222,11 @@ def clean_text(raw, max_chars: int, stats: CorpusStats) -> Optional[str]:
     return text
 
 
-def clean_pair(row, max_chars: int, score_scale: float, where: str, stats: CorpusStats) -> Optional["Pair"]:
+def clean_pair(row, max_chars: int, score_scale: float, where: str, stats: CorpusStats,
+               names: tuple = ("text", "pair")) -> Optional["Pair"]:
     """(q, a[, label]) raw cells -> (q, a, score / score_scale or None); None (counted) if a side is empty."""
-    q = "" if row[0] is None else str(row[0]).strip()
-    a = "" if row[1] is None else str(row[1]).strip()
+    q = as_text(row[0], names[0], where).strip()
+    a = as_text(row[1], names[1], where).strip()
     if not q or not a:
         stats.empty_dropped += 1
         return None
@@ -191,6 +241,8 @@ def clean_pair(row, max_chars: int, score_scale: float, where: str, stats: Corpu
             raise DataError(f"{where}: label {row[2]!r} is not a number; fix it or drop the label column") from None
         if score != score:  # NaN: no label
             score = None
+        elif score in (float("inf"), float("-inf")):
+            raise DataError(f"{where}: label {row[2]!r} is not a finite number; fix it or drop the label column")
     stats.kept += 1
     return q, a, score
 
@@ -199,7 +251,7 @@ def clean_negatives(cells, names: tuple, max_chars: int, where: str) -> tuple[st
     """A pair's hard negatives, stripped and capped; an empty one is an error (a triplet needs it)."""
     out = []
     for name, cell in zip(names, cells):
-        text = "" if cell is None else str(cell).strip()
+        text = as_text(cell, name, where).strip()
         if not text:
             raise DataError(f"{where}: negative column '{name}' is empty; fill it or drop the row")
         out.append(text[:max_chars])

@@ -227,14 +227,16 @@ class CleanColumns:
             cells += [batch[c] for c in self.columns.negatives]
             for i, row in enumerate(zip(*cells)):
                 row = list(row)
-                pair = clean_pair(row[:len(row) - k], self.max_chars, self.columns.score_scale, f"row {i}", stats)
+                pair = clean_pair(row[:len(row) - k], self.max_chars, self.columns.score_scale, f"row {i}", stats,
+                                  (self.columns.text, self.columns.pair))
                 if pair is not None and k:
                     pair = (*pair, clean_negatives(row[len(row) - k:], self.columns.negatives, self.max_chars,
                                                    f"row {i}"))
                 if pair is not None:
                     examples.append(pair)
         else:
-            texts = (clean_text(raw, self.max_chars, stats) for raw in batch[self.columns.text])
+            texts = (clean_text(raw, self.max_chars, stats, self.columns.text, f"row {i}")
+                     for i, raw in enumerate(batch[self.columns.text]))
             examples = [t for t in texts if t is not None]
         return _rows_to_table(examples, self.columns.pairs, stats, bool(self.columns.negatives))
 
@@ -244,6 +246,46 @@ def _check_columns(present: list[str], wanted: list[str], where: str) -> None:
     if missing:
         raise DataError(f"column '{missing[0]}' not found in {where}; columns: {', '.join(present)}"
                         f" (set data.text_column / pair_column / label_column / negative_column)")
+
+
+JSONL_COUNT_LINES = 1_000_000  # how far a missing column's rows are counted, for the message
+
+
+def _check_jsonl_columns(path: str, first: list[str], wanted: list[str]) -> None:
+    """A column the first record lacks: refused with how many records have it and how many do not."""
+    import json
+
+    missing = [c for c in wanted if c not in first]
+    if not missing:
+        return
+    column, have, lack, lines = missing[0], 0, 0, 0
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            lines += 1
+            if lines > JSONL_COUNT_LINES:
+                break
+            try:
+                record = json.loads(line) if line.strip() else None
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict):
+                have, lack = have + (column in record), lack + (column not in record)
+    seen = f"the first {JSONL_COUNT_LINES:,} lines of " if lines > JSONL_COUNT_LINES else ""
+    raise DataError(f"column '{column}' is missing from {lack} of the {have + lack} records in {seen}{path} ({have} "
+                    f"have it; the first record's fields: {', '.join(first)}); fill it in every record or set "
+                    f"data.text_column / pair_column / label_column / negative_column")
+
+
+def _check_text_types(schema, text_columns: list[str], where: str) -> None:
+    """Text columns of a Parquet file must hold strings: numbers or lists would be trained on as "0"."""
+    import pyarrow as pa
+
+    for name in text_columns:
+        kind = schema.field(name).type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)
+                or getattr(pa.types, "is_string_view", lambda _: False)(kind)):
+            raise DataError(f"column '{name}' of {where} holds {kind} values, not text; name a text column "
+                            f"(data.text_column / pair_column / negative_column)")
 
 
 def _first_columns(path: str, fmt: str) -> Optional[list[str]]:
@@ -353,11 +395,14 @@ def raw_dataset(d, seed: int, shuffle: bool = True, source=None, paths: Optional
             except Exception as exc:
                 raise DataError(f"cannot read Parquet file {paths[0]}: {str(exc).splitlines()[0]}") from None
             _check_columns(present, wanted, paths[0])
+            _check_text_types(pq.read_schema(paths[0]), [c for c in wanted if c != columns.label], paths[0])
         ds = ray.data.read_parquet(paths, columns=wanted, shuffle=_file_shuffle(seed) if shuffle else None)
         return ds.map_batches(CleanColumns(columns, d.max_chars), batch_format="numpy", zero_copy_batch=False)
     if "://" not in paths[0] and fmt in ("jsonl", "csv", "tsv"):
         present = _first_columns(paths[0], fmt)  # a missing column is one clean line, before Ray Data starts
-        if present is not None:
+        if present is not None and fmt == "jsonl":
+            _check_jsonl_columns(paths[0], present, wanted)
+        elif present is not None:
             _check_columns(present, wanted, paths[0])
     ds = ray.data.read_binary_files(paths, include_paths=True, shuffle=_file_shuffle(seed) if shuffle else None)
     # format auto: each file by its own suffix (a .txt and a .jsonl can be read together)
@@ -444,11 +489,13 @@ def load_corpus(d, seed: int, dedup: Optional[bool] = None, expand=None,
             setattr(stats, k, getattr(stats, k) + v)
     hashes = [h for _, h in meta]
     keeps: list[Optional[np.ndarray]] = [None] * len(parts)
-    if dedup and hashes:
+    if hashes:
         flat = np.concatenate(hashes)
         first = np.zeros(len(flat), dtype=bool)
         first[np.unique(flat, return_index=True)[1]] = True
-        stats.duplicates_dropped = int(len(flat) - first.sum())
+        stats.repeats = int(len(flat) - first.sum())  # (8-byte hashes: what the driver may gather)
+    if dedup and hashes:
+        stats.duplicates_dropped = stats.repeats
         stats.kept -= stats.duplicates_dropped
         bounds = np.cumsum([0] + [len(h) for h in hashes])
         keeps = [first[bounds[i]:bounds[i + 1]] for i in range(len(parts))]

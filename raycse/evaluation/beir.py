@@ -80,8 +80,8 @@ def read_qrels(path: Path) -> dict[str, dict[str, int]]:
                 raise DataError(f"{path}:{lineno}: expected query-id, corpus-id, score (tab-separated)")
             try:
                 score = int(float(row[2]))
-            except ValueError:
-                raise DataError(f"{path}:{lineno}: score is not a number: {row[2]!r}") from None
+            except (ValueError, OverflowError):  # (OverflowError: an infinity; NaN is a ValueError)
+                raise DataError(f"{path}:{lineno}: score is not a finite number: {row[2]!r}") from None
             qrels.setdefault(row[0], {})
             if score > 0:
                 qrels[row[0]][row[1]] = score

@@ -59,6 +59,19 @@ def canonical_task(name: str) -> str:
     raise DataError(f"unknown STS task '{name}'; choose from {', '.join(TASKS)} (aliases: STSB, SICK-R)")
 
 
+def gold_score(text: str, where: str, low: float = 0.0, high: float = 5.0) -> float:
+    """A gold score as a finite number in the task's range (``low``-``high``): a NaN or an infinity
+    would make the Spearman score NaN or meaningless."""
+    try:
+        score = float(text)
+    except ValueError:
+        raise DataError(f"{where}: score column is not a number: {text!r}") from None
+    if not low <= score <= high:  # (False for NaN too)
+        raise DataError(f"{where}: gold score {text.strip()!r} is not a number between {low:g} and {high:g}; fix "
+                        f"the file")
+    return score
+
+
 def _read_lines(path: Path) -> list[str]:
     if not path.is_file():
         raise DataError(f"missing evaluation file {path}; {SENTEVAL_HINT}")
@@ -83,7 +96,7 @@ def read_sts_year(root: Path, task: str) -> STSData:
                 raise DataError(f"{folder}/STS.input.{subset}.txt:{lineno}: expected two tab-separated sentences")
             s1.append(cols[0])
             s2.append(cols[1])
-            gold.append(float(score))
+            gold.append(gold_score(score, f"{folder}/STS.gs.{subset}.txt:{lineno}"))
     return STSData(task, s1, s2, np.asarray(gold, dtype=np.float64))
 
 
@@ -96,10 +109,7 @@ def read_stsb(path: str | Path, name: str = "STSBenchmark") -> STSData:
         cols = line.split("\t")
         if len(cols) < 7:
             raise DataError(f"{path}:{lineno}: expected >= 7 tab-separated columns (STS Benchmark format), got {len(cols)}")
-        try:
-            score = float(cols[4])
-        except ValueError:
-            raise DataError(f"{path}:{lineno}: score column is not a number: {cols[4]!r}") from None
+        score = gold_score(cols[4], f"{path}:{lineno}")
         s1.append(cols[5])
         s2.append(cols[6])
         gold.append(score)
@@ -120,7 +130,7 @@ def read_sick(path: str | Path) -> STSData:
             raise DataError(f"{path}:{lineno}: expected >= 4 tab-separated columns (SICK format)")
         s1.append(cols[1])
         s2.append(cols[2])
-        gold.append(float(cols[3]))
+        gold.append(gold_score(cols[3], f"{path}:{lineno}", low=1.0))
     return STSData("SICKRelatedness", s1, s2, np.asarray(gold))
 
 

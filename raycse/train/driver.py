@@ -31,7 +31,7 @@ import yaml
 from raycse import storage as objstore  # "storage" is Ray Train's checkpoint path below
 from raycse.card import model_card
 from raycse.config import RunConfig
-from raycse.encoder import resolve_model
+from raycse.encoder import probe_tokenizer, resolve_model
 from raycse.errors import ConfigError
 from raycse.evaluation import initial_scores
 from raycse.evaluation.selection import load_selection
@@ -354,6 +354,7 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     if Path(os.path.expanduser(run.model.name_or_path)).exists():
         run.model.name_or_path = model_path  # a relative path means nothing in a worker's directory
     dev = load_selection(run.eval)  # the model-selection data (STS-B dev or BEIR)
+    probe_tokenizer(model_path, text_sample(run, sources, dev))
     remote = run.output_dir if objstore.is_uri(run.output_dir) else None
     if remote and objstore.prefix_exists(remote):
         if not overwrite:
@@ -363,6 +364,25 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     return model_path, dev, remote, sources
 
 
+TOKENIZER_SAMPLE = 64  # sentences of the corpus (and as many of the dev set) the tokenizer is checked on
+
+
+def text_sample(run: RunConfig, sources: Optional[list], dev) -> list[str]:
+    """A few sentences of the run's data, for checks before Ray starts: the first of the corpus's first
+    local file, and of the STS-B dev set."""
+    from raycse.data.corpus import read_examples
+    from raycse.data.dataset import columns_of
+
+    sample: list[str] = []
+    if sources and "://" not in sources[0]:
+        rows, _ = read_examples(sources[0], run.data.format, columns_of(run.data), run.data.max_chars,
+                                run.data.on_decode_error, False, TOKENIZER_SAMPLE)
+        sample += [text for row in rows for text in ([row] if isinstance(row, str) else row[:2])]
+    if dev is not None and dev.sts is not None:
+        sample += list(dev.sts.sent1[:TOKENIZER_SAMPLE])
+    return sample
+
+
 def read_corpus(run: RunConfig, prepared: Optional[PreparedData], source=None, paths: Optional[list] = None):
     """(corpus, its stats, its example count): read now, or from ``prepared`` (corpus None); said in the log."""
     corpus = None if prepared is not None else load_run_corpus(run, source, paths)
@@ -370,6 +390,9 @@ def read_corpus(run: RunConfig, prepared: Optional[PreparedData], source=None, p
     num_examples = prepared.num_examples if prepared is not None else corpus.num_examples
     print(f"[raycse] corpus {run.data.corpus}: {stats.summary()}"
           + (" (read and laid out once for this experiment)" if prepared is not None else ""), flush=True)
+    repeated = stats.repetition_warning(run.data.dedup)
+    if repeated:
+        print(f"[raycse] warning: {repeated}", flush=True)
     if stats.decode_replaced:
         print(f"[raycse] warning: {stats.decode_replaced} line(s) had undecodable bytes, replaced with U+FFFD "
               f"(set data.on_decode_error: error to refuse them)", flush=True)
