@@ -488,7 +488,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except KeyboardInterrupt:
             print("raycse: interrupted; nothing was written to the output directory", file=sys.stderr)
             return 130
-        except Exception:  # a bug's traceback, printed here while the streams still redact
+        except Exception as exc:  # a bug's traceback, printed here while the streams still redact
+            from raycse.errors import disk_error_line
+
+            line = disk_error_line(exc)
+            if line:  # a full disk or a refused permission is the user's to fix: one line
+                print(f"raycse: error: {line}", file=sys.stderr)
+                return 1
             import traceback
 
             traceback.print_exc()

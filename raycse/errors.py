@@ -38,3 +38,28 @@ def require(module: str, extra: str, what: str) -> None:
 
 class ResourceError(RaycseError):
     """The cluster could not give a run what it asked for (workers, placement groups) in time."""
+
+
+# What a disk or a permission refuses (no space, quota, read-only, not allowed): the user's to fix.
+DISK_ERRNOS = (28, 122, 13, 30, 1)  # ENOSPC, EDQUOT, EACCES, EROFS, EPERM
+
+
+def disk_error_line(exc: BaseException) -> "str | None":
+    """One line for a failed write or read that the disk or a permission refused, found anywhere in
+    ``exc``'s chain (a Ray worker's error carries the worker's as ``cause`` or only as text), else None."""
+    import re
+
+    seen, todo = set(), [exc]
+    while todo:
+        err = todo.pop(0)
+        if err is None or id(err) in seen:
+            continue
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in DISK_ERRNOS:
+            where = err.filename or "a file"
+            return f"{err.strerror} at {where}; free space there, or choose a path this user can write to"
+        found = re.search(r"\[Errno (\d+)\] ([^:\n\]]+): '([^'\n]+)'", str(err))
+        if found and int(found.group(1)) in DISK_ERRNOS:
+            return f"{found.group(2)} at {found.group(3)}; free space there, or choose a path this user can write to"
+        todo += [err.__cause__, err.__context__, getattr(err, "cause", None)]
+    return None

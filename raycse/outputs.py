@@ -188,7 +188,11 @@ def claim_output(dest: Path, overwrite: bool, flag: str = "--output") -> OutputC
         raise ConfigError(f"output directory {dest} already exists and is not empty; choose another {flag} or pass "
                           f"--overwrite")
     check_replaceable(dest, flag)
-    staging = staging_dir(dest)
+    try:
+        staging = staging_dir(dest)
+    except OSError as err:
+        raise ConfigError(f"{flag} {dest}: cannot create a directory beside it ({err.strerror}); choose a {flag} "
+                          f"in a directory you can write to") from None
     others = [s for s in live_stagings(dest.parent, staging_prefix(dest.name)) if s != staging]
     if others:  # (made first, checked after: of two runs starting together, neither goes on unseen)
         shutil.rmtree(staging, ignore_errors=True)

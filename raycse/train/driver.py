@@ -20,6 +20,7 @@ import functools
 import json
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ from raycse.train import tracking as tracking_mod
 from raycse.train.checkpointer import CHECKPOINT_RANK
 from raycse.train.loop import train_loop_per_worker
 from raycse.train.plan import FitPlan, TuneHooks, planned_epochs, plan_steps
+from raycse.train.preflight import check_free_space
 from raycse.train.reporter import SCORE_METRIC
 from raycse.train.runtime import cluster_cpus, ensure_ray, setup_ray_data, train_worker_env
 
@@ -356,6 +358,9 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     dev = load_selection(run.eval)  # the model-selection data (STS-B dev or BEIR)
     probe_tokenizer(model_path, text_sample(run, sources, dev))
     remote = run.output_dir if objstore.is_uri(run.output_dir) else None
+    # (an output on object storage is built in the system's temporary directory first)
+    local_out = Path(tempfile.gettempdir()) if remote else Path(os.path.expanduser(run.output_dir)).resolve()
+    check_free_space(model_path, local_out, storage_path, run.train.keep_checkpoints)
     if remote and objstore.prefix_exists(remote):
         if not overwrite:
             raise ConfigError(f"output {remote} already exists and is not empty; choose another --output or pass "

@@ -26,9 +26,36 @@ def ensure_ray(num_cpus: Optional[int] = None) -> bool:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True, logging_level=logging.WARNING)
         return False
-    start_local_ray(num_cpus, log_to_driver=True, logging_level=logging.WARNING,
-                    object_store_memory=int(os.environ.get("RAYCSE_OBJECT_STORE_BYTES", 1 << 30)))
+    attempts = ray_start_attempts()
+    for attempt in range(1, attempts + 1):
+        try:
+            start_local_ray(num_cpus, log_to_driver=True, logging_level=logging.WARNING,
+                            object_store_memory=int(os.environ.get("RAYCSE_OBJECT_STORE_BYTES", 1 << 30)))
+            return True
+        except Exception as exc:
+            if "timed out during startup" not in str(exc):
+                raise
+            ray.shutdown()  # (what did start of this attempt's processes)
+            if attempt == attempts:
+                from raycse.errors import ResourceError
+
+                raise ResourceError(f"Ray's local node did not start within Ray's fixed 30 s wait, {attempts} time(s): "
+                                    f"the machine is too loaded; retry when it is quieter, or set "
+                                    f"RAYCSE_RAY_START_ATTEMPTS={attempts + 2} to try more often") from None
+            print(f"[raycse] Ray's local node did not start within 30 s (attempt {attempt} of {attempts}); "
+                  f"trying again", flush=True)
     return True
+
+
+def ray_start_attempts() -> int:
+    """How many times a private local Ray is started before a start-up timeout is the run's error
+    (RAYCSE_RAY_START_ATTEMPTS, default 2: Ray's own wait for its node is a fixed 30 s)."""
+    from raycse.errors import ConfigError
+
+    value = os.environ.get("RAYCSE_RAY_START_ATTEMPTS", "2")
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"RAYCSE_RAY_START_ATTEMPTS must be a whole number >= 1, got {value!r}")
+    return int(value)
 
 
 def start_local_ray(num_cpus: Optional[int] = None, **init_kwargs) -> None:

@@ -1,0 +1,84 @@
+"""Checks of the disks a run writes to, made before Ray starts: a run that would fill a disk is
+refused in one line instead of failing after its training.
+
+What a run writes: each checkpoint holds the model's export, every tensor of the module (SG-OPT's
+frozen copy included) and the optimizer's two moments, about ``CHECKPOINT_MODEL_COPIES`` times the
+model's weights; Ray Train keeps ``train.keep_checkpoints`` of them and writes one more before it
+drops the oldest. The published output holds one copy of the model.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Optional
+
+from raycse.errors import ConfigError
+
+CHECKPOINT_MODEL_COPIES = 5  # model export + module tensors (up to 2 with SG-OPT's copy) + Adam's 2 moments
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+MB = 1 << 20
+
+
+def model_bytes(model_path: str) -> int:
+    """The bytes of a local model's weight files (0 for a hub name: its size is not known here)."""
+    root = Path(model_path)
+    if not root.is_dir():
+        return 0
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+
+
+def free_bytes(path: Path) -> Optional[int]:
+    """Free bytes on the filesystem that ``path`` is or would be created on (its nearest existing
+    ancestor), or None if none can be asked."""
+    for candidate in [path, *path.parents]:
+        if candidate.exists():
+            try:
+                return shutil.disk_usage(candidate).free
+            except OSError:
+                return None
+    return None
+
+
+def needs(model: int, keep: int) -> tuple[int, int]:
+    """(bytes the output needs, bytes the checkpoints need) for a model of ``model`` bytes."""
+    return model, (keep + 1) * CHECKPOINT_MODEL_COPIES * model
+
+
+def check_free_space(model_path: str, output: Optional[Path], storage_path: Optional[str], keep: int) -> None:
+    """Refuse a run whose output or checkpoints would not fit the free space of their filesystems.
+    ``output``: the local output directory (None when it goes to object storage); ``storage_path``:
+    a local ``--storage-path``, or None for the default (inside the output's staging directory)."""
+    size = model_bytes(model_path)
+    if not size:
+        return
+    out_need, ckpt_need = needs(size, keep)
+    places: dict = {}
+    if output is not None:
+        places.setdefault(_device(output), [output, 0, []])
+        entry = places[_device(output)]
+        entry[1] += out_need
+        entry[2].append(f"the model {out_need / MB:.0f} MB")
+    storage = Path(storage_path) if storage_path and "://" not in storage_path else (None if storage_path else output)
+    if storage is not None:
+        entry = places.setdefault(_device(storage), [storage, 0, []])
+        entry[1] += ckpt_need
+        entry[2].append(f"{keep + 1} checkpoints of {CHECKPOINT_MODEL_COPIES * size / MB:.0f} MB")
+    for path, need, what in places.values():
+        free = free_bytes(path)
+        if free is not None and free < need:
+            flag = "--output" if path == output else "--storage-path"
+            raise ConfigError(f"{flag} {path}: {free / MB:.0f} MB free on its filesystem, and this run writes about "
+                              f"{need / MB:.0f} MB there ({' + '.join(what)}); free space, lower "
+                              f"train.keep_checkpoints, or choose another {flag}")
+
+
+def _device(path: Path):
+    for candidate in [path, *path.parents]:
+        if candidate.exists():
+            try:
+                return os.stat(candidate).st_dev
+            except OSError:
+                return str(candidate)
+    return str(path)
