@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from typing import Optional, Sequence
 
@@ -454,8 +455,14 @@ def cmd_mine(args) -> int:
         settings.embed_actors = cluster_cpus()
     from raycse.data.dataset import ray_data_errors
 
-    with ray_data_errors():
-        result = mine(data, model, Path(out), settings, args.candidates, args.seed)
+    from raycse.interrupts import Interrupted
+
+    try:
+        with ray_data_errors():
+            result = mine(data, model, Path(out), settings, args.candidates, args.seed)
+    except Interrupted as stop:
+        stop.detail = f"nothing was written to {out}; rerun the same command to mine again"
+        raise
     print(f"[raycse] {result.triplets} triplets written to {result.path} ({result.dropped} queries dropped with "
           f"fewer than {args.num_negatives} usable negatives; {result.candidates} candidates; seconds {result.seconds})")
     print(f"[raycse] train on them: raycse train --corpus {result.path} --text-column {args.text_column} "
@@ -480,14 +487,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = expand_home(build_parser().parse_args(argv))
         handler = {"train": cmd_train, "eval": cmd_eval, "objectives": cmd_objectives, "tune": cmd_tune,
                    "analyze": cmd_analyze, "mine": cmd_mine}[args.command]
+        from raycse import interrupts, processes
+
+        interrupts.install()  # SIGINT / SIGTERM: one line, 130 / 143, every process of this command's Ray ended
+        processes.sweep_killed_rays()  # what a killed command's private Ray left running
         try:
-            return handler(args)
+            code = handler(args)
+            processes.forget_own_ray()
+            return code
         except RaycseError as exc:
             print(f"raycse: error: {exc}", file=sys.stderr)
             return 2
-        except KeyboardInterrupt:
-            print("raycse: interrupted; nothing was written to the output directory", file=sys.stderr)
-            return 130
+        except (interrupts.Interrupted, KeyboardInterrupt) as stop:
+            if not isinstance(stop, interrupts.Interrupted):
+                stop = interrupts.Interrupted(signal.SIGINT, "nothing was written to the output")
+            print(f"raycse: {stop.line()}", file=sys.stderr, flush=True)
+            left = processes.end_own_ray()
+            if left:
+                print(f"raycse: warning: Ray process(es) {left} did not end within {processes.END_BOUND_S:g} s",
+                      file=sys.stderr)
+            return stop.exit_code
         except Exception as exc:  # a bug's traceback, printed here while the streams still redact
             from raycse.errors import disk_error_line
 

@@ -316,3 +316,173 @@ def test_inputs_and_checkpoints_inside_the_output_are_refused_before_anything_st
         assert len(err) == 1 and err[0].startswith(f"raycse: error: {flag} ") and "which this command writes" in err[0], err
     assert _snapshot(tmp_path) == before
     assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name or p.name == "fresh"]
+
+
+# Issue 65 item 2: SIGINT and SIGTERM end a command in one line with 130 / 143, every process of its
+# Ray gone within a bound, and a rerun resumes; a SIGKILLed command's Ray is ended by the next command.
+
+SIGNAL_BOUND_S = 30.0  # the command's exit after the signal, plus processes.END_BOUND_S for what remains
+
+
+def _start(argv: list, cwd: Path) -> "subprocess.Popen":
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own private Ray, as a user's
+    return subprocess.Popen([sys.executable, "-m", "raycse", *argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _read_until(proc, pattern: str, bound_s: float = 300) -> list[str]:
+    """The command's lines up to the first that matches ``pattern`` (bounded; read on a thread)."""
+    import queue
+    import re
+    import threading
+    import time
+
+    lines: "queue.Queue" = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout] + [lines.put(None)], daemon=True).start()
+    seen, deadline = [], time.monotonic() + bound_s
+    while True:
+        line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        assert line is not None, "".join(seen[-30:])
+        seen.append(line)
+        if re.search(pattern, line):
+            proc._rest = lines  # the rest, for the caller
+            return seen
+
+
+def _rest(proc, bound_s: float) -> list[str]:
+    import time
+
+    out, deadline = [], time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        line = proc._rest.get(timeout=max(0.1, deadline - time.monotonic()))
+        if line is None:
+            return out
+        out.append(line)
+    raise AssertionError(f"the command did not end in {bound_s:g} s: {''.join(out[-20:])}")
+
+
+def _gone_in_time(procs: list, bound_s: float) -> None:
+    import time
+
+    from raycse.processes import alive
+
+    deadline = time.monotonic() + bound_s
+    while alive(procs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = alive(procs)
+    assert not left, f"still running {bound_s:g} s after the command ended: {left}"
+
+
+def _zombies_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if entry.name.isdigit() and fields[0] == "Z" and int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="process checks read /proc (Linux)")
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_signal_ends_train_in_one_line_its_ray_gone_and_a_rerun_resumes(tmp_path, tiny_model, signame):
+    import re
+    import signal
+
+    from raycse.processes import descendants
+
+    corpus = tmp_path / "corpus.txt"
+    from conftest import make_sentences
+
+    corpus.write_text("\n".join(make_sentences(2000)) + "\n")
+    out = tmp_path / "out"
+    argv = ["train", "--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", "none", "--batch-size", "8",
+            "--max-length", "16", "--max-steps", "150", "--log-steps", "5", "--output", str(out), "--storage-path",
+            str(tmp_path / "ck"), "--set", "train.checkpoint_steps=5"]
+    proc = _start(argv, tmp_path)
+    _read_until(proc, r"\[raycse\] step 1[05]/150")  # a checkpoint or two saved
+    procs = descendants(proc.pid)
+    assert procs, "the command started no Ray processes"
+    proc.send_signal(getattr(signal, signame))
+    tail = _rest(proc, SIGNAL_BOUND_S)
+    assert proc.wait(timeout=10) == 128 + getattr(signal, signame)
+    own = [line for line in tail if line.startswith("raycse:")]
+    assert len(own) == 1, tail[-10:]
+    found = re.fullmatch(rf"raycse: interrupted \({signame}\); stopped at step (\d+); nothing was written to "
+                         rf"{re.escape(str(out))}; rerun the same command to resume from step (\d+)\n", own[0])
+    assert found, own[0]
+    step, resume_at = int(found.group(1)), int(found.group(2))
+    assert resume_at >= 5 and resume_at % 5 == 0 and step >= 10, own[0]
+    _gone_in_time(procs, 15.0)
+    assert not _zombies_of(os.getpid()) and not [p for p, _ in procs if _zombies_of(p)]
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+    if signame == "SIGINT":
+        return  # (the rerun is the same for either signal: checked once)
+    again = _start(argv, tmp_path)
+    lines = _read_until(again, r"model saved to")
+    assert again.wait(timeout=120) == 0
+    assert any(f"resumed from step {resume_at}" in line for line in lines), lines[-15:]
+    assert (out / "model" / "config.json").is_file()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="process checks read /proc (Linux)")
+def test_a_killed_commands_ray_is_ended_by_the_next_command(tmp_path, tiny_model, corpus):
+    import signal
+    import subprocess
+    import sys
+
+    from raycse.processes import alive, descendants
+
+    argv = ["train", "--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", "none", "--batch-size", "8",
+            "--max-length", "16", "--epochs", "50", "--log-steps", "5", "--output", str(tmp_path / "out")]
+    proc = _start(argv, tmp_path)
+    _read_until(proc, r"\[raycse\] step \d+/")
+    procs = descendants(proc.pid)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    left = alive(procs)
+    assert left, "nothing of the killed command's Ray was left to end (the test needs some)"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    nxt = subprocess.run([sys.executable, "-m", "raycse", "objectives"], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert nxt.returncode == 0
+    assert f"left by raycse process {proc.pid}, which was killed" in nxt.stderr
+    _gone_in_time(procs, 5.0)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="process checks read /proc (Linux)")
+def test_sigint_ends_a_tune_search_in_one_line_naming_resume(tmp_path, tiny_model, corpus, stsb_dev):
+    import re
+    import signal
+
+    import yaml
+    from ray import tune
+
+    from raycse.processes import descendants
+
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({
+        "run": {"model": {"name_or_path": str(tiny_model), "max_length": 16}, "data": {"corpus": str(corpus)},
+                "objective": {"name": "simcse"}, "eval": {"stsb_dev": str(stsb_dev), "eval_steps": 1000},
+                "train": {"batch_size": 8, "epochs": 50, "max_steps": 400, "cpus_per_worker": 1, "log_steps": 5}},
+        "search": {"tau": {"loguniform": [0.02, 0.2]}}}))
+    exp = tmp_path / "tune" / "exp"
+    proc = _start(["tune", "--space", str(space), "--num-samples", "2", "--seeds", "1", "--rungs", "1",
+                   "--concurrent", "1", "--storage-path", str(tmp_path / "tune"), "--name", "exp"], tmp_path)
+    _read_until(proc, r"\[raycse\] step \d+/")
+    procs = descendants(proc.pid)
+    proc.send_signal(signal.SIGINT)
+    tail = _rest(proc, 120)
+    assert proc.wait(timeout=10) == 130
+    own = [line for line in tail if line.startswith("raycse:")]
+    assert own == [f"raycse: interrupted (SIGINT); the search stopped with its state saved; continue it: raycse tune "
+                   f"--resume {exp}\n"], tail[-10:]
+    assert tune.Tuner.can_restore(str(exp))
+    _gone_in_time(procs, 15.0)
+    assert re.search(r"stopping the search", "".join(tail))

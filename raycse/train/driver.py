@@ -34,6 +34,7 @@ from raycse.card import model_card
 from raycse.config import RunConfig
 from raycse.encoder import probe_tokenizer, resolve_model
 from raycse.errors import ConfigError
+from raycse.interrupts import Interrupted
 from raycse.evaluation import initial_scores
 from raycse.evaluation.selection import load_selection
 from raycse.objectives import registry
@@ -273,6 +274,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     staging = claim.staging
     final = remote or str(out)
     tracking: tuple = ()
+    registry, run_key = None, None  # (known once Ray is up: what an interruption names its step from)
     try:
         tracking = tracking_mod.open_runs(run.train.tracking, out.name, run.to_dict())  # unreachable: fails now
         from raycse.machine import describe
@@ -299,7 +301,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
                        initial_key=initial_scores.key(model_path, run, dev) if dev is not None else None,
                        initial_file=initial_scores.cache_file(), eval_at=tuple(int(s) for s in hooks.eval_at),
                        score_sink=hooks.score_sink, tracking=tracking, corpus=tuple(blocks),
-                       layouts=ray.put(layouts) if layouts is not None else None)
+                       layouts=ray.put(layouts) if layouts is not None else None, progress=(registry, run_key))
         trainer = build_trainer(plan, cpus, storage, run_name, release.RegisterRun(registry, run_key),
                                 dev is not None)
         t_fit = time.perf_counter()
@@ -316,6 +318,12 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         write_output(staging, run, best, summary, final)
         _log_model(tracking, staging / "model")
         publish(claim, remote, overwrite)
+    except Interrupted as stop:
+        shutil.rmtree(staging, ignore_errors=True)
+        _close_tracking(tracking, ok=False)
+        stop.detail = stop.detail or interrupted_detail(run, storage_path, run_name, registry, run_key,
+                                                        Path(final) if not remote else final)
+        raise
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         _close_tracking(tracking, ok=False)
@@ -326,6 +334,31 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     _close_tracking(tracking, ok=True, final={f"best_{k}": v for k, v in best_metrics.items()
                                               if k == run.eval.score_key()})
     return TrainResult(final, f"{final}/model", redact_obj(summary))
+
+
+def interrupted_detail(run: RunConfig, storage_path: Optional[str], run_name: str, registry, run_key: Optional[str],
+                       out: Path) -> str:
+    """What an interrupted run reached and how to go on: the last logged step, and the step a rerun
+    resumes from (checkpoints in a --storage-path), or that there is none to resume."""
+    import ray
+
+    step = None
+    if registry is not None and run_key is not None:
+        try:
+            step = ray.get(registry.last_step.remote(run_key), timeout=5)
+        except Exception:  # noqa: BLE001 - the line is said without it
+            step = None
+    at = f" at step {step}" if step else ""
+    if not storage_path:
+        return (f"stopped{at}; nothing was written to {out}; pass --storage-path DIR to make a run resumable after "
+                f"an interruption")
+    found = None
+    try:
+        found = ckpt.latest_valid(objstore.join(storage_path, run_name))
+    except Exception:  # noqa: BLE001 - unreadable storage: no step to name
+        found = None
+    resume = f"resume from step {found[0]}" if found else "start again (no whole checkpoint was saved yet)"
+    return f"stopped{at}; nothing was written to {out}; rerun the same command to {resume}"
 
 
 def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = None, in_memory: bool = False
@@ -555,7 +588,7 @@ def _fit_and_release(trainer, t, registry, run_key: str, per_worker: dict):
         with _environ(RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S=str(t.worker_start_timeout_s),
                       RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S",
                                                                        HEALTH_CHECK_INTERVAL_S)):
-            result = trainer.fit()
+            result = _fit_in_thread(trainer, registry, run_key, release_s)
         if result.error:
             raise result.error
     except Exception as err:
@@ -570,6 +603,39 @@ def _fit_and_release(trainer, t, registry, run_key: str, per_worker: dict):
         raise
     release.release(registry, run_key, release_s)
     return result
+
+
+def _fit_in_thread(trainer, registry, run_key: str, release_s: float):
+    """``trainer.fit()`` in a thread of its own, the main thread waiting for it. Why: in the main thread
+    Ray Train replaces the SIGINT handler with its own, whose abort ended the command with exit 1 and
+    no word; here raycse's handler raises :class:`Interrupted` in the main thread, the run is
+    released (its controller aborted, its workers and placement group gone), and the interruption
+    goes on up."""
+    import threading
+
+    box: dict = {}
+
+    def fit() -> None:
+        try:
+            box["result"] = trainer.fit()
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=fit, name="raycse-fit", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.2)  # (short waits: the main thread handles signals between them)
+    except Interrupted:
+        try:
+            release.release(registry, run_key, release_s)
+        except Exception as leak:  # noqa: BLE001 - the command still ends; its Ray is shut down after
+            print(f"[raycse] warning: {redact(str(leak))[:300]}", flush=True)
+        thread.join(release_s)
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def best_score(metrics: dict) -> Optional[float]:

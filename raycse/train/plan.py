@@ -53,6 +53,7 @@ class FitPlan:
     # the numbered corpus's Arrow blocks (ObjectRefs; raycse.data.dataset.Corpus.blocks): every worker
     # reads them whole, straight from the object store (no Ray Data pipeline or actor per fit)
     corpus: tuple = ()
+    progress: Any = None  # (RunRegistry, run key): rank 0 notes each logged step there (said on an interrupt)
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,14 @@ class RunRegistry:
     def __init__(self):
         self._runs: dict[str, dict[str, RunEntry]] = {}
         self._closed: set[str] = set()
+        self._steps: dict[str, int] = {}
+
+    def note_step(self, key: str, step: int) -> None:
+        """Rank 0's latest logged step of the run ``key`` (said when the run is interrupted)."""
+        self._steps[key] = max(step, self._steps.get(key, 0))
+
+    def last_step(self, key: str) -> Optional[int]:
+        return self._steps.get(key)
 
     def is_closed(self, key: str) -> bool:
         return any(key.startswith(prefix) for prefix in self._closed)

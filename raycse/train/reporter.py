@@ -90,6 +90,9 @@ class Reporter:
         log.info(f"[raycse] step {p.step}/{total} ({100 * p.step / total:.0f}%) epoch {epoch} "
                  f"loss {loss:.4f} lr {lr:.2e} {p.speed:.1f} examples/s")
         self.tlog.log({"loss": loss, "lr": lr, "examples_per_s": p.speed, "epoch": epoch}, p.step)
+        if self.plan.progress is not None:  # (not waited for: a note, not a report)
+            registry, key = self.plan.progress
+            registry.note_step.remote(key, p.step)
 
     def log_profile(self, profiler) -> None:
         log.info(f"[raycse] profile of {describe(profiler.summary)}\n{profiler.table}")

@@ -23,14 +23,19 @@ def ensure_ray(num_cpus: Optional[int] = None) -> bool:
         return False
     # logging_level WARNING: Ray's "Connecting to existing Ray cluster" / "Started a local Ray
     # instance" are not lines a raycse user needs (an error must stay the one line that names it)
+    from raycse import interrupts, processes
+
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True, logging_level=logging.WARNING)
+        interrupts.reinstall()  # (ray.init put its own SIGTERM handler in)
         return False
     attempts = ray_start_attempts()
     for attempt in range(1, attempts + 1):
         try:
             start_local_ray(num_cpus, log_to_driver=True, logging_level=logging.WARNING,
                             object_store_memory=int(os.environ.get("RAYCSE_OBJECT_STORE_BYTES", 1 << 30)))
+            interrupts.reinstall()
+            processes.record_own_ray()  # what a later command ends if this one is killed
             return True
         except Exception as exc:
             if "timed out during startup" not in str(exc):

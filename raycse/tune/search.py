@@ -497,11 +497,37 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
                                       callbacks=_callbacks(space, exp_dir, settings.tracking)),
         )
         try:
-            results = tuner.fit()
+            results = _fit(tuner, exp_dir)
             study.close_orphans(where)
             return exp_dir, results
         finally:
             study.sync(where)
+
+
+def _fit(tuner, exp_dir):
+    """``tuner.fit()``; under raycse's signal handler (the CLI's) a SIGINT or SIGTERM asks Tune for its
+    own orderly stop (the experiment's state saved, as its SIGUSR1 does) and then ends the command
+    as interrupted, naming ``--resume``: Tune alone ended it with exit 0."""
+    import signal
+
+    from raycse import interrupts
+
+    if not interrupts.installed():
+        return tuner.fit()
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # (raycse's handler stays, and calls Tune's stop)
+
+    def stop(signum: int) -> None:
+        tune_stop = signal.getsignal(signal.SIGUSR1)  # (Tune's, installed when its run started)
+        print("[raycse] stopping the search: the running trials end and its state is saved", flush=True)
+        if callable(tune_stop):
+            tune_stop(signum, None)
+
+    try:
+        with interrupts.graceful(stop):
+            return tuner.fit()
+    except interrupts.Interrupted as stop_signal:
+        stop_signal.detail = f"the search stopped with its state saved; continue it: raycse tune --resume {exp_dir}"
+        raise
 
 
 def experiment_location(storage_path: str, name: str):
@@ -587,7 +613,7 @@ def resume(exp_dir: str):
                                                         extra["cpus_per_worker"], prepared, registry),
                                    resume_unfinished=True, resume_errored=True)
         try:
-            results = tuner.fit()
+            results = _fit(tuner, exp)
             study.close_orphans(where)
             return exp, results
         finally:

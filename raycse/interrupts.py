@@ -1,0 +1,82 @@
+"""SIGINT and SIGTERM end a command the same way: one line, exit 130 / 143, nothing half-written.
+
+The CLI installs :func:`install`'s handler, which raises :class:`Interrupted` in the main thread, so
+every ``except``/``finally`` on the way out runs (staging directories removed, runs released). Ray
+replaces SIGTERM's handler when it starts (``ray.init``: ``sys.exit``) and Ray Train and Tune
+replace SIGINT's while they run, so :func:`reinstall` puts raycse's back after Ray starts, a Train fit
+runs in a thread of its own (Ray Train leaves the handler alone there), and a Tune search asks
+:func:`graceful` for Tune's own orderly stop (its experiment state saved for ``--resume``) and
+raises the interruption once the search has stopped.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Callable, Optional
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(BaseException):
+    """The command received ``signum``; ``detail`` says what was kept and how to go on.
+
+    A BaseException, like KeyboardInterrupt, so that code catching ``Exception`` does not swallow it."""
+
+    def __init__(self, signum: int, detail: str = ""):
+        super().__init__(signum, detail)
+        self.signum, self.detail = signum, detail
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    def line(self) -> str:
+        name = signal.Signals(self.signum).name
+        return f"interrupted ({name}){'; ' + self.detail if self.detail else ''}"
+
+
+_state = {"installed": False, "graceful": None, "pending": None}
+
+
+def _handler(signum, _frame) -> None:
+    stop: Optional[Callable] = _state["graceful"]
+    if stop is not None and _state["pending"] is None:
+        _state["pending"] = signum  # the first signal asks for the orderly stop; a second one raises now
+        stop(signum)
+        return
+    raise Interrupted(signum)
+
+
+def install() -> None:
+    """raycse's handler for SIGINT and SIGTERM (from the main thread; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in SIGNALS:
+        signal.signal(sig, _handler)
+    _state["installed"] = True
+
+
+def installed() -> bool:
+    return bool(_state["installed"])
+
+
+def reinstall() -> None:
+    """Put raycse's handler back after something replaced it (``ray.init``), if it was installed."""
+    if _state["installed"]:
+        install()
+
+
+@contextmanager
+def graceful(stop: Callable[[int], None]):
+    """Within the block a first signal calls ``stop(signum)`` (an orderly stop of the work in
+    progress) instead of raising; :class:`Interrupted` is raised when the block ends."""
+    _state["graceful"], _state["pending"] = stop, None
+    try:
+        yield
+    finally:
+        signum = _state["pending"]
+        _state["graceful"], _state["pending"] = None, None
+    if signum is not None:
+        raise Interrupted(signum)
