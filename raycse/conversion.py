@@ -41,7 +41,7 @@ def coerce(key: str, value: Any, hint: Any) -> Any:
                 raise ValueError
             number = float(value)
             if not math.isfinite(number):  # inf/nan pass every "> 0" check and fail steps later
-                raise ConfigError(f"{key} must be a finite number, got {value!r}")
+                raise ConfigError(f"{key} must be a finite number, got {shown(value)}")
             return number
         if hint is str:
             if isinstance(value, (dict, list)):
@@ -50,5 +50,11 @@ def coerce(key: str, value: Any, hint: Any) -> Any:
     except ConfigError:
         raise
     except (TypeError, ValueError, OverflowError):
-        raise ConfigError(f"{key} must be {getattr(hint, '__name__', hint)}, got {value!r}") from None
+        raise ConfigError(f"{key} must be {getattr(hint, '__name__', hint)}, got {shown(value)}") from None
     return value
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """``value`` as an error message quotes it: its repr, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

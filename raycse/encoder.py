@@ -230,10 +230,13 @@ class Encoder(nn.Module):
         meta = {**_read_st_meta(body), **meta}
         try:
             tokenizer = AutoTokenizer.from_pretrained(body)
+        except Exception as exc:
+            raise ModelError(f"cannot load model from {body}: {_load_failure(exc)}") from None
+        check_tokenizer(tokenizer, str(body))  # (before the weights load: nothing to load for a refusal)
+        try:
             backbone = AutoModel.from_pretrained(body)
         except Exception as exc:
             raise ModelError(f"cannot load model from {body}: {_load_failure(exc)}") from None
-        check_tokenizer(tokenizer, str(body))
         pooling = pooling or meta.get("pooling") or _st_pooling(layout.pooling) or "cls"
         mlp_head = mlp_head or meta.get("mlp_head", "auto")
         enc = cls(backbone, tokenizer, pooling, mlp_head, max_seq_length or meta.get("max_seq_length"),

@@ -55,6 +55,42 @@ def _experiment(root: Path, space: Path, damage: str) -> Path:
     return exp
 
 
+def _issue65_inputs(root: Path, model: Path) -> dict:
+    """Issue 65's silent garbage: a model without tokenizer files, one whose weights are a pickle, a
+    corpus its tokenizer does not know, gold scores that are not finite, non-text columns, a UTF-16
+    file without its mark, a JSONL whose first record lacks the field, a config nested 20,000 deep."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+    from safetensors.torch import load_file
+
+    notok = root / "no-tokenizer"
+    shutil.copytree(model, notok)
+    for f in notok.iterdir():
+        if "token" in f.name or f.name == "vocab.txt":
+            f.unlink()
+    pickled = root / "pickled"
+    shutil.copytree(model, pickled)
+    weights = load_file(str(pickled / "model.safetensors"))
+    (pickled / "model.safetensors").unlink()
+    torch.save({"state": weights, "note": Path("x")}, pickled / "pytorch_model.bin")  # not tensors only
+    (root / "german.txt").write_text("Über die Brücke fährt heute kein Zug mehr\n" * 3 +
+                                     "Während Überschwemmung blüht Gemüsegärtnerei\n" * 3)
+    lines = (root / "dev.csv").read_text().splitlines()
+    for name, bad in (("nan", "nan"), ("inf", "inf"), ("range", "7.5")):
+        cells = lines[3].split("\t")
+        cells[4] = bad
+        (root / f"dev-{name}.csv").write_text("\n".join(lines[:3] + ["\t".join(cells)] + lines[4:]) + "\n")
+    pq.write_table(pa.table({"text": list(range(20))}), root / "ints.parquet")
+    pq.write_table(pa.table({"text": [[0, 1]] * 20}), root / "lists.parquet")
+    (root / "utf16.txt").write_bytes("\n".join(make_sentences(12)).encode("utf-16-le"))  # no byte-order mark
+    (root / "miss.jsonl").write_text("\n".join([json.dumps({"other": "x"})]
+                                               + [json.dumps({"text": s}) for s in make_sentences(11)]) + "\n")
+    (root / "deep.yaml").write_text("train: " + "[" * 20000 + "]" * 20000 + "\n")
+    (root / "afile").write_text("not a directory\n")
+    return {"notok": notok, "pickled": pickled}
+
+
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("bad-inputs")
@@ -80,14 +116,15 @@ def inputs(tmp_path_factory):
                                                       "sys.modules['optuna'] = None\nsys.modules['wandb'] = None\n")
     (root / "nofaiss").mkdir()  # and one with optuna but not faiss
     (root / "nofaiss" / "sitecustomize.py").write_text("import sys\nsys.modules['faiss'] = None\n")
+    extra = _issue65_inputs(root, model)
     return {"root": root, "model": model, "corpus": corpus, "pairs": pairs, "dev": dev, "space": space,
-            "knn_space": knn_space,
+            "knn_space": knn_space, **extra,
             "beir": beir, "damaged": _damaged_models(root, model),
             "exp_settings": _experiment(root, space, "settings"), "exp_result": _experiment(root, space, "result")}
 
 
 def _cases(i: dict) -> list:
-    m, c, d = str(i["model"]), str(i["corpus"]), str(i["dev"])
+    m, c, d, r = str(i["model"]), str(i["corpus"]), str(i["dev"]), i["root"]
     train = ["train", "--model", m, "--corpus", c, "--stsb-dev", d, "--output", "out", "--max-steps", "2"]
     mine = ["mine", "--corpus", str(i["pairs"]), "--text-column", "q", "--pair-column", "a", "--model", m,
             "--output", "mined.jsonl"]
@@ -144,6 +181,29 @@ def _cases(i: dict) -> list:
         (["analyze", str(i["exp_result"]), "--no-plots"], "result.json is damaged at line 1", None),
         (["analyze", str(i["exp_result"]), "--table", "trials.xlsx"], "give a file ending in .csv, .parquet, .json",
          None),
+        # issue 65: refused in one line instead of a traceback, or of training on garbage
+        ([*train[:2], str(i["notok"]), *train[3:]], "knows no words (5 tokens, all special)", None),
+        (["eval", str(i["notok"]), "--stsb-dev", d], "knows no words (5 tokens, all special)", None),
+        (["train", "--model", m, "--corpus", str(r / "german.txt"), "--stsb-dev", "none", "--output", "out"],
+         "to [UNK]: it does not fit this text", None),
+        (["eval", str(i["pickled"]), "--stsb-dev", d], "pickled objects besides tensors", None),
+        ([*ev[:2], "--stsb-dev", str(r / "dev-nan.csv")], "gold score 'nan' is not a number between 0 and 5", None),
+        ([*ev[:2], "--stsb-dev", str(r / "dev-range.csv")], "gold score '7.5' is not a number between 0 and 5", None),
+        ([*train[:5], "--stsb-dev", str(r / "dev-inf.csv"), *train[7:]], "gold score 'inf' is not a number", None),
+        ([*train[:3], "--corpus", str(r / "ints.parquet"), *train[5:]], "column 'text' holds int", None),
+        ([*train[:3], "--corpus", str(r / "lists.parquet"), *train[5:]], "column 'text' holds list", None),
+        ([*train[:3], "--corpus", str(r / "utf16.txt"), *train[5:]], "NUL bytes in a text line", None),
+        ([*train[:3], "--corpus", str(r / "miss.jsonl"), *train[5:]],
+         "field 'text' is missing from 1 of 12 records (first at line 1", None),
+        ([*train, "--config", str(r / "deep.yaml")], "nests deeper than 16 levels", None),
+        (["tune", "--space", str(r / "deep.yaml")], "nests deeper than 16 levels", None),
+        ([*train, "--set", "objective.tau=" + "[" * 5000 + "]" * 5000], "nests deeper than 16 levels", None),
+        ([*train, "--set", "train.lr=" + "[" * 5000 + "]" * 5000], "train.lr must be float, got '[[[", None),
+        ([*train, "--config", "nosuch"], "'nosuch' is neither a file nor one of raycse's configs", None),
+        ([*train, "--storage-path", str(r / "afile")], "is a file; give a directory for the checkpoints", None),
+        ([*train, "--storage-path", "out/ck"], f"--storage-path {r / 'out' / 'ck'} lies inside --output", None),
+        ([*train[:-4], "--output", "/proc/x", *train[-2:]], "cannot create a directory beside it", None),
+        ([*mine[:-1], str(i["pairs"]), "--overwrite"], f"--corpus {i['pairs']} is --output", None),
     ]
 
 

@@ -90,10 +90,12 @@ def _records(path: Path, fmt: str, columns: list[str], on_decode_error: str, sta
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{path}:{lineno}: invalid JSON ({exc.msg}); one JSON object per line is expected") from None
-            if not isinstance(record, dict) or any(c not in record for c in columns):
-                keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
-                col = next(c for c in columns if not isinstance(record, dict) or c not in record)
-                raise DataError(f"{path}:{lineno}: no field '{col}' (has: {keys}); set the data column names")
+            if not isinstance(record, dict):
+                raise DataError(f"{path}:{lineno}: a JSON {type(record).__name__}, not an object; one JSON object "
+                                f"per line is expected")
+            if any(c not in record for c in columns):
+                col = next(c for c in columns if c not in record)
+                raise missing_field_error(path, col, list(record), data)
             yield [record[c] for c in columns]
             continue
         cells = next(csv.reader([line.rstrip("\r\n")], delimiter="\t" if fmt == "tsv" else ","))
@@ -109,6 +111,34 @@ def _records(path: Path, fmt: str, columns: list[str], on_decode_error: str, sta
 
 BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))  # (UTF-32 LE's starts as UTF-16 LE's)
+
+
+JSONL_COUNT_LINES = 1_000_000  # how far a missing field's records are counted, for the message
+
+
+def missing_field_error(path: Path, column: str, first: list, data: Optional[bytes] = None) -> DataError:
+    """The error for a JSONL field some records lack: how many have it and how many do not (counted
+    over the file's first ``JSONL_COUNT_LINES`` lines), and where it is first missing."""
+    have = lack = lines = 0
+    first_missing = None
+    with (io.BytesIO(data) if data is not None else open(path, "rb")) as fh:
+        for lines, raw in enumerate(fh, start=1):
+            if lines > JSONL_COUNT_LINES:
+                break
+            try:
+                record = json.loads(raw) if raw.strip() else None
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                if column in record:
+                    have += 1
+                else:
+                    lack += 1
+                    first_missing = first_missing or lines
+    seen = f" of the first {JSONL_COUNT_LINES:,} lines" if lines > JSONL_COUNT_LINES else ""
+    return DataError(f"{path}: field '{column}' is missing from {lack} of {have + lack} records{seen} (first at line "
+                     f"{first_missing}, whose fields are: {', '.join(map(str, first)) or 'none'}); {have} have it: fill "
+                     f"it in every record or set data.text_column / pair_column / label_column / negative_column")
 
 
 def _decoded_lines(path: Path, on_decode_error: str, stats: CorpusStats,

@@ -248,32 +248,13 @@ def _check_columns(present: list[str], wanted: list[str], where: str) -> None:
                         f" (set data.text_column / pair_column / label_column / negative_column)")
 
 
-JSONL_COUNT_LINES = 1_000_000  # how far a missing column's rows are counted, for the message
-
-
 def _check_jsonl_columns(path: str, first: list[str], wanted: list[str]) -> None:
     """A column the first record lacks: refused with how many records have it and how many do not."""
-    import json
+    from raycse.data.corpus import missing_field_error
 
     missing = [c for c in wanted if c not in first]
-    if not missing:
-        return
-    column, have, lack, lines = missing[0], 0, 0, 0
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            lines += 1
-            if lines > JSONL_COUNT_LINES:
-                break
-            try:
-                record = json.loads(line) if line.strip() else None
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict):
-                have, lack = have + (column in record), lack + (column not in record)
-    seen = f"the first {JSONL_COUNT_LINES:,} lines of " if lines > JSONL_COUNT_LINES else ""
-    raise DataError(f"column '{column}' is missing from {lack} of the {have + lack} records in {seen}{path} ({have} "
-                    f"have it; the first record's fields: {', '.join(first)}); fill it in every record or set "
-                    f"data.text_column / pair_column / label_column / negative_column")
+    if missing:
+        raise missing_field_error(Path(path), missing[0], first)
 
 
 def _check_text_types(schema, text_columns: list[str], where: str) -> None:

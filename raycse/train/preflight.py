@@ -35,9 +35,10 @@ def free_bytes(path: Path) -> Optional[int]:
     for candidate in [path, *path.parents]:
         if candidate.exists():
             try:
-                return shutil.disk_usage(candidate).free
+                usage = shutil.disk_usage(candidate)
             except OSError:
                 return None
+            return usage.free if usage.total else None  # (a size of 0: /proc and the like, not a disk)
     return None
 
 
