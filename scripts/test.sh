@@ -2,6 +2,7 @@
 # Install (idempotent) and run the test suite: offline, tiny random BERT, real Ray.
 #   bash scripts/test.sh                          the whole suite (what CI runs)
 #   bash scripts/test.sh tests/test_x.py -k name  only what is named (any pytest arguments)
+#   bash scripts/test.sh --fast                   the fast tier: the tests that start no Ray and no server
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

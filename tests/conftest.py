@@ -51,6 +51,36 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
+# The fast tier (scripts/test.sh --fast): every test that starts no Ray and no server. A test is in the
+# full tier alone when it asks for one of these fixtures: the shared Ray, a server, or own_ray (it starts
+# a private Ray of its own: a raycse command in a subprocess, or main() running a fit).
+FULL_TIER_FIXTURES = {"ray_cluster", "s3_server", "mlflow_server", "own_ray"}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fast", action="store_true",
+                     help=f"run only the tests that start no Ray and no server (none of the fixtures "
+                          f"{', '.join(sorted(FULL_TIER_FIXTURES))})")
+
+
+def pytest_collection_modifyitems(config, items):
+    full = pytest.mark.full_tier
+    for item in items:
+        if FULL_TIER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(full)
+    if config.getoption("--fast"):
+        keep = [i for i in items if not i.get_closest_marker("full_tier")]
+        config.hook.pytest_deselected(items=[i for i in items if i.get_closest_marker("full_tier")])
+        items[:] = keep
+
+
+@pytest.fixture
+def own_ray() -> dict:
+    """The environment for a raycse command that starts a private Ray of its own (no RAY_ADDRESS: not the
+    tests' shared one). Asking for it puts a test in the full tier."""
+    return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+
+
 def pytest_configure(config):
     """raycse's per-machine caches (kernel probe, starting scores) in a directory of this session's own,
     so no run of the tests reads what an earlier one left in the home directory. A hook, not module
@@ -58,6 +88,7 @@ def pytest_configure(config):
     Named like raycse's own scratch directories, so a killed session's is removed by the next one."""
     from raycse.outputs import private_tempdir
 
+    config.addinivalue_line("markers", "full_tier: starts Ray or a server (set by conftest from the fixtures)")
     config._raycse_cache = str(private_tempdir("raycse-test-cache-"))
     os.environ["RAYCSE_CACHE"] = config._raycse_cache
 

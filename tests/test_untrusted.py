@@ -324,11 +324,11 @@ def test_inputs_and_checkpoints_inside_the_output_are_refused_before_anything_st
 SIGNAL_BOUND_S = 30.0  # the command's exit after the signal, plus processes.END_BOUND_S for what remains
 
 
-def _start(argv: list, cwd: Path) -> "subprocess.Popen":
+def _start(argv: list, cwd: Path, env: dict) -> "subprocess.Popen":
+    """A raycse command in a subprocess, with ``env`` (own_ray's: its own private Ray, as a user's)."""
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own private Ray, as a user's
     return subprocess.Popen([sys.executable, "-m", "raycse", *argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
@@ -391,7 +391,7 @@ def _zombies_of(pid: int) -> list[int]:
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="process checks read /proc (Linux)")
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
-def test_a_signal_ends_train_in_one_line_its_ray_gone_and_a_rerun_resumes(tmp_path, tiny_model, signame):
+def test_a_signal_ends_train_in_one_line_its_ray_gone_and_a_rerun_resumes(tmp_path, tiny_model, signame, own_ray):
     import re
     import signal
 
@@ -404,8 +404,8 @@ def test_a_signal_ends_train_in_one_line_its_ray_gone_and_a_rerun_resumes(tmp_pa
     out = tmp_path / "out"
     argv = ["train", "--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", "none", "--batch-size", "8",
             "--max-length", "16", "--max-steps", "150", "--log-steps", "5", "--output", str(out), "--storage-path",
-            str(tmp_path / "ck"), "--set", "train.checkpoint_steps=5"]
-    proc = _start(argv, tmp_path)
+            "ck", "--set", "train.checkpoint_steps=5"]  # (relative: from the working directory, as --output is)
+    proc = _start(argv, tmp_path, own_ray)
     _read_until(proc, r"\[raycse\] step 1[05]/150")  # a checkpoint or two saved
     procs = descendants(proc.pid)
     assert procs, "the command started no Ray processes"
@@ -424,7 +424,7 @@ def test_a_signal_ends_train_in_one_line_its_ray_gone_and_a_rerun_resumes(tmp_pa
     assert not out.exists() and not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
     if signame == "SIGINT":
         return  # (the rerun is the same for either signal: checked once)
-    again = _start(argv, tmp_path)
+    again = _start(argv, tmp_path, own_ray)
     lines = _read_until(again, r"model saved to")
     assert again.wait(timeout=120) == 0
     assert any(f"resumed from step {resume_at}" in line for line in lines), lines[-15:]
@@ -432,7 +432,7 @@ def test_a_signal_ends_train_in_one_line_its_ray_gone_and_a_rerun_resumes(tmp_pa
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="process checks read /proc (Linux)")
-def test_a_killed_commands_ray_is_ended_by_the_next_command(tmp_path, tiny_model, corpus):
+def test_a_killed_commands_ray_is_ended_by_the_next_command(tmp_path, tiny_model, corpus, own_ray):
     import signal
     import subprocess
     import sys
@@ -441,15 +441,14 @@ def test_a_killed_commands_ray_is_ended_by_the_next_command(tmp_path, tiny_model
 
     argv = ["train", "--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", "none", "--batch-size", "8",
             "--max-length", "16", "--epochs", "50", "--log-steps", "5", "--output", str(tmp_path / "out")]
-    proc = _start(argv, tmp_path)
+    proc = _start(argv, tmp_path, own_ray)
     _read_until(proc, r"\[raycse\] step \d+/")
     procs = descendants(proc.pid)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     left = alive(procs)
     assert left, "nothing of the killed command's Ray was left to end (the test needs some)"
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    nxt = subprocess.run([sys.executable, "-m", "raycse", "objectives"], env=env, capture_output=True, text=True,
+    nxt = subprocess.run([sys.executable, "-m", "raycse", "objectives"], env=own_ray, capture_output=True, text=True,
                          timeout=120)
     assert nxt.returncode == 0
     assert f"left by raycse process {proc.pid}, which was killed" in nxt.stderr
@@ -457,7 +456,7 @@ def test_a_killed_commands_ray_is_ended_by_the_next_command(tmp_path, tiny_model
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="process checks read /proc (Linux)")
-def test_sigint_ends_a_tune_search_in_one_line_naming_resume(tmp_path, tiny_model, corpus, stsb_dev):
+def test_sigint_ends_a_tune_search_in_one_line_naming_resume(tmp_path, tiny_model, corpus, stsb_dev, own_ray):
     import re
     import signal
 
@@ -474,7 +473,7 @@ def test_sigint_ends_a_tune_search_in_one_line_naming_resume(tmp_path, tiny_mode
         "search": {"tau": {"loguniform": [0.02, 0.2]}}}))
     exp = tmp_path / "tune" / "exp"
     proc = _start(["tune", "--space", str(space), "--num-samples", "2", "--seeds", "1", "--rungs", "1",
-                   "--concurrent", "1", "--storage-path", str(tmp_path / "tune"), "--name", "exp"], tmp_path)
+                   "--concurrent", "1", "--storage-path", str(tmp_path / "tune"), "--name", "exp"], tmp_path, own_ray)
     _read_until(proc, r"\[raycse\] step \d+/")
     procs = descendants(proc.pid)
     proc.send_signal(signal.SIGINT)
@@ -486,3 +485,90 @@ def test_sigint_ends_a_tune_search_in_one_line_naming_resume(tmp_path, tiny_mode
     assert tune.Tuner.can_restore(str(exp))
     _gone_in_time(procs, 15.0)
     assert re.search(r"stopping the search", "".join(tail))
+
+
+# Issue 65 item 3: full disks. A small tmpfs where the test may mount one (root), skipped elsewhere.
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A mount factory: a tmpfs of ``size`` under tmp_path, unmounted at the end."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mounted = []
+
+    def mount(name: str, size: str) -> Path:
+        where = tmp_path / name
+        where.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def _fill(disk: Path) -> None:
+    """Fill ``disk`` to its last byte."""
+    import errno
+
+    with open(disk / "filler.bin", "wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * (1 << 16))
+                fh.flush()
+        except OSError as err:
+            assert err.errno == errno.ENOSPC
+
+
+def test_too_little_free_space_is_refused_before_ray_starts(small_disk, tiny_model, corpus, tmp_path, capsys):
+    disk = small_disk("small", "1m")
+    base = ["train", "--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", "none", "--max-steps", "2"]
+    for argv, flag in (([*base, "--output", str(disk / "out")], "--output"),
+                       ([*base, "--output", str(tmp_path / "out"), "--storage-path", str(disk / "ck")],
+                        "--storage-path")):
+        capsys.readouterr()
+        assert main(argv) == 2
+        err = own_lines(capsys.readouterr().err)
+        assert len(err) == 1 and err[0].startswith(f"raycse: error: {flag} ") and "MB free on its filesystem" in err[0]
+        assert "3 checkpoints of" in err[0], err
+    assert list(disk.iterdir()) == [] and not (tmp_path / "out").exists()
+
+
+def test_a_disk_that_fills_during_a_write_is_one_line_and_leaves_nothing(small_disk, tiny_model, stsb_dev, tmp_path,
+                                                                        capsys):
+    """eval --json-out and mine --output on a full disk: one line, exit 1, no partial file."""
+    disk = small_disk("full", "1m")
+    _fill(disk)
+    capsys.readouterr()
+    assert main(["eval", str(tiny_model), "--stsb-dev", str(stsb_dev), "--json-out", str(disk / "scores.json")]) == 1
+    said = [line for line in own_lines(capsys.readouterr().err) if line.startswith("raycse:")]
+    assert len(said) == 1 and said[0].startswith(f"raycse: error: No space left on device at {disk}/"), said
+    assert [p.name for p in disk.iterdir()] == ["filler.bin"]
+
+
+def test_an_output_disk_filled_during_training_is_one_line_and_leaves_nothing(small_disk, tiny_model, corpus,
+                                                                             tmp_path, own_ray):
+    import time
+
+    disk = small_disk("out-disk", "8m")
+    argv = ["train", "--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", "none", "--batch-size", "8",
+            "--max-length", "16", "--max-steps", "60", "--log-steps", "5", "--output", str(disk / "out"),
+            "--storage-path", str(tmp_path / "ck")]
+    proc = _start(argv, tmp_path, own_ray)
+    _read_until(proc, r"\[raycse\] step \d+/60")
+    _fill(disk)  # the model is published to this disk at the end
+    tail = _rest(proc, 300)
+    assert proc.wait(timeout=10) == 1
+    own = [line for line in tail if line.startswith("raycse:")]
+    assert len(own) == 1 and own[0].startswith("raycse: error: No space left on device at ") and str(disk) in own[0], \
+        tail[-10:]
+    deadline = time.monotonic() + 10
+    while [p.name for p in disk.iterdir()] != ["filler.bin"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [p.name for p in disk.iterdir()] == ["filler.bin"]  # no staging directory, no half model

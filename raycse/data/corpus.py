@@ -136,6 +136,10 @@ def missing_field_error(path: Path, column: str, first: list, data: Optional[byt
                     lack += 1
                     first_missing = first_missing or lines
     seen = f" of the first {JSONL_COUNT_LINES:,} lines" if lines > JSONL_COUNT_LINES else ""
+    if not have:
+        return DataError(f"column '{column}' not found in {path}: none of its {lack} records{seen} has it (the first's "
+                         f"fields: {', '.join(map(str, first)) or 'none'}); set data.text_column / pair_column / "
+                         f"label_column / negative_column")
     return DataError(f"{path}: field '{column}' is missing from {lack} of {have + lack} records{seen} (first at line "
                      f"{first_missing}, whose fields are: {', '.join(map(str, first)) or 'none'}); {have} have it: fill "
                      f"it in every record or set data.text_column / pair_column / label_column / negative_column")
