@@ -41,6 +41,13 @@ class ResourceError(RaycseError):
 
 
 # What a disk or a permission refuses (no space, quota, read-only, not allowed): the user's to fix.
+
+
+def named(err: OSError, path) -> OSError:
+    """``err`` naming ``path`` when it names no file (a failed write names none): for the one line."""
+    if err.filename is None:
+        return OSError(err.errno, err.strerror, str(path))
+    return err
 DISK_ERRNOS = (28, 122, 13, 30, 1)  # ENOSPC, EDQUOT, EACCES, EROFS, EPERM
 
 
@@ -56,10 +63,11 @@ def disk_error_line(exc: BaseException) -> "str | None":
             continue
         seen.add(id(err))
         if isinstance(err, OSError) and err.errno in DISK_ERRNOS:
-            where = err.filename or "a file"
+            where = err.filename2 or err.filename or "a file"  # (a copy names its source first, its target second)
             return f"{err.strerror} at {where}; free space there, or choose a path this user can write to"
-        found = re.search(r"\[Errno (\d+)\] ([^:\n\]]+): '([^'\n]+)'", str(err))
+        found = re.search(r"\[Errno (\d+)\] ([^:\n\]]+): '([^'\n]+)'(?: -> '([^'\n]+)')?", str(err))
         if found and int(found.group(1)) in DISK_ERRNOS:
-            return f"{found.group(2)} at {found.group(3)}; free space there, or choose a path this user can write to"
+            return (f"{found.group(2)} at {found.group(4) or found.group(3)}; free space there, or choose a path this "
+                    f"user can write to")
         todo += [err.__cause__, err.__context__, getattr(err, "cause", None)]
     return None

@@ -288,9 +288,13 @@ def check_writable_file(path: str) -> Path:
 
 def write_text_atomic(dest: Path, text: str) -> None:
     """Write ``text`` to ``dest`` through a hidden file beside it and one rename: whole or not at all."""
+    from raycse.errors import named
+
     tmp = dest.parent / f"{staging_prefix(dest.name)}{uuid.uuid4().hex[:8]}"
     try:
         tmp.write_text(text)
         tmp.replace(dest)
+    except OSError as err:
+        raise named(err, dest) from None
     finally:
         tmp.unlink(missing_ok=True)

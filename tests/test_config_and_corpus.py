@@ -90,7 +90,7 @@ def test_jsonl_and_parquet_columns(tmp_path):
     j.write_text("\n".join(json.dumps({"sentence": s, "id": i}) for i, s in enumerate(["a b", "", "c d"])) + "\n")
     texts, stats = read_corpus(str(j), text_column="sentence")
     assert texts == ["a b", "c d"] and stats.empty_dropped == 1
-    with pytest.raises(DataError, match="no field 'text'"):
+    with pytest.raises(DataError, match="column 'text' not found in .*: none of its 3 records has it"):
         read_corpus(str(j))
     q = tmp_path / "c.parquet"
     pq.write_table(pa.table({"body": ["x y", None, "z"]}), q)

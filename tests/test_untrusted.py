@@ -546,9 +546,10 @@ def test_a_disk_that_fills_during_a_write_is_one_line_and_leaves_nothing(small_d
     disk = small_disk("full", "1m")
     _fill(disk)
     capsys.readouterr()
-    assert main(["eval", str(tiny_model), "--stsb-dev", str(stsb_dev), "--json-out", str(disk / "scores.json")]) == 1
+    assert main(["eval", str(tiny_model), "--stsb-dev", str(stsb_dev), "--json", str(disk / "scores.json")]) == 1
     said = [line for line in own_lines(capsys.readouterr().err) if line.startswith("raycse:")]
-    assert len(said) == 1 and said[0].startswith(f"raycse: error: No space left on device at {disk}/"), said
+    assert said == [f"raycse: error: No space left on device at {disk / 'scores.json'}; free space there, or choose a "
+                    f"path this user can write to"], said
     assert [p.name for p in disk.iterdir()] == ["filler.bin"]
 
 
@@ -556,12 +557,15 @@ def test_an_output_disk_filled_during_training_is_one_line_and_leaves_nothing(sm
                                                                              tmp_path, own_ray):
     import time
 
+    from conftest import make_sentences
+
     disk = small_disk("out-disk", "8m")
+    corpus.write_text("\n".join(make_sentences(2000)) + "\n")
     argv = ["train", "--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", "none", "--batch-size", "8",
-            "--max-length", "16", "--max-steps", "60", "--log-steps", "5", "--output", str(disk / "out"),
+            "--max-length", "16", "--max-steps", "200", "--log-steps", "5", "--output", str(disk / "out"),
             "--storage-path", str(tmp_path / "ck")]
     proc = _start(argv, tmp_path, own_ray)
-    _read_until(proc, r"\[raycse\] step \d+/60")
+    _read_until(proc, r"\[raycse\] step \d+/200")
     _fill(disk)  # the model is published to this disk at the end
     tail = _rest(proc, 300)
     assert proc.wait(timeout=10) == 1
@@ -572,3 +576,39 @@ def test_an_output_disk_filled_during_training_is_one_line_and_leaves_nothing(sm
     while [p.name for p in disk.iterdir()] != ["filler.bin"] and time.monotonic() < deadline:
         time.sleep(0.2)
     assert [p.name for p in disk.iterdir()] == ["filler.bin"]  # no staging directory, no half model
+
+
+def test_tilde_is_expanded_in_every_path_argument(tmp_path, monkeypatch, capsys):
+    """``~`` reaches raycse unexpanded when quoted (or from a config): mine's --corpus and --output both
+    expand it, so the one file is seen as both and refused, and no folder named ``~`` is made."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"q": "a", "a": "b"}) + "\n")
+    capsys.readouterr()
+    assert main(["mine", "--corpus", "~/pairs.jsonl", "--text-column", "q", "--pair-column", "a", "--output",
+                 "~/pairs.jsonl", "--overwrite"]) == 2
+    err = own_lines(capsys.readouterr().err)
+    assert len(err) == 1 and f"is --output {pairs}" in err[0], err
+    from raycse.cli import build_parser, expand_home
+
+    args = expand_home(build_parser().parse_args(["eval", "~/m", "--stsb-dev", "~/dev.csv", "--json", "~/s.json"]))
+    assert (args.model, args.stsb_dev, args.json_out) == (str(tmp_path / "m"), str(tmp_path / "dev.csv"),
+                                                          str(tmp_path / "s.json"))
+    assert not (tmp_path / "~").exists()
+
+
+def test_a_corpus_of_repeats_is_said_before_training(ray_cluster, tmp_path):
+    from raycse.config import DataConfig
+    from raycse.data.dataset import load_corpus
+
+    path = tmp_path / "same.txt"
+    path.write_text("the same sentence again\n" * 500 + "another one\n")
+    for dedup, kept, says in ((False, 501, "499 of 501 examples repeat another"),
+                              (True, 2, "deduplication dropped 499 of 501 examples")):
+        corpus = load_corpus(DataConfig(corpus=str(path), dedup=dedup), seed=0)
+        assert corpus.num_examples == kept
+        assert says in corpus.stats.repetition_warning(dedup)
+    fine = tmp_path / "fine.txt"
+    fine.write_text("".join(f"sentence number {i}\n" for i in range(10)) + "sentence number 1\n")
+    assert load_corpus(DataConfig(corpus=str(fine)), seed=0).stats.repetition_warning(False) is None

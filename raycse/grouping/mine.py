@@ -198,5 +198,9 @@ def write_table(columns: dict, output: Path, fmt: str) -> None:
         else:
             df.to_csv(tmp, index=False, sep="\t" if fmt == "tsv" else ",")
         tmp.replace(output)
+    except OSError as err:
+        from raycse.errors import named
+
+        raise named(err, output) from None
     finally:
         tmp.unlink(missing_ok=True)
