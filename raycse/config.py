@@ -406,7 +406,8 @@ class EvalConfig:
 
     stsb_dev: Optional[str] = knob("auto", '--stsb-dev',
                                    'STS-B dev csv for model selection; none: train without dev scoring, keeping the '
-                                   'last checkpoint; auto: ../shared/data/stsbenchmark/sts-dev.csv where it exists')
+                                   'last checkpoint; auto: $RAYCSE_DATA/stsbenchmark/sts-dev.csv where RAYCSE_DATA '
+                                   'names a data folder holding it')
     eval_steps: int = knob(125, '--eval-steps',
                            'score STS-B dev and checkpoint every N steps')
     batch_size: int = 128
@@ -459,11 +460,16 @@ class EvalConfig:
             return None
         if self.stsb_dev.lower() != "auto":
             return os.path.expanduser(self.stsb_dev)
-        for base in (Path.cwd(), Path(__file__).resolve().parents[1]):
-            cand = base.parent / "shared" / "data" / "stsbenchmark" / "sts-dev.csv"
+        root = os.environ.get(DATA_ENV)  # a setting, never a folder that happens to sit beside the checkout
+        if root:
+            cand = Path(os.path.expanduser(root)) / STSB_DEV_IN_DATA
             if cand.is_file():
                 return str(cand)
         return None
+
+
+DATA_ENV = "RAYCSE_DATA"  # a folder of data (wiki_sample.txt, stsbenchmark/sts-dev.csv) that "auto" settings use
+STSB_DEV_IN_DATA = "stsbenchmark/sts-dev.csv"
 
 
 @dataclass

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # One command on a fresh machine: install, train SimCSE on the embedded all-MiniLM-L6-v2, print STS scores.
 #   bash scripts/quickstart.sh [CORPUS] [OUTPUT]
-# CORPUS defaults to ../shared/data/wiki_sample.txt (11,915 Wikipedia sentences) beside the checkout.
+# CORPUS defaults to $RAYCSE_DATA/wiki_sample.txt, and the STS-B dev set to $RAYCSE_DATA/stsbenchmark/sts-dev.csv:
+#   RAYCSE_DATA=../shared/data bash scripts/quickstart.sh     (this project's sample data)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-. .venv/bin/activate
 CORPUS=${1:-}
 if [ -z "$CORPUS" ]; then
-  CORPUS=../shared/data/wiki_sample.txt
-  [ -f "$CORPUS" ] || { echo "quickstart: no corpus: pass one, e.g. bash scripts/quickstart.sh my_sentences.txt" >&2; exit 2; }
+  CORPUS=${RAYCSE_DATA:+$RAYCSE_DATA/wiki_sample.txt}
+  [ -n "$CORPUS" ] && [ -f "$CORPUS" ] || { echo "quickstart: no corpus: pass one (bash scripts/quickstart.sh my_sentences.txt) or set RAYCSE_DATA to a folder holding wiki_sample.txt" >&2; exit 2; }
 fi
+bash scripts/setup.sh
+. .venv/bin/activate
 OUT=${2:-outputs/quickstart}
 raycse train --config simcse --corpus "$CORPUS" --output "$OUT" --overwrite --score-before true
 ARGS=()

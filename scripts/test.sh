@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# the sample data of this project's machines (a user's own: RAYCSE_DATA=DIR)
+[ -z "${RAYCSE_DATA:-}" ] && [ -d ../shared/data ] && export RAYCSE_DATA="$(cd ../shared/data && pwd)"
 # (a test path among the arguments means "only these"; options alone, e.g. -x or -k EXPR, apply to the whole suite)
 where=(tests) value=0
 for arg in "$@"; do

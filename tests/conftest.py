@@ -45,6 +45,8 @@ S3_PORT = _free_port()
 os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{S3_PORT}", AWS_ACCESS_KEY_ID="testing",
                   AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The project's sample data, named the way a user names theirs (raycse.config.DATA_ENV), not found by raycse
+os.environ.setdefault("RAYCSE_DATA", str(Path(__file__).resolve().parents[2] / "shared" / "data"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The tests import mlflow themselves (to read runs back): set before that import what raycse sets before
 # its own (raycse.train.tracking.mlflow_env: no telemetry thread racing the environment)

@@ -293,11 +293,22 @@ def test_help_says_each_default_once(command, capsys):
 
 
 def test_stsb_dev_none_means_no_dev_scoring(tmp_path):
-    """'none' used to become YAML null, which meant 'look for ../shared', so training still scored."""
+    """'none' used to become YAML null, which meant 'look for the default', so training still scored. 'auto' is
+    found through RAYCSE_DATA alone, never a folder beside the working directory or the package."""
     from raycse.cli import build_parser, resolve_train_config
     from raycse.config import EvalConfig, RunConfig, set_dotted
 
-    assert EvalConfig().resolved_stsb_dev() is not None  # the shared dev set is found here
+    data = tmp_path / "data"
+    (data / "stsbenchmark").mkdir(parents=True)
+    (data / "stsbenchmark" / "sts-dev.csv").write_text("x\n")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAYCSE_DATA", str(data))
+        assert EvalConfig().resolved_stsb_dev() == str(data / "stsbenchmark" / "sts-dev.csv")
+        mp.delenv("RAYCSE_DATA")
+        (tmp_path / "work").mkdir()
+        mp.chdir(tmp_path / "work")  # ../data/stsbenchmark is beside it now: not looked at
+        (tmp_path / "shared").symlink_to(data)
+        assert EvalConfig().resolved_stsb_dev() is None
     for value in ("none", "None", "null"):
         args = build_parser().parse_args(["train", "--corpus", "x.txt", "--stsb-dev", value])
         assert resolve_train_config(args).eval.resolved_stsb_dev() is None
