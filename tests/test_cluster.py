@@ -89,12 +89,11 @@ def test_kuberay_rayjob_validates_against_kuberays_crd():
 
 
 # ----------------------------------------------------------------------------- ray job submit
-def test_job_submitted_to_a_real_head_succeeds_and_its_model_loads(tiny_model, corpus, stsb_dev, tmp_path):
+def test_job_submitted_to_a_real_head_succeeds_and_its_model_loads(tiny_model, corpus, stsb_dev, tmp_path, own_ray):
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     port, dash = _free_port(), _free_port()
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    env.pop("RAY_ADDRESS", None)
+    env = {**own_ray, "RAY_AUTH_MODE": "disabled"}
     ray_bin = str(Path(sys.executable).parent / "ray")
     temp_dir = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
     # every port of its own: the session's Ray (another test's) holds the defaults, e.g. the job agent's 52365

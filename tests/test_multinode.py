@@ -17,12 +17,12 @@ import pytest
 HERE = Path(__file__).resolve().parent
 
 
-def real_cluster_env() -> dict:
-    """This process's environment less what raycse sets only for its private local cluster."""
-    return {k: v for k, v in os.environ.items() if k != "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"}
+def real_cluster_env(env: dict) -> dict:
+    """``env`` less what raycse sets only for its private local cluster."""
+    return {k: v for k, v in env.items() if k != "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"}
 
 
-def test_two_workers_on_two_nodes_with_everything_on_s3(tiny_model, corpus, stsb_dev, tmp_path):
+def test_two_workers_on_two_nodes_with_everything_on_s3(tiny_model, corpus, stsb_dev, tmp_path, own_ray):
     pytest.importorskip("moto.server")
     from conftest import _free_port, make_sentences
 
@@ -33,7 +33,7 @@ def test_two_workers_on_two_nodes_with_everything_on_s3(tiny_model, corpus, stsb
     r = subprocess.run([sys.executable, str(HERE / "multinode_run.py"), str(tiny_model), str(corpus), str(big_corpus),
                         str(stsb_dev),
                         str(_free_port())], capture_output=True, text=True, timeout=1500, cwd=run_dir,
-                       env={**real_cluster_env(), "PYTHONPATH": str(HERE.parent)})
+                       env={**real_cluster_env(own_ray), "PYTHONPATH": str(HERE.parent)})
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     out = json.loads([line for line in r.stdout.splitlines() if line.startswith("{")][-1])
     print("seconds by phase:", out["seconds"])

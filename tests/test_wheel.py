@@ -81,7 +81,8 @@ def _run(args: list, cwd: Path, env: dict, timeout: int = 300) -> subprocess.Com
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def test_the_wheel_alone_with_base_dependencies_trains_and_evaluates(tmp_path, tiny_model, corpus, stsb_dev):
+def test_the_wheel_alone_with_base_dependencies_trains_and_evaluates(tmp_path, tiny_model, corpus, stsb_dev,
+                                                                     own_ray):
     # built from a copy: setuptools writes build/ beside the sources, which must stay as they are
     src = tmp_path / "src"
     shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(
@@ -110,7 +111,7 @@ def test_the_wheel_alone_with_base_dependencies_trains_and_evaluates(tmp_path, t
     assert set(EXTRAS_MODULES) <= set(outside) and "pytest" in outside and "torch" not in outside
     (blocked / "sitecustomize.py").write_text(
         "import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in outside))
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = dict(own_ray)
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(blocked)])  # the wheel's raycse before the checkout's
     work = tmp_path / "work"
     work.mkdir()
