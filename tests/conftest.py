@@ -76,7 +76,7 @@ def pytest_collection_modifyitems(config, items):
         items[:] = keep
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def own_ray() -> dict:
     """The environment for a raycse command that starts a private Ray of its own (no RAY_ADDRESS: not the
     tests' shared one). Asking for it puts a test in the full tier."""

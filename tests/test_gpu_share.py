@@ -40,7 +40,7 @@ def test_collectives_said_and_chosen_for_fractional_gpus(capsys):
 
 
 @pytest.fixture(scope="module")
-def stand_in(tmp_path_factory):
+def stand_in(tmp_path_factory, own_ray):  # (its trials run on a private Ray of their own: the full tier)
     tmp = tmp_path_factory.mktemp("gpu-share")
     out = tmp / "report.json"
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "share", "--device", "cpu", "--model", "tiny",
