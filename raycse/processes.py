@@ -108,9 +108,10 @@ def reap_children() -> None:
 _record: dict = {}
 
 
-def record_own_ray() -> None:
-    """Write down the processes this command's freshly started Ray runs (called once it is up)."""
-    procs = descendants(os.getpid())
+def record_own_ray(before: list) -> None:
+    """Write down the processes this command's freshly started Ray runs (called once it is up):
+    those below this process now that were not there ``before`` (the caller's own children stay out)."""
+    procs = [p for p in descendants(os.getpid()) if p not in set(before)]
     if not procs:
         return
     path = Path(tempfile.gettempdir()) / f"{RECORD_PREFIX}{_owner_tag()}{uuid.uuid4().hex[:8]}.json"
@@ -125,12 +126,13 @@ def end_own_ray() -> list[int]:
     """Shut down this command's Ray and end whatever of it is still running within the bound."""
     import ray
 
-    procs = descendants(os.getpid())
+    procs = list(_record.get("procs", []))
+    procs += [d for p, _ in alive(procs) for d in descendants(p)]  # (its workers: below the raylet)
     try:
         ray.shutdown()
     except Exception:  # noqa: BLE001 - what remains is ended below either way
         pass
-    left = end(procs + _record.get("procs", []))
+    left = end(procs)
     if _record.get("path") is not None and not left:
         _record["path"].unlink(missing_ok=True)
     return left

@@ -282,7 +282,8 @@ def test_bad_corpora_give_one_clear_line(ray_cluster, tmp_path):
     with pytest.raises(DataError, match="no usable text after cleaning"):
         load_corpus(DataConfig(corpus=str(tmp_path / "blank.txt")), 1)
     (tmp_path / "c.jsonl").write_text(json.dumps({"body": "hello there"}) + "\n")
-    with pytest.raises(DataError, match="column 'text' not found in .*c.jsonl; columns: body"):
+    with pytest.raises(DataError, match=r"column 'text' not found in .*c.jsonl: none of its 1 records has it \(the "
+                                        r"first's fields: body\)"):
         load_corpus(DataConfig(corpus=str(tmp_path / "c.jsonl")), 1)
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -612,3 +612,45 @@ def test_a_corpus_of_repeats_is_said_before_training(ray_cluster, tmp_path):
     fine = tmp_path / "fine.txt"
     fine.write_text("".join(f"sentence number {i}\n" for i in range(10)) + "sentence number 1\n")
     assert load_corpus(DataConfig(corpus=str(fine)), seed=0).stats.repetition_warning(False) is None
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-32", "utf-8-sig"])
+def test_a_text_file_is_decoded_by_its_byte_order_mark(tmp_path, encoding):
+    from raycse.data.corpus import read_corpus
+
+    lines = ["the first line", "zweite Zeile über Brücken", "third"]
+    path = tmp_path / f"{encoding}.txt"
+    path.write_bytes("\n".join(lines).encode(encoding))
+    texts, stats = read_corpus(str(path))
+    assert texts == lines and stats.lines_read == 3
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the run's lines as they come")
+def test_files_put_into_the_output_during_a_run_are_kept_and_the_run_says_where_its_model_is(tmp_path, tiny_model,
+                                                                                             own_ray):
+    """The publish used to remove --output and rename the staged one in its place, rc 0: a file a user
+    (or another run) put there during the run was lost."""
+    import re
+
+    from conftest import make_sentences
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(make_sentences(2000)) + "\n")
+    out = tmp_path / "out"
+    proc = _start(["train", "--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", "none",
+                   "--batch-size", "8", "--max-length", "16", "--max-steps", "200", "--log-steps", "5", "--output",
+                   str(out)], tmp_path, own_ray)
+    _read_until(proc, r"\[raycse\] step \d+/200")
+    out.mkdir()
+    (out / "notes.txt").write_text("my notes")  # put there while the run trains
+    tail = _rest(proc, 300)
+    assert proc.wait(timeout=10) == 2
+    own = [line for line in tail if line.startswith("raycse:")]
+    assert len(own) == 1, tail[-10:]
+    found = re.fullmatch(rf"raycse: error: --output {re.escape(str(out))} changed since this run checked it, so "
+                         rf"nothing there was replaced; this run's output is kept at (\S+)\n", own[0])
+    assert found, own[0]
+    assert (out / "notes.txt").read_text() == "my notes" and [p.name for p in out.iterdir()] == ["notes.txt"]
+    kept = Path(found.group(1))
+    assert (kept / "model" / "config.json").is_file() and (kept / "metrics.json").is_file()
+    assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]

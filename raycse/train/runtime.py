@@ -30,12 +30,13 @@ def ensure_ray(num_cpus: Optional[int] = None) -> bool:
         interrupts.reinstall()  # (ray.init put its own SIGTERM handler in)
         return False
     attempts = ray_start_attempts()
+    before = processes.descendants(os.getpid())  # (the caller's own children: not Ray's to end)
     for attempt in range(1, attempts + 1):
         try:
             start_local_ray(num_cpus, log_to_driver=True, logging_level=logging.WARNING,
                             object_store_memory=int(os.environ.get("RAYCSE_OBJECT_STORE_BYTES", 1 << 30)))
             interrupts.reinstall()
-            processes.record_own_ray()  # what a later command ends if this one is killed
+            processes.record_own_ray(before)  # what a later command ends if this one is killed
             return True
         except Exception as exc:
             if "timed out during startup" not in str(exc):
