@@ -436,7 +436,7 @@ def cmd_mine(args) -> int:
     from raycse.errors import require
 
     require("faiss", "grouping", "raycse mine")
-    out = check_writable_file(os.path.expanduser(args.output))
+    out = check_writable_file(args.output)  # (~ expanded in main, with every argument)
     check_not_inside(out, "--output", {"--corpus": args.corpus, "--candidates": args.candidates, "--model": args.model})
     if out.exists() and not args.overwrite:
         raise RaycseError(f"--output {out} exists; pass --overwrite to replace it")
@@ -475,7 +475,7 @@ def expand_home(args: argparse.Namespace) -> argparse.Namespace:
     """``~`` expanded in every argument that starts with it, as a shell would outside quotes: every
     path argument treats it alike (a quoted ``--output "~/x"`` made a folder named ``~``)."""
     for name, value in vars(args).items():
-        if isinstance(value, str) and (value == "~" or value.startswith("~/")):
+        if isinstance(value, str) and value.startswith("~"):  # (~user/x too; an unknown user stays as it is)
             setattr(args, name, os.path.expanduser(value))
     return args
 

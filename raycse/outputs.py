@@ -51,17 +51,24 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _owner(name: str, prefix: str) -> Optional[tuple[str, int]]:
+    """(host hash, pid) of the process that made ``name`` (``prefix`` followed by its owner tag), or
+    None for a name raycse does not make."""
+    if not name.startswith(prefix):
+        return None
+    host, _, rest = name[len(prefix):].partition("-")
+    pid = rest.partition("-")[0]
+    return (host, int(pid)) if pid.isdigit() else None
+
+
 def _abandoned_owner(name: str, prefix: str) -> Optional[int]:
     """The pid of the ended process of this machine that made the directory ``name`` (``prefix``
     followed by its owner tag), or None: not such a name, another machine's, or its process alive
     (a pid reused since only keeps a directory longer, never removes a live one)."""
-    if not name.startswith(prefix):
+    owner = _owner(name, prefix)
+    if owner is None or owner[0] != _host() or owner[1] == os.getpid():
         return None
-    host, _, rest = name[len(prefix):].partition("-")
-    pid, _, _ = rest.partition("-")
-    if host != _host() or not pid.isdigit() or int(pid) == os.getpid():
-        return None
-    return None if _alive(int(pid)) else int(pid)
+    return None if _alive(owner[1]) else owner[1]
 
 
 def sweep_abandoned(parent: Path, prefix: str) -> list[Path]:
@@ -90,11 +97,8 @@ def live_stagings(parent: Path, prefix: str) -> list[Path]:
         return []
     live = []
     for entry in entries:
-        host, _, rest = entry.name[len(prefix):].partition("-")
-        pid = rest.partition("-")[0]
-        if not pid.isdigit():
-            continue  # not a name raycse makes
-        if host != _host() or _alive(int(pid)):
+        owner = _owner(entry.name, prefix)
+        if owner is not None and (owner[0] != _host() or _alive(owner[1])):
             live.append(entry)
     return sorted(live)
 
@@ -202,8 +206,7 @@ def claim_output(dest: Path, overwrite: bool, flag: str = "--output") -> OutputC
 
 
 def _who(staging: Path, name: str) -> str:
-    host, _, rest = staging.name[len(staging_prefix(name)):].partition("-")
-    pid = rest.partition("-")[0]
+    host, pid = _owner(staging.name, staging_prefix(name))
     where = "on this machine" if host == _host() else "on another machine; remove it if that run is gone"
     return f"process {pid} {where}: {staging}"
 

@@ -372,11 +372,11 @@ def raw_dataset(d, seed: int, shuffle: bool = True, source=None, paths: Optional
 
         if "://" not in paths[0]:
             try:
-                present = pq.read_schema(paths[0]).names
+                schema = pq.read_schema(paths[0])
             except Exception as exc:
                 raise DataError(f"cannot read Parquet file {paths[0]}: {str(exc).splitlines()[0]}") from None
-            _check_columns(present, wanted, paths[0])
-            _check_text_types(pq.read_schema(paths[0]), [c for c in wanted if c != columns.label], paths[0])
+            _check_columns(schema.names, wanted, paths[0])
+            _check_text_types(schema, [c for c in wanted if c != columns.label], paths[0])
         ds = ray.data.read_parquet(paths, columns=wanted, shuffle=_file_shuffle(seed) if shuffle else None)
         return ds.map_batches(CleanColumns(columns, d.max_chars), batch_format="numpy", zero_copy_batch=False)
     if "://" not in paths[0] and fmt in ("jsonl", "csv", "tsv"):

@@ -318,15 +318,11 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         write_output(staging, run, best, summary, final)
         _log_model(tracking, staging / "model")
         publish(claim, remote, overwrite)
-    except Interrupted as stop:
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
         _close_tracking(tracking, ok=False)
-        stop.detail = stop.detail or interrupted_detail(run, storage_path, run_name, registry, run_key,
-                                                        Path(final) if not remote else final)
-        raise
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        _close_tracking(tracking, ok=False)
+        if isinstance(exc, Interrupted) and not exc.detail:
+            exc.detail = interrupted_detail(run, storage_path, run_name, registry, run_key, final)
         raise
     finally:
         if local_root is not None:
@@ -337,7 +333,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
 
 
 def interrupted_detail(run: RunConfig, storage_path: Optional[str], run_name: str, registry, run_key: Optional[str],
-                       out: Path) -> str:
+                       out: str) -> str:
     """What an interrupted run reached and how to go on: the last logged step, and the step a rerun
     resumes from (checkpoints in a --storage-path), or that there is none to resume."""
     import ray

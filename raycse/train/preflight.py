@@ -29,22 +29,27 @@ def model_bytes(model_path: str) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
 
 
+def _existing(path: Path) -> Optional[Path]:
+    """``path``, or its nearest ancestor that exists: where it is or would be created."""
+    return next((c for c in [path, *path.parents] if c.exists()), None)
+
+
 def free_bytes(path: Path) -> Optional[int]:
-    """Free bytes on the filesystem that ``path`` is or would be created on (its nearest existing
-    ancestor), or None if none can be asked."""
-    for candidate in [path, *path.parents]:
-        if candidate.exists():
-            try:
-                usage = shutil.disk_usage(candidate)
-            except OSError:
-                return None
-            return usage.free if usage.total else None  # (a size of 0: /proc and the like, not a disk)
-    return None
+    """Free bytes on the filesystem that ``path`` is or would be created on, or None if none can be asked."""
+    where = _existing(path)
+    try:
+        usage = shutil.disk_usage(where) if where is not None else None
+    except OSError:
+        return None
+    return usage.free if usage and usage.total else None  # (a size of 0: /proc and the like, not a disk)
 
 
-def needs(model: int, keep: int) -> tuple[int, int]:
-    """(bytes the output needs, bytes the checkpoints need) for a model of ``model`` bytes."""
-    return model, (keep + 1) * CHECKPOINT_MODEL_COPIES * model
+def _device(path: Path):
+    where = _existing(path)
+    try:
+        return os.stat(where).st_dev if where is not None else str(path)
+    except OSError:
+        return str(where)
 
 
 def check_free_space(model_path: str, output: Optional[Path], storage_path: Optional[str], keep: int) -> None:
@@ -54,18 +59,16 @@ def check_free_space(model_path: str, output: Optional[Path], storage_path: Opti
     size = model_bytes(model_path)
     if not size:
         return
-    out_need, ckpt_need = needs(size, keep)
-    places: dict = {}
-    if output is not None:
-        places.setdefault(_device(output), [output, 0, []])
-        entry = places[_device(output)]
-        entry[1] += out_need
-        entry[2].append(f"the model {out_need / MB:.0f} MB")
     storage = Path(storage_path) if storage_path and "://" not in storage_path else (None if storage_path else output)
-    if storage is not None:
-        entry = places.setdefault(_device(storage), [storage, 0, []])
-        entry[1] += ckpt_need
-        entry[2].append(f"{keep + 1} checkpoints of {CHECKPOINT_MODEL_COPIES * size / MB:.0f} MB")
+    demands = [(output, size, f"the model {size / MB:.0f} MB"),
+               (storage, (keep + 1) * CHECKPOINT_MODEL_COPIES * size,
+                f"{keep + 1} checkpoints of {CHECKPOINT_MODEL_COPIES * size / MB:.0f} MB")]
+    places: dict = {}  # filesystem -> [its first path, bytes written there, what they are]
+    for path, need, what in demands:
+        if path is not None:
+            place = places.setdefault(_device(path), [path, 0, []])
+            place[1] += need
+            place[2].append(what)
     for path, need, what in places.values():
         free = free_bytes(path)
         if free is not None and free < need:
@@ -73,13 +76,3 @@ def check_free_space(model_path: str, output: Optional[Path], storage_path: Opti
             raise ConfigError(f"{flag} {path}: {free / MB:.0f} MB free on its filesystem, and this run writes about "
                               f"{need / MB:.0f} MB there ({' + '.join(what)}); free space, lower "
                               f"train.keep_checkpoints, or choose another {flag}")
-
-
-def _device(path: Path):
-    for candidate in [path, *path.parents]:
-        if candidate.exists():
-            try:
-                return os.stat(candidate).st_dev
-            except OSError:
-                return str(candidate)
-    return str(path)
