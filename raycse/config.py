@@ -27,7 +27,7 @@ MLP_MODES = ("auto", "train_only", "always", "none")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 CORPUS_FORMATS = ("auto", "text", "jsonl", "parquet", "csv", "tsv", "stsb", "hf")
 GROUPINGS = ("random", "knn", "shingle", "cluster", "none")
-KNN_SEARCH = ("auto", "exact", "ivf")
+KNN_SEARCH = ("auto", "exact", "cells", "ivf")
 DECODE_POLICIES = ("replace", "error")
 
 
@@ -143,9 +143,11 @@ class GroupingConfig:
     group_size: int = knob(8, '--group-size',
                            'examples per group for knn/shingle/cluster')  # s (the BSC authors use 7-10)
     neighbours: int = 64  # n: candidates searched per example (knn)
-    # exact flat search up to this many examples, IVF above (auto); or force exact / ivf.
+    # exact flat search up to this many examples, the cell join above (auto); or force exact / cells / ivf.
     search: str = "auto"
     exact_threshold: int = 50000
+    cell_size: int = 64  # cells: examples per cell (raycse.grouping.cells)
+    neighbour_cells: int = 16  # cells: each cell is joined with this many nearest cells, itself included
     nlist: Optional[int] = None  # IVF lists (default ~4 sqrt(N))
     nprobe: int = 16
     shards: int = 1  # database shards searched in parallel Ray tasks, merged per query
@@ -171,6 +173,8 @@ class GroupingConfig:
         if self.nlist is not None:
             _at_least("grouping.nlist", self.nlist, 1)
         _at_least("grouping.nprobe", self.nprobe, 1)
+        _at_least("grouping.cell_size", self.cell_size, 1)
+        _at_least("grouping.neighbour_cells", self.neighbour_cells, 1)
         _at_least("grouping.shards", self.shards, 1)
         _at_least("grouping.recall_sample", self.recall_sample, 0)
         if self.clusters is not None:

@@ -36,6 +36,9 @@ def test_exact_knn_matches_brute_force_and_shards_merge_identically(ray_cluster)
     sharded = knn_mod.search(x, 5, method="exact", shards=3)
     assert np.array_equal(sharded.neighbours, res.neighbours) and len(sharded.shard_seconds) == 3
     assert res.recall is None  # exact: nothing to measure
+    cells = knn_mod.search(x, 5, method="cells", cell_size=40, neighbour_cells=3)
+    cells_sharded = knn_mod.search(x, 5, method="cells", cell_size=40, neighbour_cells=3, shards=2)
+    assert np.array_equal(cells.neighbours, cells_sharded.neighbours)  # cells split over Ray tasks
 
 
 def test_ivf_reports_recall_against_exact():
@@ -45,6 +48,63 @@ def test_ivf_reports_recall_against_exact():
     low = knn_mod.search(x, 8, method="ivf", nlist=20, nprobe=1, recall_sample=200)
     assert 0 < low.recall <= 1.0
     assert res.neighbours.shape == (2000, 8) and not (res.neighbours == np.arange(2000)[:, None]).any()
+
+
+def test_cell_partition_covers_every_row_once_in_cells_of_the_asked_size():
+    from raycse.grouping.cells import partition
+
+    x, _ = planted(n_clusters=40, per=100, d=16, noise=0.3)
+    cells = partition(knn_mod.normalize(x), cell_size=100, neighbour_cells=5, seed=0)
+    assert sorted(cells.order.tolist()) == list(range(len(x)))  # a partition: each row in one cell
+    sizes = np.diff(cells.bounds)
+    assert 30 <= cells.count <= 50 and sizes.sum() == len(x)  # ~N / cell_size cells
+    assert cells.near.shape == (cells.count, 5)
+    assert all(c in cells.near[c] for c in range(cells.count))  # a cell is always joined with itself
+
+
+def test_cell_join_is_each_rows_top_k_over_its_near_cells():
+    """A second implementation from the module's words: for every row, score it against every
+    member of the cells its own cell is joined with, and keep the k best."""
+    from raycse.grouping.cells import join_cells, partition
+
+    x, _ = planted(n_clusters=10, per=60, d=12, noise=0.6)
+    xn = knn_mod.normalize(x)
+    cells = partition(xn, cell_size=50, neighbour_cells=3, seed=1)
+    rows, ids = join_cells(xn[cells.order], cells, 0, cells.count, k=7)  # the vectors cell by cell
+    assert sorted(rows.tolist()) == list(range(len(x)))
+    cell_of = {}
+    for c in range(cells.count):
+        for r in cells.members(c):
+            cell_of[int(r)] = c
+    got = dict(zip(rows.tolist(), ids))
+    for r in range(len(x)):
+        reach = [int(m) for j in cells.near[cell_of[r]] for m in cells.members(j)]
+        scored = sorted(reach, key=lambda m: -float(sum(a * b for a, b in zip(xn[r], xn[m]))))
+        want = scored[:7]
+        best = [float(np.dot(xn[r], xn[m])) for m in want]
+        have = [float(np.dot(xn[r], xn[m])) for m in got[r]]
+        assert np.allclose(have, best, atol=1e-5)  # the same scores, nearest first (ties may swap ids)
+        assert set(got[r].tolist()) <= set(reach)
+
+
+def test_auto_search_takes_the_cell_join_above_the_threshold_and_groups_as_purely_as_exact(caplog):
+    """The large-N index (issue 67) against exact search on a clustered set: recall measured, and
+    the greedy groups it gives are as pure (one planted cluster each) as exact search's."""
+    import logging
+
+    x, labels = planted(n_clusters=150, per=80, d=32, noise=0.4, seed=3)
+    cfg = GroupingConfig(strategy="knn", group_size=8, neighbours=32, exact_threshold=5000)  # default cells
+    with caplog.at_level(logging.INFO, logger="raycse.grouping"):
+        approx = knn_order(x, cfg, seed=0, epoch=0)
+    assert approx.info["knn_method"] == "cells" and approx.info["knn_recall"] > 0.9
+    assert "cell join" in caplog.text and "> grouping.exact_threshold 5,000" in caplog.text  # the choice, and why
+    exact = knn_order(x, GroupingConfig(strategy="knn", group_size=8, neighbours=32, search="exact"), seed=0, epoch=0)
+    assert sorted(approx.order.tolist()) == list(range(len(x)))
+
+    def purity(go: GroupOrder) -> float:
+        return float(np.mean([len(set(labels[g])) == 1 for g in go.groups() if len(g) == 8]))
+
+    assert purity(exact) > 0.9 and purity(approx) >= purity(exact) - 0.02
 
 
 def test_greedy_groups_partition_and_beat_random_on_planted_clusters():

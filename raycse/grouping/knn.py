@@ -1,15 +1,19 @@
-"""Nearest-neighbour search for grouping: faiss, exact or IVF, optionally sharded over Ray tasks.
+"""Nearest-neighbour search for grouping: faiss, exact, IVF or the cell join, optionally over Ray tasks.
 
 Vectors are L2-normalised and compared by inner product (= cosine), the similarity the
 objectives use. (The BSC authors search L2 on unnormalised vectors; for normalised vectors the
 two orders are the same.)
 
 - ``exact``: ``IndexFlatIP``; cost N^2 d, fine to ~50k vectors on 2 cores.
+- ``cells`` (``auto`` above ``exact_threshold``): :mod:`raycse.grouping.cells`, cells of a fixed
+  size each joined with its nearest cells; cost ~N. Its recall@k against exact search is measured
+  on a sample and returned.
 - ``ivf``: ``IndexIVFFlat`` with ~4 sqrt(N) lists trained once on a sample; ``nprobe`` lists
-  searched per query. Its recall@k against exact search is measured on a sample and returned.
-- ``shards > 1``: the database is cut into shards; one Ray task per shard builds its index (the
-  IVF from the same trained, empty index) and searches all queries; the per-query top-k lists
-  are merged with ``faiss.merge_knn_results``. That is how the search leaves one machine.
+  searched per query; cost ~N^1.5 (kept for ``raycse mine``, whose queries are not its database).
+- ``shards > 1``: for ``cells``, the cells are split over Ray tasks; for ``exact``/``ivf`` the
+  database is cut into shards, one Ray task each (the IVF from the same trained, empty index)
+  searching all queries, and the per-query top-k lists are merged with
+  ``faiss.merge_knn_results``. That is how the search leaves one machine.
 """
 
 from __future__ import annotations
@@ -97,27 +101,49 @@ def top_k(db: np.ndarray, queries: np.ndarray, k: int, method: str = "exact", nl
     import faiss
     import ray
 
+    from raycse.grouping.tasks import gather
+
     bounds = np.linspace(0, n, shards + 1).astype(int)
     task = ray.remote(num_cpus=1, scheduling_strategy="DEFAULT")(_search_shard)
     q_ref, ivf_ref = ray.put(queries), ray.put(ivf_bytes)
-    outs = ray.get([task.remote(db[bounds[i]:bounds[i + 1]], q_ref, k, int(bounds[i]), ivf_ref, nprobe,
-                                threads or 1) for i in range(shards)])
+    outs = gather([task.remote(db[bounds[i]:bounds[i + 1]], q_ref, k, int(bounds[i]), ivf_ref, nprobe,
+                               threads or 1) for i in range(shards)], "the sharded kNN search")
     dist, idx = faiss.merge_knn_results(np.stack([o[0] for o in outs]), np.stack([o[1] for o in outs]),
                                         keep_max=True)
     return dist, idx, [o[2] for o in outs]
 
 
+METHODS = ("auto", "exact", "cells", "ivf")
+
+
+def choose(n: int, method: str, exact_threshold: int) -> tuple[str, str]:
+    """The search for ``n`` vectors and why (printed at run time)."""
+    if method != "auto":
+        return method, "as configured (grouping.search)"
+    if n <= exact_threshold:
+        return "exact", f"{n:,} vectors <= grouping.exact_threshold {exact_threshold:,}"
+    return "cells", (f"{n:,} vectors > grouping.exact_threshold {exact_threshold:,}: exact search grows as N^2, "
+                     "the cell join as N")
+
+
 def search(vectors: np.ndarray, k: int, method: str = "auto", exact_threshold: int = 50000,
            nlist: Optional[int] = None, nprobe: int = 16, shards: int = 1, recall_sample: int = 1000,
-           seed: int = 0, threads: Optional[int] = None, assume_normalized: bool = False) -> KnnResult:
+           seed: int = 0, threads: Optional[int] = None, assume_normalized: bool = False,
+           cell_size: int = 64, neighbour_cells: int = 16) -> KnnResult:
     """Top-``k`` neighbours (self excluded) of every row of ``vectors`` among all rows."""
     t0 = time.perf_counter()
     x = vectors if assume_normalized else normalize(vectors)
     n = x.shape[0]
-    if method == "auto":
-        method = "exact" if n <= exact_threshold else "ivf"
+    method, why = choose(n, method, exact_threshold)
     kk = min(k + 1, n)  # +1: each row finds itself
-    _, idx, shard_seconds = top_k(x, x, kk, method, nlist, nprobe, shards, seed, threads)
+    log.info(f"[raycse] kNN: {_describe(method, n, cell_size, neighbour_cells, nlist, nprobe)} ({why})")
+    shard_seconds = None
+    if method == "cells":
+        from raycse.grouping.cells import cell_join
+
+        idx = cell_join(x, kk, cell_size, neighbour_cells, shards, seed, threads or 0)
+    else:
+        _, idx, shard_seconds = top_k(x, x, kk, method, nlist, nprobe, shards, seed, threads)
     neighbours = _drop_self(idx, k)
     recall = None
     if method != "exact" and recall_sample > 0:
@@ -126,6 +152,15 @@ def search(vectors: np.ndarray, k: int, method: str = "auto", exact_threshold: i
     log.info(f"[raycse] kNN {method} over {n} vectors, k={k}, {shards} shard(s): {res.seconds:.1f}s"
              + (f", recall@{k} vs exact on {min(recall_sample, n)} queries: {recall:.3f}" if recall is not None else ""))
     return res
+
+
+def _describe(method: str, n: int, cell_size: int, neighbour_cells: int, nlist: Optional[int], nprobe: int) -> str:
+    if method == "cells":
+        return (f"cell join, ~{max(1, round(n / cell_size)):,} cells of ~{cell_size} vectors, each joined with its "
+                f"{neighbour_cells} nearest cells")
+    if method == "ivf":
+        return f"IVF, {nlist or default_nlist(n):,} lists, {nprobe} probed per query"
+    return "exact flat search"
 
 
 def _drop_self(idx: np.ndarray, k: int) -> np.ndarray:

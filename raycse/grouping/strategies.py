@@ -52,7 +52,8 @@ def random_order(n: int, seed: int, epoch: int) -> GroupOrder:
 
 def knn_order(vectors: np.ndarray, cfg, seed: int, epoch: int) -> GroupOrder:
     res = knn_search.search(vectors, cfg.neighbours, cfg.search, cfg.exact_threshold, cfg.nlist, cfg.nprobe,
-                            cfg.shards, cfg.recall_sample, seed=seed + epoch)
+                            cfg.shards, cfg.recall_sample, seed=seed + epoch, cell_size=cfg.cell_size,
+                            neighbour_cells=cfg.neighbour_cells)
     groups = knn_search.greedy_groups(res.neighbours, cfg.group_size, epoch_rng(seed, epoch, 1),
                                       identical=knn_search.normalize(vectors) if cfg.drop_identical else None)
     info = {"knn_method": res.method, "knn_seconds": res.seconds, "knn_recall": res.recall}

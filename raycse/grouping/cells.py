@@ -1,0 +1,190 @@
+"""All-pairs kNN whose cost grows linearly with N: a cell join (issue 67).
+
+Grouping needs every example's neighbours among all examples, not answers to outside queries.
+So instead of N single-query searches (IVF: each query scans ``nprobe`` lists, costing
+~N^1.5 once lists grow with sqrt(N)), the vectors are cut into cells of a fixed size and each
+cell is joined, as one matrix product, with its nearest cells:
+
+1. **Partition** (two-level k-means, cost ~N): ``sqrt(N / cell_size)`` coarse centroids; each
+   coarse cluster is split by its own k-means into cells of ~``cell_size`` members. Every vector
+   belongs to exactly one cell.
+2. **Join**: cell ``c``'s members ``Q`` are compared with the members ``U`` of the
+   ``neighbour_cells`` cells whose centroids are nearest ``c``'s (``c`` included):
+   ``S = Q U^T`` and the top-``k`` of each row. Per example that is ``neighbour_cells *
+   cell_size`` inner products: constant in N. Cells are independent, so with ``shards > 1``
+   they are split over Ray tasks (the vectors travel once, through the object store).
+
+Greedy grouping needs good neighbours, not exact ones; ``knn.search`` measures recall against
+exact search on a sample and reports it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+log = logging.getLogger("raycse.grouping")
+
+KMEANS_ITERATIONS = 10  # faiss's default is 25; cells only have to be compact, not optimal
+POINTS_PER_CENTROID = 39  # faiss's recommended minimum sample per centroid
+JOIN_ROWS = 2048
+COARSE_MIN = 256  # coarse centroids at least (or one per cell below that)
+COARSE_PROBES = 4  # coarse clusters whose cells a row may join  # query rows per matrix product (bounds the score block's memory)
+
+
+@dataclass(frozen=True)
+class Cells:
+    """A partition of N vectors: ``order`` lists the rows cell by cell, cell ``c``'s rows are
+    ``order[bounds[c]:bounds[c + 1]]``; ``near[c]`` are the cells it is joined with."""
+
+    order: np.ndarray
+    bounds: np.ndarray
+    near: np.ndarray
+
+    @property
+    def count(self) -> int:
+        return len(self.bounds) - 1
+
+    def members(self, c: int) -> np.ndarray:
+        return self.order[self.bounds[c]:self.bounds[c + 1]]
+
+
+def _kmeans(x: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """``k`` unit-norm centroids of normalised ``x`` (trained on a sample of <= 39 k rows)."""
+    import faiss
+
+    k = max(1, min(k, len(x)))
+    rng = np.random.default_rng(seed)
+    sample = x if len(x) <= k * POINTS_PER_CENTROID else x[rng.choice(len(x), k * POINTS_PER_CENTROID, replace=False)]
+    km = faiss.Kmeans(x.shape[1], k, niter=KMEANS_ITERATIONS, seed=seed, spherical=True, verbose=False,
+                      min_points_per_centroid=1)
+    km.train(np.ascontiguousarray(sample))
+    return km.centroids
+
+
+def _assign(x: np.ndarray, centroids: np.ndarray, probes: int = 1):
+    """Ids (N,) of each row's nearest centroid; with ``probes > 1``, (scores, ids) of its nearest ``probes``."""
+    import faiss
+
+    scores, ids = faiss.knn(x, centroids, min(probes, len(centroids)), metric=faiss.METRIC_INNER_PRODUCT)
+    return ids[:, 0] if probes == 1 else (scores, ids)
+
+
+def _split(x: np.ndarray, rows: np.ndarray, cell_size: int, seed: int) -> np.ndarray:
+    """Unit-norm centroids cutting ``x[rows]`` into cells of ~``cell_size``."""
+    if len(rows) <= cell_size:
+        centroid = x[rows].mean(axis=0, keepdims=True)
+        return centroid / max(float(np.linalg.norm(centroid)), 1e-12)
+    return _kmeans(x[rows], round(len(rows) / cell_size), seed)
+
+
+def partition(x: np.ndarray, cell_size: int, neighbour_cells: int, seed: int = 0) -> Cells:
+    """Cut normalised ``x`` into cells of ~``cell_size`` rows (two-level k-means) and find each
+    cell's ``neighbour_cells`` nearest cells by centroid.
+
+    The coarse level has ``max(sqrt(cells), min(cells, COARSE_MIN))`` centroids: sqrt keeps both
+    levels' k-means and assignment near-linear in N; the floor keeps a small corpus from mixing
+    many unrelated topics into one coarse cluster, where its members' similarity to their coarse
+    centroid is too weak to choose between them. A row then takes the nearest cell among the
+    cells of its ``COARSE_PROBES`` nearest coarse clusters, so a row near a coarse border still
+    lands in its best cell."""
+    import faiss
+
+    n = x.shape[0]
+    n_cells = max(1, round(n / cell_size))
+    coarse = _kmeans(x, max(round(np.sqrt(n_cells)), min(n_cells, COARSE_MIN)), seed)
+    coarse_scores, coarse_ids = _assign(x, coarse, COARSE_PROBES + 1)
+    subs = [_split(x, np.flatnonzero(coarse_ids[:, 0] == i), cell_size, seed + 1 + i) if (coarse_ids[:, 0] == i).any()
+            else np.zeros((0, x.shape[1]), np.float32) for i in range(len(coarse))]
+    first = np.cumsum([0] + [len(s) for s in subs])
+    best = np.full(n, -np.inf, dtype=np.float32)
+    cell_of = np.zeros(n, dtype=np.int64)
+    for i, sub in enumerate(subs):
+        rows = np.flatnonzero((coarse_ids[:, :COARSE_PROBES] == i).any(axis=1))
+        if len(sub) == 0 or len(rows) == 0:
+            continue
+        score, ids = _assign(x[rows], sub, 2)
+        better = score[:, 0] > best[rows]
+        best[rows[better]] = score[better, 0]
+        cell_of[rows[better]] = first[i] + ids[better, 0]
+    centroids = np.ascontiguousarray(np.concatenate(subs), dtype=np.float32)
+    order = np.argsort(cell_of, kind="stable")
+    bounds = np.searchsorted(cell_of[order], np.arange(len(centroids) + 1))
+    m = min(neighbour_cells, len(centroids))
+    _, near = faiss.knn(centroids, centroids, m, metric=faiss.METRIC_INNER_PRODUCT)
+    own = np.arange(len(centroids))
+    missing = ~(near == own[:, None]).any(axis=1)  # a cell always joins itself (ties can push it out)
+    near[missing, -1] = own[missing]
+    return Cells(order, bounds, near)
+
+
+def join_cells(xs: np.ndarray, cells: Cells, first: int, last: int, k: int, threads: int = 0):
+    """Rows and top-``k`` ids of cells ``first..last-1`` against their near cells. ``xs`` is the
+    normalised vectors in ``cells.order`` (``x[cells.order]``): a cell is a contiguous slice, so
+    gathering its near cells copies whole blocks instead of scattered rows."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    with warnings.catch_warnings():  # an object-store array is read-only; it is only read here, never copied
+        warnings.simplefilter("ignore", UserWarning)
+        xt = torch.from_numpy(xs)
+    b = cells.bounds
+    rows, ids = [], []
+    with torch.no_grad():
+        for c in range(first, last):
+            if b[c] == b[c + 1]:
+                continue
+            near = cells.near[c]
+            u = torch.cat([xt[b[j]:b[j + 1]] for j in near])
+            u_pos = np.concatenate([np.arange(b[j], b[j + 1]) for j in near])
+            kk = min(k, len(u_pos))
+            for s in range(b[c], b[c + 1], JOIN_ROWS):
+                e = min(s + JOIN_ROWS, b[c + 1])
+                _, top = torch.topk(xt[s:e] @ u.T, kk, dim=1)  # sorted: greedy groups take the nearest first
+                found = np.full((e - s, k), -1, dtype=np.int64)
+                found[:, :kk] = cells.order[u_pos[top.numpy()]]
+                rows.append(cells.order[s:e])
+                ids.append(found)
+    if not rows:
+        return np.zeros(0, np.int64), np.zeros((0, k), np.int64)
+    return np.concatenate(rows), np.concatenate(ids)
+
+
+def cell_join(x: np.ndarray, k: int, cell_size: int, neighbour_cells: int, shards: int = 1, seed: int = 0,
+              threads: int = 0) -> np.ndarray:
+    """(N, k) ids of each row's top-``k`` rows of normalised ``x`` by inner product (itself
+    included, as a flat search would), -1 where fewer were within reach."""
+    t0 = time.perf_counter()
+    cells = partition(x, cell_size, neighbour_cells, seed)
+    t1 = time.perf_counter()
+    xs = x[cells.order]  # one copy of the vectors, cell by cell
+    out = np.full((x.shape[0], k), -1, dtype=np.int64)
+    if shards == 1:
+        rows, ids = join_cells(xs, cells, 0, cells.count, k, threads)
+        out[rows] = ids
+    else:
+        _join_in_tasks(xs, cells, k, shards, threads, out)
+    del xs
+    sizes = np.diff(cells.bounds)
+    log.info(f"[raycse] cell join: partition {t1 - t0:.1f}s ({cells.count:,} cells, largest {sizes.max():,}), "
+             f"join {time.perf_counter() - t1:.1f}s")
+    return out
+
+
+def _join_in_tasks(xs: np.ndarray, cells: Cells, k: int, shards: int, threads: int, out: np.ndarray) -> None:
+    import ray
+
+    from raycse.grouping.tasks import gather
+
+    bounds = np.linspace(0, cells.count, shards + 1).astype(int)
+    task = ray.remote(num_cpus=1, scheduling_strategy="DEFAULT")(join_cells)
+    x_ref, cells_ref = ray.put(xs), ray.put(cells)
+    refs = [task.remote(x_ref, cells_ref, int(bounds[i]), int(bounds[i + 1]), k, threads or 1)
+            for i in range(shards)]
+    for rows, ids in gather(refs, "the kNN cell join"):
+        out[rows] = ids

@@ -1,0 +1,25 @@
+"""Ray tasks of the grouping steps, waited for with a bound."""
+
+from __future__ import annotations
+
+import os
+
+# A shard of the kNN search on 2 CPUs takes minutes at 10M vectors; a task still missing after
+# this long is waiting for a node that will not come (or hung), not computing.
+TASK_WAIT_ENV = "RAYCSE_GROUPING_TASK_TIMEOUT_S"
+TASK_WAIT_S = 3600.0
+
+
+def gather(refs: list, what: str) -> list:
+    """``ray.get(refs)``, or a TimeoutError naming ``what`` and how many tasks never finished."""
+    import ray
+
+    limit = float(os.environ.get(TASK_WAIT_ENV, TASK_WAIT_S))
+    done, pending = ray.wait(refs, num_returns=len(refs), timeout=limit)
+    if pending:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        raise TimeoutError(f"{len(pending)} of {len(refs)} Ray tasks of {what} did not finish within {limit:g} s "
+                           f"(is a node with a free CPU alive? `ray status` shows it); raise {TASK_WAIT_ENV} "
+                           "for larger corpora")
+    return ray.get(refs, timeout=60)
