@@ -5,12 +5,15 @@
 Embeds the corpus once with the embedded model, builds one epoch's batch order with each
 strategy (the same functions the trainer uses: group order -> packing), and reports over all
 batches: the mean over anchors of the *max* cosine similarity to another example of the batch
-(the hardest negative), and the mean cosine over all negative pairs.
+(the hardest negative), and the mean cosine over all negative pairs. ``knn, cell join`` forces the
+search used above ``grouping.exact_threshold`` (raycse.grouping.cells), to check that the faster
+index does not make batches easier.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -63,7 +66,8 @@ def main() -> None:
         "shingle": keyed_order(np.array([shingle_key(t, seed, 0, i) for i, t in enumerate(texts)]), args.group_size,
                                epoch_rng(seed, 0, 3)),
         "cluster": keyed_order(cluster_keys(x, None, args.group_size, seed), args.group_size, epoch_rng(seed, 0, 2)),
-        "knn": knn_order(x, cfg, seed, 0),
+        "knn": knn_order(x, cfg, seed, 0),  # exact search (the corpus is under exact_threshold)
+        "knn, cell join": knn_order(x, dataclasses.replace(cfg, search="cells"), seed, 0),  # the large-N search
     }
     print(f"\n{n} sentences, batch {args.batch_size}, group size {args.group_size}\n")
     print("| grouping | mean max negative cosine | mean negative cosine | groups split |")
