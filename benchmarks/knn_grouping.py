@@ -59,6 +59,10 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="append the rows to this JSON file")
     ap.add_argument("--max-exact", type=int, default=200000, help="skip exact search above this size")
     args = ap.parse_args()
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="# %(message)s")
+    logging.getLogger("raycse.grouping").setLevel(logging.INFO)  # the search chosen, its partition and join times
     print(f"# {machine()}")
     if max(args.shards) > 1:
         import ray

@@ -107,6 +107,20 @@ def test_auto_search_takes_the_cell_join_above_the_threshold_and_groups_as_purel
     assert purity(exact) > 0.9 and purity(approx) >= purity(exact) - 0.02
 
 
+def test_a_knn_search_larger_than_free_memory_is_refused_in_one_line():
+    from raycse.errors import ResourceError
+
+    gib = 2**30
+    # 10M x 384 float32 normalised and copied cell by cell (2 x 15.4 GB) + (N, 129) int64 ids (10.3 GB)
+    assert knn_mod.memory_needed(10_000_000, 384, 64, "cells") == 10_000_000 * (2 * 384 * 4 + 129 * 8)
+    assert knn_mod.memory_needed(10_000_000, 384, 64, "exact", normalized=True) == 10_000_000 * 129 * 8
+    with pytest.raises(ResourceError) as refused:
+        knn_mod.check_memory(10_000_000, 384, 64, "cells", available=16 * gib)
+    line = str(refused.value)
+    assert "\n" not in line and "10,000,000 examples" in line and "--grouping cluster" in line
+    knn_mod.check_memory(100_000, 384, 64, "cells", available=16 * gib)  # fits: nothing said
+
+
 def test_greedy_groups_partition_and_beat_random_on_planted_clusters():
     x, labels = planted()
     cfg = GroupingConfig(strategy="knn", group_size=4, neighbours=8)

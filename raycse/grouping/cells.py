@@ -24,6 +24,7 @@ import logging
 import time
 import warnings
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -74,6 +75,15 @@ def _assign(x: np.ndarray, centroids: np.ndarray, probes: int = 1):
     return ids[:, 0] if probes == 1 else (scores, ids)
 
 
+def _rows_by_id(ids: np.ndarray, count: int) -> list[np.ndarray]:
+    """For each id in ``range(count)``, the rows of ``ids`` (N, m) holding it: one sort, not ``count`` scans."""
+    flat = ids.ravel()
+    order = np.argsort(flat, kind="stable")
+    bounds = np.searchsorted(flat[order], np.arange(count + 1))
+    rows = order // ids.shape[1]
+    return [rows[bounds[i]:bounds[i + 1]] for i in range(count)]
+
+
 def _split(x: np.ndarray, rows: np.ndarray, cell_size: int, seed: int) -> np.ndarray:
     """Unit-norm centroids cutting ``x[rows]`` into cells of ~``cell_size``."""
     if len(rows) <= cell_size:
@@ -97,14 +107,15 @@ def partition(x: np.ndarray, cell_size: int, neighbour_cells: int, seed: int = 0
     n = x.shape[0]
     n_cells = max(1, round(n / cell_size))
     coarse = _kmeans(x, max(round(np.sqrt(n_cells)), min(n_cells, COARSE_MIN)), seed)
-    coarse_scores, coarse_ids = _assign(x, coarse, COARSE_PROBES + 1)
-    subs = [_split(x, np.flatnonzero(coarse_ids[:, 0] == i), cell_size, seed + 1 + i) if (coarse_ids[:, 0] == i).any()
-            else np.zeros((0, x.shape[1]), np.float32) for i in range(len(coarse))]
-    first = np.cumsum([0] + [len(s) for s in subs])
+    _, coarse_ids = _assign(x, coarse, COARSE_PROBES)
+    top = _rows_by_id(coarse_ids[:, :1], len(coarse))
+    probed = _rows_by_id(coarse_ids, len(coarse))
+    subs = [_split(x, rows, cell_size, seed + 1 + i) if len(rows) else np.zeros((0, x.shape[1]), np.float32)
+            for i, rows in enumerate(top)]
+    first = np.cumsum([0] + [len(sub) for sub in subs])
     best = np.full(n, -np.inf, dtype=np.float32)
     cell_of = np.zeros(n, dtype=np.int64)
-    for i, sub in enumerate(subs):
-        rows = np.flatnonzero((coarse_ids[:, :COARSE_PROBES] == i).any(axis=1))
+    for i, (sub, rows) in enumerate(zip(subs, probed)):
         if len(sub) == 0 or len(rows) == 0:
             continue
         score, ids = _assign(x[rows], sub, 2)
@@ -122,8 +133,10 @@ def partition(x: np.ndarray, cell_size: int, neighbour_cells: int, seed: int = 0
     return Cells(order, bounds, near)
 
 
-def join_cells(xs: np.ndarray, cells: Cells, first: int, last: int, k: int, threads: int = 0):
-    """Rows and top-``k`` ids of cells ``first..last-1`` against their near cells. ``xs`` is the
+def join_cells(xs: np.ndarray, cells: Cells, first: int, last: int, k: int, threads: int = 0,
+               out: Optional[np.ndarray] = None):
+    """Rows and top-``k`` ids (nearest first) of cells ``first..last-1`` against their near cells;
+    with ``out`` (N, k), written there instead (no second copy of N x k ids). ``xs`` is the
     normalised vectors in ``cells.order`` (``x[cells.order]``): a cell is a contiguous slice, so
     gathering its near cells copies whole blocks instead of scattered rows."""
     import torch
@@ -148,8 +161,13 @@ def join_cells(xs: np.ndarray, cells: Cells, first: int, last: int, k: int, thre
                 _, top = torch.topk(xt[s:e] @ u.T, kk, dim=1)  # sorted: greedy groups take the nearest first
                 found = np.full((e - s, k), -1, dtype=np.int64)
                 found[:, :kk] = cells.order[u_pos[top.numpy()]]
+                if out is not None:
+                    out[cells.order[s:e]] = found
+                    continue
                 rows.append(cells.order[s:e])
                 ids.append(found)
+    if out is not None:
+        return None
     if not rows:
         return np.zeros(0, np.int64), np.zeros((0, k), np.int64)
     return np.concatenate(rows), np.concatenate(ids)
@@ -165,8 +183,7 @@ def cell_join(x: np.ndarray, k: int, cell_size: int, neighbour_cells: int, shard
     xs = x[cells.order]  # one copy of the vectors, cell by cell
     out = np.full((x.shape[0], k), -1, dtype=np.int64)
     if shards == 1:
-        rows, ids = join_cells(xs, cells, 0, cells.count, k, threads)
-        out[rows] = ids
+        join_cells(xs, cells, 0, cells.count, k, threads, out)
     else:
         _join_in_tasks(xs, cells, k, shards, threads, out)
     del xs

@@ -126,15 +126,40 @@ def choose(n: int, method: str, exact_threshold: int) -> tuple[str, str]:
                      "the cell join as N")
 
 
+def memory_needed(n: int, dim: int, k: int, method: str, normalized: bool = False, itemsize: int = 4) -> int:
+    """Bytes the search allocates beside the ``n`` x ``dim`` vectors it is given: the normalised copy
+    (unless given normalised), the cell join's copy of them cell by cell, and the (N, k+1) and (N, k)
+    id arrays."""
+    copies = (not normalized) + (method == "cells")
+    return n * dim * itemsize * copies + n * (2 * k + 1) * 8
+
+
+def check_memory(n: int, dim: int, k: int, method: str, available: Optional[int] = None,
+                 normalized: bool = False) -> None:
+    """One line (exit 2) when the search would not fit in the memory this machine has free."""
+    import psutil
+
+    from raycse.errors import ResourceError
+
+    need = memory_needed(n, dim, k, method, normalized)
+    free = psutil.virtual_memory().available if available is None else available
+    if need > free:
+        raise ResourceError(f"kNN grouping of {n:,} examples ({dim}-d, {k} neighbours) needs ~{need / 2**30:.1f} GiB "
+                            f"more memory on this node and {free / 2**30:.1f} GiB is free: use --grouping cluster or "
+                            "shingle (no neighbour lists), fewer examples (data.max_sentences), fewer neighbours "
+                            "(grouping.neighbours) or a node with more memory")
+
+
 def search(vectors: np.ndarray, k: int, method: str = "auto", exact_threshold: int = 50000,
            nlist: Optional[int] = None, nprobe: int = 16, shards: int = 1, recall_sample: int = 1000,
            seed: int = 0, threads: Optional[int] = None, assume_normalized: bool = False,
            cell_size: int = 64, neighbour_cells: int = 16) -> KnnResult:
     """Top-``k`` neighbours (self excluded) of every row of ``vectors`` among all rows."""
     t0 = time.perf_counter()
+    method, why = choose(vectors.shape[0], method, exact_threshold)
+    check_memory(vectors.shape[0], vectors.shape[1], k, method, normalized=assume_normalized)
     x = vectors if assume_normalized else normalize(vectors)
     n = x.shape[0]
-    method, why = choose(n, method, exact_threshold)
     kk = min(k + 1, n)  # +1: each row finds itself
     log.info(f"[raycse] kNN: {_describe(method, n, cell_size, neighbour_cells, nlist, nprobe)} ({why})")
     shard_seconds = None
@@ -211,14 +236,13 @@ def greedy_groups(neighbours: np.ndarray, group_size: int, rng: np.random.Genera
     be a false negative) is left out of its group and stays free for another."""
     n = neighbours.shape[0]
     used = bytearray(n)
-    lists = neighbours.tolist()
     groups = []
     for i in rng.permutation(n).tolist():
         if used[i]:
             continue
         used[i] = 1
         group = [i]
-        for j in lists[i]:
+        for j in neighbours[i].tolist():  # one row at a time: all rows as Python ints cost ~2 KB a row
             if identical is not None and j >= 0 and float(identical[i] @ identical[j]) > 1 - 1e-6:
                 continue
             if j >= 0 and not used[j]:
