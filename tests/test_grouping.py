@@ -78,7 +78,7 @@ def test_cell_join_is_each_rows_top_k_over_its_near_cells():
             cell_of[int(r)] = c
     got = dict(zip(rows.tolist(), ids))
     for r in range(len(x)):
-        reach = [int(m) for j in cells.near[cell_of[r]] for m in cells.members(j)]
+        reach = [int(m) for j in cells.near[cell_of[r]] if j >= 0 for m in cells.members(j)]
         scored = sorted(reach, key=lambda m: -float(sum(a * b for a, b in zip(xn[r], xn[m]))))
         want = scored[:7]
         best = [float(np.dot(xn[r], xn[m])) for m in want]

@@ -31,16 +31,17 @@ import numpy as np
 log = logging.getLogger("raycse.grouping")
 
 KMEANS_ITERATIONS = 10  # faiss's default is 25; cells only have to be compact, not optimal
-POINTS_PER_CENTROID = 39  # faiss's recommended minimum sample per centroid
+POINTS_PER_CENTROID = 20  # k-means sample per centroid (faiss asks 39 for optimal centroids; cells need not be)
 JOIN_ROWS = 2048
 COARSE_MIN = 256  # coarse centroids at least (or one per cell below that)
-COARSE_PROBES = 4  # coarse clusters whose cells a row may join  # query rows per matrix product (bounds the score block's memory)
+COARSE_PROBES = 4  # coarse clusters whose cells a row may join
+NEAR_CHOICE = 32  # a cell's near cells are chosen among ~this many times as many candidate cells  # query rows per matrix product (bounds the score block's memory)
 
 
 @dataclass(frozen=True)
 class Cells:
     """A partition of N vectors: ``order`` lists the rows cell by cell, cell ``c``'s rows are
-    ``order[bounds[c]:bounds[c + 1]]``; ``near[c]`` are the cells it is joined with."""
+    ``order[bounds[c]:bounds[c + 1]]``; ``near[c]`` are the cells it is joined with (-1: none)."""
 
     order: np.ndarray
     bounds: np.ndarray
@@ -96,17 +97,16 @@ def partition(x: np.ndarray, cell_size: int, neighbour_cells: int, seed: int = 0
     """Cut normalised ``x`` into cells of ~``cell_size`` rows (two-level k-means) and find each
     cell's ``neighbour_cells`` nearest cells by centroid.
 
-    The coarse level has ``max(sqrt(cells), min(cells, COARSE_MIN))`` centroids: sqrt keeps both
-    levels' k-means and assignment near-linear in N; the floor keeps a small corpus from mixing
+    The coarse level has ``max(sqrt(COARSE_PROBES * cells), min(cells, COARSE_MIN))`` centroids: the
+    square root balances assigning rows to coarse centroids against assigning them among the
+    probed clusters' cells (both ~N^1.5 with a small constant); the floor keeps a small corpus from mixing
     many unrelated topics into one coarse cluster, where its members' similarity to their coarse
     centroid is too weak to choose between them. A row then takes the nearest cell among the
     cells of its ``COARSE_PROBES`` nearest coarse clusters, so a row near a coarse border still
     lands in its best cell."""
-    import faiss
-
     n = x.shape[0]
     n_cells = max(1, round(n / cell_size))
-    coarse = _kmeans(x, max(round(np.sqrt(n_cells)), min(n_cells, COARSE_MIN)), seed)
+    coarse = _kmeans(x, max(round(np.sqrt(COARSE_PROBES * n_cells)), min(n_cells, COARSE_MIN)), seed)
     _, coarse_ids = _assign(x, coarse, COARSE_PROBES)
     top = _rows_by_id(coarse_ids[:, :1], len(coarse))
     probed = _rows_by_id(coarse_ids, len(coarse))
@@ -122,15 +122,38 @@ def partition(x: np.ndarray, cell_size: int, neighbour_cells: int, seed: int = 0
         better = score[:, 0] > best[rows]
         best[rows[better]] = score[better, 0]
         cell_of[rows[better]] = first[i] + ids[better, 0]
-    centroids = np.ascontiguousarray(np.concatenate(subs), dtype=np.float32)
     order = np.argsort(cell_of, kind="stable")
-    bounds = np.searchsorted(cell_of[order], np.arange(len(centroids) + 1))
-    m = min(neighbour_cells, len(centroids))
-    _, near = faiss.knn(centroids, centroids, m, metric=faiss.METRIC_INNER_PRODUCT)
-    own = np.arange(len(centroids))
-    missing = ~(near == own[:, None]).any(axis=1)  # a cell always joins itself (ties can push it out)
-    near[missing, -1] = own[missing]
-    return Cells(order, bounds, near)
+    bounds = np.searchsorted(cell_of[order], np.arange(first[-1] + 1))
+    return Cells(order, bounds, _near_cells(coarse, subs, first, neighbour_cells))
+
+
+def _near_cells(coarse: np.ndarray, subs: list, first: np.ndarray, neighbour_cells: int) -> np.ndarray:
+    """Each cell's ``neighbour_cells`` nearest cells by centroid, itself included, looked for among
+    the cells of the coarse clusters nearest its own (at least ``COARSE_PROBES + 1`` of them, and
+    ~``NEAR_CHOICE * neighbour_cells`` cells), not among all cells: that would cost cells^2."""
+    import faiss
+
+    count = int(first[-1])
+    m = min(neighbour_cells, count)
+    near = np.empty((count, m), dtype=np.int64)
+    # enough coarse clusters around to offer ~NEAR_CHOICE x m cells to choose from
+    reach = min(len(coarse), max(COARSE_PROBES + 1, int(np.ceil(NEAR_CHOICE * m * len(coarse) / count))))
+    _, coarse_near = faiss.knn(coarse, coarse, reach, metric=faiss.METRIC_INNER_PRODUCT)
+    for i, sub in enumerate(subs):
+        if len(sub) == 0:
+            continue
+        around = [j for j in dict.fromkeys([i, *coarse_near[i].tolist()]) if len(subs[j])]
+        ids = np.concatenate([np.arange(first[j], first[j + 1]) for j in around])
+        cand = np.concatenate([subs[j] for j in around])
+        kk = min(m, len(ids))
+        _, found = faiss.knn(sub, cand, kk, metric=faiss.METRIC_INNER_PRODUCT)
+        rows = np.full((len(sub), m), -1, dtype=np.int64)
+        rows[:, :kk] = ids[found]
+        own = np.arange(first[i], first[i + 1])
+        missing = ~(rows == own[:, None]).any(axis=1)  # a cell always joins itself (ties can push it out)
+        rows[missing, kk - 1] = own[missing]
+        near[first[i]:first[i + 1]] = rows
+    return near
 
 
 def join_cells(xs: np.ndarray, cells: Cells, first: int, last: int, k: int, threads: int = 0,
@@ -152,7 +175,7 @@ def join_cells(xs: np.ndarray, cells: Cells, first: int, last: int, k: int, thre
         for c in range(first, last):
             if b[c] == b[c + 1]:
                 continue
-            near = cells.near[c]
+            near = cells.near[c][cells.near[c] >= 0]
             u = torch.cat([xt[b[j]:b[j + 1]] for j in near])
             u_pos = np.concatenate([np.arange(b[j], b[j + 1]) for j in near])
             kk = min(k, len(u_pos))
