@@ -74,7 +74,7 @@ class Sampler:
         import psutil
 
         self.psutil, self.driver = psutil, psutil.Process(driver_pid)
-        self.ray_connected = ray_connected
+        self.ray_connected, self.warned = ray_connected, False
         self.peak: dict = {}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -107,9 +107,12 @@ class Sampler:
         try:
             import ray._private.internal_api as api
 
-            stats = api.get_memory_info_reply(api.get_state_from_address(), stats_only=True).store_stats
+            stats = api.get_memory_info_reply(api.get_state_from_address(), timeout_seconds=5).store_stats
             return stats.object_store_bytes_used, stats.spilled_bytes_total
-        except Exception:  # the store is being started or stopped
+        except Exception as exc:  # the store is being started or stopped
+            if not self.warned:
+                print(f"# object store not measured: {exc!r}", flush=True)
+                self.warned = True
             return 0, 0
 
     def _run(self) -> None:
