@@ -205,6 +205,19 @@ def test_greedy_groups_can_leave_identical_neighbours_out():
     assert not any(set(g.tolist()) in ({0, 1}, {2, 3}) for g in dropped)
 
 
+@pytest.mark.parametrize("n, group, batch, world", [(1000, 1, 16, 2), (997, 1, 8, 3), (1200, 4, 16, 2), (40, 1, 64, 1)])
+def test_equal_groups_pack_as_first_fit_does_without_a_python_object_per_row(n, group, batch, world):
+    from raycse.grouping.batches import _first_fit
+
+    rng = np.random.default_rng(n)
+    order = GroupOrder(rng.permutation(n), np.full(n // group, group, dtype=np.int64))
+    if n % group:
+        order = GroupOrder(order.order[:n - n % group], order.sizes)
+    fast, slow = pack(order, batch, world), _first_fit(order, batch, world)
+    assert np.array_equal(fast.batches, slow.batches)
+    assert (fast.split_groups, fast.dropped) == (slow.split_groups, slow.dropped)
+
+
 def test_pack_keeps_groups_whole_and_steps_equal():
     x, _ = planted()
     order = knn_order(x, GroupingConfig(strategy="knn", group_size=4, neighbours=8), 1, 0)

@@ -35,6 +35,24 @@ class Packing:
 
 
 def pack(order: GroupOrder, batch_size: int, world_size: int) -> Packing:
+    """First-fit packing (see the module doc); orders of equal groups that tile a batch (random and
+    file orders: groups of one) are packed in one reshape, without a Python object per row."""
+    sizes = order.sizes
+    if len(sizes) and sizes.min() == sizes.max() and batch_size % int(sizes[0]) == 0:
+        return _pack_tiling(order, batch_size, world_size)
+    return _first_fit(order, batch_size, world_size)
+
+
+def _pack_tiling(order: GroupOrder, batch_size: int, world_size: int) -> Packing:
+    """What first fit gives when every group has the same size and tiles a batch: consecutive
+    groups fill each batch in turn, the one short batch at the end is left out, nothing is split."""
+    n = len(order.order)
+    usable = (n // batch_size // world_size) * world_size
+    arr = np.ascontiguousarray(order.order[:usable * batch_size], dtype=np.int64).reshape(usable, batch_size)
+    return Packing(arr, 0, n - arr.size)
+
+
+def _first_fit(order: GroupOrder, batch_size: int, world_size: int) -> Packing:
     groups = order.groups()
     bins: list[list[int]] = []
     open_bins: list[int] = []  # bins with room left, oldest first
