@@ -5,9 +5,10 @@ So instead of N single-query searches (IVF: each query scans ``nprobe`` lists, c
 ~N^1.5 once lists grow with sqrt(N)), the vectors are cut into cells of a fixed size and each
 cell is joined, as one matrix product, with its nearest cells:
 
-1. **Partition** (two-level k-means, cost ~N): ``sqrt(N / cell_size)`` coarse centroids; each
-   coarse cluster is split by its own k-means into cells of ~``cell_size`` members. Every vector
-   belongs to exactly one cell.
+1. **Partition** (two-level k-means): ~``sqrt(COARSE_PROBES * N / cell_size)`` coarse centroids;
+   each coarse cluster is split by its own k-means into cells of ~``cell_size`` members, and each
+   vector goes to its nearest cell among its nearest coarse clusters' cells. Every vector belongs
+   to exactly one cell. (Assigning to the coarse level costs ~N^1.5 with a small constant.)
 2. **Join**: cell ``c``'s members ``Q`` are compared with the members ``U`` of the
    ``neighbour_cells`` cells whose centroids are nearest ``c``'s (``c`` included):
    ``S = Q U^T`` and the top-``k`` of each row. Per example that is ``neighbour_cells *
@@ -32,10 +33,10 @@ log = logging.getLogger("raycse.grouping")
 
 KMEANS_ITERATIONS = 10  # faiss's default is 25; cells only have to be compact, not optimal
 POINTS_PER_CENTROID = 20  # k-means sample per centroid (faiss asks 39 for optimal centroids; cells need not be)
-JOIN_ROWS = 2048
+JOIN_ROWS = 2048  # query rows per matrix product (bounds the score block's memory)
 COARSE_MIN = 256  # coarse centroids at least (or one per cell below that)
 COARSE_PROBES = 4  # coarse clusters whose cells a row may join
-NEAR_CHOICE = 32  # a cell's near cells are chosen among ~this many times as many candidate cells  # query rows per matrix product (bounds the score block's memory)
+NEAR_CHOICE = 32  # a cell's near cells are chosen among ~this many times as many candidate cells
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class Cells:
 
 
 def _kmeans(x: np.ndarray, k: int, seed: int) -> np.ndarray:
-    """``k`` unit-norm centroids of normalised ``x`` (trained on a sample of <= 39 k rows)."""
+    """``k`` unit-norm centroids of normalised ``x``, trained on <= ``POINTS_PER_CENTROID * k`` rows."""
     import faiss
 
     k = max(1, min(k, len(x)))
