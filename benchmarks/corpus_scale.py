@@ -175,8 +175,6 @@ def embed_rate(sample: int) -> float:
 
 
 def train_command(path: Path, workdir: Path, n: int) -> dict:
-    import psutil
-
     out = workdir / f"model-{n}"
     cmd = [sys.executable, "-m", "raycse", "train", "--model", "default", "--corpus", str(path), "--stsb-dev",
            "none", "--max-steps", "3", "--batch-size", "64", "--log-steps", "1", "--output", str(out), "--overwrite"]
@@ -193,7 +191,6 @@ def train_command(path: Path, workdir: Path, n: int) -> dict:
             peak = s.take()
     if proc.returncode != 0:
         raise SystemExit(f"raycse train failed at {n:,} sentences (rc {proc.returncode}); see {log}")
-    del psutil
     return {"stage": "train (3 steps)", "seconds": round(time.perf_counter() - t0, 1),
             "first_step_s": None if first is None else round(first, 1), **peak}
 

@@ -69,19 +69,23 @@ def _kmeans(x: np.ndarray, k: int, seed: int) -> np.ndarray:
     return km.centroids
 
 
-def _assign(x: np.ndarray, centroids: np.ndarray, probes: int = 1):
-    """Ids (N,) of each row's nearest centroid; with ``probes > 1``, (scores, ids) of its nearest ``probes``."""
+def _assign(x: np.ndarray, centroids: np.ndarray, probes: int):
+    """(scores, ids) of each row's ``probes`` nearest centroids, nearest first."""
     import faiss
 
-    scores, ids = faiss.knn(x, centroids, min(probes, len(centroids)), metric=faiss.METRIC_INNER_PRODUCT)
-    return ids[:, 0] if probes == 1 else (scores, ids)
+    return faiss.knn(x, centroids, min(probes, len(centroids)), metric=faiss.METRIC_INNER_PRODUCT)
+
+
+def _sort_by(ids: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(order, bounds): positions of ``ids`` (1-d, values in ``range(count)``) sorted by id, stable;
+    id ``i``'s positions are ``order[bounds[i]:bounds[i + 1]]``. One sort, not ``count`` scans."""
+    order = np.argsort(ids, kind="stable")
+    return order, np.searchsorted(ids[order], np.arange(count + 1))
 
 
 def _rows_by_id(ids: np.ndarray, count: int) -> list[np.ndarray]:
-    """For each id in ``range(count)``, the rows of ``ids`` (N, m) holding it: one sort, not ``count`` scans."""
-    flat = ids.ravel()
-    order = np.argsort(flat, kind="stable")
-    bounds = np.searchsorted(flat[order], np.arange(count + 1))
+    """For each id in ``range(count)``, the rows of ``ids`` (N, m) holding it."""
+    order, bounds = _sort_by(ids.ravel(), count)
     rows = order // ids.shape[1]
     return [rows[bounds[i]:bounds[i + 1]] for i in range(count)]
 
@@ -123,8 +127,7 @@ def partition(x: np.ndarray, cell_size: int, neighbour_cells: int, seed: int = 0
         better = score[:, 0] > best[rows]
         best[rows[better]] = score[better, 0]
         cell_of[rows[better]] = first[i] + ids[better, 0]
-    order = np.argsort(cell_of, kind="stable")
-    bounds = np.searchsorted(cell_of[order], np.arange(first[-1] + 1))
+    order, bounds = _sort_by(cell_of, int(first[-1]))
     return Cells(order, bounds, _near_cells(coarse, subs, first, neighbour_cells))
 
 

@@ -113,9 +113,6 @@ def top_k(db: np.ndarray, queries: np.ndarray, k: int, method: str = "exact", nl
     return dist, idx, [o[2] for o in outs]
 
 
-METHODS = ("auto", "exact", "cells", "ivf")
-
-
 def choose(n: int, method: str, exact_threshold: int) -> tuple[str, str]:
     """The search for ``n`` vectors and why (printed at run time)."""
     if method != "auto":
