@@ -121,6 +121,18 @@ def test_a_knn_search_larger_than_free_memory_is_refused_in_one_line():
     knn_mod.check_memory(100_000, 384, 64, "cells", available=16 * gib)  # fits: nothing said
 
 
+@pytest.mark.parametrize("value", ["soon", "0", "-5", "nan", "inf"])
+def test_a_bad_grouping_task_timeout_is_one_line(value, monkeypatch):
+    from raycse.errors import ConfigError
+    from raycse.grouping import tasks
+
+    monkeypatch.setenv(tasks.TASK_WAIT_ENV, value)
+    with pytest.raises(ConfigError, match=f"{tasks.TASK_WAIT_ENV} must be a number of seconds > 0, got '{value}'"):
+        tasks.wait_limit()
+    monkeypatch.setenv(tasks.TASK_WAIT_ENV, "90")
+    assert tasks.wait_limit() == 90.0
+
+
 def test_greedy_groups_partition_and_beat_random_on_planted_clusters():
     x, labels = planted()
     cfg = GroupingConfig(strategy="knn", group_size=4, neighbours=8)

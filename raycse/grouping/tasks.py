@@ -10,11 +10,25 @@ TASK_WAIT_ENV = "RAYCSE_GROUPING_TASK_TIMEOUT_S"
 TASK_WAIT_S = 3600.0
 
 
+def wait_limit() -> float:
+    """Seconds to wait for the grouping's Ray tasks: ``RAYCSE_GROUPING_TASK_TIMEOUT_S`` or 3600."""
+    from raycse.errors import ConfigError
+
+    value = os.environ.get(TASK_WAIT_ENV, str(TASK_WAIT_S))
+    try:
+        limit = float(value)
+    except ValueError:
+        limit = -1.0
+    if not limit > 0 or limit == float("inf"):
+        raise ConfigError(f"{TASK_WAIT_ENV} must be a number of seconds > 0, got {value!r}")
+    return limit
+
+
 def gather(refs: list, what: str) -> list:
     """``ray.get(refs)``, or a TimeoutError naming ``what`` and how many tasks never finished."""
     import ray
 
-    limit = float(os.environ.get(TASK_WAIT_ENV, TASK_WAIT_S))
+    limit = wait_limit()
     done, pending = ray.wait(refs, num_returns=len(refs), timeout=limit)
     if pending:
         for ref in pending:
