@@ -222,6 +222,20 @@ def _search(search: dict) -> list[str]:
     ]
 
 
+def _prompts(run: dict) -> list[str]:
+    """How to embed with the prompts the model was trained with (data.prompts)."""
+    prompts = (run.get("data") or {}).get("prompts") or {}
+    if not prompts:
+        return []
+    lines = ["## Prompts", "", "Trained with a prompt before each sentence; sentence-transformers puts it there itself:", ""]
+    if "text" in prompts:
+        lines.append(f"- `{prompts['text']}`: the prompt `query`: `model.encode_query(...)` uses it, and "
+                     f"`model.encode(...)` too unless the base model named another default prompt.")
+    if "pair" in prompts:
+        lines.append(f"- `{prompts['pair']}`: the prompt `document`: `model.encode_document(...)` uses it.")
+    return lines + ["", "With transformers alone, put the prompt before each sentence yourself.", ""]
+
+
 def _usage(name: str, pooling: str) -> list[str]:
     pool = ("out.last_hidden_state[:, 0]" if pooling != "mean" else
             "(out.last_hidden_state * mask).sum(1) / mask.sum(1)")
@@ -262,7 +276,7 @@ def model_card(run: dict, summary: dict, model_dir, search: Optional[dict] = Non
     lines += _model(files) + _training(run, summary) + _hyperparameters(run, summary) + _scores(summary)
     if search:
         lines += _search(search)
-    lines += _usage(name, run["model"]["pooling"]) + _versions() + _citation(run)
+    lines += _usage(name, run["model"]["pooling"]) + _prompts(run) + _versions() + _citation(run)
     return "\n".join(lines)
 
 

@@ -69,7 +69,7 @@ def _train_parser(sub) -> None:
     for flag, key, text, default, typ in flag_fields():
         if default is not None and "default" not in text.lower():
             text = f"{text} (default: {show_default(default)})"
-        metavar = "{true,false}" if typ is bool else typ.__name__.upper()
+        metavar = "{true,false}" if typ is bool else "YAML" if typ is dict else typ.__name__.upper()
         # the value is kept as text: flags override the YAML config only when given
         p.add_argument(flag, dest=key, type=str, default=None, metavar=metavar, help=text)
     p.add_argument("--use-gpu", dest="train.use_gpu", action="store_const", const="true", default=None,
@@ -246,7 +246,7 @@ def resolve_train_config(args: argparse.Namespace):
         if "=" not in item:
             raise RaycseError(f"--set expects KEY=VALUE, got {item!r}")
         key, value = item.split("=", 1)
-        set_dotted(run, key.strip(), value.strip())
+        set_dotted(run, key.strip(), value.lstrip())  # (a trailing space may belong to it: a prompt's "query: ")
     return run.validate()
 
 
@@ -317,9 +317,9 @@ def cmd_eval(args) -> int:
     encoder = Encoder.from_pretrained(args.model, pooling=args.pooling)
     dtype = resolve_precision(args.precision, encoder.device)
 
-    def embed(xs, progress=False):
+    def embed(xs, prompt_name=None, progress=False):
         return encoder.encode(xs, batch_size=args.batch_size, max_length=args.max_length, progress=progress,
-                              autocast_dtype=dtype)
+                              autocast_dtype=dtype, prompt_name=prompt_name)
 
     result: dict = {}
     if datasets:
@@ -342,7 +342,7 @@ def cmd_eval(args) -> int:
 
 
 def _eval_beir(args, beir, embed, encoder) -> dict:
-    from raycse.evaluation.beir import embed_documents, format_metrics, retrieval_metrics, search
+    from raycse.evaluation.beir import QUERY, embed_documents, format_metrics, retrieval_metrics, search
 
     print(f"[raycse] {args.model}: BEIR {args.beir_dir} ({args.split}): {len(beir.docs)} documents, "
           f"{len(beir.queries)} queries with relevant documents", file=sys.stderr)
@@ -354,9 +354,9 @@ def _eval_beir(args, beir, embed, encoder) -> dict:
         from raycse.train.runtime import ensure_ray
 
         ensure_ray()
-    docs = embed_documents(beir, lambda xs: embed(xs, progress=True), model_path,
+    docs = embed_documents(beir, lambda xs, prompt_name: embed(xs, prompt_name, progress=True), model_path,
                            args.max_length or encoder.max_seq_length, precision=args.precision)
-    scores = retrieval_metrics(beir.qrels, search(docs, embed(beir.queries), beir))
+    scores = retrieval_metrics(beir.qrels, search(docs, embed(beir.queries, QUERY), beir))
     print(format_metrics(scores))
     return scores
 

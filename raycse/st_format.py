@@ -5,8 +5,9 @@ then optional Dense layers and a Normalize. raycse trains the Transformer and po
 model declares; the Dense layers it keeps, frozen, after the pooling (they are part of the
 embedding); Normalize it applies at inference (every objective scores by cosine, which is blind to
 it). Saving writes them back with the model's prompts and similarity function, so
-``SentenceTransformer(path).encode`` gives raycse's embeddings. A module raycse cannot reproduce
-is refused in one line, never silently dropped.
+``SentenceTransformer(path).encode`` gives raycse's embeddings. Prompts are applied as
+sentence-transformers applies them: the text prepended to each sentence. A module raycse cannot
+reproduce is refused in one line, never silently dropped.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Layout:
     dense: list[DenseSpec] = field(default_factory=list)
     normalize: bool = False
     st_config: dict = field(default_factory=dict)  # prompts, default_prompt_name, similarity_fn_name
+    include_prompt: bool = True  # False: the Pooling leaves a prompt's tokens out (raycse refuses prompts then)
 
 
 def _json(path: Path) -> dict:
@@ -107,16 +109,26 @@ def _dense(root: Path, rel: str) -> DenseSpec:
     return spec
 
 
+def _st_config(cfg: dict, where: Path) -> dict:
+    """The prompts, default prompt and similarity of ``config_sentence_transformers.json`` (checked:
+    the file may come from someone else)."""
+    out = {k: cfg[k] for k in ("prompts", "default_prompt_name", "similarity_fn_name") if k in cfg}
+    prompts = out.get("prompts") or {}
+    if not (isinstance(prompts, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items())):
+        raise ModelError(f"{where} has prompts that are not a mapping of name to text; fix or drop them")
+    default = out.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise ModelError(f"{where} names the default prompt {default!r}, which its prompts ({', '.join(prompts) or 'none'}) "
+                         f"lack; set default_prompt_name to one of them or to null")
+    return out
+
+
 def read_layout(root: Path, head_path: Optional[str] = None) -> Layout:
     """The layout of a model directory; ``head_path``: the Dense that is raycse's own MLP head."""
     layout = Layout()
     if (root / "config_sentence_transformers.json").is_file():
-        cfg = _json(root / "config_sentence_transformers.json")
-        layout.st_config = {k: cfg[k] for k in ("prompts", "default_prompt_name", "similarity_fn_name") if k in cfg}
-        if cfg.get("default_prompt_name"):
-            raise ModelError(f"{root} prepends the prompt {cfg['default_prompt_name']!r} to every sentence; raycse "
-                             f"does not apply prompts: set default_prompt_name to null in "
-                             f"config_sentence_transformers.json to use the model without it")
+        layout.st_config = _st_config(_json(root / "config_sentence_transformers.json"),
+                                      root / "config_sentence_transformers.json")
     if not (root / "modules.json").is_file():
         return layout
     modules = _json(root / "modules.json")
@@ -132,7 +144,9 @@ def read_layout(root: Path, head_path: Optional[str] = None) -> Layout:
         if kind == "Transformer":
             layout.transformer_dir = rel
         elif kind == "Pooling":
-            layout.pooling = pooling_of(_json(root / rel / "config.json"), root / rel / "config.json")
+            pooling = _json(root / rel / "config.json")
+            layout.pooling = pooling_of(pooling, root / rel / "config.json")
+            layout.include_prompt = bool(pooling.get("include_prompt", True))
         elif kind == "Normalize":
             layout.normalize = True
         elif layout.normalize:
@@ -176,8 +190,8 @@ def write_dense(path: Path, linear: nn.Linear, activation_name: str) -> None:
     save_file(state, str(path / "model.safetensors"))
 
 
-def pooling_config(kind: str, dim: int) -> dict:
+def pooling_config(kind: str, dim: int, include_prompt: bool = True) -> dict:
     """``1_Pooling/config.json`` for a raycse pooling (cls_before_pooler is [CLS] to sentence-transformers)."""
     name = "cls" if kind == "cls_before_pooler" else kind
     return {"word_embedding_dimension": dim, **{key: name == mode for key, mode in POOLING_KEYS.items()},
-            "include_prompt": True}
+            "include_prompt": include_prompt}

@@ -149,13 +149,18 @@ def retrieval_metrics(qrels: dict[str, dict[str, int]], run: dict[str, dict[str,
     return {m: float(np.mean([p[m] for p in per])) for m in METRICS}
 
 
+# sentence-transformers' prompt names for retrieval (encode_query / encode_document): used where the
+# model has them, else its default prompt
+QUERY, DOCUMENT = "query", "document"
+
 def embed_documents(data: BeirData, embed: Callable[[Sequence[str]], np.ndarray], model_path: Optional[str] = None,
                     max_length: int = 256, actors: int = 1, precision: str = "fp32",
                     ray_threshold: int = RAY_THRESHOLD) -> np.ndarray:
-    """Document vectors: in this process, or on the Ray Data actor pool for corpora over ``ray_threshold``
-    (Ray started by the caller)."""
+    """Document vectors, after the model's "document" prompt where it has one (as
+    ``SentenceTransformer.encode_document``): in this process (``embed(texts, prompt_name=...)``), or on the
+    Ray Data actor pool for corpora over ``ray_threshold`` (Ray started by the caller)."""
     if len(data.docs) <= ray_threshold or model_path is None:
-        return embed(data.docs)
+        return embed(data.docs, prompt_name=DOCUMENT)
     import types
 
     import pyarrow as pa
@@ -165,13 +170,13 @@ def embed_documents(data: BeirData, embed: Callable[[Sequence[str]], np.ndarray]
 
     table = pa.table({"_id": np.arange(len(data.docs), dtype=np.int64), "text": data.docs})
     corpus = types.SimpleNamespace(dataset=ray.data.from_arrow(table), num_examples=len(data.docs))
-    return embed_corpus(corpus, model_path, max_length, actors=actors, precision=precision)
+    return embed_corpus(corpus, model_path, max_length, actors=actors, precision=precision, prompt_name=DOCUMENT)
 
 
 def evaluate_beir(directory: str | Path, embed: Callable[[Sequence[str]], np.ndarray], split: str = "test",
                   model_path: Optional[str] = None, max_length: int = 256) -> dict[str, float]:
     data = read_beir(directory, split)
-    run = search(embed_documents(data, embed, model_path, max_length), embed(data.queries), data)
+    run = search(embed_documents(data, embed, model_path, max_length), embed(data.queries, prompt_name=QUERY), data)
     return retrieval_metrics(data.qrels, run)
 
 

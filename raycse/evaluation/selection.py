@@ -32,7 +32,10 @@ class Selection:
             return evaluate_datasets(embed, [self.sts])[self.sts.name]
         from raycse.evaluation.beir import retrieval_metrics, search
 
-        run = search(embed(self.beir.docs), embed(self.beir.queries), self.beir)
+        from raycse.evaluation.beir import DOCUMENT, QUERY
+
+        run = search(embed(self.beir.docs, prompt_name=DOCUMENT), embed(self.beir.queries, prompt_name=QUERY),
+                     self.beir)
         return 100.0 * retrieval_metrics(self.beir.qrels, run)[self.beir_metric]
 
 

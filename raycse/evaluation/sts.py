@@ -35,7 +35,8 @@ ALIASES = {"STSB": "STSBenchmark", "STS-B": "STSBenchmark", "SICK-R": "SICKRelat
 SENTEVAL_HINT = ("get the data with SentEval's data/downstream/get_transfer_data.bash "
                  "(github.com/facebookresearch/SentEval) and pass its data/downstream directory")
 
-EmbedFn = Callable[[Sequence[str]], np.ndarray]
+# texts -> (n, d) vectors; retrieval names a prompt too (embed(texts, prompt_name="query"))
+EmbedFn = Callable[..., np.ndarray]
 
 
 @dataclass

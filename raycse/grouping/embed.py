@@ -9,13 +9,16 @@ Both come back to the driver indexed by row id (N x d float32; 1.5 GB per millio
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 
 class Embedder:
     """Actor-pool worker: loads the encoder once, embeds batches of texts in eval mode."""
 
-    def __init__(self, model_path: str, max_length: int, batch_size: int, use_gpu: bool, precision: str):
+    def __init__(self, model_path: str, max_length: int, batch_size: int, use_gpu: bool, precision: str,
+                 prompt_name: Optional[str] = None):
         import torch
 
         from raycse.encoder import Encoder
@@ -24,12 +27,12 @@ class Embedder:
         self.encoder = Encoder.from_pretrained(model_path)
         if use_gpu and torch.cuda.is_available():
             self.encoder.to("cuda")
-        self.max_length, self.batch_size = max_length, batch_size
+        self.max_length, self.batch_size, self.prompt_name = max_length, batch_size, prompt_name
         self.dtype = resolve_precision(precision, self.encoder.device)
 
     def __call__(self, batch: dict) -> dict:
         z = self.encoder.encode(list(batch["text"]), batch_size=self.batch_size, max_length=self.max_length,
-                                autocast_dtype=self.dtype)
+                                autocast_dtype=self.dtype, prompt_name=self.prompt_name)
         return {"_id": batch["_id"], "emb": z}
 
 
@@ -47,9 +50,10 @@ def _num_blocks(ds) -> int:
 
 def embed_corpus(corpus, model_path: str, max_length: int, actors: int = 1, batch_size: int = 256,
                  use_gpu: bool = False, precision: str = "auto", by: str = "first",
-                 gpus_per_actor: float = 1.0) -> np.ndarray:
-    """Embeddings by row id; with ``use_gpu`` each actor holds ``gpus_per_actor`` (a training run's
-    train.gpus_per_worker, so the trials sharing a GPU can embed side by side)."""
+                 gpus_per_actor: float = 1.0, prompt_name: Optional[str] = None) -> np.ndarray:
+    """Embeddings by row id, after the prompt ``Encoder.prompt(prompt_name)`` picks; with ``use_gpu``
+    each actor holds ``gpus_per_actor`` (a training run's train.gpus_per_worker, so the trials sharing a
+    GPU can embed side by side)."""
     import ray.data
 
     ds = corpus.dataset.select_columns(["_id", column(by)]).rename_columns({column(by): "text"})
@@ -59,7 +63,8 @@ def embed_corpus(corpus, model_path: str, max_length: int, actors: int = 1, batc
         ds = ds.repartition(4 * actors).materialize()
     ds = ds.map_batches(
         Embedder, fn_constructor_kwargs={"model_path": model_path, "max_length": max_length,
-                                         "batch_size": batch_size, "use_gpu": use_gpu, "precision": precision},
+                                         "batch_size": batch_size, "use_gpu": use_gpu, "precision": precision,
+                                         "prompt_name": prompt_name},
         # from 1 actor up to `actors`: a pool that waited for all of them could wait for ever on a busy cluster
         compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors), batch_size=batch_size * 4, batch_format="numpy",
         num_gpus=gpus_per_actor if use_gpu else 0, num_cpus=0 if use_gpu else 1)

@@ -56,6 +56,9 @@ class Objective(nn.Module):
     derives_widths: ClassVar[bool] = False
     # Token widths are padded up to a multiple of this (train.pad_to_multiple_of; set by the train loop).
     pad_multiple: int = 1
+    # Text put before each sentence of a column, "text" and "pair" (data.prompts or the model's
+    # default prompt; set by the train loop). Objectives that derive widths never get one.
+    prompts: dict = {}
 
     def __init__(self, params: Params):
         super().__init__()
@@ -81,9 +84,14 @@ class Objective(nn.Module):
     def forward(self, encoder: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
         raise NotImplementedError
 
-    def tokenize(self, texts: list[str], tokenizer, max_length: int) -> dict[str, Tensor]:
-        """Pad to the longest in the batch (up to a multiple of ``pad_multiple``); truncate (never
-        fail) at ``max_length``."""
+    def tokenize(self, texts: list[str], tokenizer, max_length: int, pairs_from: Optional[int] = None
+                 ) -> dict[str, Tensor]:
+        """Each text after its column's prompt (the pair column's from index ``pairs_from`` on, the
+        text column's before); padded to the longest in the batch (up to a multiple of
+        ``pad_multiple``); truncated (never failing) at ``max_length``."""
+        cut = len(texts) if pairs_from is None else pairs_from
+        prefixes = [(self.prompts.get("text", ""), texts[:cut]), (self.prompts.get("pair", ""), texts[cut:])]
+        texts = [prefix + t for prefix, part in prefixes for t in part] if any(p for p, _ in prefixes) else texts
         enc = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt",
                         pad_to_multiple_of=self.pad_multiple if self.pad_multiple > 1 else None)
         return {k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}

@@ -115,7 +115,8 @@ class BSC(Objective):
         if self.params.mu < 1.0 and not has_score:
             raise ConfigError("objective.mu < 1 needs scored pairs (data.label_column); set mu: 1.0 for unscored data")
         negs = [t for e in examples if not isinstance(e, str) for t in (e[3] if len(e) > 3 else ())]
-        enc = self.tokenize(q + a + negs, tokenizer, max_length)
+        unsupervised = isinstance(examples[0], str)  # (both views are the text column's)
+        enc = self.tokenize(q + a + negs, tokenizer, max_length, pairs_from=None if unsupervised else len(q))
         enc["score"] = torch.tensor(scores, dtype=torch.float32)
         enc["q_key"] = torch.tensor([text_key(t) for t in q], dtype=torch.long)
         return enc

@@ -50,7 +50,7 @@ class SimCSE(Objective):
             return self.tokenize(examples, tokenizer, max_length)
         q, a = [e[0] for e in examples], [e[1] for e in examples]
         negs = [t for e in examples for t in (e[3] if len(e) > 3 else ())]
-        enc = self.tokenize(q + a + negs, tokenizer, max_length)
+        enc = self.tokenize(q + a + negs, tokenizer, max_length, pairs_from=len(q))
         enc["pairs"] = len(q)  # anchors, then positives, then k negatives per anchor (a number: no read-back)
         return enc
 

@@ -32,7 +32,7 @@ import yaml
 from raycse import storage as objstore  # "storage" is Ray Train's checkpoint path below
 from raycse.card import model_card
 from raycse.config import RunConfig
-from raycse.encoder import probe_tokenizer, resolve_model
+from raycse.encoder import default_prompt_of, probe_tokenizer, resolve_model
 from raycse.errors import ConfigError
 from raycse.interrupts import Interrupted
 from raycse.evaluation import initial_scores
@@ -46,6 +46,7 @@ from raycse.train import release
 from raycse.train import tracking as tracking_mod
 from raycse.train.checkpointer import CHECKPOINT_RANK
 from raycse.train.loop import train_loop_per_worker
+from raycse.train.module import column_prompts
 from raycse.train.plan import FitPlan, TuneHooks, planned_epochs, plan_steps
 from raycse.train.preflight import check_free_space
 from raycse.train.reporter import SCORE_METRIC
@@ -386,6 +387,8 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
         run.model.name_or_path = model_path  # a relative path means nothing in a worker's directory
     dev = load_selection(run.eval)  # the model-selection data (STS-B dev or BEIR)
     probe_tokenizer(model_path, text_sample(run, sources, dev))
+    default_prompt, keeps_prompt = default_prompt_of(model_path)
+    column_prompts(run, default_prompt, registry.get(run.objective.name)(run.objective.typed()), keeps_prompt)
     remote = run.output_dir if objstore.is_uri(run.output_dir) else None
     # (an output on object storage is built in the system's temporary directory first)
     local_out = Path(tempfile.gettempdir()) if remote else Path(os.path.expanduser(run.output_dir)).resolve()

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from raycse.config import RunConfig
-from raycse.encoder import Encoder
+from raycse.encoder import PROMPT_LEFT_OUT, Encoder
+from raycse.errors import ConfigError, ModelError
 from raycse.objectives import registry
 from raycse.objectives.base import LossOutput, Objective
 from raycse.unpad import use_fast_dropout
@@ -36,13 +37,35 @@ def build_module(run: RunConfig) -> TrainModule:
     encoder.unpad = run.train.unpad
     if run.train.fast_dropout:
         use_fast_dropout(encoder.backbone)
+    encoder.add_prompts(run.data.prompts)
     objective = registry.get(run.objective.name)(run.objective.typed())
     objective.setup(encoder)
-    multiple = pad_multiple(run)
+    multiple, prompts = pad_multiple(run), column_prompts(run, encoder.prompt(), objective, encoder.include_prompt)
     for part in objective.modules():  # (HiCL's base objective collates too)
         if isinstance(part, Objective):
-            part.pad_multiple = multiple
+            part.pad_multiple, part.prompts = multiple, prompts
     return TrainModule(encoder, objective)
+
+
+def column_prompts(run: RunConfig, default: str, objective: Objective, include_prompt: bool = True
+                   ) -> dict[str, str]:
+    """What goes before each column's sentences in training: the column's ``data.prompts`` entry, else
+    the model's ``default`` prompt (what ``encode`` puts before every sentence), so training sees the
+    text inference will. Refused: a prompt for an objective that cuts or repeats tokens, or for a
+    model whose Pooling leaves prompt tokens out (``include_prompt``)."""
+    prompts = {role: run.data.prompts.get(role) or default for role in ("text", "pair")}
+    if any(prompts.values()) and objective.derives_widths:
+        raise ConfigError(prompt_refusal(run.objective.name, next(p for p in prompts.values() if p)))
+    if any(prompts.values()) and not include_prompt:
+        raise ModelError(PROMPT_LEFT_OUT)
+    return prompts
+
+
+def prompt_refusal(objective: str, prompt: str) -> str:
+    """One line: an objective that cuts or repeats tokens cannot keep a prompt whole."""
+    return (f"objective '{objective}' cuts or repeats a sentence's tokens, which would cut or repeat the prompt "
+            f"{prompt!r}; train with simcse, bsc or sgopt, or without prompts (drop data.prompts, or set the "
+            f"model's default_prompt_name to null)")
 
 
 def unwrap(module: nn.Module) -> TrainModule:

@@ -41,7 +41,7 @@ class Reporter:
         if self.dev is None:
             return None
         encoder, size = self.engine.core.encoder, self.run.eval.batch_size
-        score = self.dev.score(lambda xs: encoder.encode(xs, batch_size=size, autocast_dtype=self.eval_dtype))
+        score = self.dev.score(lambda xs, **how: encoder.encode(xs, batch_size=size, autocast_dtype=self.eval_dtype, **how))
         release_freed_memory()  # (encode() switched the encoder to eval mode and back by itself)
         return score
 
