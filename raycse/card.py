@@ -236,6 +236,19 @@ def _prompts(run: dict) -> list[str]:
     return lines + ["", "With transformers alone, put the prompt before each sentence yourself.", ""]
 
 
+def _matryoshka(run: dict) -> list[str]:
+    """How to serve the shorter embeddings it was trained for (objective.matryoshka_dims)."""
+    dims = (run.get("objective") or {}).get("matryoshka_dims")
+    if not dims:
+        return []
+    smallest = min(int(d) for d in dims)
+    return ["## Shorter embeddings (Matryoshka)", "",
+            f"Trained so that the first {', '.join(str(d) for d in sorted(dims, reverse=True))} coordinates, "
+            f"re-normalised, are embeddings of their own:", "",
+            "```python", f"model = SentenceTransformer(path, truncate_dim={smallest})", "```", "",
+            "`raycse eval` scores each of these sizes.", ""]
+
+
 def _usage(name: str, pooling: str) -> list[str]:
     pool = ("out.last_hidden_state[:, 0]" if pooling != "mean" else
             "(out.last_hidden_state * mask).sum(1) / mask.sum(1)")
@@ -276,7 +289,7 @@ def model_card(run: dict, summary: dict, model_dir, search: Optional[dict] = Non
     lines += _model(files) + _training(run, summary) + _hyperparameters(run, summary) + _scores(summary)
     if search:
         lines += _search(search)
-    lines += _usage(name, run["model"]["pooling"]) + _prompts(run) + _versions() + _citation(run)
+    lines += _usage(name, run["model"]["pooling"]) + _prompts(run) + _matryoshka(run) + _versions() + _citation(run)
     return "\n".join(lines)
 
 

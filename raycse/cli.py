@@ -69,7 +69,7 @@ def _train_parser(sub) -> None:
     for flag, key, text, default, typ in flag_fields():
         if default is not None and "default" not in text.lower():
             text = f"{text} (default: {show_default(default)})"
-        metavar = "{true,false}" if typ is bool else "YAML" if typ is dict else typ.__name__.upper()
+        metavar = "{true,false}" if typ is bool else {dict: "YAML", list: "LIST"}.get(typ, typ.__name__.upper())
         # the value is kept as text: flags override the YAML config only when given
         p.add_argument(flag, dest=key, type=str, default=None, metavar=metavar, help=text)
     p.add_argument("--use-gpu", dest="train.use_gpu", action="store_const", const="true", default=None,
@@ -114,6 +114,9 @@ def _eval_parser(sub) -> None:
     p.add_argument("--length-attack", nargs="+", type=int, default=None, metavar="M",
                    help="also run the elongation attack: repeat each side of every pair M times (capped to fit "
                         "--max-length) and report Spearman and the mean cosine shift per M, e.g. 1 2 4 8")
+    p.add_argument("--dims", default=None, metavar="LIST",
+                   help="also score the embedding's first N coordinates (Matryoshka), e.g. 256,128,64 (default: the "
+                        "sizes the model was trained for, where raycse trained it with objective.matryoshka_dims)")
     p.add_argument("--json", dest="json_out", default=None, help="also write the scores to this JSON file")
 
 
@@ -309,12 +312,14 @@ def _eval_inputs(args) -> tuple[list, object]:
 
 def cmd_eval(args) -> int:
     from raycse.encoder import Encoder
-    from raycse.evaluation.sts import evaluate_datasets, format_table
+    from raycse.evaluation.sts import evaluate_datasets, format_table, format_widths
     from raycse.precision import resolve_precision
 
     json_out = check_writable_file(args.json_out) if args.json_out else None  # before the work, not after
     datasets, beir = _eval_inputs(args)
+    asked = _eval_dims(args.dims, args.model)  # before the model loads: a bad size is one line
     encoder = Encoder.from_pretrained(args.model, pooling=args.pooling)
+    dims = asked or sorted((d for d in encoder.matryoshka_dims or [] if d < encoder.output_size), reverse=True)
     dtype = resolve_precision(args.precision, encoder.device)
 
     def embed(xs, prompt_name=None, progress=False):
@@ -325,8 +330,12 @@ def cmd_eval(args) -> int:
     if datasets:
         print(f"[raycse] {args.model}: pooling {encoder.pooler.kind}, "
               f"{sum(len(d) for d in datasets)} pairs in {len(datasets)} task(s)", file=sys.stderr)
-        result["scores"] = evaluate_datasets(lambda xs: embed(xs, progress=True), datasets)
+        whole = _embedded_once(lambda xs: embed(xs, progress=True))
+        result["scores"] = evaluate_datasets(whole, datasets)
         print(format_table(result["scores"]))
+        if dims:  # the same vectors' prefixes (cosine re-normalises them)
+            result["dims"] = {str(d): evaluate_datasets(lambda xs, d=d: whole(xs)[:, :d], datasets) for d in dims}
+            print(format_widths({encoder.output_size: result["scores"], **dict(zip(dims, result["dims"].values()))}))
     if args.length_attack:
         from raycse.evaluation.length_attack import format_rows, length_attack
 
@@ -339,6 +348,34 @@ def cmd_eval(args) -> int:
     if json_out:
         write_text_atomic(json_out, json.dumps(result, indent=2))
     return 0
+
+
+def _eval_dims(text: Optional[str], model: str) -> list[int]:
+    """--dims: the prefix sizes to score besides the whole embedding, widest first."""
+    from raycse.conversion import coerce
+    from raycse.encoder import embedding_width_of, resolve_model
+
+    if not text:
+        return []
+    dims = coerce("--dims", text, list)
+    width = embedding_width_of(resolve_model(model)) or float("inf")
+    if not dims or not all(isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= width for d in dims):
+        raise RaycseError(f"--dims must be sizes from 1 to the model's {width} coordinates, e.g. 256,128,64; "
+                          f"got {text}")
+    return sorted({d for d in dims if d < width}, reverse=True)
+
+
+def _embedded_once(embed):
+    """``embed`` remembering its answer for each list of texts (each prefix size reuses it)."""
+    seen: dict = {}
+
+    def once(xs):
+        key = tuple(xs)
+        if key not in seen:
+            seen[key] = embed(xs)
+        return seen[key]
+
+    return once
 
 
 def _eval_beir(args, beir, embed, encoder) -> dict:

@@ -221,12 +221,38 @@ class ObjectiveConfig:
     name: str = knob("simcse", '--objective',
                      "training objective (see 'raycse objectives')")
     params: dict = field(default_factory=dict)
+    matryoshka_dims: Optional[list] = knob(None, '--matryoshka-dims',
+                                           'train the objective on each nested prefix of the embedding too (Matryoshka'
+                                           ', Kusupati et al. 2022), e.g. 384,256,128,64: the loss summed over the '
+                                           're-normalised prefixes (default: off)')
+    matryoshka_weights: Optional[list] = None  # one weight per size of matryoshka_dims (default: 1 each)
     # objective knobs with a flag of their own (flag, knob, type, help); the others go through --set
     PARAM_FLAGS: typing.ClassVar[tuple] = (
         ("--tau", "tau", float, "InfoNCE temperature (default: the objective's own, 0.05 for simcse)"),)
 
     def validate(self) -> None:
         self.typed()
+        if self.matryoshka_dims is not None or self.matryoshka_weights is not None:
+            self.matryoshka()
+
+    def matryoshka(self):
+        """The Matryoshka sizes and weights (raycse.objectives.matryoshka.MatryoshkaSpec), or None."""
+        from raycse.objectives.matryoshka import MatryoshkaSpec
+
+        if self.matryoshka_dims is None:
+            if self.matryoshka_weights is not None:
+                raise ConfigError("objective.matryoshka_weights needs objective.matryoshka_dims")
+            return None
+        return MatryoshkaSpec.build(self.matryoshka_dims, self.matryoshka_weights)
+
+    def build(self):
+        """The objective to train: the named one with its knobs, inside Matryoshka where asked for."""
+        from raycse.objectives.matryoshka import Matryoshka
+        from raycse.objectives.registry import get
+
+        objective = get(self.name)(self.typed())
+        spec = self.matryoshka()
+        return Matryoshka(objective, spec) if spec else objective
 
     def typed(self):
         """The knobs as the objective's own typed ``Params`` (coerced, range-checked): parsed once for
@@ -646,6 +672,12 @@ def set_dotted(cfg: RunConfig, key: str, value: Any, _from_yaml: bool = False) -
         name = parts[1]
         if name == "name":
             section.name = str(value)
+        elif name.startswith("matryoshka_") and len(parts) == 2:
+            hints = typing.get_type_hints(ObjectiveConfig)
+            if name not in hints:
+                raise ConfigError(f"unknown config key '{key}'; objective accepts matryoshka_dims and "
+                                  f"matryoshka_weights")
+            setattr(section, name, coerce(key, value, hints[name]))
         elif name == "params" and len(parts) == 2:
             if not isinstance(value, dict):
                 raise ConfigError("objective.params must be a mapping of knob: value")

@@ -49,6 +49,8 @@ def coerce(key: str, value: Any, hint: Any) -> Any:
             return str(value)
         if hint is dict:
             return _mapping(key, value)
+        if hint is list:
+            return _sequence(key, value)
     except ConfigError:
         raise
     except (TypeError, ValueError, OverflowError):
@@ -69,6 +71,21 @@ def _mapping(key: str, value: Any) -> dict:
     if not isinstance(value, dict):
         raise ValueError
     return dict(value)
+
+
+def _sequence(key: str, value: Any) -> list:
+    """A list from YAML, or from a flag's text: ``384,256,128`` or ``[384, 256, 128]``."""
+    if isinstance(value, str):
+        import yaml
+
+        text = value.strip()
+        try:
+            value = yaml.safe_load(text if text.startswith("[") else "[" + text + "]")
+        except (yaml.YAMLError, RecursionError):
+            raise ConfigError(f"{key} must be a list such as 384,256,128, got {shown(value)}") from None
+    if not isinstance(value, (list, tuple)):
+        raise ValueError
+    return list(value)
 
 
 def shown(value: Any, limit: int = 80) -> str:

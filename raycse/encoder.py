@@ -204,6 +204,8 @@ class Encoder(nn.Module):
         self.normalize = normalize
         self.st_config = dict(st_config or {})
         self.include_prompt = include_prompt
+        # the prefix sizes it was trained for (Matryoshka), kept in raycse.json: eval scores each one
+        self.matryoshka_dims: Optional[list[int]] = None
         self.mlp_mode = mlp_head
         self.mlp = MLPHead(self.embedding_size) if mlp_head in ("train_only", "always") else None
         self.max_seq_length = max_seq_length or _default_max_length(backbone, tokenizer)
@@ -249,6 +251,7 @@ class Encoder(nn.Module):
                   layout.include_prompt)
         if enc.mlp is not None:
             enc._load_head(path, head)
+        enc.matryoshka_dims = meta.get("matryoshka_dims")
         return enc
 
     def _load_head(self, path: Path, dense_dir: Optional[str]) -> None:
@@ -438,6 +441,8 @@ class Encoder(nn.Module):
             modules.append((f"{len(modules)}_Dense", "Dense"))
             write_dense(path / modules[-1][0], layer.linear, layer.spec.activation)
         meta = {"pooling": self.pooler.kind, "mlp_head": self.mlp_mode, "max_seq_length": int(self.max_seq_length)}
+        if self.matryoshka_dims:
+            meta["matryoshka_dims"] = [int(d) for d in self.matryoshka_dims]
         if self.mlp is not None and self.mlp_mode == "always":
             modules.append((f"{len(modules)}_Dense", "Dense"))
             write_dense(path / modules[-1][0], self.mlp.dense, "torch.nn.modules.activation.Tanh")
@@ -562,6 +567,23 @@ def default_prompt_of(model_path: str) -> tuple[str, bool]:
     layout = _layout_of(path)
     st = layout.st_config
     return (st.get("prompts") or {}).get(st.get("default_prompt_name") or "", ""), layout.include_prompt
+
+
+def embedding_width_of(model_path: str) -> Optional[int]:
+    """The width of the model's embedding (its last Dense layer's, else its hidden size), read without
+    loading the weights; None where its config cannot be read here."""
+    path = Path(model_path)
+    if not path.is_dir():
+        return None
+    layout = _layout_of(path)
+    if layout.dense:
+        return layout.dense[-1].out_features
+    try:
+        from transformers import AutoConfig
+
+        return int(AutoConfig.from_pretrained(str(path / layout.transformer_dir), local_files_only=True).hidden_size)
+    except Exception:  # the workers load the model and report what is wrong with it
+        return None
 
 
 def _default_max_length(backbone: nn.Module, tokenizer) -> int:

@@ -198,6 +198,15 @@ def naive_evaluate(embed: EmbedFn, datasets: Sequence[STSData], batch_size: int 
     return scores
 
 
+def format_widths(by_width: dict[int, dict[str, float]]) -> str:
+    """Each task's score (rows) at each embedding width (columns, widest first)."""
+    widths = sorted(by_width, reverse=True)
+    names = list(by_width[widths[0]])
+    first = max(len(n) for n in names)
+    head = f"{'dims':<{first}}" + "".join(f"  {w:>6}" for w in widths)
+    return "\n".join([head] + [f"{n:<{first}}" + "".join(f"  {by_width[w][n]:6.2f}" for w in widths) for n in names])
+
+
 def format_table(scores: dict[str, float]) -> str:
     names = list(scores)
     width = max(len(n) for n in names)

@@ -74,6 +74,11 @@ class Objective(nn.Module):
     def setup(self, encoder: nn.Module) -> None:
         """Hook run once with the encoder before DDP wrapping (frozen copies, extra heads)."""
 
+    def matryoshka_refusal(self) -> Optional[str]:
+        """Why this objective, with these knobs, cannot be trained on nested prefixes of the embedding
+        (raycse.objectives.matryoshka), or None."""
+        return None
+
     def custom_lr(self) -> dict[str, float]:
         """Learning rates for this objective's own parameters, by name (e.g. a trainable tau)."""
         return {}

@@ -202,6 +202,12 @@ class CompCSE(Objective):
         if self.params.compose == "sbert":
             self.project = nn.Linear(3 * dim, dim)
 
+    def matryoshka_refusal(self) -> Optional[str]:
+        if self.params.compose == "sbert" and self.params.compose_at == "head":
+            return ("compose sbert projects the full-width projected halves (3d -> d); set compose_at: encoder, or "
+                    "compose mean, sum or concat")
+        return None
+
     def collate(self, texts, tokenizer, max_length):
         ids = special_ids(tokenizer)
         fields = [t.split(FIELD) for t in texts]  # a subsampled row: anchor, left part, right part
@@ -216,7 +222,8 @@ class CompCSE(Objective):
         return pad_cat([full, left, right], ids[2])
 
     def loss(self, z: Tensor, pos: Tensor) -> Tensor:
-        d0 = self.d0 or resolve_d0(self.params.d0, z.shape[1]) or z.shape[1]
+        # (a fraction is a share of the width at hand: under Matryoshka, of each prefix)
+        d0 = min(resolve_d0(self.params.d0, z.shape[1]) or z.shape[1], z.shape[1])
         return info_nce(z[:, :d0], pos[:, :d0], self.params.tau)
 
     def forward(self, encoder, batch) -> LossOutput:

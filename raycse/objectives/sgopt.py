@@ -125,6 +125,10 @@ class SGOPT(Objective):
             raise ConfigError(f"objective.layer_end={end} but the model has {n_layers} layers (0..{n_layers})")
         self.layers = slice(self.params.layer_start, end + 1)
 
+    def matryoshka_refusal(self) -> Optional[str]:
+        return ("its projection head scores the embedding against the frozen copy's full-width hidden layers; drop "
+                "matryoshka_dims or choose another objective")
+
     def train(self, mode: bool = True):
         super().train(mode)
         if self.frozen is not None:

@@ -32,12 +32,13 @@ import yaml
 from raycse import storage as objstore  # "storage" is Ray Train's checkpoint path below
 from raycse.card import model_card
 from raycse.config import RunConfig
-from raycse.encoder import default_prompt_of, probe_tokenizer, resolve_model
+from raycse.encoder import default_prompt_of, embedding_width_of, probe_tokenizer, resolve_model
 from raycse.errors import ConfigError
 from raycse.interrupts import Interrupted
 from raycse.evaluation import initial_scores
 from raycse.evaluation.selection import load_selection
 from raycse.objectives import registry
+from raycse.objectives.matryoshka import check_fits
 from raycse.outputs import OutputClaim, check_not_inside, claim_output, private_tempdir, publish_claimed
 from raycse.redact import redact, redact_obj, refuse_credentials
 from raycse.train import checkpoint as ckpt
@@ -123,7 +124,7 @@ def starts_private_ray() -> bool:
 
 
 def check_data_fits_objective(run: RunConfig) -> None:
-    objective = registry.get(run.objective.name)(run.objective.typed())
+    objective = run.objective.build()
     accepts = objective.accepts  # HiCL's depends on its base
     if run.data.is_pairs and "pairs" not in accepts:
         raise ConfigError(f"objective '{run.objective.name}' trains on single sentences; drop data.pair_column "
@@ -388,7 +389,10 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     dev = load_selection(run.eval)  # the model-selection data (STS-B dev or BEIR)
     probe_tokenizer(model_path, text_sample(run, sources, dev))
     default_prompt, keeps_prompt = default_prompt_of(model_path)
-    column_prompts(run, default_prompt, registry.get(run.objective.name)(run.objective.typed()), keeps_prompt)
+    column_prompts(run, default_prompt, run.objective.build(), keeps_prompt)
+    spec, width = run.objective.matryoshka(), embedding_width_of(model_path)
+    if spec and width:
+        check_fits(spec, width)
     remote = run.output_dir if objstore.is_uri(run.output_dir) else None
     # (an output on object storage is built in the system's temporary directory first)
     local_out = Path(tempfile.gettempdir()) if remote else Path(os.path.expanduser(run.output_dir)).resolve()

@@ -11,7 +11,6 @@ from torch import nn
 from raycse.config import RunConfig
 from raycse.encoder import PROMPT_LEFT_OUT, Encoder
 from raycse.errors import ConfigError, ModelError
-from raycse.objectives import registry
 from raycse.objectives.base import LossOutput, Objective
 from raycse.unpad import use_fast_dropout
 
@@ -38,8 +37,10 @@ def build_module(run: RunConfig) -> TrainModule:
     if run.train.fast_dropout:
         use_fast_dropout(encoder.backbone)
     encoder.add_prompts(run.data.prompts)
-    objective = registry.get(run.objective.name)(run.objective.typed())
+    objective = run.objective.build()
     objective.setup(encoder)
+    spec = run.objective.matryoshka()
+    encoder.matryoshka_dims = list(spec.dims) if spec else None
     multiple, prompts = pad_multiple(run), column_prompts(run, encoder.prompt(), objective, encoder.include_prompt)
     for part in objective.modules():  # (HiCL's base objective collates too)
         if isinstance(part, Objective):
