@@ -233,7 +233,7 @@ class ObjectiveConfig:
     def validate(self) -> None:
         self.typed()
         if self.matryoshka_dims is not None or self.matryoshka_weights is not None:
-            self.matryoshka()
+            self.build()  # (sizes, weights, and whether the objective can be wrapped)
 
     def matryoshka(self):
         """The Matryoshka sizes and weights (raycse.objectives.matryoshka.MatryoshkaSpec), or None."""

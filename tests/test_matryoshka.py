@@ -237,3 +237,28 @@ def test_a_trained_model_records_its_sizes_and_eval_scores_each(ray_cluster, tin
     assert main(["eval", str(model), "--stsb-dev", str(stsb_dev), "--dims", "64"]) == 2
     err = own_lines(capsys.readouterr().err)
     assert len(err) == 1 and "--dims must be sizes from 1 to the model's 32" in err[0]
+
+
+def test_a_search_space_can_search_the_sizes(tmp_path):
+    import optuna
+    import yaml
+
+    from raycse.tune.space import load_space
+
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump({"run": {"objective": {"name": "simcse"}},
+                                    "search": {"matryoshka_dims": {"choice": ["none", "384,256,128,64"]}}}))
+    space = load_space(str(path))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(8):
+        trial = study.ask()
+        space.define_by_run()(trial)
+        dims = space.run_config(trial.params, seed=0).objective.matryoshka_dims
+        seen.add(tuple(dims) if dims else None)
+        study.tell(trial, 0.0)
+    assert seen == {None, (384, 256, 128, 64)}
+    path.write_text(yaml.safe_dump({"run": {"objective": {"name": "sgopt"}},
+                                    "search": {"matryoshka_dims": {"choice": ["none", "64,32"]}}}))
+    with pytest.raises(ConfigError, match="cannot wrap sgopt"):
+        load_space(str(path))

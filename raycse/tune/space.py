@@ -39,12 +39,15 @@ ALIASES = {
     "lambda": "objective.lam",
     "d0": "objective.d0",
     "compose_at": "objective.compose_at",
+    "matryoshka_dims": "objective.matryoshka_dims",  # e.g. {choice: ["none", "384,256,128,64"]}
     "mlp_head": "model.mlp_head",
     "group_size": "grouping.group_size",
     "grouping": "grouping.strategy",
     "batch_size": "train.batch_size",
     "warmup": "train.warmup_ratio",
 }
+# objective settings of every objective (not one objective's knobs)
+OBJECTIVE_SETTINGS = ("objective.name", "objective.matryoshka_dims", "objective.matryoshka_weights")
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "logint", "choice")
 
 
@@ -228,7 +231,7 @@ def _check_knobs(space: SearchSpace) -> None:
             if obj not in registry.names():
                 raise ConfigError(f"{space.path}: objective '{obj}' is not registered; known: "
                                   f"{', '.join(registry.names())}")
-            if knob.key.startswith("objective.") and knob.key != "objective.name":
+            if knob.key.startswith("objective.") and knob.key not in OBJECTIVE_SETTINGS:
                 field_name = knob.key.split(".", 1)[1]
                 if field_name not in registry.knobs(obj):
                     raise ConfigError(f"{space.path}: knob '{knob.name}' ({knob.key}) does not exist for objective "
