@@ -32,13 +32,12 @@ import yaml
 from raycse import storage as objstore  # "storage" is Ray Train's checkpoint path below
 from raycse.card import model_card
 from raycse.config import RunConfig
-from raycse.encoder import default_prompt_of, embedding_width_of, probe_tokenizer, resolve_model
+from raycse.encoder import probe_tokenizer, resolve_model
 from raycse.errors import ConfigError
 from raycse.interrupts import Interrupted
 from raycse.evaluation import initial_scores
 from raycse.evaluation.selection import load_selection
 from raycse.objectives import registry
-from raycse.objectives.matryoshka import check_fits
 from raycse.outputs import OutputClaim, check_not_inside, claim_output, private_tempdir, publish_claimed
 from raycse.redact import redact, redact_obj, refuse_credentials
 from raycse.train import checkpoint as ckpt
@@ -47,7 +46,7 @@ from raycse.train import release
 from raycse.train import tracking as tracking_mod
 from raycse.train.checkpointer import CHECKPOINT_RANK
 from raycse.train.loop import train_loop_per_worker
-from raycse.train.module import column_prompts
+from raycse.train.module import check_model_fits_objective
 from raycse.train.plan import FitPlan, TuneHooks, planned_epochs, plan_steps
 from raycse.train.preflight import check_free_space
 from raycse.train.reporter import SCORE_METRIC
@@ -388,11 +387,7 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
         run.model.name_or_path = model_path  # a relative path means nothing in a worker's directory
     dev = load_selection(run.eval)  # the model-selection data (STS-B dev or BEIR)
     probe_tokenizer(model_path, text_sample(run, sources, dev))
-    default_prompt, keeps_prompt = default_prompt_of(model_path)
-    column_prompts(run, default_prompt, run.objective.build(), keeps_prompt)
-    spec, width = run.objective.matryoshka(), embedding_width_of(model_path)
-    if spec and width:
-        check_fits(spec, width)
+    check_model_fits_objective(run, model_path)
     remote = run.output_dir if objstore.is_uri(run.output_dir) else None
     # (an output on object storage is built in the system's temporary directory first)
     local_out = Path(tempfile.gettempdir()) if remote else Path(os.path.expanduser(run.output_dir)).resolve()

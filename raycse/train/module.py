@@ -9,9 +9,10 @@ import torch
 from torch import nn
 
 from raycse.config import RunConfig
-from raycse.encoder import PROMPT_LEFT_OUT, Encoder
+from raycse.encoder import PROMPT_LEFT_OUT, Encoder, default_prompt_of, embedding_width_of
 from raycse.errors import ConfigError, ModelError
 from raycse.objectives.base import LossOutput, Objective
+from raycse.objectives.matryoshka import check_fits
 from raycse.unpad import use_fast_dropout
 
 GPU_STAND_IN = "RAYCSE_GPU_STAND_IN"  # =cpu: workers holding declared GPUs train on the CPU (tests)
@@ -60,6 +61,16 @@ def column_prompts(run: RunConfig, default: str, objective: Objective, include_p
     if any(prompts.values()) and not include_prompt:
         raise ModelError(PROMPT_LEFT_OUT)
     return prompts
+
+
+def check_model_fits_objective(run: RunConfig, model_path: str) -> None:
+    """On the driver, before anything starts, from the model's files (no weights loaded): the prompts
+    it and the run put before sentences fit the objective, and the Matryoshka sizes fit its width."""
+    default, keeps_prompt = default_prompt_of(model_path)
+    column_prompts(run, default, run.objective.build(), keeps_prompt)
+    spec, width = run.objective.matryoshka(), embedding_width_of(model_path)
+    if spec and width:
+        check_fits(spec, width)
 
 
 def prompt_refusal(objective: str, prompt: str) -> str:
