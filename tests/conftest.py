@@ -55,7 +55,8 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 # The fast tier (scripts/test.sh --fast): every test that starts no Ray and no server. A test is in the
 # full tier alone when it asks for one of these fixtures: the shared Ray, a server, or own_ray (it starts
-# a private Ray of its own: a raycse command in a subprocess, or main() running a fit).
+# a private Ray of its own: a raycse command in a subprocess, or main() running a fit); or when it is
+# marked full_tier by hand (the bad-input table past each command's first case).
 FULL_TIER_FIXTURES = {"ray_cluster", "s3_server", "mlflow_server", "own_ray"}
 
 
@@ -90,7 +91,8 @@ def pytest_configure(config):
     Named like raycse's own scratch directories, so a killed session's is removed by the next one."""
     from raycse.outputs import private_tempdir
 
-    config.addinivalue_line("markers", "full_tier: starts Ray or a server (set by conftest from the fixtures)")
+    config.addinivalue_line("markers", "full_tier: starts Ray or a server (set by conftest from the fixtures), or "
+                                       "runs a long table of interpreters (marked by hand)")
     config._raycse_cache = str(private_tempdir("raycse-test-cache-"))
     os.environ["RAYCSE_CACHE"] = config._raycse_cache
 
