@@ -145,7 +145,7 @@ class Matryoshka(Objective):
             replay.rewind()
             total = total + weight * out.loss
             metrics = {**out.metrics, **metrics}  # the largest dimension's diagnostics
-            metrics[f"loss@{dim}"] = out.loss.detach()
+            metrics[f"loss_{dim}d"] = out.loss.detach()
         return LossOutput(total, metrics)
 
 

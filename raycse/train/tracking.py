@@ -21,6 +21,7 @@ Every wait on the tracking server is bounded (MLflow's own HTTP retries are capp
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -42,6 +43,12 @@ def mlflow_env() -> None:
     """Set the MLflow client's environment before it is first imported."""
     for key, value in _MLFLOW_ENV.items():
         os.environ.setdefault(key, value)
+
+
+def mlflow_name(key: str) -> str:
+    """A metric name as MLflow takes it (letters, digits, ``_ - . / : `` and spaces): ``beir_ndcg@10``
+    is ``beir_ndcg_at_10`` there, since MLflow refuses the whole batch over one such name."""
+    return re.sub(r"[^/\w.\- :]", "_", key.replace("@", "_at_"))
 
 
 def flat_params(d: dict, prefix: str = "") -> dict[str, str]:
@@ -205,7 +212,7 @@ def close_run(tracking: Tracking, ok: bool, final: Optional[dict] = None) -> Non
 
     client = MlflowClient(tracking_uri=tracking.target)
     for key, value in (final or {}).items():
-        client.log_metric(tracking.run_id, key, float(value))
+        client.log_metric(tracking.run_id, mlflow_name(key), float(value))
     client.set_terminated(tracking.run_id, "FINISHED" if ok else "FAILED")
 
 
@@ -257,7 +264,7 @@ class _Sink:
 
             now = int(time.time() * 1000)
             self.client.log_batch(self.tracking.run_id,
-                                  metrics=[Metric(k, v, now, step) for k, v in scalars.items()])
+                                  metrics=[Metric(mlflow_name(k), v, now, step) for k, v in scalars.items()])
 
     def close(self) -> None:
         if self.writer is not None:
