@@ -28,7 +28,7 @@ from common import machine, refuse, train_run
 from objectives_quality import Store, dev_halves, protocol, settings_from
 
 from raycse.encoder import Encoder
-from raycse.evaluation.sts import evaluate_datasets, read_stsb
+from raycse.evaluation.sts import embedded_once, evaluate_datasets, read_stsb
 
 DIMS = [384, 256, 128, 64]
 ROWS = [("SimCSE", {}), ("SimCSE + Matryoshka", {"objective.matryoshka_dims": DIMS})]
@@ -37,14 +37,7 @@ ROWS = [("SimCSE", {}), ("SimCSE + Matryoshka", {"objective.matryoshka_dims": DI
 def scores_by_size(model: str, report) -> dict:
     """The reporting half's Spearman at each prefix size, every sentence embedded once."""
     enc = Encoder.from_pretrained(model)
-    seen: dict = {}
-
-    def embed(xs):
-        key = tuple(xs)
-        if key not in seen:
-            seen[key] = enc.encode(xs, batch_size=128, max_length=256)
-        return seen[key]
-
+    embed = embedded_once(lambda xs: enc.encode(xs, batch_size=128, max_length=256))
     return {d: evaluate_datasets(lambda xs, d=d: embed(xs)[:, :d], [report])[report.name] for d in DIMS}
 
 

@@ -312,7 +312,7 @@ def _eval_inputs(args) -> tuple[list, object]:
 
 def cmd_eval(args) -> int:
     from raycse.encoder import Encoder
-    from raycse.evaluation.sts import evaluate_datasets, format_table, format_widths
+    from raycse.evaluation.sts import embedded_once, evaluate_datasets, format_table, format_widths
     from raycse.precision import resolve_precision
 
     json_out = check_writable_file(args.json_out) if args.json_out else None  # before the work, not after
@@ -330,7 +330,7 @@ def cmd_eval(args) -> int:
     if datasets:
         print(f"[raycse] {args.model}: pooling {encoder.pooler.kind}, "
               f"{sum(len(d) for d in datasets)} pairs in {len(datasets)} task(s)", file=sys.stderr)
-        whole = _embedded_once(lambda xs: embed(xs, progress=True))
+        whole = embedded_once(lambda xs: embed(xs, progress=True))  # (each prefix size reuses it)
         result["scores"] = evaluate_datasets(whole, datasets)
         print(format_table(result["scores"]))
         if dims:  # the same vectors' prefixes (cosine re-normalises them)
@@ -363,19 +363,6 @@ def _eval_dims(text: Optional[str], model: str) -> list[int]:
         raise RaycseError(f"--dims must be sizes from 1 to the model's {width} coordinates, e.g. 256,128,64; "
                           f"got {text}")
     return sorted({d for d in dims if d < width}, reverse=True)
-
-
-def _embedded_once(embed):
-    """``embed`` remembering its answer for each list of texts (each prefix size reuses it)."""
-    seen: dict = {}
-
-    def once(xs):
-        key = tuple(xs)
-        if key not in seen:
-            seen[key] = embed(xs)
-        return seen[key]
-
-    return once
 
 
 def _eval_beir(args, beir, embed, encoder) -> dict:

@@ -198,6 +198,20 @@ def naive_evaluate(embed: EmbedFn, datasets: Sequence[STSData], batch_size: int 
     return scores
 
 
+def embedded_once(embed: EmbedFn) -> EmbedFn:
+    """``embed`` remembering its answer for each list of texts (scoring several prefix sizes of the
+    same vectors embeds them once)."""
+    seen: dict = {}
+
+    def once(xs):
+        key = tuple(xs)
+        if key not in seen:
+            seen[key] = embed(xs)
+        return seen[key]
+
+    return once
+
+
 def format_widths(by_width: dict[int, dict[str, float]]) -> str:
     """Each task's score (rows) at each embedding width (columns, widest first)."""
     widths = sorted(by_width, reverse=True)
