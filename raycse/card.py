@@ -249,6 +249,25 @@ def _matryoshka(run: dict) -> list[str]:
             "`raycse eval` scores each of these sizes.", ""]
 
 
+def _adapter(run: dict) -> list[str]:
+    """What LoRA training left beside the merged weights (model.lora)."""
+    lora = (run.get("model") or {}).get("lora")
+    if not lora:
+        return []
+    from raycse.adapters import ADAPTER_DIR, lora_settings
+
+    s = lora_settings(lora)
+    targets = ", ".join(s["target_modules"]) if s["target_modules"] else "peft's defaults for the model type"
+    return ["## LoRA adapter", "",
+            f"Trained as LoRA adapters (r={s['r']}, alpha={s['alpha']:g}, dropout={s['dropout']:g}, on {targets}) over "
+            f"frozen base weights. The weights here are merged (W + alpha/r BA); the adapter alone is in "
+            f"`{ADAPTER_DIR}/`:", "",
+            "```python", "from peft import PeftModel", "from transformers import AutoModel", "",
+            "from raycse.encoder import resolve_model", "",
+            f'base = AutoModel.from_pretrained(resolve_model("{run["model"]["name_or_path"]}"))  # the base model',
+            f'model = PeftModel.from_pretrained(base, "{ADAPTER_DIR}")', "```", ""]
+
+
 def _usage(name: str, pooling: str) -> list[str]:
     pool = ("out.last_hidden_state[:, 0]" if pooling != "mean" else
             "(out.last_hidden_state * mask).sum(1) / mask.sum(1)")
@@ -289,7 +308,7 @@ def model_card(run: dict, summary: dict, model_dir, search: Optional[dict] = Non
     lines += _model(files) + _training(run, summary) + _hyperparameters(run, summary) + _scores(summary)
     if search:
         lines += _search(search)
-    lines += _usage(name, run["model"]["pooling"]) + _prompts(run) + _matryoshka(run) + _versions() + _citation(run)
+    lines += _usage(name, run["model"]["pooling"]) + _prompts(run) + _matryoshka(run) + _adapter(run) + _versions() + _citation(run)
     return "\n".join(lines)
 
 

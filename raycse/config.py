@@ -56,11 +56,20 @@ class ModelConfig:
                          'none otherwise)')
     max_length: int = knob(32, '--max-length',
                            'max tokens per training sentence')
+    lora: dict = knob({}, '--lora',
+                      "LoRA adapters (extra raycse[peft]) instead of training every weight, as YAML: '{r: 8, alpha:"
+                      " 16, dropout: 0.0, target_modules: [query, value]}' (any key may be left out: r 8, alpha 2 r, "
+                      "dropout 0, peft's targets for the model type); the output holds the merged model and "
+                      "adapter/ (default: none, full fine-tuning)")
 
     def validate(self) -> None:
+        from raycse.adapters import lora_settings
+
         _choice("model.pooling", self.pooling, POOLINGS)
         _choice("model.mlp_head", self.mlp_head, MLP_MODES)
         _at_least("model.max_length", self.max_length, 2)
+        if self.lora:
+            lora_settings(self.lora)
 
     @property
     def resolved_mlp_head(self) -> str:
@@ -650,6 +659,9 @@ def _depth(value, limit: int = MAX_YAML_DEPTH + 1) -> int:
     return deepest
 
 
+TEXT_MAPPINGS = ("prompts",)  # mappings whose --set values stay text as given ("query: " keeps its space)
+
+
 def set_dotted(cfg: RunConfig, key: str, value: Any, _from_yaml: bool = False) -> None:
     """Set ``section.field`` (or a whole ``section`` mapping) with type coercion and a clear unknown-key error."""
     parts = key.split(".")
@@ -688,6 +700,8 @@ def set_dotted(cfg: RunConfig, key: str, value: Any, _from_yaml: bool = False) -
         return
     fields = {f.name: f for f in dataclasses.fields(section)}
     if len(parts) == 3 and parts[1] in fields and isinstance(getattr(section, parts[1]), dict):
+        if isinstance(value, str) and not _from_yaml and parts[1] not in TEXT_MAPPINGS:
+            value = _parse_scalar(value)  # model.lora.r=16 is a number
         getattr(section, parts[1])[parts[2]] = value  # one entry of a mapping, e.g. data.prompts.text
         return
     if len(parts) != 2:

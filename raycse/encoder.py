@@ -422,14 +422,18 @@ class Encoder(nn.Module):
     # ------------------------------------------------------------------ saving
     def save(self, path: str | os.PathLike) -> Path:
         """Write an HF + sentence-transformers directory (weights as safetensors): Transformer, Pooling,
-        the base model's Dense layers, the MLP head when it is part of inference, Normalize."""
+        the base model's Dense layers, the MLP head when it is part of inference, Normalize. A backbone
+        with LoRA adapters is saved merged, and its adapter alone under ``adapter/``."""
         from safetensors.torch import save_file
 
         from raycse.st_format import pooling_config, write_dense
 
+        from raycse.adapters import merged, save_adapter
+
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.backbone.save_pretrained(path, safe_serialization=True)
+        merged(self.backbone).save_pretrained(path, safe_serialization=True)  # LoRA: W + (alpha / r) B A
+        save_adapter(self.backbone, path)
         self.tokenizer.save_pretrained(path)
         (path / "sentence_bert_config.json").write_text(
             json.dumps({"max_seq_length": int(self.max_seq_length), "do_lower_case": False}, indent=2))

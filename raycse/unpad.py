@@ -185,11 +185,14 @@ def _layer(layer: nn.Module, x: Tensor, slot: Tensor, rows: Tensor, key_mask: Te
     attn = layer.attention.self
     heads = attn.num_attention_heads
     head_dim = attn.attention_head_size
-    # One fused projection: a single (tokens, 3h) matmul instead of three.
-    weight = torch.cat([attn.query.weight, attn.key.weight, attn.value.weight])
-    bias = (torch.cat([attn.query.bias, attn.key.bias, attn.value.bias])
-            if attn.query.bias is not None else None)
-    qkv = F.linear(x, weight, bias).index_select(0, slot)  # packed -> padded layout
+    projections = (attn.query, attn.key, attn.value)
+    if all(type(p) is nn.Linear for p in projections):  # one fused (tokens, 3h) matmul instead of three
+        weight = torch.cat([p.weight for p in projections])
+        bias = torch.cat([p.bias for p in projections]) if attn.query.bias is not None else None
+        qkv = F.linear(x, weight, bias)
+    else:  # wrapped projections (LoRA's W x + (alpha / r) B A x) run as their modules: their weight alone is W
+        qkv = torch.cat([p(x) for p in projections], dim=-1)
+    qkv = qkv.index_select(0, slot)  # packed -> padded layout
     qkv = qkv.view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
     scale = getattr(attn, "scaling", head_dim ** -0.5)
     p = attn.dropout.p if attn.training else 0.0

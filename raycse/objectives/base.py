@@ -79,6 +79,11 @@ class Objective(nn.Module):
         (raycse.objectives.matryoshka), or None."""
         return None
 
+    def lora_refusal(self) -> Optional[str]:
+        """Why this objective, with these knobs, cannot train LoRA adapters in place of the backbone's
+        weights (raycse.adapters), or None."""
+        return None
+
     def custom_lr(self) -> dict[str, float]:
         """Learning rates for this objective's own parameters, by name (e.g. a trainable tau)."""
         return {}

@@ -129,6 +129,12 @@ class SGOPT(Objective):
         return ("its projection head scores the embedding against the frozen copy's full-width hidden layers; drop "
                 "matryoshka_dims or choose another objective")
 
+    def lora_refusal(self) -> Optional[str]:
+        if self.params.lam > 0:  # with adapters, T's weights are F's plus (alpha / r) B A: the sum is not Sec. 3's
+            return ("its regularizer lam * sum ||theta_T - theta_F||^2 compares every backbone weight with the frozen "
+                    "copy's, and LoRA trains none of them; set objective.lam=0 or drop model.lora")
+        return None
+
     def train(self, mode: bool = True):
         super().train(mode)
         if self.frozen is not None:

@@ -112,6 +112,8 @@ def check_extras(run: RunConfig) -> None:
         require("faiss", "grouping", "--eval-metric beir:...")
     if run.data.format == "hf":
         require("datasets", "hf", "--format hf")
+    if run.model.lora:
+        require("peft", "peft", "--lora")
     tracking_mod.check(run.train.tracking)
 
 

@@ -8,6 +8,7 @@ import os
 import torch
 from torch import nn
 
+from raycse.adapters import add_lora, trainable_line
 from raycse.config import RunConfig
 from raycse.encoder import PROMPT_LEFT_OUT, Encoder, default_prompt_of, embedding_width_of
 from raycse.errors import ConfigError, ModelError
@@ -39,7 +40,9 @@ def build_module(run: RunConfig) -> TrainModule:
         use_fast_dropout(encoder.backbone)
     encoder.add_prompts(run.data.prompts)
     objective = run.objective.build()
-    objective.setup(encoder)
+    objective.setup(encoder)  # (before the adapters: SG-OPT's frozen copy is the plain backbone)
+    if run.model.lora:
+        encoder.backbone = add_lora(encoder.backbone, run.model.lora)
     spec = run.objective.matryoshka()
     encoder.matryoshka_dims = list(spec.dims) if spec else None
     multiple, prompts = pad_multiple(run), column_prompts(run, encoder.prompt(), objective, encoder.include_prompt)
@@ -65,9 +68,16 @@ def column_prompts(run: RunConfig, default: str, objective: Objective, include_p
 
 def check_model_fits_objective(run: RunConfig, model_path: str) -> None:
     """On the driver, before anything starts, from the model's files (no weights loaded): the prompts
-    it and the run put before sentences fit the objective, and the Matryoshka sizes fit its width."""
+    it and the run put before sentences fit the objective, the Matryoshka sizes fit its width, and the
+    objective can train LoRA adapters where asked."""
     default, keeps_prompt = default_prompt_of(model_path)
-    column_prompts(run, default, run.objective.build(), keeps_prompt)
+    objective = run.objective.build()
+    column_prompts(run, default, objective, keeps_prompt)
+    if run.model.lora:
+        refusals = [(part.name, why) for part in objective.modules()
+                    if isinstance(part, Objective) and (why := part.lora_refusal())]
+        if refusals:
+            raise ConfigError(f"model.lora with objective '{refusals[0][0]}': {refusals[0][1]}")
     spec, width = run.objective.matryoshka(), embedding_width_of(model_path)
     if spec and width:
         check_fits(spec, width)
@@ -115,6 +125,11 @@ def shape_bound(run: RunConfig, objective: Objective) -> str:
             f"{longest}" + (f" padded to a multiple of {m}" if m > 1 else "")
             + f": at most {widths} distinct widths" + (" for the tokenized batch (this objective derives other "
                                                        "widths from it)" if objective.derives_widths else ""))
+
+
+def what_trains(run: RunConfig, module: TrainModule) -> str:
+    """The count of trainable parameters (with LoRA: in the adapters and in the training heads)."""
+    return trainable_line(module, module.encoder.backbone, run.model.lora)
 
 
 def build_optimizer(module: nn.Module, run: RunConfig, total_steps: int):

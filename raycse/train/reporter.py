@@ -11,7 +11,7 @@ import torch
 from raycse.evaluation import initial_scores
 from raycse.objectives.base import LossOutput
 from raycse.train import tracking
-from raycse.train.module import shape_bound
+from raycse.train.module import shape_bound, what_trains
 from raycse.train.plan import FitPlan
 from raycse.train.progress import Progress, run_line
 from raycse.train.profile import describe
@@ -46,8 +46,7 @@ class Reporter:
         return score
 
     def score_before_training(self) -> bool:
-        """The starting model's score when asked for (eval.before_training), computed once per machine;
-        True when it was remembered from an earlier run."""
+        """The starting model's score when asked (eval.before_training), once per machine; True if remembered."""
         before, p = self.run.eval.before_training, self.progress
         if p.step != 0 or before == "false" or self.dev is None:
             return False
@@ -72,7 +71,8 @@ class Reporter:
         log.info(f"[raycse] rank 0 on {machine.describe()}, torch {torch.__version__}; fp32 CPU linears on "
                  f"{'oneDNN' if kernels['onednn'] else 'PyTorch default kernels'} ({kernels['why']})")
         log.info(run_line(self.plan, self.world_size, p, e.dtype, dev, remembered))
-        log.info(f"[raycse] {shape_bound(run, e.core.objective)}")
+        for line in (shape_bound(run, e.core.objective), what_trains(run, e.core)):
+            log.info(f"[raycse] {line}")
 
     def note_warmup(self, started: float) -> None:
         """The time this fit took to its 10th step (first shapes, kernel choice, allocator warm-up)."""
