@@ -308,7 +308,8 @@ def model_card(run: dict, summary: dict, model_dir, search: Optional[dict] = Non
     lines += _model(files) + _training(run, summary) + _hyperparameters(run, summary) + _scores(summary)
     if search:
         lines += _search(search)
-    lines += _usage(name, run["model"]["pooling"]) + _prompts(run) + _matryoshka(run) + _adapter(run) + _versions() + _citation(run)
+    lines += _usage(name, run["model"]["pooling"]) + _prompts(run) + _matryoshka(run) + _adapter(run)
+    lines += _versions() + _citation(run)
     return "\n".join(lines)
 
 

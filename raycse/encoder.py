@@ -426,9 +426,8 @@ class Encoder(nn.Module):
         with LoRA adapters is saved merged, and its adapter alone under ``adapter/``."""
         from safetensors.torch import save_file
 
-        from raycse.st_format import pooling_config, write_dense
-
         from raycse.adapters import merged, save_adapter
+        from raycse.st_format import pooling_config, write_dense
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
