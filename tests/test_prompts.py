@@ -180,3 +180,34 @@ def test_the_actor_pool_embeds_documents_with_their_prompt(ray_cluster, tiny_mod
     data = read_beir(make_beir_dir(tmp_path / "beir"))
     pooled = embed_documents(data, None, str(base), 32, ray_threshold=0)  # never calls the local embed
     np.testing.assert_allclose(pooled, st_model(base).encode_document(data.docs), atol=1e-5)
+
+
+@pytest.mark.parametrize("by, prompts, want", [
+    ("first", {"text": "king. ", "pair": "north. "}, "king. "),
+    ("second", {"text": "king. ", "pair": "north. "}, "north. "),
+    ("second", {"text": "king. "}, "king. "),  # no pair prompt: the default, which the text prompt became
+    ("first", {}, ""),
+])
+def test_grouping_embeds_each_column_with_the_prompt_training_puts_before_it(tiny_model_no_dropout, by, prompts,
+                                                                             want):
+    """kNN grouping's vectors (the driver's actor pool before the first epoch, and the workers' regroup
+    each later epoch) are of the text training sees: the key column's data.prompts entry, else the
+    model's default. The reference: a model without prompts, given prompt + sentence."""
+    import pyarrow as pa
+
+    from raycse.grouping.embed import Embedder, grouping_prompt_name
+    from raycse.grouping.layout import CorpusTable
+    from raycse.train.regroup import embed_share
+
+    firsts, seconds = make_sentences(6, seed=21), make_sentences(6, seed=22)
+    texts = firsts if by == "first" else seconds
+    want_vectors = Encoder.from_pretrained(str(tiny_model_no_dropout)).encode([want + t for t in texts])
+    name = grouping_prompt_name(prompts, by)
+    pool = Embedder(str(tiny_model_no_dropout), 32, 4, False, "fp32", name, prompts)
+    got = pool({"_id": np.arange(6), "text": np.array(texts, dtype=object)})["emb"]
+    np.testing.assert_allclose(got, want_vectors, atol=1e-5)
+    worker = Encoder.from_pretrained(str(tiny_model_no_dropout))
+    worker.add_prompts(prompts)  # as build_module leaves a worker's encoder
+    table = CorpusTable([pa.table({"_id": pa.array(np.arange(6)), "text": firsts, "pair": seconds})])
+    share = embed_share(worker, table, by, 0, 1, 32, 4, None, name)
+    np.testing.assert_allclose(share, want_vectors, atol=1e-5)

@@ -141,13 +141,13 @@ def lay_out_epochs(run: RunConfig, corpus, spe: int, total: int, embed_from: str
     """The fit's epochs as layouts of row ids (raycse.grouping.layout) and each epoch's grouping log.
     Strategies that group by embeddings embed the corpus once, with ``embed_from``."""
     from raycse.grouping import layouts, plan_epoch
-    from raycse.grouping.embed import embed_corpus
+    from raycse.grouping.embed import embed_corpus, grouping_prompt_name
 
-    t = run.train
+    t, prompts = run.train, run.data.prompts
     vectors = functools.lru_cache(maxsize=1)(
         lambda: embed_corpus(corpus, embed_from, run.model.max_length, run.grouping.embed_actors,
                              run.grouping.embed_batch_size, t.use_gpu, t.precision, run.grouping.by,
-                             t.gpu_share or 1.0))
+                             t.gpu_share or 1.0, grouping_prompt_name(prompts, run.grouping.by), prompts))
     plans = []
     for epoch in planned_epochs(run, spe, total):
         first = epoch * spe

@@ -25,17 +25,19 @@ import numpy as np
 import torch
 
 from raycse.grouping.batches import pack_epoch
-from raycse.grouping.embed import column
+from raycse.grouping.embed import column, grouping_prompt_name
 from raycse.grouping.layout import CorpusTable, Layout, epoch_rows
 from raycse.grouping.strategies import group_order
 
 
 def embed_share(encoder, table: CorpusTable, by: str, rank: int, world: int, max_length: int, batch_size: int,
-                dtype: Optional[torch.dtype]) -> np.ndarray:
-    """This rank's rows (``rank::world``), embedded in eval mode with no gradients."""
+                dtype: Optional[torch.dtype], prompt_name: Optional[str] = None) -> np.ndarray:
+    """This rank's rows (``rank::world``), embedded in eval mode with no gradients, after the prompt
+    ``prompt_name`` picks (the column's, as training puts it before them)."""
     texts = table.values(column(by), rank, world)
     with torch.no_grad():
-        return encoder.encode(texts, batch_size=batch_size, max_length=max_length, autocast_dtype=dtype)
+        return encoder.encode(texts, batch_size=batch_size, max_length=max_length, autocast_dtype=dtype,
+                              prompt_name=prompt_name)
 
 
 def gather_vectors(share: np.ndarray, n: int, rank: int, world: int, device: torch.device) -> Optional[np.ndarray]:
@@ -98,7 +100,8 @@ def regroup(encoder, table: CorpusTable, run, rank: int, world: int, device: tor
     """Every rank: embed this rank's share, gather to rank 0, group there, broadcast the batches."""
     t0 = time.perf_counter()
     g = run.grouping
-    share = embed_share(encoder, table, g.by, rank, world, run.model.max_length, g.embed_batch_size, dtype)
+    share = embed_share(encoder, table, g.by, rank, world, run.model.max_length, g.embed_batch_size, dtype,
+                        grouping_prompt_name(run.data.prompts, g.by))
     embed_s = time.perf_counter() - t0
     coll = _collective_device(device, world)
     vectors = gather_vectors(share, table.n, rank, world, coll)
