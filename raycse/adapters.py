@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from raycse.errors import ConfigError
 
@@ -85,16 +85,16 @@ def save_adapter(backbone: nn.Module, path: Path) -> None:
         backbone.save_pretrained(path / ADAPTER_DIR, safe_serialization=True)
 
 
-def trainable_line(module: nn.Module, backbone: nn.Module, spec: Optional[dict]) -> str:
-    """What trains: the count of trainable parameters against all, and with LoRA, where the adapters are."""
+def trainable_line(module: nn.Module, backbone: nn.Module) -> str:
+    """What trains: the count of trainable parameters against all, and with LoRA, the adapters'
+    settings (as peft holds them) and their share."""
     total = sum(p.numel() for p in module.parameters())
     trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
     line = f"trainable parameters: {trainable:,} of {total:,} ({100 * trainable / max(total, 1):.2f}%)"
-    if not spec or not is_lora(backbone):
+    if not is_lora(backbone):
         return line
-    s = lora_settings(spec)
+    config = backbone.peft_config["default"]
     adapters = sum(p.numel() for n, p in backbone.named_parameters() if "lora_" in n)
-    targets = sorted(backbone.peft_config["default"].target_modules)
     heads = trainable - adapters
-    return (f"{line}; LoRA r={s['r']} alpha={s['alpha']:g} on {', '.join(targets)}: {adapters:,} in the adapters"
-            + (f", {heads:,} in the training heads" if heads else ""))
+    return (f"{line}; LoRA r={config.r} alpha={config.lora_alpha:g} on {', '.join(sorted(config.target_modules))}: "
+            f"{adapters:,} in the adapters" + (f", {heads:,} in the training heads" if heads else ""))

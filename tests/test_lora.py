@@ -62,7 +62,7 @@ def test_only_the_adapters_train_and_the_frozen_weights_stay_bit_for_bit(tiny_mo
     assert before.keys() == after.keys() and all(torch.equal(before[n], after[n]) for n in before)
     moved = {n for n, p in module.named_parameters() if "lora_" in n and not torch.equal(p, adapters[n])}
     assert moved == set(adapters)  # every A and B moved (B starts at zero)
-    line = trainable_line(module, module.encoder.backbone, run.model.lora)
+    line = trainable_line(module, module.encoder.backbone)
     trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
     assert f"trainable parameters: {trainable:,} of " in line and "LoRA r=4 alpha=8" in line
     assert f"{sum(p.numel() for p in adapters.values()):,} in the adapters" in line

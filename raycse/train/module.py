@@ -127,9 +127,9 @@ def shape_bound(run: RunConfig, objective: Objective) -> str:
                                                        "widths from it)" if objective.derives_widths else ""))
 
 
-def what_trains(run: RunConfig, module: TrainModule) -> str:
+def what_trains(module: TrainModule) -> str:
     """The count of trainable parameters (with LoRA: in the adapters and in the training heads)."""
-    return trainable_line(module, module.encoder.backbone, run.model.lora)
+    return trainable_line(module, module.encoder.backbone)
 
 
 def build_optimizer(module: nn.Module, run: RunConfig, total_steps: int):

@@ -71,7 +71,7 @@ class Reporter:
         log.info(f"[raycse] rank 0 on {machine.describe()}, torch {torch.__version__}; fp32 CPU linears on "
                  f"{'oneDNN' if kernels['onednn'] else 'PyTorch default kernels'} ({kernels['why']})")
         log.info(run_line(self.plan, self.world_size, p, e.dtype, dev, remembered))
-        for line in (shape_bound(run, e.core.objective), what_trains(run, e.core)):
+        for line in (shape_bound(run, e.core.objective), what_trains(e.core)):
             log.info(f"[raycse] {line}")
 
     def note_warmup(self, started: float) -> None:
