@@ -58,6 +58,9 @@ def coerce(key: str, value: Any, hint: Any) -> Any:
     return value
 
 
+MAPPING_EXAMPLES = {"data.prompts": '{text: "query: "}', "model.lora": "{r: 8, alpha: 16}"}  # for the refusal
+
+
 def _mapping(key: str, value: Any) -> dict:
     """A mapping from YAML, or from a flag's YAML text (braces optional: ``text: "q: "``)."""
     if isinstance(value, str):
@@ -67,7 +70,8 @@ def _mapping(key: str, value: Any) -> dict:
         try:
             value = yaml.safe_load(text if text.startswith("{") else "{" + text + "}") if text else {}
         except (yaml.YAMLError, RecursionError):
-            raise ConfigError(f"{key} must be a YAML mapping such as '{{text: \"query: \"}}', got {shown(value)}") from None
+            example = MAPPING_EXAMPLES.get(key, "{name: value}")
+            raise ConfigError(f"{key} must be a YAML mapping such as '{example}', got {shown(value)}") from None
     if not isinstance(value, dict):
         raise ValueError
     return dict(value)

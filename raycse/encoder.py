@@ -589,6 +589,22 @@ def embedding_width_of(model_path: str) -> Optional[int]:
         return None
 
 
+def empty_backbone_of(model_path: str) -> Optional[nn.Module]:
+    """The model's architecture with no weights (meta tensors: no memory, no loading), for checks of
+    its module names on the driver; None where its config cannot be read here."""
+    path = Path(model_path)
+    if not path.is_dir():
+        return None
+    from transformers import AutoConfig, AutoModel
+
+    try:
+        config = AutoConfig.from_pretrained(str(path / _layout_of(path).transformer_dir), local_files_only=True)
+    except Exception:  # the workers load the model and report what is wrong with it
+        return None
+    with torch.device("meta"):
+        return AutoModel.from_config(config)
+
+
 def _default_max_length(backbone: nn.Module, tokenizer) -> int:
     limit = getattr(backbone.config, "max_position_embeddings", 512) or 512
     tok = getattr(tokenizer, "model_max_length", limit) or limit

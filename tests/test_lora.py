@@ -235,3 +235,18 @@ def test_two_workers_train_the_adapters_checkpoint_and_resume(ray_cluster, tiny_
     assert main([*argv, "--overwrite"]) == 0
     assert "resumed from step 4" in capsys.readouterr().out
     assert load_file(str(out / "model" / "model.safetensors")).keys() == saved.keys()
+
+
+def test_targets_the_model_lacks_are_refused_before_anything_starts(tiny_model, corpus, tmp_path, capsys):
+    """peft's own check of target_modules, run on the driver over the weightless architecture: one line
+    and exit 2, not a traceback from every worker."""
+    out = tmp_path / "out"
+    argv = ["train", "--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", "none", "--output", str(out),
+            "--lora", "{target_modules: [nosuch]}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("raycse: error: model.lora: No modules were targeted"), err
+    assert not out.exists()
+    assert main([*argv[:-1], "{r: 4", "--print-config"]) == 2  # bad YAML: one line naming an example
+    assert capsys.readouterr().err.strip() == ("raycse: error: model.lora must be a YAML mapping such as "
+                                               "'{r: 8, alpha: 16}', got '{r: 4'")

@@ -10,7 +10,7 @@ from torch import nn
 
 from raycse.adapters import add_lora, trainable_line
 from raycse.config import RunConfig
-from raycse.encoder import PROMPT_LEFT_OUT, Encoder, default_prompt_of, embedding_width_of
+from raycse.encoder import PROMPT_LEFT_OUT, Encoder, default_prompt_of, embedding_width_of, empty_backbone_of
 from raycse.errors import ConfigError, ModelError
 from raycse.objectives.base import LossOutput, Objective
 from raycse.objectives.matryoshka import check_fits
@@ -78,6 +78,9 @@ def check_model_fits_objective(run: RunConfig, model_path: str) -> None:
                     if isinstance(part, Objective) and (why := part.lora_refusal())]
         if refusals:
             raise ConfigError(f"model.lora with objective '{refusals[0][0]}': {refusals[0][1]}")
+        empty = empty_backbone_of(model_path)
+        if empty is not None:  # peft's own matching of target_modules, on the weightless architecture
+            add_lora(empty, run.model.lora)
     spec, width = run.objective.matryoshka(), embedding_width_of(model_path)
     if spec and width:
         check_fits(spec, width)
