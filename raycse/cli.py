@@ -93,6 +93,8 @@ def _eval_parser(sub) -> None:
                     "mean. Each unique sentence is embedded once, in length-sorted batches. Get the data with "
                     "SentEval's data/downstream/get_transfer_data.bash and pass its data/downstream directory. "
                     "--beir-dir adds retrieval (nDCG@10, MRR@10, Recall@100) on a BEIR-layout directory. "
+                    "--mteb / --mteb-local run MTEB tasks through the mteb package (pip install 'raycse[mteb]'): "
+                    "registered tasks from the Hugging Face cache, or mteb's task classes over local data. "
                     "MODEL may be a local directory, 'default', a hub name, or a raycse output on object "
                     "storage (s3://.../model), fetched once into a local cache.")
     p.add_argument("model", help="model directory (raycse output, sentence-transformers or HF) or 'default'")
@@ -103,7 +105,15 @@ def _eval_parser(sub) -> None:
     p.add_argument("--beir-dir", metavar="DIR",
                    help="also evaluate retrieval on this BEIR-layout directory (corpus.jsonl, queries.jsonl, "
                         "qrels/SPLIT.tsv): nDCG@10, MRR@10, Recall@100")
-    p.add_argument("--split", default="test", help="the qrels file of --beir-dir: qrels/SPLIT.tsv")
+    p.add_argument("--split", default="test", help="the qrels file of --beir-dir and --mteb-local beir:DIR: "
+                                                   "qrels/SPLIT.tsv")
+    p.add_argument("--mteb", metavar="TASKS", default=None,
+                   help="also run these registered MTEB tasks, comma-separated (e.g. STS12,SciFact), scored by mteb; "
+                        "their data must be in the Hugging Face cache where the hub cannot be reached")
+    p.add_argument("--mteb-local", metavar="KIND:PATH", action="append", default=None,
+                   help="also run MTEB's task classes on local data: senteval:DIR (the STS tasks of --tasks), "
+                        "stsb:FILE (an STS Benchmark-format file, e.g. STS-B dev) or beir:DIR (retrieval, "
+                        "qrels/SPLIT.tsv); may be repeated")
     p.add_argument("--pooling", default=None, choices=POOLINGS,
                    help="override the model's pooling")
     p.add_argument("--batch-size", type=int, default=128, help="sentences per encoder call")
@@ -285,9 +295,9 @@ def _eval_inputs(args) -> tuple[list, object]:
     """Every evaluation file read and checked before the model loads: (STS datasets, BEIR data or None)."""
     from raycse.evaluation.sts import TASKS, canonical_task, load_task, read_stsb
 
-    if not args.senteval_dir and not args.stsb_dev and not args.beir_dir:
-        raise RaycseError("nothing to evaluate: pass --senteval-dir DIR (SentEval layout), --stsb-dev FILE and/or "
-                          "--beir-dir DIR (BEIR layout)")
+    if not (args.senteval_dir or args.stsb_dev or args.beir_dir or args.mteb or args.mteb_local):
+        raise RaycseError("nothing to evaluate: pass --senteval-dir DIR (SentEval layout), --stsb-dev FILE, "
+                          "--beir-dir DIR (BEIR layout) and/or --mteb TASKS / --mteb-local KIND:PATH")
     if args.batch_size < 1:
         raise RaycseError(f"--batch-size must be >= 1, got {args.batch_size}")
     check_max_length(args.max_length)
@@ -310,6 +320,18 @@ def _eval_inputs(args) -> tuple[list, object]:
     return datasets, beir
 
 
+def _mteb_inputs(args):
+    """The MTEB tasks asked for, their data read (or refused) before the model loads; None if none."""
+    if not (args.mteb or args.mteb_local):
+        return None
+    from raycse.evaluation.mteb_eval import load_suite, parse_local, parse_registered
+
+    specs = parse_registered(args.mteb) if args.mteb else []
+    for local in args.mteb_local or []:
+        specs += parse_local(local, args.tasks)
+    return load_suite(specs, args.split)
+
+
 def cmd_eval(args) -> int:
     from raycse.encoder import Encoder
     from raycse.evaluation.sts import embedded_once, evaluate_datasets, format_table, format_widths
@@ -317,6 +339,7 @@ def cmd_eval(args) -> int:
 
     json_out = check_writable_file(args.json_out) if args.json_out else None  # before the work, not after
     datasets, beir = _eval_inputs(args)
+    suite = _mteb_inputs(args)
     asked = _eval_dims(args.dims, args.model)  # before the model loads: a bad size is one line
     encoder = Encoder.from_pretrained(args.model, pooling=args.pooling)
     dims = asked or sorted((d for d in encoder.matryoshka_dims or [] if d < encoder.output_size), reverse=True)
@@ -332,10 +355,17 @@ def cmd_eval(args) -> int:
               f"{sum(len(d) for d in datasets)} pairs in {len(datasets)} task(s)", file=sys.stderr)
         whole = embedded_once(lambda xs: embed(xs, progress=True))  # (each prefix size reuses it)
         result["scores"] = evaluate_datasets(whole, datasets)
-        print(format_table(result["scores"]))
-        if dims:  # the same vectors' prefixes (cosine re-normalises them)
-            result["dims"] = {str(d): evaluate_datasets(lambda xs, d=d: whole(xs)[:, :d], datasets) for d in dims}
-            print(format_widths({encoder.output_size: result["scores"], **dict(zip(dims, result["dims"].values()))}))
+    if suite is not None:
+        print(f"[raycse] {args.model}: MTEB, {len(suite.tasks)} task(s): "
+              f"{', '.join(task.metadata.name for task in suite.tasks)}", file=sys.stderr)
+        result["mteb"] = suite.run(lambda xs, prompt_name=None: embed(xs, prompt_name, progress=True), args.model,
+                                   args.batch_size)
+    if datasets or suite is not None:  # one table: raycse's scores, then mteb's main scores
+        print(format_table({**result.get("scores", {}), **{f"{row['task']} (mteb {row['main_score']})": row["score"]
+                                                            for row in result.get("mteb", {}).values()}}))
+    if datasets and dims:  # the same vectors' prefixes (cosine re-normalises them)
+        result["dims"] = {str(d): evaluate_datasets(lambda xs, d=d: whole(xs)[:, :d], datasets) for d in dims}
+        print(format_widths({encoder.output_size: result["scores"], **dict(zip(dims, result["dims"].values()))}))
     if args.length_attack:
         from raycse.evaluation.length_attack import format_rows, length_attack
 

@@ -482,11 +482,15 @@ class EvalConfig:
     precision: str = knob("fp32", '--eval-precision',
                           "dev scoring: fp32 (exact, as 'raycse eval' scores by default) | train (the training run's "
                           "autocast: faster where bf16 is native, scores move by ~0.01) | bf16 | auto (as for training)")
-    # Model selection (best checkpoint, Tune's rung scores): stsb_dev (Spearman x100 on eval.stsb_dev) or
-    # beir:DIR:METRIC (METRIC one of ndcg@10, mrr@10, recall@100, x100) on qrels/{beir_split}.tsv of DIR.
+    # Model selection (best checkpoint, Tune's rung scores), x100: stsb_dev (Spearman on eval.stsb_dev),
+    # beir:DIR:METRIC (METRIC one of ndcg@10, mrr@10, recall@100, on qrels/{beir_split}.tsv of DIR), or an
+    # MTEB task's main score through the mteb package: mteb:TASK (registered, cached), mteb:senteval:DIR:TASK,
+    # mteb:stsb:FILE or mteb:beir:DIR (mteb's task classes over local data).
     metric: str = knob("stsb_dev", '--eval-metric',
-                       'model selection: stsb_dev (Spearman on --stsb-dev) or beir:DIR:METRIC (ndcg@10 | mrr@10 | '
-                       'recall@100 on a BEIR-layout DIR, split eval.beir_split)')
+                       'model selection: stsb_dev (Spearman on --stsb-dev), beir:DIR:METRIC (ndcg@10 | mrr@10 | '
+                       'recall@100 on a BEIR-layout DIR, split eval.beir_split), or an MTEB main score: mteb:TASK '
+                       '(a registered task whose data is cached), mteb:senteval:DIR:TASK, mteb:stsb:FILE or '
+                       'mteb:beir:DIR')
     beir_split: str = "test"
 
     def validate(self) -> None:
@@ -498,20 +502,32 @@ class EvalConfig:
         self.selection()
 
     def selection(self) -> tuple[str, Optional[str], Optional[str]]:
-        """("stsb_dev", None, None) or ("beir", DIR, metric as printed, e.g. nDCG@10)."""
+        """("stsb_dev", None, None), ("beir", DIR, metric as printed, e.g. nDCG@10) or ("mteb", None, None)
+        (the task: :meth:`mteb_task`)."""
         if self.metric == "stsb_dev":
             return "stsb_dev", None, None
+        if self.metric.startswith("mteb:"):
+            self.mteb_task()
+            return "mteb", None, None
         names = {"ndcg@10": "nDCG@10", "mrr@10": "MRR@10", "recall@100": "Recall@100"}
         kind, _, rest = self.metric.partition(":")
         directory, _, name = rest.rpartition(":")
         if kind != "beir" or not directory or name.lower() not in names:
-            raise ConfigError(f"eval.metric must be stsb_dev or beir:DIR:METRIC with METRIC one of "
-                              f"{', '.join(names)}; got {self.metric!r}")
+            raise ConfigError(f"eval.metric must be stsb_dev, beir:DIR:METRIC with METRIC one of "
+                              f"{', '.join(names)}, or mteb:TASK; got {self.metric!r}")
         return "beir", directory, names[name.lower()]
 
+    def mteb_task(self):
+        """The MTEB task of eval.metric mteb:... (raycse.evaluation.mteb_eval.TaskSpec)."""
+        from raycse.evaluation.mteb_eval import parse_selection
+
+        return parse_selection(self.metric)
+
     def score_key(self) -> str:
-        """The metrics key of the model-selection score: stsb_dev_spearman or beir_ndcg@10 (...)."""
+        """The metrics key of the model-selection score: stsb_dev_spearman, beir_ndcg@10 (...), mteb_STS12 (...)."""
         kind, _, name = self.selection()
+        if kind == "mteb":
+            return self.mteb_task().key
         return "stsb_dev_spearman" if kind == "stsb_dev" else f"beir_{name.lower()}"
 
     def resolved_stsb_dev(self) -> Optional[str]:

@@ -113,10 +113,12 @@ def inputs(tmp_path_factory):
     (root / "nosite").mkdir()
     # an interpreter where faiss, optuna and wandb cannot be imported (sys.modules[m] = None blocks an import)
     (root / "nosite" / "sitecustomize.py").write_text("import sys\nsys.modules['faiss'] = None\n"
-                                                      "sys.modules['optuna'] = None\nsys.modules['wandb'] = None\n")
+                                                      "sys.modules['optuna'] = None\nsys.modules['wandb'] = None\n"
+                                                      "sys.modules['mteb'] = None\n")
     (root / "nofaiss").mkdir()  # and one with optuna but not faiss
     (root / "nofaiss" / "sitecustomize.py").write_text("import sys\nsys.modules['faiss'] = None\n")
     extra = _issue65_inputs(root, model)
+    extra["hf_home"] = tmp_path_factory.mktemp("hf-home")  # an empty Hugging Face cache, outside root
     return {"root": root, "model": model, "corpus": corpus, "pairs": pairs, "dev": dev, "space": space,
             "knn_space": knn_space, **extra,
             "beir": beir, "damaged": _damaged_models(root, model),
@@ -156,6 +158,9 @@ def _cases(i: dict) -> list:
         ([*train[:2], dm["weights"], *train[3:]], "model.safetensors is damaged", None),
         ([*train, "--grouping", "knn"], "pip install 'raycse[grouping]'", no_extras),
         ([*train, "--eval-metric", f"beir:{i['beir']}:ndcg@10"], "pip install 'raycse[grouping]'", no_extras),
+        ([*train, "--eval-metric", "mteb:STS12"], "pip install 'raycse[mteb]'", no_extras),
+        ([*train, "--eval-metric", "mteb:senteval:x"], "eval.metric mteb:senteval:DIR:TASK needs a directory", None),
+        ([*train, "--eval-metric", f"mteb:senteval:{r}:STS99"], "unknown STS task 'STS99'", None),
         (["eval", dm["meta"], "--stsb-dev", d], "raycse.json is damaged", None),
         (["eval", dm["pooling"], "--stsb-dev", d], "config.json is damaged", None),
         (["eval", dm["head"], "--stsb-dev", d], "mlp_head.safetensors is damaged", None),
@@ -163,6 +168,12 @@ def _cases(i: dict) -> list:
         ([*ev, "--max-length", "0"], "--max-length must be >= 2", None),
         ([*ev, "--pooling", "nosuch"], "invalid choice: 'nosuch'", None),
         (["eval", m, "--beir-dir", str(i["beir"])], "pip install 'raycse[grouping]'", no_extras),
+        (["eval", m, "--mteb", "STS12"], "pip install 'raycse[mteb]'", no_extras),
+        (["eval", m, "--mteb", "STS12"], "MTEB task 'STS12' has no data in this machine's Hugging Face cache",
+         {"HF_HUB_OFFLINE": "1", "HF_HOME": str(i["hf_home"])}),
+        (["eval", m, "--mteb", "STS1"], "unknown MTEB task 'STS1'", None),
+        (["eval", m, "--mteb-local", "senteval"], "--mteb-local must be senteval:DIR, stsb:FILE or beir:DIR", None),
+        (["eval", m, "--mteb-local", f"beir:{i['beir']}"], "missing BEIR file", None),
         ([*mine, "--max-length", "-5"], "--max-length must be >= 2", None),
         ([*mine, "--margin", "nan"], "--margin must be a finite number", None),
         ([*mine[:-3], dm["weights"], *mine[-2:]], "model.safetensors is damaged", None),

@@ -39,9 +39,12 @@ def _files_stamp(model_path: str) -> list:
 
 
 def data_digest(selection) -> str:
-    """A digest of the selection data's content (STS pairs and gold scores, or a BEIR split)."""
+    """A digest of the selection data's content (STS pairs and gold scores, a BEIR split, or an MTEB task's
+    data)."""
     h = hashlib.sha256(selection.key.encode())
-    if selection.sts is not None:
+    if selection.mteb is not None:
+        h.update(selection.mteb.digest().encode())
+    elif selection.sts is not None:
         sts = selection.sts
         h.update(json.dumps([list(sts.sent1), list(sts.sent2), [float(x) for x in sts.gold]]).encode())
     else:

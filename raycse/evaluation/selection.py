@@ -2,7 +2,9 @@
 
 - ``stsb_dev``: Spearman x100 on the STS-B dev file (``eval.stsb_dev``);
 - ``beir:DIR:METRIC``: nDCG@10, MRR@10 or Recall@100 x100 on a BEIR-layout directory
-  (``qrels/{eval.beir_split}.tsv``), retrieval as ``raycse eval --beir-dir`` does it.
+  (``qrels/{eval.beir_split}.tsv``), retrieval as ``raycse eval --beir-dir`` does it;
+- ``mteb:TASK`` (a registered task, its data cached), ``mteb:senteval:DIR:TASK`` or ``mteb:beir:DIR``: the
+  task's MTEB main score x100, scored by mteb as ``raycse eval --mteb`` does it.
 
 The data is read once on the driver (bad input fails before Ray starts) and shipped to rank 0.
 """
@@ -24,8 +26,13 @@ class Selection:
     sts: Optional[object] = None  # raycse.evaluation.sts.STSData
     beir: Optional[object] = None  # raycse.evaluation.beir.BeirData
     beir_metric: Optional[str] = None
+    mteb: Optional[object] = None  # raycse.evaluation.mteb_eval.Suite of one task, its data in memory
+    model_name: str = "raycse/model"  # what mteb's results name the model
 
     def score(self, embed: EmbedFn) -> float:
+        if self.mteb is not None:
+            (row,) = self.mteb.run(embed, self.model_name).values()
+            return row["score"]
         if self.sts is not None:
             from raycse.evaluation.sts import evaluate_datasets
 
@@ -42,6 +49,11 @@ class Selection:
 def load_selection(eval_cfg) -> Optional[Selection]:
     """The run's selection data, or None (no STS-B dev file: train without scoring)."""
     kind, directory, metric = eval_cfg.selection()
+    if kind == "mteb":
+        from raycse.evaluation.mteb_eval import load_suite
+
+        spec = eval_cfg.mteb_task()
+        return Selection(spec.key, spec.label, mteb=load_suite([spec], eval_cfg.beir_split))
     if kind == "beir":
         from raycse.evaluation.beir import read_beir
 

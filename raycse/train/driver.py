@@ -110,6 +110,8 @@ def check_extras(run: RunConfig) -> None:
         require("faiss", "grouping", f"--grouping {run.grouping.strategy}")
     if run.eval.selection()[0] == "beir":
         require("faiss", "grouping", "--eval-metric beir:...")
+    if run.eval.selection()[0] == "mteb":
+        require("mteb", "mteb", "--eval-metric mteb:...")
     if run.data.format == "hf":
         require("datasets", "hf", "--format hf")
     if run.model.lora:
@@ -525,10 +527,12 @@ def check_apart_from_output(run: RunConfig, storage_path: Optional[str]) -> None
     """Nothing the run reads, and not its checkpoints, inside the local output directory it publishes."""
     if objstore.is_uri(run.output_dir):
         return
-    beir = run.eval.selection()
+    kind, directory, _ = run.eval.selection()
+    if kind == "mteb":
+        directory = run.eval.mteb_task().directory
     check_not_inside(run.output_dir, "--output",
                      {"--corpus": run.data.corpus, "--model": run.model.name_or_path, "--stsb-dev": run.eval.resolved_stsb_dev(),
-                      "--eval-metric": beir[1] if beir[0] == "beir" else None},
+                      "--eval-metric": directory},
                      writes={"--storage-path": storage_path})
 
 

@@ -1,0 +1,303 @@
+"""MTEB evaluation through the ``mteb`` package (extra ``raycse[mteb]``): registered tasks from the
+Hugging Face cache, and local tasks built on mteb's own task classes from the SentEval and BEIR
+layouts raycse reads.
+
+- Registered tasks (``mteb.get_tasks``) load their data with ``datasets``. raycse never downloads at
+  evaluation time on a machine that cannot reach the hub: there the data is read from the cache only,
+  and a task whose data is not cached is refused in one line that names the offline fixes.
+- Local tasks: ``senteval:DIR`` gives one ``AbsTaskSTS`` per STS task (STS12-16 in the "all"
+  setting: one Spearman over every subset of the year, as ``evaluation/sts.py``), ``stsb:FILE`` one
+  over an STS Benchmark-format file (e.g. the STS-B dev set), ``beir:DIR`` one
+  ``AbsTaskRetrieval`` (documents as title + text, queries with relevant documents only, a query's
+  own id left out of its results: BEIR's ``ignore_identical_ids``).
+- Scoring is mteb's own (``mteb.evaluate``); raycse only hands it the embeddings, through
+  :class:`RaycseModel`, the same ``Encoder.encode`` that ``raycse eval`` scores with. mteb's prompt
+  types map to the model's prompts "query" and "document", as sentence-transformers names them.
+- Scores are the task's main score x100 (raycse's scale). No result cache is written (mteb's
+  default would write under ~/.cache/mteb, which no raycse command owns).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from raycse.errors import ConfigError, DataError, RaycseError
+
+EmbedFn = Callable[..., np.ndarray]  # embed(texts, prompt_name=None) -> (n, d) float32
+LOCAL_KINDS = ("senteval", "stsb", "beir")
+OFFLINE_FIX = ("copy a Hugging Face cache that holds it (HF_HOME) from a machine that ran the task online, "
+               "or run the same evaluation on local files with --mteb-local senteval:DIR, stsb:FILE or beir:DIR")
+
+
+# ------------------------------------------------------------------------------------------ specs
+@dataclass(frozen=True)
+class TaskSpec:
+    """One MTEB task to run: a registered name, or local data of a SentEval/BEIR directory."""
+
+    name: str  # registered task name, or the SentEval task (STS12, STSBenchmark, ...) / "BEIR"
+    kind: str = "registered"  # registered | senteval | stsb | beir
+    directory: Optional[str] = None  # (stsb: the file)
+
+    @property
+    def key(self) -> str:
+        """The metrics key (JSON, Tune, MLflow): mteb_STS12, mteb_local_STSBenchmark, mteb_local_stsb,
+        mteb_local_beir."""
+        if self.kind == "registered":
+            return f"mteb_{self.name}"
+        return f"mteb_local_{self.name if self.kind == 'senteval' else self.kind}"
+
+    @property
+    def label(self) -> str:
+        return f"MTEB {self.name}" if self.kind == "registered" else f"MTEB {self.name} ({self.kind}:{self.directory})"
+
+
+def parse_registered(text: str) -> list[TaskSpec]:
+    """--mteb STS12,SciFact: registered task names (checked against mteb's registry)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise RaycseError(f"--mteb needs task names, e.g. --mteb STS12,STSBenchmark; got {text!r}")
+    return [TaskSpec(name) for name in names]
+
+
+def parse_local(text: str, sts_tasks: Optional[Sequence[str]] = None) -> list[TaskSpec]:
+    """--mteb-local senteval:DIR (one task per STS task, --tasks filters), stsb:FILE or beir:DIR."""
+    from raycse.evaluation.sts import TASKS, canonical_task
+
+    kind, sep, directory = text.partition(":")
+    if not sep or kind not in LOCAL_KINDS or not directory:
+        raise RaycseError(f"--mteb-local must be senteval:DIR, stsb:FILE or beir:DIR; got {text!r}")
+    if kind in ("beir", "stsb"):
+        return [TaskSpec(kind.upper(), kind, directory)]
+    return [TaskSpec(canonical_task(t), "senteval", directory) for t in (sts_tasks or TASKS)]
+
+
+def parse_selection(text: str) -> TaskSpec:
+    """eval.metric mteb:TASK | mteb:senteval:DIR:TASK | mteb:stsb:FILE | mteb:beir:DIR -> the one task that
+    selects."""
+    from raycse.evaluation.sts import canonical_task
+
+    rest = text.partition(":")[2]
+    kind, _, tail = rest.partition(":")
+    if kind in ("beir", "stsb") and tail:
+        return TaskSpec(kind.upper(), kind, tail)
+    if kind == "senteval":
+        directory, _, task = tail.rpartition(":")
+        if not directory or not task:
+            raise ConfigError(f"eval.metric mteb:senteval:DIR:TASK needs a directory and a task; got {text!r}")
+        return TaskSpec(canonical_task(task), "senteval", directory)
+    if not rest or ":" in rest:
+        raise ConfigError(f"eval.metric must be mteb:TASK (a registered MTEB task), mteb:senteval:DIR:TASK, "
+                          f"mteb:stsb:FILE or mteb:beir:DIR; got {text!r}")
+    return TaskSpec(rest)
+
+
+# ------------------------------------------------------------------------------------------ model
+def _model_class():
+    from mteb.models.abs_encoder import AbsEncoder
+    from mteb.models.model_meta import ModelMeta, ScoringFunction
+
+    class RaycseModel(AbsEncoder):
+        """mteb's encoder protocol over a raycse embed function (cosine similarity, as raycse scores)."""
+
+        def __init__(self, embed: EmbedFn, name: str):
+            self.embed = embed
+            self.mteb_model_meta = ModelMeta.create_empty({"name": name, "similarity_fn_name": ScoringFunction.COSINE})
+
+        def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
+            from raycse.evaluation.beir import DOCUMENT, QUERY
+
+            texts = [t for batch in inputs for t in batch["text"]]
+            kind = getattr(prompt_type, "value", prompt_type)
+            prompt_name = {"query": QUERY, "document": DOCUMENT}.get(kind)
+            return self.embed(texts, prompt_name=prompt_name)
+
+    return RaycseModel
+
+
+def model_for(embed: EmbedFn, model_name: str):
+    """An mteb model over ``embed``; its name is the model's (org/name form, as mteb asks)."""
+    name = model_name.rstrip("/").replace("\\", "/")
+    name = name if name.count("/") == 1 and not name.startswith(("/", ".")) else f"raycse/{Path(name).name or 'model'}"
+    return _model_class()(embed, name)
+
+
+# ------------------------------------------------------------------------------------------ tasks
+def _sts_task(spec: TaskSpec):
+    import datasets
+
+    from raycse.evaluation.mteb_tasks import LocalSTS, metadata
+    from raycse.evaluation.sts import load_task, read_stsb
+
+    data = read_stsb(spec.directory) if spec.kind == "stsb" else load_task(spec.directory, spec.name)
+    pairs = datasets.Dataset.from_dict({"sentence1": data.sent1, "sentence2": data.sent2,
+                                        "score": [float(g) for g in data.gold]})
+    where = "the STS Benchmark-format file" if spec.kind == "stsb" else "the SentEval directory"
+    meta = metadata(f"{spec.name}-local", "STS", "cosine_spearman", f"{spec.name} from {where} {spec.directory}",
+                    spec.directory)
+    return LocalSTS(meta, {"default": {"test": pairs}}, min_score=1 if spec.name == "SICKRelatedness" else 0)
+
+
+def _beir_task(spec: TaskSpec, split: str):
+    import datasets
+
+    from raycse.evaluation.beir import read_beir
+    from raycse.evaluation.mteb_tasks import LocalRetrieval, metadata
+
+    data = read_beir(spec.directory, split)
+    meta = metadata("BEIR-local", "Retrieval", "ndcg_at_10",
+                    f"BEIR-layout directory {spec.directory}, qrels/{split}.tsv", spec.directory)
+    return LocalRetrieval(meta, {"default": {"test": {
+        "corpus": datasets.Dataset.from_dict({"id": data.doc_ids, "text": data.docs}),
+        "queries": datasets.Dataset.from_dict({"id": data.query_ids, "text": data.queries}),
+        "relevant_docs": {q: dict(d) for q, d in data.qrels.items()},
+        "top_ranked": None}}})
+
+
+def _registered_task(spec: TaskSpec):
+    import mteb
+
+    try:
+        (task,) = mteb.get_tasks(tasks=[spec.name])
+    except (KeyError, ValueError) as exc:
+        said = str(exc.args[0] if exc.args else exc).strip("\"' ")  # mteb's own line, "did you mean" included
+        raise RaycseError(f"unknown MTEB task '{spec.name}' ({said}); list them with "
+                          f"python -c \"import mteb; print(mteb.get_tasks())\"") from None
+    return task
+
+
+@dataclass
+class Suite:
+    """Tasks built and their data loaded, before any model loads (bad input fails first)."""
+
+    specs: list[TaskSpec]
+    tasks: list = field(default_factory=list)
+
+    def digest(self) -> str:
+        """A digest of what the scores depend on besides the model: mteb's version, each task's name and main
+        score, and its data's content (for raycse.evaluation.initial_scores' key)."""
+        import hashlib
+        import json
+
+        import mteb
+
+        h = hashlib.sha256(str(mteb.__version__).encode())
+        for task in self.tasks:
+            h.update(json.dumps([task.metadata.name, task.metadata.main_score]).encode())
+            _digest_data(task.dataset, h)
+        return h.hexdigest()
+
+    def run(self, embed: EmbedFn, model_name: str, batch_size: int = 128, progress: bool = False) -> dict:
+        """{spec.key: {"task", "main_score", "score" (x100), "scores" (mteb's test split, as mteb names them)}}."""
+        import mteb
+
+        result = mteb.evaluate(model_for(embed, model_name), self.tasks, cache=None, co2_tracker=False,
+                               encode_kwargs={"batch_size": batch_size, "show_progress_bar": progress},
+                               show_progress_bar=progress, overwrite_strategy="always")
+        by_name = {r.task_name: r for r in result.task_results}
+        out = {}
+        for spec, task in zip(self.specs, self.tasks):
+            res = by_name[task.metadata.name]
+            main = task.metadata.main_score
+            split = next(iter(res.scores))
+            row = res.scores[split][0]
+            out[spec.key] = {"task": task.metadata.name, "split": split, "main_score": main,
+                             "score": 100.0 * float(res.get_score()),
+                             "scores": _finite(row)}
+        return out
+
+
+def _digest_data(data, h) -> None:
+    import json
+
+    import datasets
+
+    if isinstance(data, datasets.Dataset):
+        h.update(json.dumps(data.to_dict(), sort_keys=True, default=str).encode())
+    elif isinstance(data, dict):
+        for k in sorted(data, key=str):
+            h.update(str(k).encode())
+            _digest_data(data[k], h)
+    else:
+        h.update(json.dumps(data, sort_keys=True, default=str).encode())
+
+
+def _finite(row: dict) -> dict:
+    """mteb's numbers as plain floats; the undefined ones (NaN: e.g. nAUC on a set too small) left out, so
+    the JSON stays JSON."""
+    import math
+
+    return {k: float(v) for k, v in row.items()
+            if isinstance(v, (int, float, np.floating)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def load_suite(specs: Sequence[TaskSpec], split: str = "test") -> Suite:
+    """Every task built and its data read; a registered task whose data cannot be had is one line."""
+    from raycse.errors import require
+
+    require("mteb", "mteb", "MTEB evaluation")
+    suite = Suite(list(specs))
+    for spec in suite.specs:
+        if spec.kind in ("senteval", "stsb"):
+            task = _sts_task(spec)
+        elif spec.kind == "beir":
+            task = _beir_task(spec, split)
+        else:
+            task = _registered_task(spec)
+            _load_cached(task)
+            task.dataset = _in_memory(task.dataset)
+        suite.tasks.append(task)
+    return suite
+
+
+def _load_cached(task) -> None:
+    """Load a registered task's data, from the cache only when the hub cannot be reached."""
+    from raycse import hub
+
+    reason = hub.unreachable()
+    try:
+        if reason:
+            with _offline():
+                task.load_data()
+        else:
+            task.load_data()
+    except Exception as exc:  # datasets raises several kinds (ConnectionError, FileNotFoundError, ...)
+        why = reason or f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        raise DataError(f"MTEB task '{task.metadata.name}' has no data in this machine's Hugging Face cache and "
+                        f"cannot fetch it ({why}); {OFFLINE_FIX}") from None
+
+
+def _in_memory(data):
+    """A task's data with every Dataset copied into memory: a cached one maps files of this machine's cache,
+    and would not travel to a Ray worker on another node."""
+    import datasets
+
+    if isinstance(data, datasets.Dataset):
+        return datasets.Dataset.from_dict(data.to_dict(), features=data.features)
+    if isinstance(data, dict):  # DatasetDict included
+        return type(data)({k: _in_memory(v) for k, v in data.items()})
+    return data
+
+
+class _offline:
+    """The hub switched off for ``datasets`` and ``huggingface_hub`` for a while (their flags are read at
+    import, so the env variable alone is not enough)."""
+
+    def __enter__(self):
+        import datasets.config
+        import huggingface_hub.constants as constants
+
+        self.saved = (constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE)
+        constants.HF_HUB_OFFLINE = True
+        datasets.config.HF_HUB_OFFLINE = True
+        return self
+
+    def __exit__(self, *exc):
+        import datasets.config
+        import huggingface_hub.constants as constants
+
+        constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE = self.saved
+        return False

@@ -1,0 +1,166 @@
+"""MTEB through the mteb package (issue 68, item 1): `raycse eval --mteb / --mteb-local`, and eval.metric
+mteb:... for model selection (its Tune use: tests/test_tune.py, the BEIR-layout selection test).
+
+mteb's scores are checked against raycse's own evaluators on the same files and the same embeddings of
+the real model (all-MiniLM-L6-v2: a random tiny BERT's cosines all lie within 2e-5 of 1, so float32
+rounding in mteb's cosine against raycse's reorders them and Spearman moves by up to 6 points):
+Spearman x100 within 1e-6, and nDCG@10, MRR@10, Recall@100 within 1e-5 (mteb rounds retrieval metrics to
+5 decimals). Measured on this data: STS 0.0 apart on all 7 tasks; nDCG@10 2.7e-6 apart, MRR@10 and
+Recall@100 0.0."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import make_sentences, write_stsb
+from test_sts import write_senteval
+
+from raycse.cli import main
+from raycse.errors import ConfigError
+
+MODEL = "default"  # the embedded all-MiniLM-L6-v2
+
+
+def write_beir(root: Path, seed: int = 0) -> Path:
+    """40 documents, 12 queries with 1-3 graded relevant documents each (not all findable by a random
+    model: the metrics land strictly between 0 and 1), and one query sharing a document's id."""
+    rng = random.Random(seed)
+    (root / "qrels").mkdir(parents=True)
+    texts = make_sentences(52, seed=seed + 1)
+    docs = [{"_id": f"d{i}", "title": texts[i].split()[0], "text": texts[i]} for i in range(40)]
+    docs.append({"_id": "q0", "title": "", "text": texts[40]})  # the query's own id: left out, as BEIR does
+    (root / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in docs) + "\n")
+    (root / "queries.jsonl").write_text("\n".join(json.dumps({"_id": f"q{i}", "text": texts[40 + i]})
+                                                  for i in range(12)) + "\n")
+    rows = ["query-id\tcorpus-id\tscore"]
+    for q in range(12):
+        for d in rng.sample(range(40), rng.randint(1, 3)):
+            rows.append(f"q{q}\td{d}\t{rng.randint(1, 2)}")
+    (root / "qrels" / "test.tsv").write_text("\n".join(rows) + "\n")
+    return root
+
+
+def test_mteb_scores_on_local_data_equal_raycse_own(tmp_path, capsys):
+    from raycse.evaluation.sts import TASKS
+
+    senteval, beir = tmp_path / "senteval", write_beir(tmp_path / "beir")
+    write_senteval(senteval)
+    dev = write_stsb(tmp_path / "dev.csv")
+    out = tmp_path / "scores.json"
+    assert main(["eval", MODEL, "--senteval-dir", str(senteval), "--beir-dir", str(beir), "--stsb-dev", str(dev),
+                 "--mteb-local", f"senteval:{senteval}", "--mteb-local", f"beir:{beir}", "--mteb-local", f"stsb:{dev}",
+                 "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    mteb = result["mteb"]
+    assert sorted(mteb) == sorted([f"mteb_local_{t}" for t in TASKS] + ["mteb_local_beir", "mteb_local_stsb"])
+    assert mteb["mteb_local_stsb"]["score"] == pytest.approx(result["scores"]["STSB-dev"], abs=1e-6)
+    for task in TASKS:
+        row = mteb[f"mteb_local_{task}"]
+        assert row["main_score"] == "cosine_spearman" and row["task"] == f"{task}-local"
+        assert row["score"] == pytest.approx(result["scores"][task], abs=1e-6)
+    retrieval = mteb["mteb_local_beir"]
+    assert retrieval["main_score"] == "ndcg_at_10"
+    for ours, theirs in (("nDCG@10", "ndcg_at_10"), ("MRR@10", "mrr_at_10"), ("Recall@100", "recall_at_100")):
+        assert retrieval["scores"][theirs] == pytest.approx(result["beir"][ours], abs=1e-5)
+    assert 0.0 < result["beir"]["nDCG@10"] < 1.0  # a comparison that could have differed
+    assert retrieval["score"] == pytest.approx(100 * retrieval["scores"]["ndcg_at_10"])
+    printed = capsys.readouterr().out
+    assert "STS12-local (mteb cosine_spearman)" in printed and "BEIR-local (mteb ndcg_at_10)" in printed
+    assert printed.index("avg") < printed.index("STS12-local")  # one table: raycse's rows, then mteb's
+
+
+def _seed_cache(datasets_cache: Path, repo: str, revision: str, split_file: Path) -> None:
+    """What a machine that ran the task online leaves in its Hugging Face datasets cache
+    (``{org}___{name}/default/0.0.0/{revision}/{name}-test.arrow``), built here from local pairs."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from raycse.evaluation.sts import read_stsb
+
+    pairs = read_stsb(split_file)
+    datasets_cache.parent.mkdir(parents=True, exist_ok=True)
+    parquet = datasets_cache.parent / "pairs.parquet"
+    pq.write_table(pa.table({"sentence1": pairs.sent1, "sentence2": pairs.sent2,
+                             "score": [float(g) for g in pairs.gold]}), parquet)
+    built = datasets_cache.parent / "built"
+    datasets.load_dataset("parquet", data_files={"test": str(parquet)}, cache_dir=str(built))
+    (prepared,) = [p for p in built.glob("parquet/*/0.0.0/*") if p.is_dir()]
+    org, name = repo.split("/")
+    target = datasets_cache / f"{org}___{name}" / "default" / "0.0.0" / revision
+    target.mkdir(parents=True)
+    shutil.copy(prepared / "dataset_info.json", target)
+    shutil.copy(prepared / "parquet-test.arrow", target / f"{name}-test.arrow")
+
+
+def test_a_registered_task_runs_from_the_cache_with_the_hub_off(tmp_path, monkeypatch):
+    """--mteb STSBenchmark with the hub switched off: mteb's registered task reads the cached data, and
+    scores what raycse scores on the same pairs. No MTEB result cache is written."""
+    import datasets.config
+    import huggingface_hub.constants
+    import mteb
+
+    dev = write_stsb(tmp_path / "pairs.csv")
+    task = mteb.get_task("STSBenchmark")
+    cache = tmp_path / "hf" / "datasets"
+    _seed_cache(cache, task.metadata.dataset["path"], task.metadata.dataset["revision"], dev)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("MTEB_CACHE", str(tmp_path / "mteb-results"))
+    out = tmp_path / "scores.json"
+    assert main(["eval", MODEL, "--stsb-dev", str(dev), "--mteb", "STSBenchmark", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    row = result["mteb"]["mteb_STSBenchmark"]
+    assert row["task"] == "STSBenchmark" and row["main_score"] == "cosine_spearman"
+    assert row["score"] == pytest.approx(result["scores"]["STSB-dev"], abs=1e-6)
+    assert not (tmp_path / "mteb-results").exists()
+
+
+def test_eval_metric_mteb_forms_and_their_keys(tmp_path):
+    from raycse.config import EvalConfig
+
+    beir = write_beir(tmp_path / "beir")
+    cases = {"mteb:STS12": "mteb_STS12", f"mteb:beir:{beir}": "mteb_local_beir",
+             f"mteb:senteval:{tmp_path}:sts-b": "mteb_local_STSBenchmark", "mteb:stsb:dev.csv": "mteb_local_stsb"}
+    for metric, key in cases.items():
+        cfg = EvalConfig(metric=metric)
+        cfg.validate()
+        assert cfg.selection()[0] == "mteb" and cfg.score_key() == key
+    for bad in ("mteb:", "mteb:a:b", "mteb:senteval:x", "mteb:senteval::STS12"):
+        with pytest.raises(ConfigError, match="eval.metric"):
+            EvalConfig(metric=bad).validate()
+
+
+def test_a_selection_by_mteb_scores_as_raycse_eval_does(tiny_model, tmp_path):
+    """The model-selection score (what a run's best checkpoint and Tune's rungs use) is mteb's main score x100,
+    the number `raycse eval --mteb-local` prints for the same model; its data survives pickling (it
+    travels to rank 0)."""
+    import pickle
+
+    from raycse.config import EvalConfig
+    from raycse.encoder import Encoder
+    from raycse.evaluation.selection import load_selection
+
+    beir = write_beir(tmp_path / "beir")
+    cfg = EvalConfig(metric=f"mteb:beir:{beir}")
+    selection = pickle.loads(pickle.dumps(load_selection(cfg)))
+    assert selection.key == "mteb_local_beir"
+    encoder = Encoder.from_pretrained(str(tiny_model))
+    score = selection.score(lambda xs, prompt_name=None: encoder.encode(xs, prompt_name=prompt_name))
+    out = tmp_path / "scores.json"
+    assert main(["eval", str(tiny_model), "--mteb-local", f"beir:{beir}", "--json", str(out)]) == 0
+    assert score == pytest.approx(json.loads(out.read_text())["mteb"]["mteb_local_beir"]["score"], abs=1e-9)
+    # the key of the remembered "before training" score follows the data's content
+    from raycse.evaluation.initial_scores import data_digest
+
+    same = load_selection(EvalConfig(metric=f"mteb:beir:{beir}"))
+    assert data_digest(same) == data_digest(selection)
+    qrels = beir / "qrels" / "test.tsv"
+    qrels.write_text(qrels.read_text().replace("\t2\n", "\t1\n", 1))
+    assert data_digest(load_selection(EvalConfig(metric=f"mteb:beir:{beir}"))) != data_digest(selection)
