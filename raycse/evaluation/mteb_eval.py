@@ -30,7 +30,8 @@ from raycse.errors import ConfigError, DataError, RaycseError
 EmbedFn = Callable[..., np.ndarray]  # embed(texts, prompt_name=None) -> (n, d) float32
 LOCAL_KINDS = ("senteval", "stsb", "beir")
 OFFLINE_FIX = ("copy a Hugging Face cache that holds it (HF_HOME) from a machine that ran the task online, "
-               "or run the same evaluation on local files with --mteb-local senteval:DIR, stsb:FILE or beir:DIR")
+               "or score local files with mteb's task classes: raycse eval --mteb-local senteval:DIR | stsb:FILE | "
+               "beir:DIR, or in training --eval-metric mteb:stsb:FILE | mteb:senteval:DIR:TASK | mteb:beir:DIR")
 
 
 # ------------------------------------------------------------------------------------------ specs
@@ -191,7 +192,8 @@ class Suite:
         return h.hexdigest()
 
     def run(self, embed: EmbedFn, model_name: str, batch_size: int = 128, progress: bool = False) -> dict:
-        """{spec.key: {"task", "main_score", "score" (x100), "scores" (mteb's test split, as mteb names them)}}."""
+        """{spec.key: {"task", "main_score", "score" (x100), "scores": {split: {subset: every metric mteb gives,
+        as mteb names them}}}}."""
         import mteb
 
         result = mteb.evaluate(model_for(embed, model_name), self.tasks, cache=None, co2_tracker=False,
@@ -202,11 +204,10 @@ class Suite:
         for spec, task in zip(self.specs, self.tasks):
             res = by_name[task.metadata.name]
             main = task.metadata.main_score
-            split = next(iter(res.scores))
-            row = res.scores[split][0]
-            out[spec.key] = {"task": task.metadata.name, "split": split, "main_score": main,
-                             "score": 100.0 * float(res.get_score()),
-                             "scores": _finite(row)}
+            out[spec.key] = {"task": task.metadata.name, "main_score": main,
+                             "score": 100.0 * float(res.get_score()),  # mteb's mean over splits and subsets
+                             "scores": {split: {row["hf_subset"]: _finite(row) for row in rows}
+                                        for split, rows in res.scores.items()}}
         return out
 
 
