@@ -199,7 +199,11 @@ def _citation(run: dict) -> list[str]:
 def _scores(summary: dict) -> list[str]:
     best, last = summary.get("best") or {}, summary.get("last") or {}
     key = summary.get("score_key", "stsb_dev_spearman")
-    label = "STS-B dev Spearman x100" if key == "stsb_dev_spearman" else f"BEIR {key[5:]} x100 (model selection)"
+    if key == "stsb_dev_spearman":
+        label = "STS-B dev Spearman x100"
+    else:  # beir_ndcg@10 -> BEIR ndcg@10; mteb_STS12 -> MTEB STS12 (mteb's main score)
+        kind, _, name = key.partition("_")
+        label = f"{kind.upper()} {name} x100 (model selection)"
     before = best.get(f"{key}_initial", last.get(f"{key}_initial"))
     return [
         "## Scores", "",

@@ -165,3 +165,12 @@ def test_a_selection_by_mteb_scores_as_raycse_eval_does(tiny_model, tmp_path):
     qrels = beir / "qrels" / "test.tsv"
     qrels.write_text(qrels.read_text().replace("\t2\n", "\t1\n", 1))
     assert data_digest(load_selection(EvalConfig(metric=f"mteb:beir:{beir}"))) != data_digest(selection)
+
+
+def test_the_model_card_names_an_mteb_selection():
+    from raycse.card import _scores
+
+    lines = _scores({"score_key": "mteb_local_stsb", "best": {"step": 4, "mteb_local_stsb": 81.5},
+                     "last": {"step": 8, "mteb_local_stsb": 80.0}})
+    assert "| MTEB local_stsb x100 (model selection) | value |" in lines
+    assert "| this model (step 4) | 81.50 |" in lines

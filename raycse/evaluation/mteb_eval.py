@@ -53,7 +53,8 @@ class TaskSpec:
 
     @property
     def label(self) -> str:
-        return f"MTEB {self.name}" if self.kind == "registered" else f"MTEB {self.name} ({self.kind}:{self.directory})"
+        """As logs and model cards print it (no local path: a card travels with the model)."""
+        return f"MTEB {self.name}" if self.kind == "registered" else f"MTEB {self.name} (local {self.kind} data)"
 
 
 def parse_registered(text: str) -> list[TaskSpec]:
