@@ -101,7 +101,9 @@ def _eval_parser(sub) -> None:
     p.add_argument("--senteval-dir", help="SentEval data root holding STS/ and SICK/")
     p.add_argument("--tasks", nargs="+", default=None,
                    help="subset of STS12 STS13 STS14 STS15 STS16 STSBenchmark SICKRelatedness (default all 7)")
-    p.add_argument("--stsb-dev", help="also score this STS-B dev csv (tab-separated STS Benchmark format)")
+    p.add_argument("--stsb-dev", help="also score this STS-B dev csv (tab-separated STS Benchmark format); auto: "
+                                      "as training's eval.stsb_dev auto ($RAYCSE_DATA's, else the Hugging Face "
+                                      "dataset sentence-transformers/stsb where the hub or its cache has it)")
     p.add_argument("--beir-dir", metavar="DIR",
                    help="also evaluate retrieval on this BEIR-layout directory (corpus.jsonl, queries.jsonl, "
                         "qrels/SPLIT.tsv): nDCG@10, MRR@10, Recall@100")
@@ -308,7 +310,17 @@ def _eval_inputs(args) -> tuple[list, object]:
     datasets = []
     if args.senteval_dir:
         datasets += [load_task(args.senteval_dir, canonical_task(t)) for t in (args.tasks or TASKS)]
-    if args.stsb_dev:
+    if args.stsb_dev and args.stsb_dev.lower() == "auto":
+        from raycse.config import EvalConfig
+        from raycse.evaluation.selection import stsb_dev
+
+        dev = stsb_dev(EvalConfig(stsb_dev="auto"), name="STSB-dev")
+        if dev is None:
+            raise RaycseError("--stsb-dev auto found no STS-B dev set: set RAYCSE_DATA to a folder holding "
+                              "stsbenchmark/sts-dev.csv, or pass --stsb-dev FILE (the Hugging Face dataset "
+                              "sentence-transformers/stsb is neither reachable nor cached here)")
+        datasets.append(dev)
+    elif args.stsb_dev:
         datasets.append(read_stsb(args.stsb_dev, name="STSB-dev"))
     beir = None
     if args.beir_dir:

@@ -466,7 +466,8 @@ class EvalConfig:
     stsb_dev: Optional[str] = knob("auto", '--stsb-dev',
                                    'STS-B dev csv for model selection; none: train without dev scoring, keeping the '
                                    'last checkpoint; auto: $RAYCSE_DATA/stsbenchmark/sts-dev.csv where RAYCSE_DATA '
-                                   'names a data folder holding it')
+                                   'names a data folder holding it, else the Hugging Face dataset '
+                                   'sentence-transformers/stsb (validation) where the hub or its cache has it')
     eval_steps: int = knob(125, '--eval-steps',
                            'score STS-B dev and checkpoint every N steps')
     batch_size: int = 128

@@ -34,3 +34,24 @@ def unreachable(timeout_s: float = PROBE_TIMEOUT_S) -> Optional[str]:
         answer = f"the hub ({url.scheme}://{host}:{port}) cannot be reached from this machine ({exc.strerror or exc})"
     _answers[(host, port)] = (time.monotonic(), answer)
     return answer
+
+
+class offline:
+    """The hub switched off for ``huggingface_hub`` and ``datasets`` while inside (their flags are read at
+    import, so setting HF_HUB_OFFLINE now would not reach them): reads come from the local cache only."""
+
+    def __enter__(self):
+        import datasets.config
+        import huggingface_hub.constants as constants
+
+        self.saved = (constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE)
+        constants.HF_HUB_OFFLINE = True
+        datasets.config.HF_HUB_OFFLINE = True
+        return self
+
+    def __exit__(self, *exc):
+        import datasets.config
+        import huggingface_hub.constants as constants
+
+        constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE = self.saved
+        return False

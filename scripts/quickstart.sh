@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command on a fresh machine: install, train SimCSE on the embedded all-MiniLM-L6-v2, print STS scores.
 #   bash scripts/quickstart.sh [CORPUS] [OUTPUT]
-# CORPUS defaults to $RAYCSE_DATA/wiki_sample.txt, and the STS-B dev set to $RAYCSE_DATA/stsbenchmark/sts-dev.csv:
+# CORPUS defaults to $RAYCSE_DATA/wiki_sample.txt, and the STS-B dev set to $RAYCSE_DATA/stsbenchmark/sts-dev.csv
+# (without one, the Hugging Face dataset sentence-transformers/stsb where the hub or its cache has it):
 #   RAYCSE_DATA=../shared/data bash scripts/quickstart.sh     (this project's sample data)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +17,9 @@ OUT=${2:-outputs/quickstart}
 raycse train --config simcse --corpus "$CORPUS" --output "$OUT" --overwrite --score-before true
 ARGS=()
 [ -n "${SENTEVAL_DIR:-}" ] && ARGS+=(--senteval-dir "$SENTEVAL_DIR")
-DEV=$(python -c "from raycse.config import EvalConfig; print(EvalConfig().resolved_stsb_dev() or '')")
+# STS-B dev as training found it: $RAYCSE_DATA's file, else the hub dataset sentence-transformers/stsb (or its cache)
+DEV=$(python -c "from raycse.config import EvalConfig; from raycse.evaluation.selection import stsb_dev
+print('auto' if stsb_dev(EvalConfig()) is not None else '')" 2>/dev/null)
 [ -n "$DEV" ] && ARGS+=(--stsb-dev "$DEV")
 if [ ${#ARGS[@]} -gt 0 ]; then
   raycse eval "$OUT/model" "${ARGS[@]}" --json "$OUT/sts_scores.json"

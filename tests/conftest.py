@@ -292,3 +292,40 @@ def mlflow_server(tmp_path_factory):
     yield url
     stop_process_group(proc, 20)
     log.close()
+
+
+def seed_hf_datasets_cache(datasets_cache: Path, repo: str, split: str, columns: dict,
+                           revision: str = "0" * 40) -> None:
+    """What a machine that loaded the hub dataset ``repo`` online leaves in its Hugging Face datasets cache
+    (``{org}___{name}/default/0.0.0/{revision}/{name}-{split}.arrow`` and its dataset_info.json), built
+    here from ``columns``: ``datasets`` then loads it with the hub switched off."""
+    import shutil
+
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    work = datasets_cache.parent / f"seed-{repo.replace('/', '_')}"
+    work.mkdir(parents=True)
+    pq.write_table(pa.table(columns), work / "rows.parquet")
+    datasets.load_dataset("parquet", data_files={split: str(work / "rows.parquet")}, cache_dir=str(work / "built"))
+    (prepared,) = [p for p in (work / "built").glob("parquet/*/0.0.0/*") if p.is_dir()]
+    org, name = repo.split("/")
+    target = datasets_cache / f"{org}___{name}" / "default" / "0.0.0" / revision
+    target.mkdir(parents=True)
+    shutil.copy(prepared / "dataset_info.json", target)
+    shutil.copy(prepared / f"parquet-{split}.arrow", target / f"{name}-{split}.arrow")
+
+
+@pytest.fixture
+def hub_off(tmp_path, monkeypatch):
+    """The hub switched off and an empty Hugging Face datasets cache of this test's own; yields the cache."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    cache = tmp_path / "hf" / "datasets"
+    cache.mkdir(parents=True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    return cache

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 from pathlib import Path
 
 import pytest
 
-from conftest import make_sentences, write_stsb
+from conftest import make_sentences, seed_hf_datasets_cache, write_stsb
 from test_sts import write_senteval
 
 from raycse.cli import main
@@ -75,44 +74,19 @@ def test_mteb_scores_on_local_data_equal_raycse_own(tmp_path, capsys):
     assert printed.index("avg") < printed.index("STS12-local")  # one table: raycse's rows, then mteb's
 
 
-def _seed_cache(datasets_cache: Path, repo: str, revision: str, split_file: Path) -> None:
-    """What a machine that ran the task online leaves in its Hugging Face datasets cache
-    (``{org}___{name}/default/0.0.0/{revision}/{name}-test.arrow``), built here from local pairs."""
-    import datasets
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+def test_a_registered_task_runs_from_the_cache_with_the_hub_off(tmp_path, monkeypatch, hub_off):
+    """--mteb STSBenchmark with the hub switched off: mteb's registered task reads the cached data, and
+    scores what raycse scores on the same pairs. No MTEB result cache is written."""
+    import mteb
 
     from raycse.evaluation.sts import read_stsb
 
-    pairs = read_stsb(split_file)
-    datasets_cache.parent.mkdir(parents=True, exist_ok=True)
-    parquet = datasets_cache.parent / "pairs.parquet"
-    pq.write_table(pa.table({"sentence1": pairs.sent1, "sentence2": pairs.sent2,
-                             "score": [float(g) for g in pairs.gold]}), parquet)
-    built = datasets_cache.parent / "built"
-    datasets.load_dataset("parquet", data_files={"test": str(parquet)}, cache_dir=str(built))
-    (prepared,) = [p for p in built.glob("parquet/*/0.0.0/*") if p.is_dir()]
-    org, name = repo.split("/")
-    target = datasets_cache / f"{org}___{name}" / "default" / "0.0.0" / revision
-    target.mkdir(parents=True)
-    shutil.copy(prepared / "dataset_info.json", target)
-    shutil.copy(prepared / "parquet-test.arrow", target / f"{name}-test.arrow")
-
-
-def test_a_registered_task_runs_from_the_cache_with_the_hub_off(tmp_path, monkeypatch):
-    """--mteb STSBenchmark with the hub switched off: mteb's registered task reads the cached data, and
-    scores what raycse scores on the same pairs. No MTEB result cache is written."""
-    import datasets.config
-    import huggingface_hub.constants
-    import mteb
-
     dev = write_stsb(tmp_path / "pairs.csv")
+    pairs = read_stsb(dev)
     task = mteb.get_task("STSBenchmark")
-    cache = tmp_path / "hf" / "datasets"
-    _seed_cache(cache, task.metadata.dataset["path"], task.metadata.dataset["revision"], dev)
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    seed_hf_datasets_cache(hub_off, task.metadata.dataset["path"], "test",
+                           {"sentence1": pairs.sent1, "sentence2": pairs.sent2, "score": [float(g) for g in pairs.gold]},
+                           revision=task.metadata.dataset["revision"])
     monkeypatch.setenv("MTEB_CACHE", str(tmp_path / "mteb-results"))
     out = tmp_path / "scores.json"
     assert main(["eval", MODEL, "--stsb-dev", str(dev), "--mteb", "STSBenchmark", "--json", str(out)]) == 0

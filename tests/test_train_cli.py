@@ -318,6 +318,46 @@ def test_stsb_dev_none_means_no_dev_scoring(tmp_path):
     assert run.eval.resolved_stsb_dev() == str(tmp_path / "dev.csv")
 
 
+def test_stsb_dev_auto_falls_back_to_the_hub_dataset_in_the_cache(tiny_model, tmp_path, monkeypatch, capsys,
+                                                                   hub_off):
+    """Without $RAYCSE_DATA's file, eval.stsb_dev auto (training's selection, `raycse eval --stsb-dev auto`)
+    reads the public STS-B dev set, sentence-transformers/stsb (validation, scores in [0, 1]), from the
+    Hugging Face cache with the hub off; its score is the one of the same pairs as a file. With neither, a
+    run trains without dev scoring, and `eval --stsb-dev auto` is one line, exit 2."""
+    from conftest import seed_hf_datasets_cache, write_stsb
+
+    from raycse.config import EvalConfig
+    from raycse.evaluation.selection import load_selection, stsb_dev
+    from raycse.evaluation.sts import read_stsb
+
+    monkeypatch.delenv("RAYCSE_DATA")
+    assert stsb_dev(EvalConfig()) is None and load_selection(EvalConfig()) is None  # an empty cache
+    assert main(["eval", str(tiny_model), "--stsb-dev", "auto"]) == 2
+    err = own_lines(capsys.readouterr().err)
+    assert len(err) == 1 and "--stsb-dev auto found no STS-B dev set" in err[0]
+
+    pairs = read_stsb(write_stsb(tmp_path / "pairs.csv"))
+    seed_hf_datasets_cache(hub_off, "sentence-transformers/stsb", "validation",
+                           {"sentence1": pairs.sent1, "sentence2": pairs.sent2,
+                            "score": [float(g) / 5 for g in pairs.gold]})
+    selection = load_selection(EvalConfig())
+    assert selection.key == "stsb_dev_spearman"
+    assert (selection.sts.sent1, selection.sts.sent2) == (pairs.sent1, pairs.sent2)
+    assert selection.sts.gold == pytest.approx(pairs.gold, abs=1e-9)
+    assert stsb_dev(EvalConfig(stsb_dev="none")) is None
+    out = tmp_path / "scores.json"
+    assert main(["eval", str(tiny_model), "--stsb-dev", "auto", "--json", str(out)]) == 0
+    auto = json.loads(out.read_text())["scores"]["STSB-dev"]
+    assert main(["eval", str(tiny_model), "--stsb-dev", str(tmp_path / "pairs.csv"), "--json", str(out)]) == 0
+    assert auto == pytest.approx(json.loads(out.read_text())["scores"]["STSB-dev"], abs=1e-9)
+    assert "the Hugging Face dataset sentence-transformers/stsb" in capsys.readouterr().err
+    data = tmp_path / "data" / "stsbenchmark"  # RAYCSE_DATA's file comes first
+    data.mkdir(parents=True)
+    (data / "sts-dev.csv").write_text((tmp_path / "pairs.csv").read_text().splitlines()[0] + "\n")
+    monkeypatch.setenv("RAYCSE_DATA", str(tmp_path / "data"))
+    assert len(stsb_dev(EvalConfig())) == 1
+
+
 def test_eval_tune_analyze_meet_bad_input_like_train(tiny_model, stsb_dev, tmp_path, capsys, monkeypatch):
     """One line, exit 2, nothing written, and before any work (a bad output path fails first)."""
     monkeypatch.chdir(tmp_path)  # tune's default storage path is relative: outputs/tune

@@ -262,7 +262,7 @@ def _load_cached(task) -> None:
     reason = hub.unreachable()
     try:
         if reason:
-            with _offline():
+            with hub.offline():
                 task.load_data()
         else:
             task.load_data()
@@ -282,24 +282,3 @@ def _in_memory(data):
     if isinstance(data, dict):  # DatasetDict included
         return type(data)({k: _in_memory(v) for k, v in data.items()})
     return data
-
-
-class _offline:
-    """The hub switched off for ``datasets`` and ``huggingface_hub`` for a while (their flags are read at
-    import, so the env variable alone is not enough)."""
-
-    def __enter__(self):
-        import datasets.config
-        import huggingface_hub.constants as constants
-
-        self.saved = (constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE)
-        constants.HF_HUB_OFFLINE = True
-        datasets.config.HF_HUB_OFFLINE = True
-        return self
-
-    def __exit__(self, *exc):
-        import datasets.config
-        import huggingface_hub.constants as constants
-
-        constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE = self.saved
-        return False

@@ -11,6 +11,7 @@ The data is read once on the driver (bad input fails before Ray starts) and ship
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -47,7 +48,7 @@ class Selection:
 
 
 def load_selection(eval_cfg) -> Optional[Selection]:
-    """The run's selection data, or None (no STS-B dev file: train without scoring)."""
+    """The run's selection data, or None (no STS-B dev set: train without scoring)."""
     kind, directory, metric = eval_cfg.selection()
     if kind == "mteb":
         from raycse.evaluation.mteb_eval import load_suite
@@ -59,9 +60,22 @@ def load_selection(eval_cfg) -> Optional[Selection]:
 
         return Selection(eval_cfg.score_key(), f"BEIR {metric}", beir=read_beir(directory, eval_cfg.beir_split),
                          beir_metric=metric)
-    path = eval_cfg.resolved_stsb_dev()
-    if path is None:
-        return None
-    from raycse.evaluation.sts import read_stsb
+    dev = stsb_dev(eval_cfg)
+    return None if dev is None else Selection(eval_cfg.score_key(), "STS-B dev Spearman", sts=dev)
 
-    return Selection(eval_cfg.score_key(), "STS-B dev Spearman", sts=read_stsb(path, name="stsb_dev"))
+
+def stsb_dev(eval_cfg, name: str = "stsb_dev"):
+    """The STS-B dev pairs eval.stsb_dev names: a file; or for auto, $RAYCSE_DATA's file, else the hub's
+    public dataset (from the Hugging Face cache where the hub cannot be reached); None when there is none."""
+    from raycse.evaluation.sts import HUB_STSB, read_hub_stsb, read_stsb
+
+    path = eval_cfg.resolved_stsb_dev()
+    if path is not None:
+        return read_stsb(path, name=name)
+    if str(eval_cfg.stsb_dev).lower() != "auto":
+        return None
+    dev = read_hub_stsb(name)
+    if dev is not None:
+        print(f"[raycse] STS-B dev: the Hugging Face dataset {HUB_STSB} ({len(dev)} pairs; no "
+              f"$RAYCSE_DATA/stsbenchmark/sts-dev.csv here)", file=sys.stderr)
+    return dev

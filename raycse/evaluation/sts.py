@@ -119,6 +119,39 @@ def read_stsb(path: str | Path, name: str = "STSBenchmark") -> STSData:
     return STSData(name, s1, s2, np.asarray(gold))
 
 
+# The public STS-B dev set on the Hugging Face hub (sentence1, sentence2, score in [0, 1]): what
+# eval.stsb_dev auto falls back to where RAYCSE_DATA names no file.
+HUB_STSB = "sentence-transformers/stsb"
+HUB_STSB_SPLIT = "validation"
+
+
+def read_hub_stsb(name: str = "stsb_dev") -> Optional[STSData]:
+    """STS-B dev from the hub dataset :data:`HUB_STSB`, or None where neither the hub nor this machine's
+    Hugging Face cache has it (the hub is not asked when it cannot be reached: the cache only). Gold scores
+    are x5, to STS-B's 0-5 (Spearman does not change)."""
+    import importlib.util
+
+    from raycse import hub
+
+    if importlib.util.find_spec("datasets") is None:
+        return None
+    import datasets
+
+    try:
+        if hub.unreachable():
+            with hub.offline():
+                rows = datasets.load_dataset(HUB_STSB, split=HUB_STSB_SPLIT)
+        else:
+            rows = datasets.load_dataset(HUB_STSB, split=HUB_STSB_SPLIT)
+    except Exception:  # not cached, or the hub refused: "auto" finds nothing (datasets raises several kinds)
+        return None
+    where = f"{HUB_STSB} ({HUB_STSB_SPLIT})"
+    gold = [gold_score(str(5.0 * float(x)), where) for x in rows["score"]]
+    if not gold:
+        return None
+    return STSData(name, list(rows["sentence1"]), list(rows["sentence2"]), np.asarray(gold))
+
+
 def read_sick(path: str | Path) -> STSData:
     """SICK_test_annotated.txt: header, then pair_ID, sentence_A, sentence_B, relatedness_score, ..."""
     lines = _read_lines(Path(path))
