@@ -269,7 +269,8 @@ def cmd_train(args) -> int:
     import yaml
 
     run = resolve_train_config(args)  # a bad flag or config is refused before the driver's imports (torch, Ray)
-    from raycse.train.driver import best_score, train
+    from raycse.train.driver import train
+    from raycse.train.publishing import best_score
 
     if args.print_config:
         print(yaml.safe_dump(run.to_dict(), sort_keys=False))

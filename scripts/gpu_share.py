@@ -119,7 +119,7 @@ def two_workers_vs_one(model: str, device: torch.device, batch: int, steps: int,
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from raycse.config import TrainConfig
-    from raycse.train.driver import collective_backend, worker_resources
+    from raycse.train.fit import collective_backend, worker_resources
 
     texts = gpu_check.sentences(batch * steps, 12, seed=5, min_words=4)
     t = TrainConfig(num_workers=2, use_gpu=True, gpus_per_worker=0.5)

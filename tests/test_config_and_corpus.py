@@ -152,7 +152,7 @@ def test_objective_knobs_are_parsed_once_and_again_only_when_they_change(monkeyp
     """Issue 46 item 1: validation, the data check and the row expander share one typed parse of the
     knobs; a knob set afterwards is parsed (and validated) anew."""
     from raycse.objectives import registry
-    from raycse.train import driver
+    from raycse.train import preflight, prepare
 
     calls = []
     parse = registry.OBJECTIVES.build_params
@@ -163,8 +163,8 @@ def test_objective_knobs_are_parsed_once_and_again_only_when_they_change(monkeyp
     set_dotted(run, "objective.tau", "0.1")
     set_dotted(run, "objective.subsample", "adjacent")  # (CompCSE adds rows to the corpus then)
     run.validate()
-    driver.check_data_fits_objective(run)
-    expand = driver.row_expander(run)
+    preflight.check_data_fits_objective(run)
+    expand = prepare.row_expander(run)
     assert calls == ["compcse"] and run.objective.typed().tau == 0.1 and expand is not None
     set_dotted(run, "objective.tau", "-1")
     with pytest.raises(ConfigError, match="tau"):

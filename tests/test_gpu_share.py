@@ -27,7 +27,7 @@ def test_most_at_once_counts_overlaps():
 
 def test_collectives_said_and_chosen_for_fractional_gpus(capsys):
     from raycse.config import TrainConfig
-    from raycse.train.driver import collective_backend, say_devices
+    from raycse.train.fit import collective_backend, say_devices
 
     shared = TrainConfig(num_workers=2, use_gpu=True, gpus_per_worker=0.5)
     say_devices(shared)

@@ -495,7 +495,7 @@ def test_compcse_subsampling_adds_rows_where_the_corpus_is_read(ray_cluster, tmp
     and a run whose subsampling differs does not reuse another's laid-out data."""
     from raycse.config import RunConfig
     from raycse.objectives.compcse import FIELD
-    from raycse.train.driver import data_key, load_run_corpus
+    from raycse.train.prepare import data_key, load_run_corpus
 
     sents = [f"topic{i} north, city{i} river; king{i} road" for i in range(30)] + ["plain sentence"] * 1
     run = RunConfig()

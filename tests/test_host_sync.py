@@ -80,7 +80,7 @@ def run_in_process(monkeypatch):
             lambda: trainer.train_loop_per_worker(trainer.train_loop_config))
         raise Done
 
-    monkeypatch.setattr(driver, "_fit_and_release", local_fit)
+    monkeypatch.setattr(driver, "fit_and_release", local_fit)
 
 
 # HiCL is not here: it slices the sequences on the device inside the step, and the number and width of

@@ -499,7 +499,8 @@ def test_data_prepared_once_serves_runs_with_the_same_batches_only(ray_cluster, 
     exactly the batches it would have laid out itself, and one whose knobs change the batches
     (batch size) ignores the prepared data."""
     from raycse.config import RunConfig
-    from raycse.train.driver import prepare_data, train
+    from raycse.train.driver import train
+    from raycse.train.prepare import prepare_data
     from raycse.train.plan import TuneHooks
 
     def run_with(name: str, **train_knobs) -> RunConfig:

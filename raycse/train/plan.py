@@ -63,7 +63,7 @@ class TuneHooks:
     ``stop_at``: stop after this many steps, the learning-rate schedule still spanning the whole run
     (a rung); ``eval_at``: steps scored besides eval.eval_steps; ``score_sink``: an object with
     ``post(step, score)`` receiving each dev score as rank 0 has it; ``prepared``: the corpus read and
-    laid out once for the experiment (raycse.train.driver.PreparedData); ``registry``/``run_key``:
+    laid out once for the experiment (raycse.train.prepare.PreparedData); ``registry``/``run_key``:
     the experiment's registry of live Train runs, so a stopped trial's fit is released."""
 
     stop_at: Optional[int] = None

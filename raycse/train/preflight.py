@@ -1,20 +1,33 @@
-"""Checks of the disks a run writes to, made before Ray starts: a run that would fill a disk is
-refused in one line instead of failing after its training.
+"""Pre-flight checks, made before Ray starts and shared by ``raycse train`` and ``raycse tune``: anything a
+user can fix is refused in one line instead of failing in a worker, or after the training.
 
-What a run writes: each checkpoint holds the model's export, every tensor of the module (SG-OPT's
-frozen copy included) and the optimizer's two moments, about ``CHECKPOINT_MODEL_COPIES`` times the
-model's weights; Ray Train keeps ``train.keep_checkpoints`` of them and writes one more before it
-drops the oldest. The published output holds one copy of the model.
+- The run's inputs (:func:`check_inputs`): the config, the optional packages it needs, what this machine's
+  private Ray could give it, the corpus, the model and the selection data, and where it writes.
+- The disks a run writes to: a run that would fill a disk is refused. Each checkpoint holds the model's
+  export, every tensor of the module (SG-OPT's frozen copy included) and the optimizer's two moments, about
+  ``CHECKPOINT_MODEL_COPIES`` times the model's weights; Ray Train keeps ``train.keep_checkpoints`` of them
+  and writes one more before it drops the oldest. The published output holds one copy of the model.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Optional
 
+import torch
+
+from raycse import storage as objstore
+from raycse.config import RunConfig
+from raycse.encoder import probe_tokenizer, resolve_model
 from raycse.errors import ConfigError
+from raycse.evaluation.selection import load_selection
+from raycse.outputs import check_not_inside
+from raycse.redact import refuse_credentials
+from raycse.train import tracking as tracking_mod
+from raycse.train.module import check_model_fits_objective
 
 CHECKPOINT_MODEL_COPIES = 5  # model export + module tensors (up to 2 with SG-OPT's copy) + Adam's 2 moments
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -76,3 +89,145 @@ def check_free_space(model_path: str, output: Optional[Path], storage_path: Opti
             raise ConfigError(f"{flag} {path}: {free / MB:.0f} MB free on its filesystem, and this run writes about "
                               f"{need / MB:.0f} MB there ({' + '.join(what)}); free space, lower "
                               f"train.keep_checkpoints, or choose another {flag}")
+
+
+def check_local_gpus(t, gpus: float) -> None:
+    """A run on this machine's private Ray (no RAY_ADDRESS) gets no more GPUs than ``gpus``, those
+    found here (by torch before Ray starts, by Ray after)."""
+    need = t.gpus_needed()
+    if t.use_gpu and gpus < need:
+        share = f" at {t.gpu_share:g} GPU each" if t.gpus_per_worker is not None else ""
+        raise ConfigError(f"--use-gpu with {t.num_workers} worker(s){share} needs {need} GPU(s) and this machine "
+                          f"has {gpus:g}; drop --use-gpu, lower --num-workers or --gpus-per-worker, or set "
+                          f"RAY_ADDRESS to a cluster with GPUs")
+
+
+def check_local_cpus(t, cpus: int) -> None:
+    """A run on this machine's private Ray cannot get more CPUs than the machine has: refused now,
+    not after every worker-start attempt has waited out its timeout."""
+    if t.cpus_per_worker is not None and t.cpus_per_worker * t.num_workers > cpus:
+        raise ConfigError(f"--cpus-per-worker {t.cpus_per_worker:g} x {t.num_workers} worker(s) needs "
+                          f"{t.cpus_per_worker * t.num_workers:g} CPUs and this machine has {cpus}; lower "
+                          f"--cpus-per-worker or --num-workers, or set RAY_ADDRESS to a larger cluster")
+
+
+def check_extras(run: RunConfig) -> None:
+    """The optional packages this run needs, before anything starts."""
+    from raycse.errors import require
+
+    if run.grouping.strategy in ("knn", "cluster"):
+        require("faiss", "grouping", f"--grouping {run.grouping.strategy}")
+    if run.eval.selection()[0] == "beir":
+        require("faiss", "grouping", "--eval-metric beir:...")
+    if run.eval.selection()[0] == "mteb":
+        require("mteb", "mteb", "--eval-metric mteb:...")
+    if run.data.format == "hf":
+        require("datasets", "hf", "--format hf")
+    if run.model.lora:
+        require("peft", "peft", "--lora")
+    tracking_mod.check(run.train.tracking)
+
+
+def starts_private_ray() -> bool:
+    """Whether :func:`ensure_ray` will start a private local Ray (no RAY_ADDRESS, none joined yet)."""
+    import ray
+
+    return not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
+
+
+def check_data_fits_objective(run: RunConfig) -> None:
+    objective = run.objective.build()
+    accepts = objective.accepts  # HiCL's depends on its base
+    if run.data.is_pairs and "pairs" not in accepts:
+        raise ConfigError(f"objective '{run.objective.name}' trains on single sentences; drop data.pair_column "
+                          f"(or choose a pair objective: simcse (supervised) or bsc)")
+    if not run.data.is_pairs and "single" not in accepts:
+        raise ConfigError(f"objective '{run.objective.name}' needs pairs: set data.pair_column (and label_column)")
+    if run.data.negative_column and not objective.takes_negatives:
+        raise ConfigError(f"objective '{run.objective.name}' does not use hard negatives; drop data.negative_column "
+                          f"or choose simcse (supervised) or bsc")
+
+
+def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = None, in_memory: bool = False
+                 ) -> tuple[str, object, Optional[str], Optional[list]]:
+    """Fail on anything a user can fix before Ray starts; the resolved model path, the model-selection
+    data (or None), the output URI (None for a local output) and the corpus's sources (None for a
+    dataset named by a hub id or handed over as an object, ``in_memory``)."""
+    from raycse.data.dataset import check_hub_dataset, check_not_empty, resolve_sources
+
+    run.validate()
+    check_extras(run)
+    if starts_private_ray():  # what torch sees here is all a private Ray could get: say so before starting it
+        check_local_gpus(run.train, torch.cuda.device_count())
+        check_local_cpus(run.train, os.cpu_count() or 1)
+    if not run.data.corpus:
+        raise ConfigError("no corpus given: pass --corpus FILE (text, .jsonl or .parquet) or set data.corpus")
+    check_data_fits_objective(run)
+    sources = None if run.data.format == "hf" or in_memory else resolve_sources(run.data.corpus)  # a missing file
+    if sources:
+        check_not_empty(sources)
+    elif not in_memory:
+        check_hub_dataset(run.data)
+    refuse_credentials("--storage-path", storage_path)
+    check_apart_from_output(run, storage_path)
+    if storage_path and objstore.is_uri(storage_path):
+        objstore.check_usable(storage_path)  # else Train's controller fails on it, with a traceback
+    model_path = resolve_model(run.model.name_or_path)
+    if Path(os.path.expanduser(run.model.name_or_path)).exists():
+        run.model.name_or_path = model_path  # a relative path means nothing in a worker's directory
+    dev = load_selection(run.eval)  # the model-selection data (STS-B dev or BEIR)
+    probe_tokenizer(model_path, text_sample(run, sources, dev))
+    check_model_fits_objective(run, model_path)
+    remote = run.output_dir if objstore.is_uri(run.output_dir) else None
+    # (an output on object storage is built in the system's temporary directory first)
+    local_out = Path(tempfile.gettempdir()) if remote else Path(os.path.expanduser(run.output_dir)).resolve()
+    check_free_space(model_path, local_out, storage_path, run.train.keep_checkpoints)
+    if remote and objstore.prefix_exists(remote):
+        if not overwrite:
+            raise ConfigError(f"output {remote} already exists and is not empty; choose another --output or pass "
+                              f"--overwrite")
+        objstore.check_replaceable_prefix(remote)
+    return model_path, dev, remote, sources
+
+
+TOKENIZER_SAMPLE = 64  # sentences of the corpus (and as many of the dev set) the tokenizer is checked on
+
+
+def text_sample(run: RunConfig, sources: Optional[list], dev) -> list[str]:
+    """A few sentences of the run's data, for checks before Ray starts: the first of the corpus's first
+    local file, and of the STS-B dev set."""
+    from raycse.data.corpus import read_examples
+    from raycse.data.dataset import columns_of
+
+    sample: list[str] = []
+    if sources and "://" not in sources[0]:
+        rows, _ = read_examples(sources[0], run.data.format, columns_of(run.data), run.data.max_chars,
+                                run.data.on_decode_error, False, TOKENIZER_SAMPLE)
+        sample += [text for row in rows for text in ([row] if isinstance(row, str) else row[:2])]
+    if dev is not None and dev.sts is not None:
+        sample += list(dev.sts.sent1[:TOKENIZER_SAMPLE])
+    return sample
+
+
+def resolve_storage_path(storage_path: Optional[str]) -> Optional[str]:
+    """``--storage-path`` as Ray Train takes it: a URI as given, a local path absolute (resolved against
+    the working directory, as ``--output`` is) and refused now, before Ray starts, if it is a file."""
+    if not storage_path or objstore.is_uri(storage_path):
+        return storage_path
+    path = Path(os.path.expanduser(storage_path)).resolve()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--storage-path {storage_path} is a file; give a directory for the checkpoints")
+    return str(path)
+
+
+def check_apart_from_output(run: RunConfig, storage_path: Optional[str]) -> None:
+    """Nothing the run reads, and not its checkpoints, inside the local output directory it publishes."""
+    if objstore.is_uri(run.output_dir):
+        return
+    kind, directory, _ = run.eval.selection()
+    if kind == "mteb":
+        directory = run.eval.mteb_task().directory
+    check_not_inside(run.output_dir, "--output",
+                     {"--corpus": run.data.corpus, "--model": run.model.name_or_path, "--stsb-dev": run.eval.resolved_stsb_dev(),
+                      "--eval-metric": directory},
+                     writes={"--storage-path": storage_path})

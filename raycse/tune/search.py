@@ -149,7 +149,7 @@ def preflight(space: SearchSpace, settings: TuneSettings) -> tuple[int, float, b
     import ray
 
     from raycse.encoder import resolve_model
-    from raycse.train.driver import check_data_fits_objective
+    from raycse.train.preflight import check_data_fits_objective
 
     run = space.run_config({})
     if not run.data.corpus:
@@ -296,7 +296,7 @@ def prepare_seeds(space: SearchSpace, seeds: list) -> tuple[dict, int]:
     again (~10 s of a ~30 s trial start-up on 2 cores, identical for every trial whose knobs leave
     the data alone), and those tasks held the CPUs the trial's Train workers were waiting for.
     A trial whose knobs do change the batches (batch size, grouping) lays out its own."""
-    from raycse.train.driver import load_run_corpus, prepare_data
+    from raycse.train.prepare import load_run_corpus, prepare_data
 
     import ray
 
@@ -440,7 +440,7 @@ def trial_dirname(trial) -> str:
 
 def check_space_extras(space: SearchSpace) -> None:
     """The optional packages some trial of ``space`` needs, before Ray starts (not in a trial's error)."""
-    from raycse.train.driver import check_extras
+    from raycse.train.preflight import check_extras
 
     check_extras(space.run_config({}))
     for knob in space.knobs:

@@ -51,7 +51,7 @@ class TrialSetup:
     experiment: str
     cpus_per_worker: Optional[float] = None
     parallel_seeds: bool = True  # the k seeds' Train runs at once (one fit each) or one after another
-    # seed -> ObjectRef of a raycse.train.driver.PreparedData: each seed's corpus and batches, read and
+    # seed -> ObjectRef of a raycse.train.prepare.PreparedData: each seed's corpus and batches, read and
     # laid out once by the experiment's driver; a trial whose knobs change the batches lays out its own
     prepared: dict = field(default_factory=dict)
     # ActorHandle of the experiment's raycse.train.release.RunRegistry: each seed's Train runs are

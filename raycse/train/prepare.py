@@ -1,0 +1,133 @@
+"""A run's data made ready for its fit: the corpus read, cleaned, expanded by the objective and numbered
+(Ray Data, :mod:`raycse.data.dataset`), and each epoch's batch order grouped and laid out as row ids
+(:mod:`raycse.grouping`). A Tune experiment prepares it once per seed (:class:`PreparedData`) for trials
+whose knobs do not touch the data.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import Optional
+
+from raycse.config import RunConfig
+from raycse.encoder import resolve_model
+from raycse.objectives import registry
+from raycse.train.plan import planned_epochs, plan_steps
+from raycse.train.runtime import ensure_ray, setup_ray_data
+
+
+def row_expander(run: RunConfig):
+    """The objective's extra rows per corpus row (CompCSE's subsampling), or None."""
+    cls = registry.get(run.objective.name)
+    return cls.row_expander(run.objective.typed())
+
+
+def objective_knobs(run: RunConfig) -> dict:
+    """Every knob of the run's objective, its defaults included (for the record and the model card)."""
+    return {**registry.knobs(run.objective.name), **run.objective.params}
+
+
+def load_run_corpus(run: RunConfig, source=None, paths: Optional[list] = None):
+    """``run``'s corpus as the train loop sees it: read, cleaned, expanded by the objective, numbered.
+    The read waits for a free CPU as long as the run's workers would wait to start. ``source``: a
+    dataset object read instead of ``run.data.corpus``; ``paths``: its files, resolved by check_inputs."""
+    from raycse.data.dataset import load_corpus
+
+    t = run.train
+    return load_corpus(run.data, t.seed, expand=row_expander(run),
+                       cpu_wait_s=t.worker_start_timeout_s * t.worker_start_attempts,
+                       cpu_wait_knob="train.worker_start_timeout_s", shuffle=run.grouping.strategy != "none",
+                       source=source, paths=paths)
+
+
+def data_key(run: RunConfig) -> str:
+    """Everything a run's batch rows depend on: two runs with equal keys train on the same batches."""
+    d = run.to_dict()
+    train = {k: d["train"][k] for k in ("seed", "batch_size", "num_workers", "epochs", "max_steps", "use_gpu",
+                                         "precision")}
+    expand = row_expander(run)
+    rows = None if expand is None else sorted(expand.keywords.items())
+    return json.dumps({"data": d["data"], "grouping": d["grouping"], "model": d["model"], "train": train,
+                       "rows": rows}, sort_keys=True, default=str)
+
+
+@dataclass
+class PreparedData:
+    """A run's corpus read and its batches laid out once, for runs that differ only in knobs that do
+    not touch the data (a Tune experiment's trials of one seed). Holds the corpus's blocks in the
+    object store: the process that built it owns them and must outlive the runs that use it."""
+
+    key: str
+    stats: object  # raycse.data.dataset.CorpusStats
+    num_examples: int
+    blocks: list  # the numbered corpus's Arrow blocks (ObjectRefs)
+    layouts: list  # raycse.grouping.layout.Layout per epoch
+    grouping_log: list
+
+
+def prepare_data(run: RunConfig) -> Optional[PreparedData]:
+    """Read and lay out ``run``'s data for :func:`train` (``prepared=``); None when the run needs more
+    than one fit (groupings re-embedded every epoch depend on the model being trained)."""
+    run.validate()
+    ensure_ray()
+    setup_ray_data()
+    corpus = load_run_corpus(run)
+    spe, total = plan_steps(run, corpus.num_examples)
+    if run.grouping.regroups_in_fit:
+        return None  # every trial's workers group with their own weights
+    layouts, logs = lay_out_epochs(run, corpus, spe, total, resolve_model(run.model.name_or_path))
+    return PreparedData(data_key(run), corpus.stats, corpus.num_examples, corpus.blocks, layouts, logs)
+
+
+def read_corpus(run: RunConfig, prepared: Optional[PreparedData], source=None, paths: Optional[list] = None):
+    """(corpus, its stats, its example count): read now, or from ``prepared`` (corpus None); said in the log."""
+    corpus = None if prepared is not None else load_run_corpus(run, source, paths)
+    stats = prepared.stats if prepared is not None else corpus.stats
+    num_examples = prepared.num_examples if prepared is not None else corpus.num_examples
+    print(f"[raycse] corpus {run.data.corpus}: {stats.summary()}"
+          + (" (read and laid out once for this experiment)" if prepared is not None else ""), flush=True)
+    repeated = stats.repetition_warning(run.data.dedup)
+    if repeated:
+        print(f"[raycse] warning: {repeated}", flush=True)
+    if stats.decode_replaced:
+        print(f"[raycse] warning: {stats.decode_replaced} line(s) had undecodable bytes, replaced with U+FFFD "
+              f"(set data.on_decode_error: error to refuse them)", flush=True)
+    return corpus, stats, num_examples
+
+
+def lay_out_epochs(run: RunConfig, corpus, spe: int, total: int, embed_from: str) -> tuple[list, list]:
+    """The fit's epochs as layouts of row ids (raycse.grouping.layout) and each epoch's grouping log.
+    Strategies that group by embeddings embed the corpus once, with ``embed_from``."""
+    from raycse.grouping import layouts, plan_epoch
+    from raycse.grouping.embed import embed_corpus, grouping_prompt_name
+
+    t, prompts = run.train, run.data.prompts
+    vectors = functools.lru_cache(maxsize=1)(
+        lambda: embed_corpus(corpus, embed_from, run.model.max_length, run.grouping.embed_actors,
+                             run.grouping.embed_batch_size, t.use_gpu, t.precision, run.grouping.by,
+                             t.gpu_share or 1.0, grouping_prompt_name(prompts, run.grouping.by), prompts))
+    plans = []
+    for epoch in planned_epochs(run, spe, total):
+        first = epoch * spe
+        plan = plan_epoch(corpus, run.grouping, t.batch_size, t.num_workers, t.seed, epoch, first,
+                          vectors=vectors, max_steps=total - first)
+        plans.append(plan)
+        if run.grouping.strategy not in ("random", "none"):
+            print(f"[raycse] epoch {epoch}: {run.grouping.strategy} grouping: {plan.info['groups']} groups, "
+                  f"mean size {plan.info['mean_group_size']:.2f}, {plan.info['split_groups']} split"
+                  + (f", kNN {plan.info['knn_method']} recall {plan.info['knn_recall']:.3f}"
+                     if plan.info.get("knn_recall") is not None else ""), flush=True)
+    return layouts(plans), [{"epoch": p.epoch, **p.info} for p in plans]
+
+
+def fit_data(run: RunConfig, corpus, prepared, spe: int, total: int, model_path: str) -> tuple:
+    """(the numbered corpus's Arrow blocks, the epochs' layouts or None, the grouping log so far): read
+    and laid out before this run (``prepared``), left for the workers to regroup epoch by epoch
+    (None), or laid out now with the starting model."""
+    if prepared is not None:
+        return prepared.blocks, prepared.layouts, list(prepared.grouping_log)
+    if run.grouping.regroups_in_fit:
+        return corpus.blocks, None, []
+    return (corpus.blocks, *lay_out_epochs(run, corpus, spe, total, model_path))
