@@ -417,6 +417,6 @@ def test_sgopt_trains_end_to_end_selected_by_a_beir_metric(ray_cluster, tiny_mod
     assert 100 * ndcg == pytest.approx(best["beir_ndcg@10"], abs=1e-3)
     capsys.readouterr()  # the loading bars above
     _expect_error(capsys, _train_args(tiny_model, corpus, tmp_path / "o2", "none", "--eval-metric", "beir:x"),
-                  "eval.metric must be stsb_dev or beir:DIR:METRIC", tmp_path / "o2")
+                  "eval.metric must be stsb_dev, beir:DIR:METRIC", tmp_path / "o2")
     _expect_error(capsys, _train_args(tiny_model, corpus, tmp_path / "o2", "none", "--eval-metric",
                                       f"beir:{tmp_path / 'nope'}:mrr@10"), "BEIR directory not found", tmp_path / "o2")
