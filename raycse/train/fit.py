@@ -93,11 +93,9 @@ def _environ(**values: str):
                 os.environ[k] = v
 
 
-# How often Ray Train's controller polls its workers (Ray's default: 2 s). Reports, the end of the
-# run and a dead worker are all seen at a poll: at 2 s a fit ended ~1.5 s after its last step on
-# average. 0.5 s costs the controller a few ms a second; it took 2.4 and 4.4 s off a 2-step run in two
-# paired runs on 2 CPUs (BENCHMARKS.md, fixed cost, has it with the shuffle setting of
-# runtime.setup_ray_data). A value set in the environment wins.
+# How often Ray Train's controller polls its workers (Ray's default: 2 s). A report, the end of a run and
+# a dead worker are seen at a poll, so a shorter one ends each fit sooner for a few ms a second of the
+# controller's time (measured: BENCHMARKS.md, fixed cost). A value set in the environment wins.
 HEALTH_CHECK_INTERVAL_S = "0.5"
 
 
