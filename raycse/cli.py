@@ -53,6 +53,33 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return {int: "INT", float: "FLOAT"}.get(action.type, action.dest.upper())
 
 
+def add_setting_flags(p: argparse.ArgumentParser, cls) -> None:
+    """A flag for every field of ``cls`` made with :func:`raycse.config.setting` (its one definition)."""
+    import dataclasses
+
+    for f in dataclasses.fields(cls):
+        if "flag" not in f.metadata:
+            continue
+        meta, kw = f.metadata, dict(f.metadata["argparse"])
+        default = meta["flag_default"] if meta["to_value"] else f.default
+        text = meta["help"]
+        if default is not None and "action" not in kw and "default" not in text.lower():
+            text = f"{text} (default: {show_default(default)})"
+        p.add_argument(meta["flag"], dest=f.name, default=default, help=text, **kw)
+
+
+def settings_from_args(cls, args: argparse.Namespace, **given):
+    """``cls`` from the flags :func:`add_setting_flags` made, plus ``given`` (fields without a flag)."""
+    import dataclasses
+
+    for f in dataclasses.fields(cls):
+        if "flag" in f.metadata:
+            value = getattr(args, f.name)
+            to_value = f.metadata["to_value"]
+            given[f.name] = to_value(value) if to_value else value
+    return cls(**given)
+
+
 def _command(sub, name: str, help: str, description: str) -> argparse.ArgumentParser:
     return sub.add_parser(name, help=help, description=description, formatter_class=HelpFormatter)
 
@@ -138,45 +165,17 @@ def _tune_parser(sub) -> None:
         description="Ray Tune with the Optuna searcher (TPE, seeded) and ASHA early stopping. Every configuration "
                     "is trained with --seeds seeds that advance together rung by rung; Tune sees their mean, std "
                     "and worst STS-B dev Spearman and optimises --target. Space files: a YAML path or a shipped space by name "
-                    "(simcse, hicl, compcse, sgopt, laser, bsc, combined) "
+                    f"({', '.join(shipped('search_spaces'))}) "
                     "(fixed run settings + knobs with ranges). Results go to STORAGE_PATH/NAME; analyse them "
                     "with 'raycse analyze'.")
     p.add_argument("--space", help="search space: a YAML file, or a shipped one by name (e.g. hicl)")
     p.add_argument("--resume", metavar="EXP_DIR", help="continue this interrupted experiment (directory or URI) instead")
-    p.add_argument("--num-samples", type=int, default=8, help="configurations to try")
-    p.add_argument("--seeds", type=int, default=3, help="seeds per configuration (0..k-1)")
-    p.add_argument("--rungs", type=int, default=3,
-                   help="reports per trial (at 1/R, 2/R, ... of its steps); ASHA stops trials between rungs")
-    p.add_argument("--target", default="mean", help="optimised score over seeds: mean, or mean-Kstd (e.g. mean-1std)")
-    p.add_argument("--searcher", default="optuna", choices=["optuna", "random"], help="optuna: TPE; random: baseline")
-    p.add_argument("--scheduler", default="asha", choices=["asha", "none"], help="early stopping between rungs")
-    p.add_argument("--grace-period", type=int, default=1, help="rungs every trial runs before ASHA may stop it")
-    p.add_argument("--reduction-factor", type=int, default=2, help="ASHA keeps 1/F of trials at each rung")
-    p.add_argument("--search-seed", type=int, default=0, help="seed of the searcher (TPE / random sampler)")
-    p.add_argument("--optuna-storage", default=None, metavar="URL",
-                   help="keep the Optuna study in this database (e.g. postgresql://host/db; the password from the "
-                        "environment, e.g. PGPASSWORD) instead of the default, an SQLite file beside the experiment "
-                        "(EXP/optuna.db), opened by optuna.load_study(study_name=EXPERIMENT, storage=...)")
-    p.add_argument("--corpus", default=None, metavar="FILE_OR_URI",
-                   help="the training corpus of every trial (replaces the space's run.data.corpus)")
-    p.add_argument("--concurrent", type=int, default=None, help="trials at once (default: as many as the CPUs, or with use_gpu the GPUs at train.gpus_per_worker, fit)")
     p.add_argument("--storage-path", default="outputs/tune", help="where experiments are written: a path or a URI (s3://bucket/prefix, gs://, ...; "
                         "credentials and endpoint from the standard environment, e.g. AWS_ENDPOINT_URL)")
     p.add_argument("--name", default=None, help="experiment name (default SPACE-DATE-TIME)")
-    p.add_argument("--learn-from-truncated", action="store_true",
-                   help="let Optuna treat an early-stopped trial's last value as final (default: it is PRUNED)")
-    p.add_argument("--tpe-startup", type=int, default=5, help="random trials before TPE starts modelling")
-    p.add_argument("--time-budget", type=float, default=None, help="seconds after which no new trial starts; the running ones finish")
-    p.add_argument("--tracking", default=None, metavar="SPEC",
-                   help="log every trial (knobs, each rung's target, mean, std and per-seed scores) to mlflow:URI "
-                        "(a run per trial in an MLflow experiment named after this one), tensorboard:DIR "
-                        "(DIR/NAME/<trial>) or wandb:[ENTITY/]PROJECT (a run per trial, grouped by experiment), "
-                        "or several joined by commas, through Ray Tune's logger callbacks (default: off)")
-    p.add_argument("--no-preflight", dest="preflight", action="store_false",
-                   help="skip the check that one trial fits the cluster (autoscaling clusters)")
-    p.add_argument("--seeds-in-turn", dest="parallel_seeds", action="store_const", const=False, default=None,
-                   help="train a trial's seeds one after another, a new fit per seed and rung (default: side by "
-                        "side, one fit per seed scored at every rung, when the cluster holds k runs at once)")
+    from raycse.tune.settings import TuneSettings
+
+    add_setting_flags(p, TuneSettings)
 
 
 def _analyze_parser(sub) -> None:
@@ -214,19 +213,10 @@ def _mine_parser(sub) -> None:
     p.add_argument("--candidates", default=None, metavar="FILE",
                    help="candidate texts (a text/JSONL/Parquet corpus with a 'text' field; default: the positives)")
     p.add_argument("--model", default="default", help="the embedding model; 'default' = embedded all-MiniLM-L6-v2")
-    p.add_argument("--num-negatives", type=int, default=1, help="negatives per query")
-    p.add_argument("--range-min", type=int, default=0, help="first rank considered (0 = the most similar)")
-    p.add_argument("--range-max", type=int, default=50, help="ranks from --range-min up to this one (exclusive)")
-    p.add_argument("--margin", type=float, default=None,
-                   help="skip candidates scoring >= score(positive) - MARGIN (likely false negatives; default off)")
-    p.add_argument("--max-score", type=float, default=None, help="skip candidates scoring above this (default off)")
-    p.add_argument("--search", default="auto", choices=["auto", "exact", "ivf"],
-                   help="faiss search: exact, IVF, or auto (exact up to 50,000 candidates)")
-    p.add_argument("--shards", type=int, default=1, help="search the candidates in N Ray tasks")
-    p.add_argument("--max-length", type=int, default=128, help="token limit when embedding")
-    p.add_argument("--embed-actors", type=int, default=None,
-                   help="embedding actors, 1 CPU each (default: one per CPU of the cluster)")
     p.add_argument("--seed", type=int, default=0, help="seed of the corpus read and the IVF training")
+    from raycse.grouping.mine import MineSettings
+
+    add_setting_flags(p, MineSettings)
 
 
 class Parser(argparse.ArgumentParser):
@@ -447,16 +437,7 @@ def cmd_tune(args) -> int:
     if args.resume:
         exp, _ = resume(args.resume)
     else:
-        if args.seeds < 1:
-            raise RaycseError(f"--seeds must be >= 1, got {args.seeds}")
-        settings = TuneSettings(space=recipe("search_spaces", args.space), num_samples=args.num_samples, seeds=list(range(args.seeds)),
-                                rungs=args.rungs, target=args.target, searcher=args.searcher,
-                                scheduler=args.scheduler, grace_period=args.grace_period,
-                                reduction_factor=args.reduction_factor, search_seed=args.search_seed,
-                                concurrent=args.concurrent, learn_from_truncated=args.learn_from_truncated,
-                                preflight=args.preflight, tpe_startup_trials=args.tpe_startup,
-                                time_budget_s=args.time_budget, parallel_seeds=args.parallel_seeds,
-                                tracking=args.tracking, corpus=args.corpus, optuna_storage=args.optuna_storage)
+        settings = settings_from_args(TuneSettings, args, space=recipe("search_spaces", args.space))
         exp, _ = tune_search(settings, args.storage_path, args.name)
     report = analyze(str(exp), plots=False)
     print(report.table)
@@ -490,10 +471,7 @@ def cmd_mine(args) -> int:
     from raycse.grouping.mine import MineSettings, mine
     from raycse.train.runtime import ensure_ray, setup_ray_data
 
-    settings = MineSettings(num_negatives=args.num_negatives, range_min=args.range_min, range_max=args.range_max,
-                            margin=args.margin, max_score=args.max_score, search=args.search, shards=args.shards,
-                            max_length=args.max_length,
-                            embed_actors=1 if args.embed_actors is None else args.embed_actors)
+    settings = settings_from_args(MineSettings, args)
     missing = [f for f, v in (("--corpus", args.corpus), ("--pair-column", args.pair_column),
                               ("--output", args.output)) if not v]
     if missing:
@@ -518,7 +496,7 @@ def cmd_mine(args) -> int:
     setup_ray_data()
     from raycse.train.runtime import cluster_cpus
 
-    if args.embed_actors is None:  # default: one per CPU of the cluster (0 was refused above)
+    if settings.embed_actors is None:  # default: one per CPU of the cluster (0 was refused above)
         settings.embed_actors = cluster_cpus()
     from raycse.data.dataset import ray_data_errors
 

@@ -40,6 +40,18 @@ def knob(default, flag: str, help: str):
     return field(default=default, metadata={"flag": flag, "help": help})
 
 
+def setting(default, flag: str, help: str, to_value=None, flag_default=None, **argparse_kw):
+    """A command's setting that is also its flag (``raycse tune``, ``raycse mine``): one name, one default,
+    one help text, from which the CLI builds the flag (:func:`raycse.cli.add_setting_flags`).
+    ``argparse_kw``: how the flag reads (type, choices, action, metavar); ``to_value``: the setting from
+    the flag's value where they differ (``--seeds 3`` -> [0, 1, 2]), with ``flag_default`` as the flag's
+    default. A list default is built anew for each settings object."""
+    meta = {"flag": flag, "help": help, "argparse": argparse_kw, "to_value": to_value, "flag_default": flag_default}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
 @dataclass
 class ModelConfig:
     """Which encoder and how a sentence vector is read off it."""

@@ -187,3 +187,43 @@ def test_the_empty_corpus_check_looks_into_a_bounded_number_of_files(tmp_path, m
     dataset.check_not_empty(blank + [str(tmp_path / "t.txt")])
     monkeypatch.setattr(dataset, "EMPTY_CHECK_FILES", 3)
     dataset.check_not_empty(blank)
+
+
+def test_tune_and_mine_flags_are_their_settings_fields_with_one_help_each():
+    """Issue 69 item 4: `raycse tune` and `raycse mine` build their flags from their settings' fields (one name,
+    one default, one help text); every flag of every command has help; the flags land in the fields they
+    name, and tune's help lists the shipped spaces from the package."""
+    import dataclasses
+    from pathlib import Path
+
+    from raycse.cli import build_parser, settings_from_args
+    from raycse.grouping.mine import MineSettings
+    from raycse.tune.settings import TuneSettings
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    for name, command in commands.items():
+        for action in command._actions:
+            if action.option_strings and action.dest != "help":
+                assert action.help and action.help.strip(), (name, action.option_strings)
+    for name, cls in (("tune", TuneSettings), ("mine", MineSettings)):
+        by_dest = {a.dest: a for a in commands[name]._actions}
+        flags = []
+        for f in dataclasses.fields(cls):
+            if f.name == "space":  # (--space / --resume: one of the two)
+                continue
+            assert f.metadata.get("flag") and f.metadata.get("help"), (name, f.name)
+            assert by_dest[f.name].option_strings == [f.metadata["flag"]], (name, f.name)
+            flags.append(f.metadata["flag"])
+        assert len(set(flags)) == len(flags)
+    args = parser.parse_args(["tune", "--space", "simcse", "--seeds", "2", "--no-preflight", "--seeds-in-turn",
+                              "--time-budget", "60", "--target", "mean-1std"])
+    settings = settings_from_args(TuneSettings, args, space="x")
+    assert (settings.seeds, settings.preflight, settings.parallel_seeds, settings.time_budget_s) == ([0, 1], False,
+                                                                                                     False, 60.0)
+    defaults = settings_from_args(TuneSettings, parser.parse_args(["tune", "--space", "simcse"]), space="x")
+    assert defaults == TuneSettings(space="x")  # the flags' defaults are the fields'
+    assert settings_from_args(MineSettings, parser.parse_args(["mine", "--shards", "3"])).shards == 3
+    assert settings_from_args(MineSettings, parser.parse_args(["mine"])) == MineSettings()
+    shipped = sorted(p.stem for p in (Path(__file__).parents[1] / "raycse" / "search_spaces").glob("*.yaml"))
+    assert all(s in commands["tune"].description for s in shipped)

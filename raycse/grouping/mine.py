@@ -26,21 +26,28 @@ from typing import Optional
 
 import numpy as np
 
+from raycse.config import setting
 from raycse.errors import ConfigError, DataError
 
 
 @dataclass
 class MineSettings:
-    num_negatives: int = 1
-    range_min: int = 0
-    range_max: int = 50
-    margin: Optional[float] = None  # skip candidates scoring >= score(positive) - margin
-    max_score: Optional[float] = None  # skip candidates scoring above this
-    search: str = "auto"  # exact | ivf | auto (exact up to 50,000 candidates)
-    shards: int = 1
-    embed_actors: int = 1
-    batch_size: int = 256
-    max_length: int = 128
+    """How ``raycse mine`` searches; each field is also its flag (one definition)."""
+
+    num_negatives: int = setting(1, "--num-negatives", "negatives per query", type=int)
+    range_min: int = setting(0, "--range-min", "first rank considered (0 = the most similar)", type=int)
+    range_max: int = setting(50, "--range-max", "ranks from --range-min up to this one (exclusive)", type=int)
+    margin: Optional[float] = setting(None, "--margin", "skip candidates scoring >= score(positive) - MARGIN (likely "
+                                      "false negatives; default off)", type=float)
+    max_score: Optional[float] = setting(None, "--max-score", "skip candidates scoring above this (default off)",
+                                         type=float)
+    search: str = setting("auto", "--search", "faiss search: exact, IVF, or auto (exact up to 50,000 candidates)",
+                          choices=["auto", "exact", "ivf"])
+    shards: int = setting(1, "--shards", "search the candidates in N Ray tasks", type=int)
+    embed_actors: Optional[int] = setting(None, "--embed-actors", "embedding actors, 1 CPU each (default: one per "
+                                          "CPU of the cluster)", type=int)
+    batch_size: int = setting(256, "--batch-size", "sentences per embedding call", type=int)
+    max_length: int = setting(128, "--max-length", "token limit when embedding", type=int)
 
     def validate(self) -> None:
         if self.num_negatives < 1:
@@ -59,7 +66,7 @@ class MineSettings:
             raise ConfigError(f"--search must be exact, ivf or auto, got {self.search!r}")
         if self.shards < 1:
             raise ConfigError(f"--shards must be >= 1, got {self.shards}")
-        if self.embed_actors < 1:
+        if self.embed_actors is not None and self.embed_actors < 1:
             raise ConfigError(f"--embed-actors must be >= 1, got {self.embed_actors}")
 
 
@@ -152,7 +159,7 @@ def mine(data, model_path: str, output: Path, s: MineSettings, candidates_file: 
     else:
         candidates = sorted(set(positive))
     t["read"] = time.perf_counter()
-    embed = dict(actors=s.embed_actors, batch_size=s.batch_size)
+    embed = dict(actors=s.embed_actors or 1, batch_size=s.batch_size)  # (the CLI's None: one per CPU, set there)
     q_vec = normalize(embed_corpus(pairs, model_path, s.max_length, by="first", **embed))
     c_vec = normalize(embed_corpus(_texts_corpus(candidates), model_path, s.max_length, **embed))
     if candidates_file:

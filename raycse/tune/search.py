@@ -12,7 +12,7 @@ import math
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
@@ -26,62 +26,12 @@ from raycse.redact import refuse_credentials
 from raycse.train import tracking as trackers
 from raycse.tune import study
 from raycse.tune.space import SearchSpace, load_space, space_text
-from raycse.tune.trial import SEED_MODEL, SEED_RUN, TARGET, TrialSetup, is_final, parse_target, run_trial
+from raycse.tune.settings import TuneSettings
+from raycse.tune.trial import SEED_MODEL, SEED_RUN, TARGET, TrialSetup, is_final, run_trial
 
 SETTINGS = "raycse_tune.json"
 _DRIVER = os.urandom(8).hex()  # this process, as a searcher pickled by another driver can tell
 TRIAL_CPU = 0.01  # the trial function only coordinates; the Train workers hold the real CPUs
-
-
-@dataclass
-class TuneSettings:
-    space: str
-    num_samples: int = 8
-    seeds: list = field(default_factory=lambda: [0, 1, 2])
-    rungs: int = 3
-    target: str = "mean"
-    searcher: str = "optuna"  # optuna (TPE) | random
-    scheduler: str = "asha"  # asha | none
-    grace_period: int = 1
-    reduction_factor: int = 2
-    search_seed: int = 0
-    concurrent: Optional[int] = None
-    learn_from_truncated: bool = False
-    preflight: bool = True
-    tpe_startup_trials: int = 5  # random trials before TPE models the space (Optuna's default is 10)
-    time_budget_s: Optional[float] = None  # no trial starts after this many seconds; the running ones finish
-    # seeds side by side (one fit each per trial) or one after another (a fit per seed per rung);
-    # None: side by side when the cluster holds them, which the pre-flight decides and records
-    parallel_seeds: Optional[bool] = None
-    tracking: Optional[str] = None  # mlflow:URI | tensorboard:DIR | wandb:PROJECT, or several joined by commas
-    corpus: Optional[str] = None  # the training corpus, replacing the space's run.data.corpus (tune --corpus)
-    # where the Optuna study is kept (an RDB URL; raycse.tune.study): None, an SQLite file beside the experiment
-    optuna_storage: Optional[str] = None
-
-    def validate(self) -> "TuneSettings":
-        parse_tracking(self.tracking)
-        if self.num_samples < 1:
-            raise ConfigError(f"--num-samples must be >= 1, got {self.num_samples}")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ConfigError(f"seeds must be distinct and at least one, got {self.seeds}")
-        if self.rungs < 1:
-            raise ConfigError(f"--rungs must be >= 1, got {self.rungs}")
-        if self.searcher not in ("optuna", "random"):
-            raise ConfigError(f"--searcher must be optuna or random, got {self.searcher!r}")
-        if self.scheduler not in ("asha", "none"):
-            raise ConfigError(f"--scheduler must be asha or none, got {self.scheduler!r}")
-        if not 1 <= self.grace_period <= self.rungs:
-            raise ConfigError(f"--grace-period must be in [1, rungs={self.rungs}], got {self.grace_period}")
-        if self.reduction_factor < 2:
-            raise ConfigError(f"--reduction-factor must be >= 2, got {self.reduction_factor}")
-        if self.concurrent is not None and self.concurrent < 1:
-            raise ConfigError(f"--concurrent must be >= 1 (or left out: as many as the CPUs fit), got {self.concurrent}")
-        if self.time_budget_s is not None and not (math.isfinite(self.time_budget_s) and self.time_budget_s > 0):
-            raise ConfigError(f"--time-budget must be a positive number of seconds, got {self.time_budget_s}")
-        if self.tpe_startup_trials < 0:
-            raise ConfigError(f"--tpe-startup must be >= 0, got {self.tpe_startup_trials}")
-        self.target = parse_target(self.target)
-        return self
 
 
 def _optuna_search(space: SearchSpace, settings: TuneSettings, where: Optional[study.StudyPlace] = None):
