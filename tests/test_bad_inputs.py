@@ -173,6 +173,7 @@ def _cases(i: dict) -> list:
          {"HF_HUB_OFFLINE": "1", "HF_HOME": str(i["hf_home"])}),
         (["eval", m, "--mteb", "STS1"], "unknown MTEB task 'STS1'", None),
         (["eval", m, "--mteb-local", "senteval"], "--mteb-local must be senteval:DIR, stsb:FILE or beir:DIR", None),
+        (["eval", m, "--mteb-local", f"stsb:{d}", "--mteb-local", f"stsb:{d}"], "is asked for twice", None),
         (["eval", m, "--mteb-local", f"beir:{i['beir']}"], "missing BEIR file", None),
         ([*mine, "--max-length", "-5"], "--max-length must be >= 2", None),
         ([*mine, "--margin", "nan"], "--margin must be a finite number", None),

@@ -11,7 +11,7 @@ layouts raycse reads.
   ``AbsTaskRetrieval`` (documents as title + text, queries with relevant documents only, a query's
   own id left out of its results: BEIR's ``ignore_identical_ids``).
 - Scoring is mteb's own (``mteb.evaluate``); raycse only hands it the embeddings, through
-  :class:`RaycseModel`, the same ``Encoder.encode`` that ``raycse eval`` scores with. mteb's prompt
+  :func:`model_for`, the same ``Encoder.encode`` that ``raycse eval`` scores with. mteb's prompt
   types map to the model's prompts "query" and "document", as sentence-transformers names them.
 - Scores are the task's main score x100 (raycse's scale). No result cache is written (mteb's
   default would write under ~/.cache/mteb, which no raycse command owns).
@@ -241,6 +241,10 @@ def load_suite(specs: Sequence[TaskSpec], split: str = "test") -> Suite:
     from raycse.errors import require
 
     require("mteb", "mteb", "MTEB evaluation")
+    keys = [spec.key for spec in specs]
+    twice = [spec for spec in specs if keys.count(spec.key) > 1]
+    if twice:
+        raise RaycseError(f"{twice[0].label} is asked for twice; give each task once (one --mteb-local per kind)")
     suite = Suite(list(specs))
     for spec in suite.specs:
         if spec.kind in ("senteval", "stsb"):
