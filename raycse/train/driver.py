@@ -201,5 +201,6 @@ def interrupted_detail(run: RunConfig, storage_path: Optional[str], run_name: st
 def say_when_unscored(run: RunConfig, dev) -> None:
     if dev is None:
         why = ("eval.stsb_dev is none" if run.eval.stsb_dev is None or run.eval.stsb_dev.lower() == "none"
-               else "no STS-B dev file found (set eval.stsb_dev / --stsb-dev)")
+               else "no STS-B dev set found (neither $RAYCSE_DATA/stsbenchmark/sts-dev.csv nor the Hugging Face "
+                    "dataset sentence-transformers/stsb; set eval.stsb_dev / --stsb-dev)")
         print(f"[raycse] {why}: training without evaluation, keeping the last checkpoint", flush=True)
