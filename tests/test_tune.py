@@ -43,6 +43,20 @@ def test_bad_space_files_fail_before_anything_starts(tmp_path, search, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_space_searches_lora_rank_and_scale(tmp_path):
+    """lora_r and lora_alpha name model.lora.r / .alpha; a sampled point is a validated run with adapters."""
+    import numpy as np
+
+    space = load_space(_space(tmp_path, {"lora_r": {"choice": [4, 8, 16]}, "lora_alpha": {"choice": [8, 32]}},
+                              {"objective": {"name": "simcse"}, "model": {"lora": {"dropout": 0.1}}}))
+    assert [k.key for k in space.knobs] == ["model.lora.r", "model.lora.alpha"]
+    point = space.sample(np.random.default_rng(0))
+    cfg = space.run_config(point, seed=1)
+    assert cfg.model.lora == {"dropout": 0.1, "r": point["lora_r"], "alpha": point["lora_alpha"]}
+    with pytest.raises(ConfigError, match="lora"):
+        space.run_config({"lora_r": 0, "lora_alpha": 8})
+
+
 def test_conditional_knobs_and_combined_space(tmp_path):
     import optuna
 

@@ -45,6 +45,8 @@ ALIASES = {
     "grouping": "grouping.strategy",
     "batch_size": "train.batch_size",
     "warmup": "train.warmup_ratio",
+    "lora_r": "model.lora.r",  # LoRA's rank and scale (model.lora: a run with adapters)
+    "lora_alpha": "model.lora.alpha",
 }
 # objective settings of every objective (not one objective's knobs)
 OBJECTIVE_SETTINGS = ("objective.name", "objective.matryoshka_dims", "objective.matryoshka_weights")
