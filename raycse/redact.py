@@ -22,8 +22,9 @@ from contextlib import contextmanager
 
 MASK = "***"
 
-# scheme://userinfo@ : the user-info never holds '/', so this cannot reach into a path
-_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<info>[^/@\s?#'\"]+)@")
+# scheme://userinfo@ : the user-info never holds '/', so this cannot reach into a path. One slash too:
+# a URI that went through pathlib (a path argument read as a local path) is printed as s3:/KEY:SECRET@b.
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*:/{1,2})(?P<info>[^/@\s?#'\"]+)@")
 # ?name=value / &name=value where the name says it is a secret
 _SECRET_PARAM = re.compile(
     r"(?P<lead>[?&;](?:[A-Za-z0-9_.\-]*?)(?:key|secret|token|passw|pwd|sig|signature|credential|auth)"
@@ -32,7 +33,7 @@ _SECRET_PARAM = re.compile(
 
 def redact(text: str) -> str:
     """``text`` with every URI's user-info and secret-named query values replaced by ``***``."""
-    if "://" not in text and "=" not in text:
+    if ":/" not in text and "=" not in text:
         return text
     text = _USERINFO.sub(lambda m: f"{m.group('scheme')}{MASK}@", text)
     return _SECRET_PARAM.sub(lambda m: f"{m.group('lead')}{MASK}", text)
@@ -75,7 +76,7 @@ class RedactingStream(io.TextIOBase):
     def write(self, text: str) -> int:
         data = self._pending + text
         cut = max(data.rfind("\n"), data.rfind("\r")) + 1
-        if cut == 0 and len(data) < 4096 and "://" in data:  # wait for the line's end
+        if cut == 0 and len(data) < 4096 and ":/" in data:  # wait for the line's end
             self._pending = data
             return len(text)
         self._pending = "" if cut == 0 else data[cut:]
