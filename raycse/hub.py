@@ -3,6 +3,7 @@ is fetched from it (offline, the hub client retries with back-off for ~25-35 s b
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from typing import Optional
 from urllib.parse import urlsplit
@@ -36,22 +37,20 @@ def unreachable(timeout_s: float = PROBE_TIMEOUT_S) -> Optional[str]:
     return answer
 
 
-class offline:
-    """The hub switched off for ``huggingface_hub`` and ``datasets`` while inside (their flags are read at
-    import, so setting HF_HUB_OFFLINE now would not reach them): reads come from the local cache only."""
+@contextlib.contextmanager
+def cache_only_if_unreachable():
+    """Hugging Face reads inside come from the local cache alone where the hub cannot be reached (a load
+    would otherwise retry for ~35 s, or be a download raycse must not make); yields why, or None when the
+    hub can be asked. huggingface_hub's and datasets' flags are set directly: both read HF_HUB_OFFLINE at
+    import, so the variable set now would not reach them."""
+    import datasets.config
+    import huggingface_hub.constants as constants
 
-    def __enter__(self):
-        import datasets.config
-        import huggingface_hub.constants as constants
-
-        self.saved = (constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE)
-        constants.HF_HUB_OFFLINE = True
-        datasets.config.HF_HUB_OFFLINE = True
-        return self
-
-    def __exit__(self, *exc):
-        import datasets.config
-        import huggingface_hub.constants as constants
-
-        constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE = self.saved
-        return False
+    reason = unreachable()
+    saved = (constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE)
+    if reason:
+        constants.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = True
+    try:
+        yield reason
+    finally:
+        constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE = saved

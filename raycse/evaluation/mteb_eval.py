@@ -178,6 +178,13 @@ class Suite:
     specs: list[TaskSpec]
     tasks: list = field(default_factory=list)
 
+    def travel_ready(self) -> "Suite":
+        """The tasks' data copied into memory, for a suite that goes to a Ray worker (model selection): a
+        cached task's data maps files of this machine's cache, which a worker on another node lacks."""
+        for task in self.tasks:
+            task.dataset = _in_memory(task.dataset)
+        return self
+
     def digest(self) -> str:
         """A digest of what the scores depend on besides the model: mteb's version, each task's name and main
         score, and its data's content (for raycse.evaluation.initial_scores' key)."""
@@ -254,7 +261,6 @@ def load_suite(specs: Sequence[TaskSpec], split: str = "test") -> Suite:
         else:
             task = _registered_task(spec)
             _load_cached(task)
-            task.dataset = _in_memory(task.dataset)
         suite.tasks.append(task)
     return suite
 
@@ -263,12 +269,9 @@ def _load_cached(task) -> None:
     """Load a registered task's data, from the cache only when the hub cannot be reached."""
     from raycse import hub
 
-    reason = hub.unreachable()
+    reason = None
     try:
-        if reason:
-            with hub.offline():
-                task.load_data()
-        else:
+        with hub.cache_only_if_unreachable() as reason:
             task.load_data()
     except Exception as exc:  # datasets raises several kinds (ConnectionError, FileNotFoundError, ...)
         why = reason or f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

@@ -28,11 +28,10 @@ class Selection:
     beir: Optional[object] = None  # raycse.evaluation.beir.BeirData
     beir_metric: Optional[str] = None
     mteb: Optional[object] = None  # raycse.evaluation.mteb_eval.Suite of one task, its data in memory
-    model_name: str = "raycse/model"  # what mteb's results name the model
 
     def score(self, embed: EmbedFn) -> float:
         if self.mteb is not None:
-            (row,) = self.mteb.run(embed, self.model_name).values()
+            (row,) = self.mteb.run(embed, "raycse/model").values()  # (the name mteb's result carries)
             return row["score"]
         if self.sts is not None:
             from raycse.evaluation.sts import evaluate_datasets
@@ -54,7 +53,7 @@ def load_selection(eval_cfg) -> Optional[Selection]:
         from raycse.evaluation.mteb_eval import load_suite
 
         spec = eval_cfg.mteb_task()
-        return Selection(spec.key, spec.label, mteb=load_suite([spec], eval_cfg.beir_split))
+        return Selection(spec.key, spec.label, mteb=load_suite([spec], eval_cfg.beir_split).travel_ready())
     if kind == "beir":
         from raycse.evaluation.beir import read_beir
 

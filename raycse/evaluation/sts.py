@@ -138,10 +138,7 @@ def read_hub_stsb(name: str = "stsb_dev") -> Optional[STSData]:
     import datasets
 
     try:
-        if hub.unreachable():
-            with hub.offline():
-                rows = datasets.load_dataset(HUB_STSB, split=HUB_STSB_SPLIT)
-        else:
+        with hub.cache_only_if_unreachable():
             rows = datasets.load_dataset(HUB_STSB, split=HUB_STSB_SPLIT)
     except Exception:  # not cached, or the hub refused: "auto" finds nothing (datasets raises several kinds)
         return None

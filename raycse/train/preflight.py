@@ -117,9 +117,10 @@ def check_extras(run: RunConfig) -> None:
 
     if run.grouping.strategy in ("knn", "cluster"):
         require("faiss", "grouping", f"--grouping {run.grouping.strategy}")
-    if run.eval.selection()[0] == "beir":
+    selection = run.eval.selection()[0]
+    if selection == "beir":
         require("faiss", "grouping", "--eval-metric beir:...")
-    if run.eval.selection()[0] == "mteb":
+    if selection == "mteb":
         require("mteb", "mteb", "--eval-metric mteb:...")
     if run.data.format == "hf":
         require("datasets", "hf", "--format hf")
