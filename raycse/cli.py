@@ -53,6 +53,13 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return {int: "INT", float: "FLOAT"}.get(action.type, action.dest.upper())
 
 
+def with_default(text: str, default) -> str:
+    """A flag's help with its default said once: not where there is none, or where the text says it."""
+    if default is None or "default" in text.lower():
+        return text
+    return f"{text} (default: {show_default(default)})"
+
+
 def add_setting_flags(p: argparse.ArgumentParser, cls) -> None:
     """A flag for every field of ``cls`` made with :func:`raycse.config.setting` (its one definition)."""
     import dataclasses
@@ -62,9 +69,7 @@ def add_setting_flags(p: argparse.ArgumentParser, cls) -> None:
             continue
         meta, kw = f.metadata, dict(f.metadata["argparse"])
         default = meta["flag_default"] if meta["to_value"] else f.default
-        text = meta["help"]
-        if default is not None and "action" not in kw and "default" not in text.lower():
-            text = f"{text} (default: {show_default(default)})"
+        text = meta["help"] if "action" in kw else with_default(meta["help"], default)  # (a switch's is its absence)
         p.add_argument(meta["flag"], dest=f.name, default=default, help=text, **kw)
 
 
@@ -94,8 +99,7 @@ def _train_parser(sub) -> None:
                                     f"or a shipped recipe by name: {', '.join(shipped('configs'))}; "
                                     "flags override it")
     for flag, key, text, default, typ in flag_fields():
-        if default is not None and "default" not in text.lower():
-            text = f"{text} (default: {show_default(default)})"
+        text = with_default(text, default)
         metavar = "{true,false}" if typ is bool else {dict: "YAML", list: "LIST"}.get(typ, typ.__name__.upper())
         # the value is kept as text: flags override the YAML config only when given
         p.add_argument(flag, dest=key, type=str, default=None, metavar=metavar, help=text)
