@@ -85,6 +85,40 @@ def settings_from_args(cls, args: argparse.Namespace, **given):
     return cls(**given)
 
 
+# the run settings `raycse tune` takes as flags too: where and on what every trial trains
+RESOURCE_KEYS = ("train.num_workers", "train.cpus_per_worker", "train.gpus_per_worker", "train.use_gpu")
+
+
+def add_run_flags(p: argparse.ArgumentParser, keys: Optional[tuple] = None, of: str = "") -> None:
+    """A flag for every run setting made with :func:`raycse.config.knob` plus ``--use-gpu`` (or for those of
+    ``keys``): ``raycse train``'s and ``raycse tune``'s flags from one definition (``of``: what tune's apply
+    to, whose default is the space's). The values stay text, set like ``--set`` only when given
+    (:func:`run_overrides`)."""
+    for flag, key, text, default, typ in flag_fields():
+        if keys is not None and key not in keys:
+            continue
+        metavar = "{true,false}" if typ is bool else {dict: "YAML", list: "LIST"}.get(typ, typ.__name__.upper())
+        text = with_default(text, default) + (f"; {of}, over the space's run.{key}" if of else "")
+        p.add_argument(flag, dest=key, type=str, default=None, metavar=metavar, help=text)
+    if keys is None or "train.use_gpu" in keys:
+        p.add_argument("--use-gpu", dest="train.use_gpu", action="store_const", const="true", default=None,
+                       help="train on GPUs: one per worker with NCCL, or --gpus-per-worker each"
+                       + (f"; {of}, over the space's run.train.use_gpu" if of else ""))
+
+
+def run_overrides(args: argparse.Namespace, prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted run key, text) of every flag :func:`add_run_flags` made that was given, then of every
+    ``--set KEY=VALUE`` (``prefix`` + KEY: tune's ``run.``), in the order they apply."""
+    given = [(key, getattr(args, key)) for _, key, *_ in flag_fields() + [(None, "train.use_gpu")]
+             if getattr(args, key, None) is not None]
+    for item in args.set:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip().startswith(prefix):
+            raise RaycseError(f"--set expects {prefix}KEY=VALUE, got {item!r}")
+        given.append((key.strip()[len(prefix):], value.lstrip()))  # (a trailing space may belong to it: "query: ")
+    return given
+
+
 def _command(sub, name: str, help: str, description: str) -> argparse.ArgumentParser:
     return sub.add_parser(name, help=help, description=description, formatter_class=HelpFormatter)
 
@@ -98,13 +132,7 @@ def _train_parser(sub) -> None:
     p.add_argument("--config", metavar="YAML", help="YAML run config (sections model, data, grouping, objective, train, eval), "
                                     f"or a shipped recipe by name: {', '.join(shipped('configs'))}; "
                                     "flags override it")
-    for flag, key, text, default, typ in flag_fields():
-        text = with_default(text, default)
-        metavar = "{true,false}" if typ is bool else {dict: "YAML", list: "LIST"}.get(typ, typ.__name__.upper())
-        # the value is kept as text: flags override the YAML config only when given
-        p.add_argument(flag, dest=key, type=str, default=None, metavar=metavar, help=text)
-    p.add_argument("--use-gpu", dest="train.use_gpu", action="store_const", const="true", default=None,
-                   help="train on GPUs: one per worker with NCCL, or --gpus-per-worker each")
+    add_run_flags(p)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any config key, e.g. --set objective.tau=0.1 --set data.dedup=true")
     p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output directory")
@@ -180,6 +208,10 @@ def _tune_parser(sub) -> None:
     from raycse.tune.settings import TuneSettings
 
     add_setting_flags(p, TuneSettings)
+    add_run_flags(p, RESOURCE_KEYS, of="in every trial")
+    p.add_argument("--set", action="append", default=[], metavar="run.KEY=VALUE",
+                   help="any run setting of every trial, as in the space file's run (raycse train's --set), e.g. "
+                        "--set run.train.worker_start_timeout_s=600; a knob the space searches is still searched")
 
 
 def _analyze_parser(sub) -> None:
@@ -247,15 +279,8 @@ def resolve_train_config(args: argparse.Namespace):
     from raycse.config import RunConfig, load_yaml, recipe, set_dotted
 
     run = RunConfig.from_dict(load_yaml(recipe("configs", args.config))) if args.config else RunConfig()
-    for key in [key for _, key, *_ in flag_fields()] + ["train.use_gpu"]:
-        value = getattr(args, key, None)
-        if value is not None:
-            set_dotted(run, key, value)
-    for item in args.set:
-        if "=" not in item:
-            raise RaycseError(f"--set expects KEY=VALUE, got {item!r}")
-        key, value = item.split("=", 1)
-        set_dotted(run, key.strip(), value.lstrip())  # (a trailing space may belong to it: a prompt's "query: ")
+    for key, value in run_overrides(args):
+        set_dotted(run, key, value)
     return run.validate()
 
 
@@ -441,7 +466,8 @@ def cmd_tune(args) -> int:
     if args.resume:
         exp, _ = resume(args.resume)
     else:
-        settings = settings_from_args(TuneSettings, args, space=recipe("search_spaces", args.space))
+        settings = settings_from_args(TuneSettings, args, space=recipe("search_spaces", args.space),
+                                      run_overrides=run_overrides(args, prefix="run."))
         exp, _ = tune_search(settings, args.storage_path, args.name)
     report = analyze(str(exp), plots=False)
     print(report.table)

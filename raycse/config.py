@@ -743,6 +743,23 @@ def set_dotted(cfg: RunConfig, key: str, value: Any, _from_yaml: bool = False) -
     setattr(section, parts[1], coerce(key, value, hint))
 
 
+def get_dotted(cfg: RunConfig, key: str) -> Any:
+    """The value at a dotted key that :func:`set_dotted` accepts (``section.field``, ``section.mapping.entry``,
+    ``objective.KNOB``), as the config holds it: typed."""
+    parts = key.split(".")
+    if parts[0] == "output_dir":
+        return cfg.output_dir
+    value = getattr(cfg, parts[0])
+    if isinstance(value, ObjectiveConfig) and len(parts) > 1 and parts[1] not in ("name", "params") \
+            and not parts[1].startswith("matryoshka_"):
+        return value.params.get(parts[1])
+    if isinstance(value, ObjectiveConfig) and parts[1:2] == ["params"] and len(parts) == 3:
+        return value.params.get(parts[2])
+    for part in parts[1:]:
+        value = value.get(part) if isinstance(value, dict) else getattr(value, part)
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+
+
 TRACKING_FORMS = ("mlflow:URI (e.g. mlflow:http://127.0.0.1:5000), tensorboard:DIR or wandb:[ENTITY/]PROJECT, "
                   "or several of them separated by commas")
 

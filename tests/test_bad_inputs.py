@@ -185,6 +185,13 @@ def _cases(i: dict) -> list:
         (["train", "--format", "hf", "--corpus", "nosuch/ds", "--output", "out"],
          "cannot load Hugging Face dataset 'nosuch/ds'", CLOSED_HUB),
         (["tune", "--space", str(i["space"]), "--concurrent", "0"], "--concurrent must be >= 1", None),
+        (["tune", "--space", str(i["space"]), "--set", "run.train.nosuch=1"],
+         "--set run.train.nosuch=1: unknown config key 'train.nosuch'", None),
+        (["tune", "--space", str(i["space"]), "--set", "train.lr=1e-5"], "--set expects run.KEY=VALUE", None),
+        (["tune", "--space", str(i["space"]), "--set", "run.train.lr=fast"], "train.lr must be float", None),
+        (["tune", "--space", str(i["space"]), "--gpus-per-worker", "0.5"], "GPUs are off; add --use-gpu", None),
+        # more than the cluster can ever hold (a private Ray here, no autoscaler, no GPU): before any trial
+        (["tune", "--space", str(i["space"]), "--use-gpu"], "but the cluster can hold 0", None),
         (["tune", "--space", str(i["knn_space"])], "pip install 'raycse[grouping]'",
          {"PYTHONPATH": str(i["root"] / "nofaiss")}),
         (["tune", "--space", str(i["space"])], "pip install 'raycse[tune]'", no_extras),

@@ -212,6 +212,9 @@ def test_tune_and_mine_flags_are_their_settings_fields_with_one_help_each():
         for f in dataclasses.fields(cls):
             if f.name == "space":  # (--space / --resume: one of the two)
                 continue
+            if f.name == "run_overrides":  # the run's own settings: train's flags' definitions (add_run_flags)
+                assert {"train.use_gpu", "train.num_workers", "train.gpus_per_worker"} <= set(by_dest)
+                continue
             assert f.metadata.get("flag") and f.metadata.get("help"), (name, f.name)
             assert by_dest[f.name].option_strings == [f.metadata["flag"]], (name, f.name)
             flags.append(f.metadata["flag"])

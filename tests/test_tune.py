@@ -26,6 +26,39 @@ def _space(tmp_path, search: dict, run: dict | None = None, name="space.yaml"):
     return str(p)
 
 
+# ----------------------------------------------------------------------------- run settings from the command line
+def test_tune_takes_trains_resource_flags_and_set_and_records_them(tmp_path, corpus):
+    """A shipped space runs on a GPU cluster without a copy: tune's --use-gpu, --num-workers, --gpus-per-worker
+    and --set run.KEY=VALUE reach every trial's run, typed as train's flags type them, with train's help text
+    (one definition), and the experiment's recorded space file holds them, so --resume runs the same."""
+    from raycse.cli import build_parser, run_overrides
+    from raycse.config import recipe
+    from raycse.tune.space import space_text
+
+    parser = build_parser()
+    args = parser.parse_args(["tune", "--space", "hicl", "--use-gpu", "--gpus-per-worker", "0.5", "--num-workers",
+                              "2", "--set", "run.train.worker_start_timeout_s=600", "--set",
+                              "run.train.warmup_ratio=0.1"])
+    given = run_overrides(args, prefix="run.")
+    assert given == [("train.num_workers", "2"), ("train.gpus_per_worker", "0.5"), ("train.use_gpu", "true"),
+                     ("train.worker_start_timeout_s", "600"), ("train.warmup_ratio", "0.1")]
+    path = recipe("search_spaces", "hicl")
+    run = load_space(path, str(corpus), given).run_config({})
+    t = run.train
+    assert (t.use_gpu, t.gpus_per_worker, t.num_workers, t.worker_start_timeout_s, t.warmup_ratio) == (
+        True, 0.5, 2, 600, 0.1)
+    assert run.data.corpus == str(corpus) and run.objective.name == "hicl"  # the space's own settings kept
+    recorded = tmp_path / "space.yaml"
+    recorded.write_text(space_text(path, str(corpus), given))
+    assert load_space(str(recorded)).run_config({}).to_dict() == run.to_dict()
+    # the same help text as train's flag (its one definition), tune's saying what it overrides
+    helps = {name: {a.option_strings[0]: a.help for a in sub._actions if a.option_strings}
+             for name, sub in parser._subparsers._group_actions[0].choices.items()}
+    for flag in ("--num-workers", "--gpus-per-worker", "--cpus-per-worker", "--use-gpu"):
+        assert helps["tune"][flag].startswith(helps["train"][flag]), flag
+        assert "over the space's run.train." in helps["tune"][flag]
+
+
 # ----------------------------------------------------------------------------- space validation
 @pytest.mark.parametrize("search, message", [
     ({"gamma": {"uniform": [0, 1]}}, "unknown knob 'gamma'"),
@@ -491,7 +524,7 @@ def test_preflight_refuses_a_trial_that_cannot_fit(ray_cluster, tiny_model, corp
     run = {"model": {"name_or_path": str(tiny_model)}, "data": {"corpus": str(corpus)},
            "train": {"num_workers": 2, "cpus_per_worker": 3}, "eval": {"stsb_dev": str(stsb_dev)}}
     space = load_space(_space(tmp_path, {"lr": {"loguniform": [1e-5, 1e-4]}}, run))
-    with pytest.raises(ConfigError, match=r"a trial needs 2 worker\(s\) x 3 CPU .* but the cluster has 4"):
+    with pytest.raises(ConfigError, match=r"a trial needs 2 worker\(s\) x 3 CPU .* but the cluster can hold 4"):
         preflight(space, TuneSettings(space=space.path))
     concurrent, per_worker, parallel = preflight(space, TuneSettings(space=space.path, preflight=False))
     assert concurrent >= 1

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 from raycse import storage as objstore  # "storage" is Ray Train's checkpoint path below
+from raycse.capacity import cluster_ceiling, default_cpus_per_worker
 from raycse.config import RunConfig
 from raycse.evaluation import initial_scores
 from raycse.interrupts import Interrupted
@@ -40,7 +41,7 @@ from raycse.train.plan import FitPlan, TuneHooks, plan_steps
 from raycse.train.preflight import check_inputs, check_local_gpus, resolve_storage_path
 from raycse.train.prepare import data_key, fit_data, objective_knobs, read_corpus
 from raycse.train.publishing import best_checkpoint, close_tracking, log_model, publish, write_output
-from raycse.train.runtime import cluster_cpus, ensure_ray, setup_ray_data
+from raycse.train.runtime import ensure_ray, setup_ray_data
 
 
 @dataclass
@@ -148,7 +149,8 @@ def _fit(run: RunConfig, inputs: _Inputs, hooks: TuneHooks, source, staging: Pat
     say_when_unscored(run, dev)
     say_devices(run.train)
     blocks, layouts, grouping_log = fit_data(run, corpus, prepared, spe, total, inputs.model_path)
-    cpus = run.train.cpus_per_worker or max(1, cluster_cpus() // run.train.num_workers)
+    cpus = run.train.cpus_per_worker or default_cpus_per_worker(run.train.num_workers, run.train.gpu_share,
+                                                                cluster_ceiling(), ray.cluster_resources().get("CPU", 1))
     storage = inputs.storage_path or str(staging / "ray")
     if inputs.storage_path:
         identity.record(inputs.storage_path, inputs.run_name, inputs.definition)

@@ -19,8 +19,12 @@ from raycse.train.runtime import train_worker_env
 def collective_backend(t) -> str:
     """torch.distributed's backend for the run: NCCL for whole GPUs per worker, gloo on CPUs and for
     fractional GPUs (NCCL refuses two ranks on one device; gloo all-reduces CUDA tensors, and the
-    contrastive gather routes its all-gather through host memory, raycse.objectives.contrastive)."""
-    return "nccl" if t.use_gpu and not t.shares_gpus else "gloo"
+    contrastive gather routes its all-gather through host memory, raycse.objectives.contrastive), and where
+    RAYCSE_GPU_STAND_IN=cpu lets the workers that hold declared GPUs train on the CPU (NCCL needs CUDA)."""
+    from raycse.train.module import GPU_STAND_IN
+
+    stand_in = os.environ.get(GPU_STAND_IN) == "cpu"
+    return "nccl" if t.use_gpu and not t.shares_gpus and not stand_in else "gloo"
 
 
 def say_devices(t) -> None:
@@ -28,8 +32,8 @@ def say_devices(t) -> None:
     if not t.use_gpu:
         return
     backend = collective_backend(t)
-    why = (" (workers hold a fraction of a GPU, so two may share a device, which NCCL refuses)"
-           if backend == "gloo" else "")
+    why = ("" if backend == "nccl" else " (GPUs stood in for by the CPU: RAYCSE_GPU_STAND_IN=cpu)"
+           if not t.shares_gpus else " (workers hold a fraction of a GPU, so two may share a device, which NCCL refuses)")
     print(f"[raycse] {t.num_workers} worker(s) x {t.gpu_share:g} GPU; collectives: {backend}{why}", flush=True)
 
 

@@ -94,10 +94,43 @@ def _scheduler(settings: TuneSettings):
 
 def preflight(space: SearchSpace, settings: TuneSettings) -> tuple[int, float, bool]:
     """Check the space's run (corpus named, objective fits the data, model found) and that one trial
-    fits the cluster, before any data is read; returns (concurrent trials, CPUs per Train worker,
-    seeds side by side). Fails with the numbers instead of letting trials wait in PENDING forever."""
-    import ray
+    fits what the cluster can grow to, before any data is read; returns (concurrent trials, CPUs per Train
+    worker, seeds side by side), said in one line with why. Fails with the numbers instead of letting
+    trials wait in PENDING forever."""
+    from raycse.capacity import cluster_ceiling
 
+    run = _checked_run(space)
+    ceiling = cluster_ceiling()
+    cpus, gpus = _most(ceiling, "CPU"), _most(ceiling, "GPU")
+    t, k = run.train, len(settings.seeds)
+    workers, per_worker, share = t.num_workers, t.cpus_per_worker, t.gpu_share  # (share: 0 without use_gpu)
+    if settings.preflight:
+        _check_one_trial_fits(t, ceiling, cpus, gpus)
+    parallel = settings.parallel_seeds
+    if parallel is None:  # side by side unless k runs at once cannot fit
+        parallel = (gpus + 1e-9 >= k * workers * share if t.use_gpu
+                    else per_worker is None or k * workers * per_worker + TRIAL_CPU <= cpus) or not settings.preflight
+        if not parallel:
+            print(f"[raycse] the {k} seeds run one after another: {k} x {workers} worker(s) do not fit the cluster "
+                  f"at once", flush=True)
+    runs = k if parallel else 1
+    concurrent, why = settings.concurrent, "--concurrent"
+    if concurrent is None:
+        if t.use_gpu:  # as many trials as the GPUs hold: 1 GPU at 0.25 a worker runs 4 one-worker trials
+            concurrent = _at_most(gpus / (workers * runs * share), settings.num_samples)
+            why = f"{gpus:g} GPU(s) / ({runs} run(s) x {workers} worker(s) x {share:g} GPU) a trial"
+        else:
+            concurrent = _at_most(cpus / (runs * workers * (per_worker or 1.0) + TRIAL_CPU), settings.num_samples)
+            why = f"{cpus:g} CPU(s) / ({runs} run(s) x {workers} worker(s) x {per_worker or 1.0:g} CPU) a trial"
+    if per_worker is None:
+        per_worker = _cpus_per_worker(ceiling, cpus, concurrent, runs * workers, share, settings.preflight)
+    print(f"[raycse] {concurrent} trial(s) at once: {why}; the cluster: {ceiling.describe()}", flush=True)
+    return concurrent, per_worker, parallel
+
+
+def _checked_run(space: SearchSpace):
+    """The space's run without knobs, checked as a training run is (corpus named, data fits the objective,
+    model found)."""
     from raycse.encoder import resolve_model
     from raycse.train.preflight import check_data_fits_objective
 
@@ -107,40 +140,56 @@ def preflight(space: SearchSpace, settings: TuneSettings) -> tuple[int, float, b
                           f"corpus in the space file")
     check_data_fits_objective(run)
     resolve_model(run.model.name_or_path)
-    total = ray.cluster_resources()
-    cpus, gpus = float(total.get("CPU", 0)), float(total.get("GPU", 0))
-    workers, k = run.train.num_workers, len(settings.seeds)
-    per_worker = run.train.cpus_per_worker
-    check = settings.preflight
-    share = run.train.gpu_share  # GPUs per Train worker (0 without use_gpu)
-    if run.train.use_gpu and gpus < run.train.gpus_needed() and check:
-        raise ConfigError(f"a trial needs {run.train.gpus_needed()} GPU(s) ({workers} worker(s) x {share:g} GPU) but "
-                          f"the cluster has {gpus:g}; lower num_workers or train.gpus_per_worker, add GPU nodes, or "
-                          f"pass --no-preflight on an autoscaling cluster")
-    if per_worker is not None and check and workers * per_worker + TRIAL_CPU > cpus:
+    return run
+
+
+def _most(ceiling, resource: str) -> float:
+    """What the cluster can hold of ``resource``: its ceiling, or what is up now where more is up."""
+    import ray
+
+    return max(ceiling.total(resource), float(ray.cluster_resources().get(resource, 0)))
+
+
+def _at_most(fit: float, num_samples: int) -> int:
+    return max(1, min(num_samples, int(fit + 1e-9) if math.isfinite(fit) else num_samples))
+
+
+def _check_one_trial_fits(t, ceiling, cpus: float, gpus: float) -> None:
+    """One trial's Train workers fit what the cluster can grow to, and each worker fits one node."""
+    workers, share, per_worker = t.num_workers, t.gpu_share, t.cpus_per_worker
+    fix = "add nodes or node types the autoscaler may launch"
+    if t.use_gpu and gpus < t.gpus_needed():
+        raise ConfigError(f"a trial needs {t.gpus_needed()} GPU(s) ({workers} worker(s) x {share:g} GPU) but the "
+                          f"cluster can hold {gpus:g} ({ceiling.describe()}); lower --num-workers or "
+                          f"--gpus-per-worker, or {fix}")
+    if t.use_gpu and share > ceiling.largest("GPU"):
+        raise ConfigError(f"a Train worker asks for {share:g} GPU(s) and the largest node holds "
+                          f"{ceiling.largest('GPU'):g} ({ceiling.describe()}); lower --gpus-per-worker, or {fix}")
+    if per_worker is not None and workers * per_worker + TRIAL_CPU > cpus:
         raise ConfigError(f"a trial needs {workers} worker(s) x {per_worker:g} CPU + {TRIAL_CPU} = "
-                          f"{workers * per_worker + TRIAL_CPU:g} CPUs but the cluster has {cpus:g}; lower "
-                          f"train.num_workers / train.cpus_per_worker (or --no-preflight on an autoscaling cluster)")
-    parallel = settings.parallel_seeds
-    if parallel is None:  # side by side unless k runs at once cannot fit
-        parallel = (gpus + 1e-9 >= k * workers * share if run.train.use_gpu
-                    else per_worker is None or k * workers * per_worker + TRIAL_CPU <= cpus) or not check
-        if not parallel:
-            print(f"[raycse] the {k} seeds run one after another: {k} x {workers} worker(s) do not fit the cluster "
-                  f"at once", flush=True)
-    runs_at_once = k if parallel else 1
-    concurrent = settings.concurrent
-    if concurrent is None:
-        if run.train.use_gpu:  # as many trials as the GPUs hold: 1 GPU at 0.25 a worker runs 4 one-worker trials
-            concurrent = max(1, int(gpus / (workers * runs_at_once * share) + 1e-9))
-        else:
-            concurrent = max(1, int(cpus // (runs_at_once * workers * (per_worker or 1.0) + TRIAL_CPU)))
-    if per_worker is None:  # share the cluster between the workers of every run going at once
-        per_worker = math.floor(100 * (cpus - concurrent * TRIAL_CPU) / (concurrent * runs_at_once * workers)) / 100
-        if per_worker <= 0 and check:
-            raise ConfigError(f"{concurrent} concurrent trial(s) x {runs_at_once} run(s) x {workers} worker(s) do not "
-                              f"fit {cpus:g} CPUs; lower --concurrent or train.num_workers")
-    return concurrent, per_worker, parallel
+                          f"{workers * per_worker + TRIAL_CPU:g} CPUs but the cluster can hold {cpus:g} "
+                          f"({ceiling.describe()}); lower --num-workers / --cpus-per-worker, or {fix}")
+    if per_worker is not None and per_worker > ceiling.largest("CPU"):
+        raise ConfigError(f"a Train worker asks for {per_worker:g} CPUs and the largest node holds "
+                          f"{ceiling.largest('CPU'):g} ({ceiling.describe()}); lower --cpus-per-worker, or {fix}")
+
+
+def _cpus_per_worker(ceiling, cpus: float, concurrent: int, workers_a_trial: int, share: float, check: bool) -> float:
+    """CPUs each Train worker reserves where the run does not say: the cluster's CPUs (less the trials' own)
+    shared between every worker going at once, no more than a node holds, and for a GPU share no more than
+    the GPU nodes have per share (0.5 GPU on a node of 2 CPUs and 1 GPU: 1 CPU, so two such workers pack it)."""
+    from raycse.capacity import worker_cpu_cap
+
+    workers_at_once = concurrent * workers_a_trial
+    fair = (cpus - concurrent * TRIAL_CPU) / workers_at_once
+    cap = worker_cpu_cap(ceiling, share)
+    # (a GPU share's less a trial's coordinating CPU, which may land on the same node)
+    bounds = [fair] + ([cap - (TRIAL_CPU if share else 0)] if cap else [])
+    per_worker = math.floor(100 * min(bounds)) / 100
+    if per_worker <= 0 and check:
+        raise ConfigError(f"{workers_at_once} Train worker(s) at once do not fit {cpus:g} CPUs; lower --concurrent "
+                          f"or --num-workers")
+    return per_worker
 
 
 def drop_train_checkpoints(trial_path: str, fs=None) -> None:
@@ -411,9 +460,10 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
     refuse_credentials("--tracking", settings.tracking)
     trackers.check(settings.tracking)
     refuse_credentials("--optuna-storage", settings.optuna_storage)  # (Tune pickles the searcher with it)
-    text = space_text(settings.space, settings.corpus) if Path(settings.space).is_file() else ""
-    refuse_credentials("the search space", text)  # (with its --corpus: the experiment records both)
-    space = load_space(settings.space, settings.corpus)
+    text = (space_text(settings.space, settings.corpus, settings.run_overrides) if Path(settings.space).is_file()
+            else "")
+    refuse_credentials("the search space", text)  # (with its --corpus and --set: the experiment records them)
+    space = load_space(settings.space, settings.corpus, settings.run_overrides)
     check_space_extras(space)
     name = name or f"{Path(settings.space).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     exp_dir = experiment_location(storage_path, name)

@@ -5,7 +5,7 @@ from it without loading Ray Tune."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from raycse.config import parse_tracking, setting
@@ -62,6 +62,10 @@ class TuneSettings:
         None, "--optuna-storage", "keep the Optuna study in this database (e.g. postgresql://host/db; the password "
         "from the environment, e.g. PGPASSWORD) instead of the default, an SQLite file beside the experiment "
         "(EXP/optuna.db), opened by optuna.load_study(study_name=EXPERIMENT, storage=...)", metavar="URL")
+
+    # (dotted run key, text): tune's --set run.KEY=VALUE and resource flags, applied to the space's run
+    # (raycse.tune.space.with_run_settings) and recorded in the experiment's space.yaml
+    run_overrides: list = field(default_factory=list)
 
     def validate(self) -> "TuneSettings":
         parse_tracking(self.tracking)

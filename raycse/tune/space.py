@@ -21,11 +21,11 @@ import copy
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import yaml
 
-from raycse.config import RECIPES, RunConfig, load_yaml, set_dotted
+from raycse.config import RECIPES, RunConfig, get_dotted, load_yaml, set_dotted
 from raycse.errors import ConfigError
 
 ALIASES = {
@@ -178,23 +178,50 @@ def _knob(name: str, spec: Any, path: str) -> Knob:
     return Knob(name, key, kind, args, when)
 
 
-def space_text(path: str, corpus: Optional[str] = None) -> str:
-    """The space file's text, with ``run.data.corpus`` set to ``corpus`` where given (``tune --corpus``):
-    what the experiment records, so that ``--resume`` reads the same corpus."""
-    text = Path(path).read_text(encoding="utf-8")
-    if not corpus:
-        return text
-    raw = load_yaml(path)
-    raw.setdefault("run", {}).setdefault("data", {})["corpus"] = corpus
-    return yaml.safe_dump(raw, sort_keys=False)
-
-
-def load_space(path: str, corpus: Optional[str] = None) -> SearchSpace:
-    """Read and validate a search space (its corpus replaced by ``corpus`` where given); every
-    failure is one line naming the file and the knob."""
-    raw = load_yaml(path)
+def with_run_settings(raw: dict, corpus: Optional[str] = None, overrides: Sequence[tuple[str, str]] = ()) -> dict:
+    """The space file's mapping with ``run.data.corpus`` set to ``corpus`` where given (``tune --corpus``) and
+    each (dotted run key, text) of ``overrides`` set (``tune --set run.KEY=VALUE`` and the resource flags),
+    typed as ``raycse train --set`` types it. A key or value that is not a run setting is one line naming it."""
+    raw = copy.deepcopy(raw)
+    if raw.get("run") is None:
+        raw["run"] = {}
+    run = raw["run"]
+    if not isinstance(run, dict):
+        raise ConfigError(f"the search space's run must be a mapping of sections, got {type(run).__name__}")
     if corpus:
-        raw.setdefault("run", {}).setdefault("data", {})["corpus"] = corpus
+        run.setdefault("data", {})["corpus"] = corpus
+    for key, text in overrides:
+        cfg = RunConfig()
+        try:
+            set_dotted(cfg, key, text)
+            value = get_dotted(cfg, key)
+        except ConfigError as exc:
+            raise ConfigError(f"--set run.{key}={text}: {exc}") from None
+        node = run
+        *parents, last = key.split(".")
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[last] = value
+    return raw
+
+
+def space_text(path: str, corpus: Optional[str] = None, overrides: Sequence[tuple[str, str]] = ()) -> str:
+    """The space file's text with :func:`with_run_settings` applied, where any is given: what the experiment
+    records, so that ``--resume`` runs the same corpus and settings."""
+    text = Path(path).read_text(encoding="utf-8")
+    if not corpus and not overrides:
+        return text
+    return yaml.safe_dump(with_run_settings(load_yaml(path), corpus, overrides), sort_keys=False)
+
+
+def load_space(path: str, corpus: Optional[str] = None, overrides: Sequence[tuple[str, str]] = ()) -> SearchSpace:
+    """Read and validate a search space (with :func:`with_run_settings` applied); every failure is one line
+    naming the file and the knob."""
+    raw = load_yaml(path)
+    if corpus or overrides:
+        raw = with_run_settings(raw, corpus, overrides)
     unknown = set(raw) - {"description", "run", "search"}
     if unknown:
         raise ConfigError(f"{path}: unknown top-level key(s) {', '.join(sorted(unknown))}; expected description, "
@@ -208,7 +235,8 @@ def load_space(path: str, corpus: Optional[str] = None) -> SearchSpace:
     try:
         RunConfig.from_dict(copy.deepcopy(run)).validate()
     except ConfigError as exc:
-        raise ConfigError(f"{path}: run: {exc}") from None
+        given = "".join(f" --set run.{key}={text}" for key, text in overrides)
+        raise ConfigError(f"{path}{' with' + given if given else ''}: run: {exc}") from None
     _check_knobs(space)
     return space
 

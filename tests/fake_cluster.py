@@ -1,0 +1,127 @@
+"""A head started with cluster/local.yaml on Ray's fake multi-node provider, for the tests
+(test_autoscaling.py) and the autoscaling benchmark (benchmarks/autoscaling.py)."""
+
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from conftest import _free_port, stop_process_group
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCAL = ROOT / "cluster" / "local.yaml"
+RAY_DATA_SINGLETONS = {"_StatsActor", "_AutoscalingCoordinatorActor"}  # Ray Data's detached actors, on the head
+# what every job on it needs: the hub off, and the fake GPU nodes' workers training on the CPU
+JOB_ENV = {"HF_HUB_OFFLINE": "1", "RAYCSE_GPU_STAND_IN": "cpu", "TOKENIZERS_PARALLELISM": "false"}
+
+
+class FakeCluster:
+    """A head started with cluster/local.yaml on Ray's fake multi-node provider, on ports of its own; its
+    autoscaler launches "nodes" (local raylets) on demand. Stopped as a process group: only what it
+    started ends (never `ray stop`, which would end every Ray on the machine)."""
+
+    def __init__(self, env: dict, workdir: Path):
+        self.port, self.dash = _free_port(), _free_port()
+        self.config = workdir / "local.yaml"
+        cfg = yaml.safe_load(LOCAL.read_text())
+        cfg["provider"]["gcs_address"] = f"127.0.0.1:{self.port}"
+        self.config.write_text(yaml.safe_dump(cfg))
+        self.idle_s = cfg["idle_timeout_minutes"] * 60
+        self.temp_dir = tempfile.mkdtemp(prefix="rf", dir="/tmp")  # short: Ray's socket paths < 108 chars
+        self.env = {**env, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_AUTH_MODE": "disabled"}
+        ports = [f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}",
+                 f"--runtime-env-agent-port={_free_port()}", f"--metrics-export-port={_free_port()}"]
+        self.head = subprocess.Popen(
+            [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={self.port}",
+             "--node-ip-address=127.0.0.1", "--num-cpus=2", "--num-gpus=0", "--dashboard-host=127.0.0.1",
+             f"--dashboard-port={self.dash}", f"--autoscaling-config={self.config}", f"--temp-dir={self.temp_dir}",
+             "--disable-usage-stats", *ports],
+            env=self.env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.address = f"http://127.0.0.1:{self.dash}"
+        self.client = self._client()
+
+    def _client(self):
+        from ray.job_submission import JobSubmissionClient
+
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                client = JobSubmissionClient(self.address)
+                client.list_jobs()
+                return client
+            except Exception:  # noqa: BLE001 - the head is still starting
+                time.sleep(1)
+        raise AssertionError("the fake cluster's head did not answer on its dashboard within 120 s")
+
+    def submit(self, entrypoint: str, env_vars: dict) -> str:
+        deadline = time.time() + 90
+        while True:  # the job agent comes up a few seconds after the dashboard
+            try:
+                return self.client.submit_job(entrypoint=entrypoint, runtime_env={"env_vars": env_vars})
+            except RuntimeError as exc:
+                if "No available agent" not in str(exc) or time.time() > deadline:
+                    raise
+                time.sleep(1)
+
+    def wait_job(self, job: str, bound_s: float, on_poll=None) -> str:
+        from ray.job_submission import JobStatus
+
+        deadline, status = time.time() + bound_s, None
+        while time.time() < deadline:
+            if on_poll:
+                on_poll()
+            status = self.client.get_job_status(job)
+            if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+                return status
+            time.sleep(1)
+        self.client.stop_job(job)
+        raise AssertionError(f"job {job} still {status} after {bound_s:g} s: {self.client.get_job_logs(job)[-3000:]}")
+
+    def worker_nodes(self) -> list:
+        from ray.util.state import list_nodes
+
+        return [n for n in list_nodes(address=self.address, filters=[("state", "=", "ALIVE")], raise_on_missing_output=False)
+                if not n.is_head_node]
+
+    def wait_head_alone(self, bound_s: float) -> float:
+        """Seconds until the autoscaler has let every worker node go; on timeout, what still holds them."""
+        from ray.util.state import list_actors, list_placement_groups
+
+        start = time.time()
+        while time.time() - start < bound_s:
+            if not self.worker_nodes():
+                return time.time() - start
+            time.sleep(1)
+        groups = [g for g in list_placement_groups(address=self.address, raise_on_missing_output=False)
+                  if g.state != "REMOVED"]
+        actors = [f"{a.class_name} ({a.state}, node {a.node_id[:8]})" for a in
+                  list_actors(address=self.address, raise_on_missing_output=False) if a.state != "DEAD"]
+        raise AssertionError(f"{len(self.worker_nodes())} worker node(s) still up {bound_s:g} s after the job; "
+                             f"placement groups left: {[(g.placement_group_id[:8], g.state) for g in groups]}; "
+                             f"actors left: {actors}")
+
+    def leftovers(self, job_id: str) -> dict:
+        """The job's placement groups, live actors and objects still in the cluster. Ray Data's own detached
+        singletons (its stats and autoscaling coordinator actors, made by the first dataset and kept for the
+        cluster's life by design) are left where they sit on the head, holding no resource."""
+        from ray.util.state import list_actors, list_nodes, list_objects, list_placement_groups
+
+        head = next(n.node_id for n in list_nodes(address=self.address, raise_on_missing_output=False)
+                    if n.is_head_node)
+        actors = [a for a in list_actors(address=self.address, raise_on_missing_output=False)
+                  if a.state != "DEAD" and a.job_id == job_id
+                  and not (a.class_name in RAY_DATA_SINGLETONS and a.node_id == head)]
+        return {"placement groups": [g.placement_group_id for g in list_placement_groups(
+                    address=self.address, raise_on_missing_output=False) if g.state != "REMOVED"],
+                "actors": [f"{a.class_name} on {a.node_id[:8]}" for a in actors],
+                "objects": [o.object_id for o in list_objects(address=self.address, raise_on_missing_output=False)
+                            if o.job_id == job_id]}
+
+    def stop(self) -> None:
+        stop_process_group(self.head, 90)  # `ray start --block` ends its fake nodes too on SIGTERM
+        import shutil
+
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
