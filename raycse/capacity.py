@@ -199,14 +199,15 @@ def autoscaler_config_path() -> Optional[str]:
     status = _internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS)
     try:
         pid = int(json.loads(status)["monitor_pid"]) if status else None
-        args = psutil.Process(pid).cmdline() if pid else []
+        monitor = psutil.Process(pid) if pid else None
+        args, cwd = (monitor.cmdline(), monitor.cwd()) if monitor else ([], "")
     except (ValueError, KeyError, TypeError, psutil.Error):
         return None
     if not any(a.endswith("monitor.py") for a in args):  # a pid of another machine's process
         return None
     for arg in args:
-        if arg.startswith("--autoscaling-config="):
-            return os.path.expanduser(arg.split("=", 1)[1])
+        if arg.startswith("--autoscaling-config="):  # (as `ray start` was given it: relative to its directory)
+            return os.path.join(cwd, os.path.expanduser(arg.split("=", 1)[1]))
     return None
 
 

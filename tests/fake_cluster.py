@@ -6,6 +6,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import yaml
 
@@ -37,9 +38,11 @@ class FakeCluster:
         self.head = subprocess.Popen(
             [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={self.port}",
              "--node-ip-address=127.0.0.1", "--num-cpus=2", "--num-gpus=0", "--dashboard-host=127.0.0.1",
-             f"--dashboard-port={self.dash}", f"--autoscaling-config={self.config}", f"--temp-dir={self.temp_dir}",
+             f"--dashboard-port={self.dash}", f"--autoscaling-config={self.config.name}", f"--temp-dir={self.temp_dir}",
              "--disable-usage-stats", *ports],
-            env=self.env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            # the config named relative to the head's directory, as cluster/README.md does: raycse's job drivers
+            # (elsewhere) still find it, where the autoscaler runs
+            cwd=workdir, env=self.env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.address = f"http://127.0.0.1:{self.dash}"
         self.client = self._client()
 
@@ -56,11 +59,14 @@ class FakeCluster:
                 time.sleep(1)
         raise AssertionError("the fake cluster's head did not answer on its dashboard within 120 s")
 
-    def submit(self, entrypoint: str, env_vars: dict) -> str:
+    def submit(self, entrypoint: str, env_vars: dict, working_dir: Optional[Path] = None) -> str:
+        """``ray job submit [--working-dir DIR] -- ENTRYPOINT``: the job runs in DIR's copy, else in the head's
+        directory."""
+        runtime_env = {"env_vars": env_vars, **({"working_dir": str(working_dir)} if working_dir else {})}
         deadline = time.time() + 90
         while True:  # the job agent comes up a few seconds after the dashboard
             try:
-                return self.client.submit_job(entrypoint=entrypoint, runtime_env={"env_vars": env_vars})
+                return self.client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env)
             except RuntimeError as exc:
                 if "No available agent" not in str(exc) or time.time() > deadline:
                     raise

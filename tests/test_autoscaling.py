@@ -138,12 +138,16 @@ def test_a_training_job_grows_the_cluster_and_the_cluster_shrinks_after_it(fake_
 def test_a_search_the_cluster_can_never_hold_is_refused_before_anything_starts(fake_cluster, tiny_model, corpus,
                                                                               tmp_path):
     """3 GPU workers a trial where the autoscaler can add 2 one-GPU nodes at most: one line naming what the
-    cluster can hold, exit 2, no experiment written and no node launched for it."""
-    space = tmp_path / "space.yaml"
-    space.write_text(yaml.safe_dump({"run": {"model": {"name_or_path": str(tiny_model)}, "data": {"corpus": str(corpus)}},
-                                     "search": {"lr": {"loguniform": [1e-5, 1e-4]}}}))
-    job = fake_cluster.submit(f"{sys.executable} -m raycse tune --space {space} --use-gpu --num-workers 3 "
-                              f"--storage-path {tmp_path / 'exp'}", JOB_ENV)
+    cluster can hold, exit 2, no experiment written and no node launched for it. Submitted with a working
+    directory (`ray job submit --working-dir .`), so the driver runs elsewhere than the head's `ray start`,
+    whose --autoscaling-config names its file relative to where it ran: found all the same."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "space.yaml").write_text(yaml.safe_dump({"run": {"model": {"name_or_path": str(tiny_model)},
+                                                             "data": {"corpus": str(corpus)}},
+                                                     "search": {"lr": {"loguniform": [1e-5, 1e-4]}}}))
+    job = fake_cluster.submit(f"{sys.executable} -m raycse tune --space space.yaml --use-gpu --num-workers 3 "
+                              f"--storage-path {tmp_path / 'exp'}", JOB_ENV, working_dir=work)
     most = []
     status = fake_cluster.wait_job(job, 180, on_poll=lambda: most.append(len(fake_cluster.worker_nodes())))
     logs = fake_cluster.client.get_job_logs(job)
