@@ -156,7 +156,7 @@ def test_job_submitted_to_a_real_head_succeeds_and_its_model_loads(tiny_model, c
 # the bit) and test_multinode.py (a worker node removed; the default random order, checkpoints on S3).
 def test_truncated_checkpoint_is_skipped_with_a_warning(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path, capsys):
     from raycse.config import RunConfig
-    from raycse.train import checkpoint as ckpt
+    from raycse.train.checkpoints import files as ckpt
     from raycse.train.driver import train
     from raycse.train.plan import TuneHooks
 
@@ -189,7 +189,7 @@ def test_truncated_checkpoint_is_skipped_with_a_warning(ray_cluster, tiny_model,
 def test_waiting_for_a_checkpoint_upload_is_bounded(tmp_path):
     """Under train.checkpoint_upload async, a checkpoint first waits for the previous one to reach
     storage (Ray removes its local directory then), at most train.checkpoint_upload_timeout_s."""
-    from raycse.train.checkpointer import wait_for_upload
+    from raycse.train.checkpoints.in_fit import wait_for_upload
 
     local = tmp_path / "raycse-ckpt-x"
     local.mkdir()

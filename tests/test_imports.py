@@ -61,7 +61,7 @@ def test_raycse_has_no_import_circle():
     assert cycles(graph) == []
 
 
-PARTS = ("raycse.train.steps", "raycse.train.batches", "raycse.train.reporter", "raycse.train.checkpointer")
+PARTS = ("raycse.train.steps", "raycse.train.batches", "raycse.train.reporter", "raycse.train.checkpoints.in_fit")
 
 
 def test_the_worker_loop_is_four_named_parts_and_one_page():

@@ -143,7 +143,7 @@ def test_saved_model_is_merged_for_sentence_transformers_and_the_adapter_loads_w
 def test_a_checkpoint_restores_the_adapters_and_the_optimizer(tiny_model_no_dropout, tmp_path):
     """Train 2 steps, checkpoint, 1 more step; a fresh module loading the checkpoint takes the same
     third step to the same weights (what a resumed worker does)."""
-    from raycse.train import checkpoint
+    from raycse.train.checkpoints import files as checkpoint
 
     run = _run(tiny_model_no_dropout)
     seed_everything(0)

@@ -172,7 +172,7 @@ def test_a_run_resumes_only_its_own_checkpoints(ray_cluster, tiny_model, stsb_de
     again resumes (and --overwrite replaces its own output), a different run is refused before Ray
     starts naming what differs, and so is the same command over a changed corpus."""
     from conftest import make_sentences
-    from raycse.train import checkpoint as ckpt
+    from raycse.train.checkpoints import files as ckpt
     from raycse.train.identity import RECORD
 
     corpus = tmp_path / "c.txt"

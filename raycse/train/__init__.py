@@ -1,6 +1,7 @@
 """Ray Train: the driver (``driver.py``) builds a :class:`~raycse.train.plan.FitPlan`; every worker runs
 ``loop.py`` over four parts: the step engine (``steps.py``), the batch source (``batches.py``), the
-reporter (``reporter.py``) and the checkpointer (``checkpointer.py``).
+reporter (``reporter.py``) and the checkpointer (``checkpoints/in_fit.py``; the checkpoints' files and
+which one a fit resumes from: ``checkpoints/files.py``, ``checkpoints/choice.py``).
 
 The package is also the Python API's entry point, ``raycse.train(run, corpus=...)``: a package
 named like a function shadows the function once it is imported (``raycse.train`` becomes the

@@ -32,7 +32,7 @@ from raycse.evaluation import initial_scores
 from raycse.interrupts import Interrupted
 from raycse.outputs import claim_output, private_tempdir
 from raycse.redact import redact_obj
-from raycse.train import checkpoint as ckpt
+from raycse.train.checkpoints import files as ckpt
 from raycse.train import identity
 from raycse.train import release
 from raycse.train import tracking as tracking_mod

@@ -10,7 +10,7 @@ from typing import Optional
 from raycse.interrupts import Interrupted
 from raycse.redact import redact
 from raycse.train import release
-from raycse.train.checkpointer import CHECKPOINT_RANK
+from raycse.train.checkpoints.in_fit import CHECKPOINT_RANK
 from raycse.train.loop import train_loop_per_worker
 from raycse.train.plan import FitPlan
 from raycse.train.runtime import train_worker_env
@@ -46,7 +46,7 @@ def build_trainer(plan: FitPlan, cpus: float, storage: str, run_name: str, regis
                   scored: bool):
     """One ``TorchTrainer`` for every epoch. A restarted driver (same storage and run name) resumes
     inside it: the workers load the furthest whole checkpoint under ``plan.checkpoint_dir``
-    (train.resume.latest_in_storage)."""
+    (raycse.train.checkpoints.choice.latest_in_storage)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig as TrainRunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 

@@ -4,7 +4,7 @@ A worker gets the driver's :class:`~raycse.train.plan.FitPlan` and assembles fou
 - the step engine (:mod:`~raycse.train.steps`): forward, backward and the optimizer step;
 - the batch source (:mod:`~raycse.train.batches`): this rank's batch rows, one per step;
 - the reporter (:mod:`~raycse.train.reporter`): scores, log lines, tracking, metrics;
-- the checkpointer (:mod:`~raycse.train.checkpointer`): resume, and each checkpoint reported.
+- the checkpointer (:mod:`~raycse.train.checkpoints.in_fit`): resume, and each checkpoint reported.
 It resumes, scores the starting model when asked, then trains from its step to ``stop_at``,
 checkpointing every ``train.checkpoint_steps`` and scoring every ``eval.eval_steps``, at the plan's
 ``eval_at`` steps and at the end of the fit.
@@ -20,7 +20,7 @@ import torch
 
 from raycse.train import ahead
 from raycse.train.batches import BatchSource
-from raycse.train.checkpointer import Checkpointer, checkpoint_rank, CHECKPOINT_RANK
+from raycse.train.checkpoints.in_fit import Checkpointer, checkpoint_rank, CHECKPOINT_RANK
 from raycse.train.module import build_module, worker_device
 from raycse.train.plan import FitPlan
 from raycse.train.profile import StepProfiler, fit_window, span

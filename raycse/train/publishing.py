@@ -16,7 +16,7 @@ from raycse.card import model_card
 from raycse.config import RunConfig
 from raycse.outputs import OutputClaim, publish_claimed
 from raycse.redact import redact, redact_obj
-from raycse.train import checkpoint as ckpt
+from raycse.train.checkpoints import files as ckpt
 from raycse.train import tracking as tracking_mod
 from raycse.train.reporter import SCORE_METRIC
 
@@ -24,7 +24,7 @@ from raycse.train.reporter import SCORE_METRIC
 def best_checkpoint(result, dev) -> tuple:
     """(checkpoint, its metrics) of the best-scored checkpoint Ray kept (a resumed run's include the
     earlier fits': Ray restores them from the run's storage), else the last one; a tie goes to the
-    earlier step, as Ray's ranking does (:func:`raycse.train.checkpointer.checkpoint_rank`)."""
+    earlier step, as Ray's ranking does (:func:`raycse.train.checkpoints.in_fit.checkpoint_rank`)."""
     best, best_metrics = result.checkpoint, dict(result.metrics or {})
     if dev is not None and result.best_checkpoints:
         scored = [cm for cm in result.best_checkpoints if dev.key in cm[1]]

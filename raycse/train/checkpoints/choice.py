@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import Optional
 
-from raycse.train import checkpoint as ckpt
+from raycse.train.checkpoints import files as ckpt
 
 log = logging.getLogger("raycse.train")
 

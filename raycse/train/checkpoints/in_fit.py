@@ -1,6 +1,6 @@
 """The checkpointer: each checkpoint written and reported to Ray Train (rank 0: the model,
 optimizer and schedule; every rank: its random state), and the state a fit resumes from
-(chosen by :mod:`raycse.train.resume`). The files' format is :mod:`raycse.train.checkpoint`."""
+(chosen by :mod:`raycse.train.checkpoints.choice`). The files' format is :mod:`raycse.train.checkpoints.files`."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Optional
 from raycse import storage as objstore
 from raycse.grouping.layout import Layout
 from raycse.outputs import private_tempdir
-from raycse.train import checkpoint as ckpt
+from raycse.train.checkpoints import files as ckpt
 from raycse.train.plan import FitPlan
-from raycse.train.resume import choose_checkpoint
+from raycse.train.checkpoints.choice import choose_checkpoint
 
 CHECKPOINT_RANK = "checkpoint_rank"
 log = logging.getLogger("raycse.train")
