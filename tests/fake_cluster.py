@@ -86,6 +86,14 @@ class FakeCluster:
         self.client.stop_job(job)
         raise AssertionError(f"job {job} still {status} after {bound_s:g} s: {self.client.get_job_logs(job)[-3000:]}")
 
+    def run(self, entrypoint: str, bound_s: float, working_dir: Optional[Path] = None) -> tuple:
+        """A job submitted with JOB_ENV and waited for: (the job, its end status, its log, the most worker nodes up
+        while it ran)."""
+        job = self.submit(entrypoint, JOB_ENV, working_dir)
+        seen = [0]
+        status = self.wait_job(job, bound_s, on_poll=lambda: seen.append(len(self.worker_nodes())))
+        return job, status, self.client.get_job_logs(job), max(seen)
+
     def worker_nodes(self) -> list:
         from ray.util.state import list_nodes
 

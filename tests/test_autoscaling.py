@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fake_cluster import JOB_ENV, LOCAL, ROOT, FakeCluster
+from fake_cluster import LOCAL, ROOT, FakeCluster
 
 
 def _types(cfg: dict) -> tuple[dict, dict]:
@@ -118,14 +118,11 @@ def test_a_training_job_grows_the_cluster_and_the_cluster_shrinks_after_it(fake_
     bound the cluster is the head alone again, with none of the job's placement groups, actors or objects left."""
     assert not fake_cluster.worker_nodes()
     out = tmp_path / "job_out"
-    job = fake_cluster.submit(
+    job, status, logs, most = fake_cluster.run(
         f"{sys.executable} -m raycse train --model {tiny_model} --corpus {corpus} --output {out} --stsb-dev {stsb_dev} "
-        f"--use-gpu --num-workers 2 --batch-size 16 --max-length 16 --max-steps 4 --eval-steps 2", JOB_ENV)
-    most = []
-    status = fake_cluster.wait_job(job, 420, on_poll=lambda: most.append(len(fake_cluster.worker_nodes())))
-    logs = fake_cluster.client.get_job_logs(job)
+        f"--use-gpu --num-workers 2 --batch-size 16 --max-length 16 --max-steps 4 --eval-steps 2", 420)
     assert status == "SUCCEEDED", logs[-3000:]
-    assert max(most) == 2, f"GPU worker nodes seen during the job: {most}"  # one GPU each: a node per worker
+    assert most == 2, f"at most {most} GPU worker node(s) up during the job"  # one GPU each: a node per worker
     assert "2 worker(s) x 1 GPU; collectives: gloo" in logs
     scaled_down = fake_cluster.wait_head_alone(fake_cluster.idle_s + 60)
     print(f"scale-down {scaled_down:.1f} s after the job ended")
@@ -146,17 +143,14 @@ def test_a_search_the_cluster_can_never_hold_is_refused_before_anything_starts(f
     (work / "space.yaml").write_text(yaml.safe_dump({"run": {"model": {"name_or_path": str(tiny_model)},
                                                              "data": {"corpus": str(corpus)}},
                                                      "search": {"lr": {"loguniform": [1e-5, 1e-4]}}}))
-    job = fake_cluster.submit(f"{sys.executable} -m raycse tune --space space.yaml --use-gpu --num-workers 3 "
-                              f"--storage-path {tmp_path / 'exp'}", JOB_ENV, working_dir=work)
-    most = []
-    status = fake_cluster.wait_job(job, 180, on_poll=lambda: most.append(len(fake_cluster.worker_nodes())))
-    logs = fake_cluster.client.get_job_logs(job)
+    job, status, logs, most = fake_cluster.run(f"{sys.executable} -m raycse tune --space space.yaml --use-gpu "
+                                               f"--num-workers 3 --storage-path {tmp_path / 'exp'}", 180, work)
     errors = [line for line in logs.splitlines() if line.startswith("raycse: error:")]
     assert status == "FAILED" and len(errors) == 1, logs[-2000:]
     assert fake_cluster.client.get_job_info(job).driver_exit_code == 2
     assert "a trial needs 3 GPU(s) (3 worker(s) x 1 GPU) but the cluster can hold 2" in errors[0]
     assert "gpu_worker 2x (2 CPU, 1 GPU)" in errors[0]
-    assert not (tmp_path / "exp").exists() and max(most) == 0
+    assert not (tmp_path / "exp").exists() and most == 0
 
 
 def _max_overlap(intervals: list) -> int:
@@ -180,15 +174,12 @@ def test_tune_runs_as_many_trials_as_the_cluster_can_grow_to(fake_cluster, tiny_
                 "train": {"batch_size": 16, "max_steps": 4}, "eval": {"stsb_dev": str(stsb_dev)}},
         "search": {"lr": {"loguniform": [1e-5, 1e-4]}}}))
     assert not fake_cluster.worker_nodes()
-    job = fake_cluster.submit(
+    job, status, logs, most = fake_cluster.run(
         f"{sys.executable} -m raycse tune --space {space} --num-samples 5 --seeds 1 --rungs 1 --use-gpu "
-        f"--gpus-per-worker 0.5 --storage-path {tmp_path / 'exp'} --name fake", JOB_ENV)
-    most = []
-    status = fake_cluster.wait_job(job, 900, on_poll=lambda: most.append(len(fake_cluster.worker_nodes())))
-    logs = fake_cluster.client.get_job_logs(job)
+        f"--gpus-per-worker 0.5 --storage-path {tmp_path / 'exp'} --name fake", 900)
     assert status == "SUCCEEDED", logs[-3000:]
     assert "4 trial(s) at once: 2 GPU(s) / (1 run(s) x 1 worker(s) x 0.5 GPU) a trial" in logs, logs[:3000]
-    assert "the autoscaler's config" in logs and max(most) == 2
+    assert "the autoscaler's config" in logs and most == 2
     spans = []
     for result in (tmp_path / "exp" / "fake").glob("trial_*/result.json"):
         last = json.loads(result.read_text().splitlines()[-1])
