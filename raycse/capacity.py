@@ -165,15 +165,21 @@ def _from_autoscaler_config() -> Optional[Ceiling]:
             raw = yaml.safe_load(f)
     except (OSError, yaml.YAMLError):
         return None
-    return ceiling_of_config(raw, f"the autoscaler's config {path}")
+    try:
+        return ceiling_of_config(raw, f"the autoscaler's config {path}")
+    except (TypeError, ValueError, AttributeError):  # not numbers where the autoscaler reads numbers
+        return None
 
 
 def ceiling_of_config(raw, source: str) -> Optional[Ceiling]:
     """The ceiling a cluster launcher YAML (``available_node_types``) describes; None where it names no node
-    type, or a type without its CPUs (a cloud provider fills those in only when it launches the node)."""
+    type or no head among them, or a type without its CPUs (a cloud provider fills those in only when it
+    launches the node)."""
     if not isinstance(raw, dict) or not isinstance(raw.get("available_node_types"), dict):
         return None
     head_name, types = raw.get("head_node_type"), []
+    if head_name not in raw["available_node_types"]:
+        return None
     for name, spec in raw["available_node_types"].items():
         resources = (spec or {}).get("resources") or {}
         if "CPU" not in resources:

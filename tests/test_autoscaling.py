@@ -62,6 +62,8 @@ def test_the_ceiling_of_a_cluster_config_counts_each_type_at_its_maximum():
     # a type without declared CPUs (a cloud provider fills them in at launch): no ceiling from this config
     assert ceiling_of_config({"head_node_type": "h", "available_node_types": {"h": {"resources": {"CPU": 1}},
                                                                                "w": {"max_workers": 2}}}, "x") is None
+    assert ceiling_of_config({"head_node_type": "nosuch", "available_node_types": {"w": {"resources": {"CPU": 1}}}},
+                             "x") is None  # no head among the types
     unlimited = ceiling_of_config({"head_node_type": "h", "available_node_types": {
         "h": {"resources": {"CPU": 1}}, "w": {"max_workers": 2, "resources": {"CPU": 1}}}}, "x")
     assert unlimited.total("CPU") == 3 and math.isinf(unlimited.max_workers)
@@ -189,3 +191,29 @@ def test_tune_runs_as_many_trials_as_the_cluster_can_grow_to(fake_cluster, tiny_
     assert _max_overlap(spans) == 4, sorted(spans)
     fake_cluster.wait_head_alone(fake_cluster.idle_s + 60)
     assert fake_cluster.leftovers(_job_id(fake_cluster, job)) == {"placement groups": [], "actors": [], "objects": []}
+
+
+def test_the_ceiling_comes_first_from_rays_own_record_of_the_node_groups(ray_cluster):
+    """Where the platform reports the autoscaler's node groups to Ray (GCS's cluster config, which Ray Train
+    reads), raycse plans with them; without the record, with the nodes up now (this private Ray: one node)."""
+    import ray
+    from ray._raylet import GCS_AUTOSCALER_CLUSTER_CONFIG_KEY, GCS_AUTOSCALER_STATE_NAMESPACE
+    from ray.core.generated import autoscaler_pb2
+    from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_put
+
+    from raycse.capacity import cluster_ceiling
+
+    config = autoscaler_pb2.ClusterConfig()
+    for name, cpus, gpus, most in (("head", 8, 0, 1), ("gpu", 8, 1, 4)):
+        group = config.node_group_configs.add(name=name, max_count=most)
+        group.resources.update({"CPU": cpus, **({"GPU": gpus} if gpus else {})})
+    key, space = GCS_AUTOSCALER_CLUSTER_CONFIG_KEY.encode(), GCS_AUTOSCALER_STATE_NAMESPACE.encode()
+    _internal_kv_put(key, config.SerializeToString(), namespace=space)
+    try:
+        ceiling = cluster_ceiling()
+        assert (ceiling.total("CPU"), ceiling.total("GPU"), ceiling.cpus_per_gpu()) == (40, 4, 8)
+        assert "Ray's cluster config" in ceiling.describe() and "gpu 4x (8 CPU, 1 GPU)" in ceiling.describe()
+    finally:
+        _internal_kv_del(key, namespace=space)
+    alone = cluster_ceiling()
+    assert alone.total("CPU") == ray.cluster_resources()["CPU"] and "the nodes up now" in alone.describe()
