@@ -21,7 +21,7 @@ import signal
 import sys
 from typing import Optional, Sequence
 
-from raycse.config import POOLINGS, flag_fields, shipped
+from raycse.config import flag_fields, shipped
 from raycse.errors import RaycseError
 from raycse.outputs import check_not_inside, check_writable_file, write_text_atomic
 
@@ -157,38 +157,9 @@ def _eval_parser(sub) -> None:
                     "MODEL may be a local directory, 'default', a hub name, or a raycse output on object "
                     "storage (s3://.../model), fetched once into a local cache.")
     p.add_argument("model", help="model directory (raycse output, sentence-transformers or HF) or 'default'")
-    p.add_argument("--senteval-dir", help="SentEval data root holding STS/ and SICK/")
-    p.add_argument("--tasks", nargs="+", default=None,
-                   help="subset of STS12 STS13 STS14 STS15 STS16 STSBenchmark SICKRelatedness (default all 7)")
-    p.add_argument("--stsb-dev", help="also score this STS-B dev csv (tab-separated STS Benchmark format); auto: "
-                                      "as training's eval.stsb_dev auto ($RAYCSE_DATA's, else the Hugging Face "
-                                      "dataset sentence-transformers/stsb where the hub or its cache has it)")
-    p.add_argument("--beir-dir", metavar="DIR",
-                   help="also evaluate retrieval on this BEIR-layout directory (corpus.jsonl, queries.jsonl, "
-                        "qrels/SPLIT.tsv): nDCG@10, MRR@10, Recall@100")
-    p.add_argument("--split", default="test", help="the qrels file of --beir-dir and --mteb-local beir:DIR: "
-                                                   "qrels/SPLIT.tsv")
-    p.add_argument("--mteb", metavar="TASKS", default=None,
-                   help="also run these registered MTEB tasks, comma-separated (e.g. STS12,SciFact), scored by mteb; "
-                        "their data must be in the Hugging Face cache where the hub cannot be reached")
-    p.add_argument("--mteb-local", metavar="KIND:PATH", action="append", default=None,
-                   help="also run MTEB's task classes on local data: senteval:DIR (the STS tasks of --tasks), "
-                        "stsb:FILE (an STS Benchmark-format file, e.g. STS-B dev) or beir:DIR (retrieval, "
-                        "qrels/SPLIT.tsv); may be repeated")
-    p.add_argument("--pooling", default=None, choices=POOLINGS,
-                   help="override the model's pooling")
-    p.add_argument("--batch-size", type=int, default=128, help="sentences per encoder call")
-    p.add_argument("--max-length", type=int, default=None, help="token limit (default: the model's max_seq_length)")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "auto", "bf16"],
-                   help="fp32 (exact, the published convention) or bf16 autocast (auto: where the CPU/GPU supports "
-                        "it; about 2x faster on CPUs with AVX512-BF16, Spearman within ~0.1)")
-    p.add_argument("--length-attack", nargs="+", type=int, default=None, metavar="M",
-                   help="also run the elongation attack: repeat each side of every pair M times (capped to fit "
-                        "--max-length) and report Spearman and the mean cosine shift per M, e.g. 1 2 4 8")
-    p.add_argument("--dims", default=None, metavar="LIST",
-                   help="also score the embedding's first N coordinates (Matryoshka), e.g. 256,128,64 (default: the "
-                        "sizes the model was trained for, where raycse trained it with objective.matryoshka_dims)")
-    p.add_argument("--json", dest="json_out", default=None, help="also write the scores to this JSON file")
+    from raycse.evaluation.settings import EvalSettings
+
+    add_setting_flags(p, EvalSettings)
 
 
 def _tune_parser(sub) -> None:

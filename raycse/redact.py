@@ -90,7 +90,10 @@ class RedactingStream(io.TextIOBase):
         self._stream.flush()
 
     def isatty(self) -> bool:
-        return self._stream.isatty()
+        try:
+            return self._stream.isatty()
+        except ValueError:  # closed (e.g. asked by Ray's colorama at exit, after the stream it wraps is gone)
+            return False
 
     def fileno(self) -> int:
         return self._stream.fileno()

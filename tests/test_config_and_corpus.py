@@ -190,13 +190,14 @@ def test_the_empty_corpus_check_looks_into_a_bounded_number_of_files(tmp_path, m
 
 
 def test_tune_and_mine_flags_are_their_settings_fields_with_one_help_each():
-    """Issue 69 item 4: `raycse tune` and `raycse mine` build their flags from their settings' fields (one name,
+    """Issue 69 item 4: `raycse tune`, `raycse mine` and `raycse eval` build their flags from their settings' fields (one name,
     one default, one help text); every flag of every command has help; the flags land in the fields they
     name, and tune's help lists the shipped spaces from the package."""
     import dataclasses
     from pathlib import Path
 
     from raycse.cli import build_parser, settings_from_args
+    from raycse.evaluation.settings import EvalSettings
     from raycse.grouping.mine import MineSettings
     from raycse.tune.settings import TuneSettings
 
@@ -206,11 +207,11 @@ def test_tune_and_mine_flags_are_their_settings_fields_with_one_help_each():
         for action in command._actions:
             if action.option_strings and action.dest != "help":
                 assert action.help and action.help.strip(), (name, action.option_strings)
-    for name, cls in (("tune", TuneSettings), ("mine", MineSettings)):
+    for name, cls in (("tune", TuneSettings), ("mine", MineSettings), ("eval", EvalSettings)):
         by_dest = {a.dest: a for a in commands[name]._actions}
         flags = []
         for f in dataclasses.fields(cls):
-            if f.name == "space":  # (--space / --resume: one of the two)
+            if f.name in ("space", "model"):  # (--space / --resume: one of the two; eval's MODEL: a positional)
                 continue
             if f.name == "run_overrides":  # the run's own settings: train's flags' definitions (add_run_flags)
                 assert {"train.use_gpu", "train.num_workers", "train.gpus_per_worker"} <= set(by_dest)
@@ -228,5 +229,10 @@ def test_tune_and_mine_flags_are_their_settings_fields_with_one_help_each():
     assert defaults == TuneSettings(space="x")  # the flags' defaults are the fields'
     assert settings_from_args(MineSettings, parser.parse_args(["mine", "--shards", "3"])).shards == 3
     assert settings_from_args(MineSettings, parser.parse_args(["mine"])) == MineSettings()
+    ev = settings_from_args(EvalSettings, parser.parse_args(["eval", "m", "--mteb-local", "stsb:a", "--mteb-local",
+                                                             "beir:b", "--length-attack", "1", "4", "--json", "o.json"]),
+                            model="m")
+    assert (ev.mteb_local, ev.length_attack, ev.json_out, ev.batch_size) == (["stsb:a", "beir:b"], [1, 4], "o.json", 128)
+    assert settings_from_args(EvalSettings, parser.parse_args(["eval", "m"]), model="m") == EvalSettings(model="m")
     shipped = sorted(p.stem for p in (Path(__file__).parents[1] / "raycse" / "search_spaces").glob("*.yaml"))
     assert all(s in commands["tune"].description for s in shipped)
