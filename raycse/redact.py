@@ -59,6 +59,8 @@ def refuse_credentials(what: str, value) -> None:
     from raycse.errors import ConfigError
 
     if has_credentials(value):
+        if "\n" in str(value):  # a file's text (a search space): only its lines that carry one, so one line
+            value = " / ".join(line.strip() for line in str(value).splitlines() if has_credentials(line))
         raise ConfigError(f"{what} {redact(value)} carries credentials inside the URI, and Ray records this URI "
                           f"as given; put them in the environment instead (AWS_ACCESS_KEY_ID / "
                           f"AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS, MLFLOW_TRACKING_USERNAME / "

@@ -188,6 +188,8 @@ def _cases(i: dict) -> list:
         (["tune", "--space", str(i["space"]), "--set", "run.train.nosuch=1"],
          "--set run.train.nosuch=1: unknown config key 'train.nosuch'", None),
         (["tune", "--space", str(i["space"]), "--set", "train.lr=1e-5"], "--set expects run.KEY=VALUE", None),
+        (["tune", "--space", str(i["space"]), "--set", "run.data.corpus=s3://AKIAXX:SECRETXX@b/c.txt"],
+         "the search space corpus: s3://***@b/c.txt carries credentials", None),
         (["tune", "--space", str(i["space"]), "--set", "run.train.lr=fast"], "train.lr must be float", None),
         (["tune", "--space", str(i["space"]), "--gpus-per-worker", "0.5"], "GPUs are off; add --use-gpu", None),
         # more than the cluster can ever hold (a private Ray here, no autoscaler, no GPU): before any trial

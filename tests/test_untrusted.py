@@ -656,3 +656,17 @@ def test_files_put_into_the_output_during_a_run_are_kept_and_the_run_says_where_
     kept = Path(found.group(1))
     assert (kept / "model" / "config.json").is_file() and (kept / "metrics.json").is_file()
     assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+
+
+def test_a_credential_in_a_search_space_is_refused_in_one_line():
+    """`raycse tune --set run.data.corpus=s3://KEY:SECRET@...` (or such a corpus in the space file): the refusal
+    names the line that carries it, masked, in one line; it printed the whole space file before."""
+    from raycse.errors import ConfigError
+    from raycse.redact import refuse_credentials
+
+    text = "run:\n  data:\n    corpus: s3://AKIAXX:SECRETXX@bkt/c.txt\n  train: {lr: 1e-5}\nsearch: {}\n"
+    with pytest.raises(ConfigError) as refused:
+        refuse_credentials("the search space", text)
+    message = str(refused.value)
+    assert "\n" not in message and "SECRETXX" not in message and "AKIAXX" not in message
+    assert message.startswith("the search space corpus: s3://***@bkt/c.txt carries credentials")
