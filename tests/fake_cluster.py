@@ -19,29 +19,29 @@ RAY_DATA_SINGLETONS = {"_StatsActor", "_AutoscalingCoordinatorActor"}  # Ray Dat
 JOB_ENV = {"HF_HUB_OFFLINE": "1", "RAYCSE_GPU_STAND_IN": "cpu", "TOKENIZERS_PARALLELISM": "false"}
 
 
-class FakeCluster:
-    """A head started with cluster/local.yaml on Ray's fake multi-node provider, on ports of its own; its
-    autoscaler launches "nodes" (local raylets) on demand. Stopped as a process group: only what it
-    started ends (never `ray stop`, which would end every Ray on the machine)."""
+class LocalHead:
+    """A `ray start --head --block` on ports of its own (the session's Ray holds the defaults), with the
+    autoscaler of ``autoscaling`` (a cluster launcher config) where one is given. Stopped as a process group:
+    only what it started ends (never `ray stop`, which would end every Ray on the machine)."""
 
-    def __init__(self, env: dict, workdir: Path):
+    def __init__(self, env: dict, workdir: Path, autoscaling: Optional[dict] = None):
         self.port, self.dash = _free_port(), _free_port()
-        self.config = workdir / "local.yaml"
-        cfg = yaml.safe_load(LOCAL.read_text())
-        cfg["provider"]["gcs_address"] = f"127.0.0.1:{self.port}"
-        self.config.write_text(yaml.safe_dump(cfg))
-        self.idle_s = cfg["idle_timeout_minutes"] * 60
         self.temp_dir = tempfile.mkdtemp(prefix="rf", dir="/tmp")  # short: Ray's socket paths < 108 chars
-        self.env = {**env, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_AUTH_MODE": "disabled"}
-        ports = [f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}",
-                 f"--runtime-env-agent-port={_free_port()}", f"--metrics-export-port={_free_port()}"]
-        self.head = subprocess.Popen(
-            [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={self.port}",
-             "--node-ip-address=127.0.0.1", "--num-cpus=2", "--num-gpus=0", "--dashboard-host=127.0.0.1",
-             f"--dashboard-port={self.dash}", f"--autoscaling-config={self.config.name}", f"--temp-dir={self.temp_dir}",
-             "--disable-usage-stats", *ports],
+        self.env = {**env, "RAY_AUTH_MODE": "disabled"}
+        args = [f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}",
+                f"--runtime-env-agent-port={_free_port()}", f"--metrics-export-port={_free_port()}"]
+        if autoscaling is not None:
+            config = workdir / "local.yaml"
+            config.write_text(yaml.safe_dump({**autoscaling, "provider": {
+                **autoscaling["provider"], "gcs_address": f"127.0.0.1:{self.port}"}}))
+            self.env.update(RAY_FAKE_CLUSTER="1", AUTOSCALER_UPDATE_INTERVAL_S="1")
             # the config named relative to the head's directory, as cluster/README.md does: raycse's job drivers
             # (elsewhere) still find it, where the autoscaler runs
+            args += ["--node-ip-address=127.0.0.1", "--num-gpus=0", f"--autoscaling-config={config.name}"]
+        self.head = subprocess.Popen(
+            [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={self.port}",
+             "--num-cpus=2", "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dash}",
+             f"--temp-dir={self.temp_dir}", "--disable-usage-stats", *args],
             cwd=workdir, env=self.env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.address = f"http://127.0.0.1:{self.dash}"
         self.client = self._client()
@@ -57,12 +57,13 @@ class FakeCluster:
                 return client
             except Exception:  # noqa: BLE001 - the head is still starting
                 time.sleep(1)
-        raise AssertionError("the fake cluster's head did not answer on its dashboard within 120 s")
+        raise AssertionError("the local head did not answer on its dashboard within 120 s")
 
-    def submit(self, entrypoint: str, env_vars: dict, working_dir: Optional[Path] = None) -> str:
-        """``ray job submit [--working-dir DIR] -- ENTRYPOINT``: the job runs in DIR's copy, else in the head's
-        directory."""
-        runtime_env = {"env_vars": env_vars, **({"working_dir": str(working_dir)} if working_dir else {})}
+    def submit(self, entrypoint: str, env_vars: dict, working_dir: Optional[Path] = None, excludes=()) -> str:
+        """``ray job submit [--working-dir DIR] -- ENTRYPOINT``: the job runs in DIR's copy (less ``excludes``),
+        else in the head's directory."""
+        runtime_env = {"env_vars": env_vars, **({"working_dir": str(working_dir), "excludes": list(excludes)}
+                                                if working_dir else {})}
         deadline = time.time() + 90
         while True:  # the job agent comes up a few seconds after the dashboard
             try:
@@ -139,3 +140,13 @@ class FakeCluster:
         import shutil
 
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+class FakeCluster(LocalHead):
+    """A head started with cluster/local.yaml on Ray's fake multi-node provider: its autoscaler launches
+    "nodes" (local raylets) on demand and lets them go after the config's idle timeout."""
+
+    def __init__(self, env: dict, workdir: Path):
+        config = yaml.safe_load(LOCAL.read_text())
+        self.idle_s = config["idle_timeout_minutes"] * 60
+        super().__init__(env, workdir, config)

@@ -1,11 +1,8 @@
 """Cluster operation: cluster YAMLs, `ray job submit` to a real local head, damaged checkpoints."""
 
 import json
-import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -13,7 +10,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import _free_port, stop_process_group
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,61 +86,22 @@ def test_kuberay_rayjob_validates_against_kuberays_crd():
 
 # ----------------------------------------------------------------------------- ray job submit
 def test_job_submitted_to_a_real_head_succeeds_and_its_model_loads(tiny_model, corpus, stsb_dev, tmp_path, own_ray):
-    from ray.job_submission import JobStatus, JobSubmissionClient
+    from fake_cluster import LocalHead
 
-    port, dash = _free_port(), _free_port()
-    env = {**own_ray, "RAY_AUTH_MODE": "disabled"}
-    ray_bin = str(Path(sys.executable).parent / "ray")
-    temp_dir = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
-    # every port of its own: the session's Ray (another test's) holds the defaults, e.g. the job agent's 52365
-    agent, agent_grpc, runtime_env_agent, metrics = (_free_port() for _ in range(4))
-    head = subprocess.Popen([ray_bin, "start", "--head", "--block", f"--port={port}", "--dashboard-host=127.0.0.1",
-                             f"--dashboard-port={dash}", f"--dashboard-agent-listen-port={agent}",
-                             f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={runtime_env_agent}",
-                             f"--metrics-export-port={metrics}", "--num-cpus=2", f"--temp-dir={temp_dir}",
-                             "--disable-usage-stats"], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     out = tmp_path / "job_out"
+    head = LocalHead(own_ray, tmp_path)
     try:
-        client = None
-        for _ in range(60):
-            try:
-                client = JobSubmissionClient(f"http://127.0.0.1:{dash}")
-                client.list_jobs()
-                break
-            except Exception:  # noqa: BLE001 - the head is still starting
-                client = None
-                time.sleep(1)
-        assert client is not None
-        job = None
-        for _ in range(60):  # the job agent comes up a few seconds after the dashboard
-            try:
-                job = client.submit_job(
-                    entrypoint=f"{sys.executable} -m raycse train --model {tiny_model} --corpus {corpus} --output {out} "
-                               f"--stsb-dev {stsb_dev} --num-workers 1 --cpus-per-worker 1 --batch-size 16 "
-                               f"--max-length 16 --max-steps 4 --eval-steps 2",
-                    runtime_env={"working_dir": str(ROOT), "excludes": [".venv", ".git", "outputs", "*.egg-info",
-                                                                        "__pycache__", ".pytest_cache", ".ruff_cache"],
-                                 "env_vars": {"HF_HUB_OFFLINE": "1"}})
-                break
-            except RuntimeError as exc:
-                if "No available agent" not in str(exc):
-                    raise
-                time.sleep(1)
-        assert job is not None
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            status = client.get_job_status(job)
-            if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
-                break
-            time.sleep(2)
-        logs = client.get_job_logs(job)
-        assert status == JobStatus.SUCCEEDED, logs[-2000:]
+        job = head.submit(f"{sys.executable} -m raycse train --model {tiny_model} --corpus {corpus} --output {out} "
+                          f"--stsb-dev {stsb_dev} --num-workers 1 --cpus-per-worker 1 --batch-size 16 "
+                          f"--max-length 16 --max-steps 4 --eval-steps 2", {"HF_HUB_OFFLINE": "1"}, working_dir=ROOT,
+                          excludes=[".venv", ".git", "outputs", "*.egg-info", "__pycache__", ".pytest_cache",
+                                    ".ruff_cache"])
+        status = head.wait_job(job, 300)
+        logs = head.client.get_job_logs(job)
+        assert status == "SUCCEEDED", logs[-2000:]
         assert "STS-B dev Spearman" in logs
     finally:
-        # `ray start --block` stops its processes on SIGTERM (ray stop); SIGKILL to the group after 90 s
-        stop_process_group(head, 90)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        head.stop()  # `ray start --block` stops its processes on SIGTERM (ray stop); SIGKILL to the group after 90 s
     from sentence_transformers import SentenceTransformer
 
     assert SentenceTransformer(str(out / "model")).encode(["a city"]).shape == (1, 32)
