@@ -62,6 +62,29 @@ def test_cell_partition_covers_every_row_once_in_cells_of_the_asked_size():
     assert all(c in cells.near[c] for c in range(cells.count))  # a cell is always joined with itself
 
 
+def test_cells_are_even_in_size_where_the_clusters_are_not():
+    """A join costs |cell| x |its near cells|, so no cell may grow with N: on 60 planted clusters
+    of uneven size (k-means cells came out 1 to 51 rows for a size of 16), every cell holds at
+    most 1.5x cell_size rows, the rows of a cell are closer to its centroid than to the corpus
+    mean, and every neighbour found through these cells is in its row's planted cluster."""
+    from raycse.grouping.cells import partition
+
+    rng = np.random.default_rng(5)
+    centres = rng.normal(size=(60, 24))
+    labels = rng.integers(0, 60, 20000)
+    x = (centres[labels] + 0.3 * rng.normal(size=(20000, 24))).astype(np.float32)
+    xn = knn_mod.normalize(x)
+    cells = partition(xn, cell_size=16, neighbour_cells=4, seed=0)
+    sizes = np.diff(cells.bounds)
+    assert sorted(cells.order.tolist()) == list(range(len(x))) and sizes.max() <= 24
+    assert np.median(sizes) == 16
+    spread = np.mean([np.linalg.norm(xn[cells.members(c)] - xn[cells.members(c)].mean(0), axis=1).mean()
+                      for c in range(cells.count)])
+    assert spread < 0.5 * np.linalg.norm(xn - xn.mean(0), axis=1).mean()  # cells are compact, not arbitrary
+    found = knn_mod.search(x, 8, method="cells", cell_size=16, neighbour_cells=4, recall_sample=0).neighbours
+    assert (found >= 0).all() and (labels[found] == labels[:, None]).all()
+
+
 def test_cell_join_is_each_rows_top_k_over_its_near_cells():
     """A second implementation from the module's words: for every row, score it against every
     member of the cells its own cell is joined with, and keep the k best."""

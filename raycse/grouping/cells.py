@@ -5,10 +5,13 @@ So instead of N single-query searches (IVF: each query scans ``nprobe`` lists, c
 ~N^1.5 once lists grow with sqrt(N)), the vectors are cut into cells of a fixed size and each
 cell is joined, as one matrix product, with its nearest cells:
 
-1. **Partition** (two-level k-means): ~``sqrt(COARSE_PROBES * N / cell_size)`` coarse centroids;
-   each coarse cluster is split by its own k-means into cells of ~``cell_size`` members, and each
-   vector goes to its nearest cell among its nearest coarse clusters' cells. Every vector belongs
-   to exactly one cell. (Assigning to the coarse level costs ~N^1.5 with a small constant.)
+1. **Partition**: k-means cuts the vectors into coarse clusters, and each coarse cluster is cut
+   into cells of ~``cell_size`` rows (at most 1.5x it) by halving it, again and again, at its members'
+   median along their principal direction. Every vector belongs to exactly one cell, and every
+   cell has about the same size: a join costs |cell| x |its near cells|, and k-means cells come out
+   uneven (rich get richer: at 4M vectors the largest held 24x the mean). The coarse count is
+   held at ``COARSE_MAX`` for large N, so assigning rows to it grows as N and the halving as
+   N log N.
 2. **Join**: cell ``c``'s members ``Q`` are compared with the members ``U`` of the
    ``neighbour_cells`` cells whose centroids are nearest ``c``'s (``c`` included):
    ``S = Q U^T`` and the top-``k`` of each row. Per example that is ``neighbour_cells *
@@ -31,12 +34,15 @@ import numpy as np
 
 log = logging.getLogger("raycse.grouping")
 
-KMEANS_ITERATIONS = 10  # faiss's default is 25; cells only have to be compact, not optimal
-POINTS_PER_CENTROID = 20  # k-means sample per centroid (faiss asks 39 for optimal centroids; cells need not be)
+KMEANS_ITERATIONS = 10  # faiss's default is 25; coarse clusters only have to be compact, not optimal
+POINTS_PER_CENTROID = 20  # k-means sample per centroid (faiss asks 39 for optimal centroids; these need not be)
 JOIN_ROWS = 2048  # query rows per matrix product (bounds the score block's memory)
-COARSE_MIN = 256  # coarse centroids at least (or one per cell below that)
-COARSE_PROBES = 4  # coarse clusters whose cells a row may join
+CELLS_PER_COARSE = 8  # a coarse cluster holds ~this many cells, between the two bounds below
+COARSE_MIN = 256  # coarse clusters at least (or one per cell below that)
+COARSE_MAX = 1024  # and at most: assigning N rows to C of them costs N x C
+COARSE_AROUND = 4  # a cell's near cells are looked for among at least this many coarse clusters around its own
 NEAR_CHOICE = 32  # a cell's near cells are chosen among ~this many times as many candidate cells
+POWER_STEPS = 2  # power iterations for a cut's principal direction (a rough one cuts as well)
 
 
 @dataclass(frozen=True)
@@ -83,57 +89,69 @@ def _sort_by(ids: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
     return order, np.searchsorted(ids[order], np.arange(count + 1))
 
 
-def _rows_by_id(ids: np.ndarray, count: int) -> list[np.ndarray]:
-    """For each id in ``range(count)``, the rows of ``ids`` (N, m) holding it."""
-    order, bounds = _sort_by(ids.ravel(), count)
-    rows = order // ids.shape[1]
-    return [rows[bounds[i]:bounds[i + 1]] for i in range(count)]
-
-
-def _split(x: np.ndarray, rows: np.ndarray, cell_size: int, seed: int) -> np.ndarray:
-    """Unit-norm centroids cutting ``x[rows]`` into cells of ~``cell_size``."""
-    if len(rows) <= cell_size:
-        centroid = x[rows].mean(axis=0, keepdims=True)
-        return centroid / max(float(np.linalg.norm(centroid)), 1e-12)
-    return _kmeans(x[rows], round(len(rows) / cell_size), seed)
+def coarse_count(n_cells: int) -> int:
+    """Coarse clusters for ``n_cells`` cells: ~``CELLS_PER_COARSE`` cells each, at least
+    ``COARSE_MIN`` (a small corpus's coarse clusters stay topical), at most ``COARSE_MAX``."""
+    return int(min(max(round(n_cells / CELLS_PER_COARSE), min(n_cells, COARSE_MIN)), COARSE_MAX))
 
 
 def partition(x: np.ndarray, cell_size: int, neighbour_cells: int, seed: int = 0) -> Cells:
-    """Cut normalised ``x`` into cells of ~``cell_size`` rows (two-level k-means) and find each
-    cell's ``neighbour_cells`` nearest cells by centroid.
-
-    The coarse level has ``max(sqrt(COARSE_PROBES * cells), min(cells, COARSE_MIN))`` centroids: the
-    square root balances assigning rows to coarse centroids against assigning them among the
-    probed clusters' cells (both ~N^1.5 with a small constant); the floor keeps a small corpus from mixing
-    many unrelated topics into one coarse cluster, where its members' similarity to their coarse
-    centroid is too weak to choose between them. A row then takes the nearest cell among the
-    cells of its ``COARSE_PROBES`` nearest coarse clusters, so a row near a coarse border still
-    lands in its best cell."""
+    """Cut normalised ``x`` into cells of ~``cell_size`` rows (at most 1.5x it), coarse cluster by coarse cluster
+    (k-means, then :func:`_halve`), and find each cell's ``neighbour_cells`` nearest cells by the
+    centroid of its members."""
     n = x.shape[0]
     n_cells = max(1, round(n / cell_size))
-    coarse = _kmeans(x, max(round(np.sqrt(COARSE_PROBES * n_cells)), min(n_cells, COARSE_MIN)), seed)
-    _, coarse_ids = _assign(x, coarse, COARSE_PROBES)
-    top = _rows_by_id(coarse_ids[:, :1], len(coarse))
-    probed = _rows_by_id(coarse_ids, len(coarse))
-    subs = [_split(x, rows, cell_size, seed + 1 + i) if len(rows) else np.zeros((0, x.shape[1]), np.float32)
-            for i, rows in enumerate(top)]
+    coarse = _kmeans(x, coarse_count(n_cells), seed)
+    _, top = _assign(x, coarse, 1)
+    coarse_order, coarse_bounds = _sort_by(top[:, 0], len(coarse))
+    del top
+    rng = np.random.default_rng(seed)
+    pieces, subs = [], []
+    for i in range(len(coarse)):
+        rows = coarse_order[coarse_bounds[i]:coarse_bounds[i + 1]]
+        centroids = []
+        if len(rows):
+            v = x[rows]  # one copy of the cluster; the cuts index it locally
+            for local in _halve(v, max(1, round(len(rows) / cell_size)), rng):
+                pieces.append(rows[local])
+                centroids.append(_unit(v[local].mean(axis=0)))
+        subs.append(np.asarray(centroids, dtype=np.float32).reshape(len(centroids), x.shape[1]))
+    sizes = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
     first = np.cumsum([0] + [len(sub) for sub in subs])
-    best = np.full(n, -np.inf, dtype=np.float32)
-    cell_of = np.zeros(n, dtype=np.int64)
-    for i, (sub, rows) in enumerate(zip(subs, probed)):
-        if len(sub) == 0 or len(rows) == 0:
+    return Cells(np.concatenate(pieces), np.concatenate([[0], np.cumsum(sizes)]),
+                 _near_cells(coarse, subs, first, neighbour_cells))
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    return v / max(float(np.linalg.norm(v)), 1e-12)
+
+
+def _halve(v: np.ndarray, pieces: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Row positions of ``v`` cut into ``pieces`` parts of equal size (+-1): a part meant for p
+    pieces is split at the (p // 2) / p quantile of its members' projections on their principal
+    direction (found by power iteration on the centred rows, without centring a copy)."""
+    done, todo = [], [(np.arange(len(v)), pieces)]
+    while todo:
+        part, p = todo.pop()
+        if p <= 1:
+            done.append(part)
             continue
-        score, ids = _assign(x[rows], sub, 2)
-        better = score[:, 0] > best[rows]
-        best[rows[better]] = score[better, 0]
-        cell_of[rows[better]] = first[i] + ids[better, 0]
-    order, bounds = _sort_by(cell_of, int(first[-1]))
-    return Cells(order, bounds, _near_cells(coarse, subs, first, neighbour_cells))
+        w = v[part]
+        mean = w.mean(axis=0)
+        direction = rng.standard_normal(v.shape[1]).astype(np.float32)
+        for _ in range(POWER_STEPS):
+            projected = w @ direction - float(mean @ direction)
+            direction = _unit(w.T @ projected - mean * float(projected.sum()))
+        left = p // 2
+        cut = round(len(part) * left / p)
+        split = np.argpartition(w @ direction, cut)
+        todo += [(part[split[:cut]], left), (part[split[cut:]], p - left)]
+    return done
 
 
 def _near_cells(coarse: np.ndarray, subs: list, first: np.ndarray, neighbour_cells: int) -> np.ndarray:
     """Each cell's ``neighbour_cells`` nearest cells by centroid, itself included, looked for among
-    the cells of the coarse clusters nearest its own (at least ``COARSE_PROBES + 1`` of them, and
+    the cells of the coarse clusters nearest its own (at least ``COARSE_AROUND + 1`` of them, and
     ~``NEAR_CHOICE * neighbour_cells`` cells), not among all cells: that would cost cells^2."""
     import faiss
 
@@ -141,7 +159,7 @@ def _near_cells(coarse: np.ndarray, subs: list, first: np.ndarray, neighbour_cel
     m = min(neighbour_cells, count)
     near = np.empty((count, m), dtype=np.int64)
     # enough coarse clusters around to offer ~NEAR_CHOICE x m cells to choose from
-    reach = min(len(coarse), max(COARSE_PROBES + 1, int(np.ceil(NEAR_CHOICE * m * len(coarse) / count))))
+    reach = min(len(coarse), max(COARSE_AROUND + 1, int(np.ceil(NEAR_CHOICE * m * len(coarse) / count))))
     _, coarse_near = faiss.knn(coarse, coarse, reach, metric=faiss.METRIC_INNER_PRODUCT)
     for i, sub in enumerate(subs):
         if len(sub) == 0:
