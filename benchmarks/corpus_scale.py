@@ -141,6 +141,8 @@ def pipeline_stages(path: Path, n: int, seed: int) -> list[dict]:
     from raycse.config import DataConfig, GroupingConfig
     from raycse.data.dataset import load_corpus, raw_dataset
     from raycse.grouping import epoch_batches
+    import psutil
+
     from raycse.grouping import knn
 
     d = DataConfig(corpus=str(path))
@@ -154,9 +156,14 @@ def pipeline_stages(path: Path, n: int, seed: int) -> list[dict]:
         grouping = GroupingConfig(strategy="random")
         rows.append(staged("layout", s, lambda: epoch_batches(corpus, grouping, 64, 2, seed, 0, 0).steps)[0])
         del corpus
-        x = knn.normalize(np.random.default_rng(seed).standard_normal((n, 384), dtype=np.float32))
-        rows.append(staged("kNN search", s, lambda: knn.search(x, 64, assume_normalized=True, recall_sample=0))[0])
-        del x
+        need = n * 384 * 4 + knn.memory_needed(n, 384, 64, "cells", normalized=True)
+        if need > psutil.virtual_memory().available:  # knn.search would refuse it in one line (exit 2)
+            print(f"# kNN search at {n:,}: skipped, needs {need / 2**30:.1f} GiB with the vectors "
+                  f"({psutil.virtual_memory().available / 2**30:.1f} GiB free)")
+        else:
+            x = knn.normalize(np.random.default_rng(seed).standard_normal((n, 384), dtype=np.float32))
+            rows.append(staged("kNN search", s, lambda: knn.search(x, 64, assume_normalized=True, recall_sample=0))[0])
+            del x
     ray.shutdown()
     return rows
 
@@ -198,8 +205,10 @@ def train_command(path: Path, workdir: Path, n: int) -> dict:
 def exponents(results: dict) -> None:
     sizes = sorted(results)
     for a, b in zip(sizes, sizes[1:]):
-        for ra, rb in zip(results[a], results[b]):
-            if ra["seconds"] > 0.5:
+        later = {r["stage"]: r for r in results[b]}  # by stage: a stage skipped at one size has no pair
+        for ra in results[a]:
+            rb = later.get(ra["stage"])
+            if rb and ra["seconds"] > 0.5:
                 e = np.log(max(rb["seconds"], 1e-3) / ra["seconds"]) / np.log(b / a)
                 print(f"# {ra['stage']}: {a:,} -> {b:,}: seconds grow as N^{e:.2f}")
 
