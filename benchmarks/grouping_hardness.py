@@ -33,7 +33,7 @@ from raycse.grouping.strategies import (cluster_keys, epoch_rng, keyed_order, kn
 def hardness(x: np.ndarray, batches: np.ndarray) -> tuple[float, float]:
     maxes, means = [], []
     for b in batches:
-        e = x[b]
+        e = x[b].astype(np.float32)  # (float16 vectors: numpy's float16 products are slow)
         s = e @ e.T
         np.fill_diagonal(s, -np.inf)
         maxes.append(s.max(axis=1).mean())

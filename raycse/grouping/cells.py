@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -68,18 +67,24 @@ def _kmeans(x: np.ndarray, k: int, seed: int) -> np.ndarray:
 
     k = max(1, min(k, len(x)))
     rng = np.random.default_rng(seed)
-    sample = x if len(x) <= k * POINTS_PER_CENTROID else x[rng.choice(len(x), k * POINTS_PER_CENTROID, replace=False)]
+    sample = x if len(x) <= k * POINTS_PER_CENTROID else x[np.sort(rng.choice(len(x), k * POINTS_PER_CENTROID,
+                                                                            replace=False))]
     km = faiss.Kmeans(x.shape[1], k, niter=KMEANS_ITERATIONS, seed=seed, spherical=True, verbose=False,
                       min_points_per_centroid=1)
-    km.train(np.ascontiguousarray(sample))
+    km.train(np.ascontiguousarray(sample, dtype=np.float32))
     return km.centroids
 
 
-def _assign(x: np.ndarray, centroids: np.ndarray, probes: int):
-    """(scores, ids) of each row's ``probes`` nearest centroids, nearest first."""
+def _nearest(x: np.ndarray, centroids: np.ndarray) -> np.ndarray:
+    """Each row's nearest centroid (float16 rows are read a chunk at a time in float32)."""
     import faiss
 
-    return faiss.knn(x, centroids, min(probes, len(centroids)), metric=faiss.METRIC_INNER_PRODUCT)
+    from raycse.grouping.knn import float32_chunks
+
+    ids = np.empty(len(x), dtype=np.int64)
+    for start, rows in float32_chunks(x):
+        ids[start:start + len(rows)] = faiss.knn(rows, centroids, 1, metric=faiss.METRIC_INNER_PRODUCT)[1][:, 0]
+    return ids
 
 
 def _sort_by(ids: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -102,16 +107,14 @@ def partition(x: np.ndarray, cell_size: int, neighbour_cells: int, seed: int = 0
     n = x.shape[0]
     n_cells = max(1, round(n / cell_size))
     coarse = _kmeans(x, coarse_count(n_cells), seed)
-    _, top = _assign(x, coarse, 1)
-    coarse_order, coarse_bounds = _sort_by(top[:, 0], len(coarse))
-    del top
+    coarse_order, coarse_bounds = _sort_by(_nearest(x, coarse), len(coarse))
     rng = np.random.default_rng(seed)
     pieces, subs = [], []
     for i in range(len(coarse)):
         rows = coarse_order[coarse_bounds[i]:coarse_bounds[i + 1]]
         centroids = []
         if len(rows):
-            v = x[rows]  # one copy of the cluster; the cuts index it locally
+            v = x[rows].astype(np.float32)  # one copy of the cluster; the cuts index it locally
             for local in _halve(v, max(1, round(len(rows) / cell_size)), rng):
                 pieces.append(rows[local])
                 centroids.append(_unit(v[local].mean(axis=0)))
@@ -178,74 +181,72 @@ def _near_cells(coarse: np.ndarray, subs: list, first: np.ndarray, neighbour_cel
     return near
 
 
-def join_cells(xs: np.ndarray, cells: Cells, first: int, last: int, k: int, threads: int = 0,
+def join_cells(x: np.ndarray, cells: Cells, first: int, last: int, k: int, threads: int = 0,
                out: Optional[np.ndarray] = None):
     """Rows and top-``k`` ids (nearest first) of cells ``first..last-1`` against their near cells;
-    with ``out`` (N, k), written there instead (no second copy of N x k ids). ``xs`` is the
-    normalised vectors in ``cells.order`` (``x[cells.order]``): a cell is a contiguous slice, so
-    gathering its near cells copies whole blocks instead of scattered rows."""
+    with ``out`` (N, k), written there instead (no second copy of N x k ids). ``x``: the
+    normalised vectors (float32 or float16), read where they lie: a cell's rows and its near cells'
+    rows are gathered one cell at a time, so the join holds no copy of all N."""
     import torch
 
     if threads:
         torch.set_num_threads(threads)
-    with warnings.catch_warnings():  # an object-store array is read-only; it is only read here, never copied
-        warnings.simplefilter("ignore", UserWarning)
-        xt = torch.from_numpy(xs)
-    b = cells.bounds
+    ids_dtype = out.dtype if out is not None else np.int64
     rows, ids = [], []
     with torch.no_grad():
         for c in range(first, last):
-            if b[c] == b[c + 1]:
+            members = cells.members(c)
+            if not len(members):
                 continue
-            near = cells.near[c][cells.near[c] >= 0]
-            u = torch.cat([xt[b[j]:b[j + 1]] for j in near])
-            u_pos = np.concatenate([np.arange(b[j], b[j + 1]) for j in near])
-            kk = min(k, len(u_pos))
-            for s in range(b[c], b[c + 1], JOIN_ROWS):
-                e = min(s + JOIN_ROWS, b[c + 1])
-                _, top = torch.topk(xt[s:e] @ u.T, kk, dim=1)  # sorted: greedy groups take the nearest first
-                found = np.full((e - s, k), -1, dtype=np.int64)
-                found[:, :kk] = cells.order[u_pos[top.numpy()]]
+            reach = np.concatenate([cells.members(j) for j in cells.near[c] if j >= 0])
+            u = torch.from_numpy(x[reach].astype(np.float32, copy=False))
+            kk = min(k, len(reach))
+            for s in range(0, len(members), JOIN_ROWS):
+                part = members[s:s + JOIN_ROWS]
+                q = torch.from_numpy(x[part].astype(np.float32, copy=False))
+                _, top = torch.topk(q @ u.T, kk, dim=1)  # sorted: greedy groups take the nearest first
+                found = np.full((len(part), k), -1, dtype=ids_dtype)
+                found[:, :kk] = reach[top.numpy()]
                 if out is not None:
-                    out[cells.order[s:e]] = found
+                    out[part] = found
                     continue
-                rows.append(cells.order[s:e])
+                rows.append(part)
                 ids.append(found)
     if out is not None:
         return None
     if not rows:
-        return np.zeros(0, np.int64), np.zeros((0, k), np.int64)
+        return np.zeros(0, np.int64), np.zeros((0, k), ids_dtype)
     return np.concatenate(rows), np.concatenate(ids)
 
 
 def cell_join(x: np.ndarray, k: int, cell_size: int, neighbour_cells: int, shards: int = 1, seed: int = 0,
               threads: int = 0) -> np.ndarray:
-    """(N, k) ids of each row's top-``k`` rows of normalised ``x`` by inner product (itself
-    included, as a flat search would), -1 where fewer were within reach."""
+    """(N, k) ids (:func:`raycse.grouping.knn.id_dtype`) of each row's top-``k`` rows of normalised
+    ``x`` by inner product (itself included, as a flat search would), -1 where fewer were within reach."""
+    from raycse.grouping.knn import id_dtype
+
     t0 = time.perf_counter()
     cells = partition(x, cell_size, neighbour_cells, seed)
     t1 = time.perf_counter()
-    xs = x[cells.order]  # one copy of the vectors, cell by cell
-    out = np.full((x.shape[0], k), -1, dtype=np.int64)
+    out = np.full((x.shape[0], k), -1, dtype=id_dtype(x.shape[0]))
     if shards == 1:
-        join_cells(xs, cells, 0, cells.count, k, threads, out)
+        join_cells(x, cells, 0, cells.count, k, threads, out)
     else:
-        _join_in_tasks(xs, cells, k, shards, threads, out)
-    del xs
+        _join_in_tasks(x, cells, k, shards, threads, out)
     sizes = np.diff(cells.bounds)
     log.info(f"[raycse] cell join: partition {t1 - t0:.1f}s ({cells.count:,} cells, largest {sizes.max():,}), "
              f"join {time.perf_counter() - t1:.1f}s")
     return out
 
 
-def _join_in_tasks(xs: np.ndarray, cells: Cells, k: int, shards: int, threads: int, out: np.ndarray) -> None:
+def _join_in_tasks(x: np.ndarray, cells: Cells, k: int, shards: int, threads: int, out: np.ndarray) -> None:
     import ray
 
     from raycse.grouping.tasks import gather
 
     bounds = np.linspace(0, cells.count, shards + 1).astype(int)
     task = ray.remote(num_cpus=1, scheduling_strategy="DEFAULT")(join_cells)
-    x_ref, cells_ref = ray.put(xs), ray.put(cells)
+    x_ref, cells_ref = ray.put(x), ray.put(cells)
     refs = [task.remote(x_ref, cells_ref, int(bounds[i]), int(bounds[i + 1]), k, threads or 1)
             for i in range(shards)]
     for rows, ids in gather(refs, "the kNN cell join"):

@@ -30,17 +30,38 @@ log = logging.getLogger("raycse.grouping")
 
 @dataclass
 class KnnResult:
-    neighbours: np.ndarray  # (N, k) int64 row ids, self excluded, -1 where fewer were found
+    neighbours: np.ndarray  # (N, k) row ids (int32 below 2^31 rows), self excluded, -1 where fewer were found
     method: str  # exact | ivf
     seconds: float
     recall: Optional[float] = None  # recall@k of the approximate search vs exact, on a sample
     shard_seconds: Optional[list] = None
 
 
+CHUNK = 1 << 16  # rows converted to float32 at a time where the vectors are kept in float16 (100 MB at 384-d)
+
+
 def normalize(x: np.ndarray) -> np.ndarray:
+    """L2-normalised rows. float16 stays float16 (normalised chunk by chunk in float32: half the
+    memory of a large corpus's vectors, cosines within ~1e-3); anything else becomes float32."""
+    if x.dtype == np.float16:
+        out = np.empty(x.shape, dtype=np.float16)
+        for s in range(0, len(x), CHUNK):
+            out[s:s + CHUNK] = normalize(x[s:s + CHUNK].astype(np.float32))
+        return out
     x = np.ascontiguousarray(x, dtype=np.float32)
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     return x / np.maximum(norms, 1e-12)
+
+
+def float32_chunks(x: np.ndarray):
+    """(start, rows as contiguous float32) over ``x`` in chunks of ``CHUNK``: faiss reads float32 only."""
+    for s in range(0, len(x), CHUNK):
+        yield s, np.ascontiguousarray(x[s:s + CHUNK], dtype=np.float32)
+
+
+def id_dtype(n: int):
+    """Row ids in 4 bytes where they fit: the (N, k) id arrays are the search's largest allocation."""
+    return np.int32 if n < 2**31 - 1 else np.int64
 
 
 def default_nlist(n: int) -> int:
@@ -124,21 +145,25 @@ def choose(n: int, method: str, exact_threshold: int) -> tuple[str, str]:
 
 
 def memory_needed(n: int, dim: int, k: int, method: str, normalized: bool = False, itemsize: int = 4) -> int:
-    """Bytes the search allocates beside the ``n`` x ``dim`` vectors it is given: the normalised copy
-    (unless given normalised), the cell join's copy of them cell by cell, and the (N, k+1) and (N, k)
-    id arrays."""
-    copies = (not normalized) + (method == "cells")
-    return n * dim * itemsize * copies + n * (2 * k + 1) * 8
+    """Bytes the search allocates beside the ``n`` x ``dim`` vectors it is given (``itemsize`` bytes
+    a value): the normalised copy (unless given normalised) and the (N, k+1) and (N, k) id arrays.
+    The cell join gathers its cells' rows where they lie, one cell at a time, and exact and IVF
+    search hold a float32 copy in their faiss index."""
+    size = n * dim
+    need = 0 if normalized else size * itemsize
+    if method != "cells":
+        need += size * 4 * (1 + (itemsize != 4))  # the index's float32 copy, and float16 converted first
+    return need + n * (2 * k + 1) * np.dtype(id_dtype(n)).itemsize
 
 
 def check_memory(n: int, dim: int, k: int, method: str, available: Optional[int] = None,
-                 normalized: bool = False) -> None:
+                 normalized: bool = False, itemsize: int = 4) -> None:
     """One line (exit 2) when the search would not fit in the memory this machine has free."""
     import psutil
 
     from raycse.errors import ResourceError
 
-    need = memory_needed(n, dim, k, method, normalized)
+    need = memory_needed(n, dim, k, method, normalized, itemsize)
     free = psutil.virtual_memory().available if available is None else available
     if need > free:
         raise ResourceError(f"kNN grouping of {n:,} examples ({dim}-d, {k} neighbours) needs ~{need / 2**30:.1f} GiB "
@@ -154,7 +179,8 @@ def search(vectors: np.ndarray, k: int, method: str = "auto", exact_threshold: i
     """Top-``k`` neighbours (self excluded) of every row of ``vectors`` among all rows."""
     t0 = time.perf_counter()
     method, why = choose(vectors.shape[0], method, exact_threshold)
-    check_memory(vectors.shape[0], vectors.shape[1], k, method, normalized=assume_normalized)
+    itemsize = 2 if vectors.dtype == np.float16 else 4
+    check_memory(vectors.shape[0], vectors.shape[1], k, method, normalized=assume_normalized, itemsize=itemsize)
     x = vectors if assume_normalized else normalize(vectors)
     n = x.shape[0]
     kk = min(k + 1, n)  # +1: each row finds itself
@@ -165,7 +191,9 @@ def search(vectors: np.ndarray, k: int, method: str = "auto", exact_threshold: i
 
         idx = cell_join(x, kk, cell_size, neighbour_cells, shards, seed, threads or 0)
     else:
-        _, idx, shard_seconds = top_k(x, x, kk, method, nlist, nprobe, shards, seed, threads)
+        x32 = np.ascontiguousarray(x, dtype=np.float32)  # faiss reads float32 (a copy only of float16)
+        _, idx, shard_seconds = top_k(x32, x32, kk, method, nlist, nprobe, shards, seed, threads)
+        del x32
     neighbours = _drop_self(idx, k)
     recall = None
     if method != "exact" and recall_sample > 0:
@@ -189,7 +217,7 @@ def _drop_self(idx: np.ndarray, k: int) -> np.ndarray:
     """Remove each row's own id from its list and keep k columns (-1 pads)."""
     n, m = idx.shape
     own = idx == np.arange(n)[:, None]
-    out = np.full((n, k), -1, dtype=np.int64)
+    out = np.full((n, k), -1, dtype=id_dtype(n))
     if (own.sum(axis=1) == 1).all():  # the common case, vectorised
         rows = idx[~own].reshape(n, m - 1)[:, :k]
         out[:, :rows.shape[1]] = rows
@@ -208,10 +236,15 @@ def measure_recall(x: np.ndarray, approx: np.ndarray, sample: int, seed: int) ->
     n, k = approx.shape
     rng = np.random.default_rng(seed + 1)
     q = rng.choice(n, size=min(sample, n), replace=False)
-    index = faiss.IndexFlatIP(x.shape[1])
-    index.add(x)
-    _, exact = index.search(x[q], min(k + 1, n))
-    exact = _drop_self_rows(exact, q, k)
+    queries, kk = np.ascontiguousarray(x[q], dtype=np.float32), min(k + 1, n)
+    scores, ids = [], []
+    for start, chunk in float32_chunks(x):  # no float32 copy of all N vectors (an index would hold one)
+        d, i = faiss.knn(queries, chunk, min(kk, len(chunk)), metric=faiss.METRIC_INNER_PRODUCT)
+        scores.append(d)
+        ids.append(i + start)
+    scores, ids = np.concatenate(scores, axis=1), np.concatenate(ids, axis=1)
+    best = np.argsort(-scores, axis=1, kind="stable")[:, :kk]
+    exact = _drop_self_rows(np.take_along_axis(ids, best, axis=1), q, k)
     hits = [len(set(a[a >= 0]) & set(e[e >= 0])) / max(1, (e >= 0).sum()) for a, e in zip(approx[q], exact)]
     return float(np.mean(hits))
 
@@ -229,7 +262,7 @@ def greedy_groups(neighbours: np.ndarray, group_size: int, rng: np.random.Genera
     """Example-based shuffling (BSC): visit examples in random order; each unused one takes its
     nearest ``group_size - 1`` still-unused neighbours as a group. The order is reversed at the end
     so the leftovers (small groups whose neighbours were taken) come first. ``identical``: the
-    L2-normalised vectors; a neighbour whose vector equals the example's (a duplicate, which would
+    L2-normalised vectors (float32 or float16); a neighbour whose vector equals the example's (a duplicate, which would
     be a false negative) is left out of its group and stays free for another."""
     n = neighbours.shape[0]
     used = bytearray(n)
@@ -240,7 +273,7 @@ def greedy_groups(neighbours: np.ndarray, group_size: int, rng: np.random.Genera
         used[i] = 1
         group = [i]
         for j in neighbours[i].tolist():  # one row at a time: all rows as Python ints cost ~2 KB a row
-            if identical is not None and j >= 0 and float(identical[i] @ identical[j]) > 1 - 1e-6:
+            if identical is not None and j >= 0 and _same_direction(identical[i], identical[j]):
                 continue
             if j >= 0 and not used[j]:
                 used[j] = 1
@@ -250,3 +283,10 @@ def greedy_groups(neighbours: np.ndarray, group_size: int, rng: np.random.Genera
         groups.append(np.asarray(group, dtype=np.int64))
     groups.reverse()
     return groups
+
+
+def _same_direction(a: np.ndarray, b: np.ndarray) -> bool:
+    """Unit vectors a duplicate's: cosine > 1 - 1e-6, tested as |a - b|^2 < 2e-6 in float32 (a
+    float16 vector's own norm is 1 only to ~1e-5, so its cosine with itself can miss 1 - 1e-6)."""
+    d = a.astype(np.float32) - b.astype(np.float32)
+    return float(d @ d) < 2e-6

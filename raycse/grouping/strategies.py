@@ -51,11 +51,12 @@ def random_order(n: int, seed: int, epoch: int) -> GroupOrder:
 
 
 def knn_order(vectors: np.ndarray, cfg, seed: int, epoch: int) -> GroupOrder:
-    res = knn_search.search(vectors, cfg.neighbours, cfg.search, cfg.exact_threshold, cfg.nlist, cfg.nprobe,
-                            cfg.shards, cfg.recall_sample, seed=seed + epoch, cell_size=cfg.cell_size,
-                            neighbour_cells=cfg.neighbour_cells)
+    x = knn_search.normalize(vectors)  # once: the search and the duplicate check read the same copy
+    res = knn_search.search(x, cfg.neighbours, cfg.search, cfg.exact_threshold, cfg.nlist, cfg.nprobe,
+                            cfg.shards, cfg.recall_sample, seed=seed + epoch, assume_normalized=True,
+                            cell_size=cfg.cell_size, neighbour_cells=cfg.neighbour_cells)
     groups = knn_search.greedy_groups(res.neighbours, cfg.group_size, epoch_rng(seed, epoch, 1),
-                                      identical=knn_search.normalize(vectors) if cfg.drop_identical else None)
+                                      identical=x if cfg.drop_identical else None)
     info = {"knn_method": res.method, "knn_seconds": res.seconds, "knn_recall": res.recall}
     return GroupOrder(np.concatenate(groups), np.array([len(g) for g in groups], dtype=np.int64), info)
 
@@ -94,7 +95,7 @@ def shingle_key(text: str, seed: int, epoch: int, row_id: int, size: int = 1) ->
 def cluster_keys(vectors: np.ndarray, k: Optional[int], group_size: int, seed: int) -> np.ndarray:
     import faiss
 
-    x = knn_search.normalize(vectors)
+    x = knn_search.normalize(vectors).astype(np.float32, copy=False)  # faiss's k-means reads float32
     n = len(x)
     k = int(min(n, k or max(1, min(4096, n // max(4 * group_size, 40)))))  # faiss wants >= 39 points per centroid
     km = faiss.Kmeans(x.shape[1], k, niter=20, seed=seed, spherical=True, max_points_per_centroid=256)
