@@ -102,7 +102,8 @@ def main() -> None:
                     total = res.seconds + t_group
                     order = GroupOrder(np.concatenate(groups), np.array([len(g) for g in groups]))
                     hard, _ = hardness(x, pack(order, args.batch_size, 1).batches)
-                    row = {"n": n, "data": kind, "dtype": args.dtype, "method": method, "shards": shards, "search_s": round(res.seconds, 1),
+                    row = {"n": n, "data": kind, "dtype": args.dtype, "method": method, "shards": shards,
+                           "search_s": round(res.seconds, 1),
                            "group_s": round(t_group, 1), "total_s": round(total, 1),
                            "sent_per_s": round(n / total), "recall": 1.0 if method == "exact" else round(res.recall, 3),
                            "shard_s": [round(s, 1) for s in res.shard_seconds or []],

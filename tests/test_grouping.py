@@ -280,7 +280,7 @@ def test_the_cell_join_on_float16_vectors_holds_no_copy_of_all_of_them(monkeypat
     finally:
         tracemalloc.stop()
     assert res.neighbours.shape == (60000, 8) and res.neighbours.dtype == np.int32
-    assert peak < ids + 0.5 * x.nbytes, f"peak {peak / 2**20:.1f} MiB, ids {ids / 2**20:.1f} MiB, x {x.nbytes / 2**20:.1f} MiB"
+    assert peak < ids + 0.5 * x.nbytes, f"peak {peak / 2**20:.1f} MiB: ids {ids / 2**20:.1f}, x {x.nbytes / 2**20:.1f}"
 
 
 @pytest.mark.parametrize("n, group, batch, world", [(1000, 1, 16, 2), (997, 1, 8, 3), (1200, 4, 16, 2), (40, 1, 64, 1)])

@@ -36,7 +36,7 @@ log = logging.getLogger("raycse.grouping")
 KMEANS_ITERATIONS = 10  # faiss's default is 25; coarse clusters only have to be compact, not optimal
 POINTS_PER_CENTROID = 20  # k-means sample per centroid (faiss asks 39 for optimal centroids; these need not be)
 JOIN_ROWS = 2048  # query rows per matrix product (bounds the score block's memory)
-CELLS_PER_COARSE = 2  # a coarse cluster holds ~this many cells, between the two bounds below (at 100k: 4 gave batches 0.002 easier than exact kNN on clustered vectors, 8 0.007)
+CELLS_PER_COARSE = 2  # cells a coarse cluster holds, within the bounds below (more: easier batches at 100k)
 COARSE_MIN = 256  # coarse clusters at least (or one per cell below that)
 COARSE_MAX = 1024  # and at most: assigning N rows to C of them costs N x C
 COARSE_AROUND = 4  # a cell's near cells are looked for among at least this many coarse clusters around its own
@@ -101,9 +101,9 @@ def coarse_count(n_cells: int) -> int:
 
 
 def partition(x: np.ndarray, cell_size: int, neighbour_cells: int, seed: int = 0) -> Cells:
-    """Cut normalised ``x`` into cells of ~``cell_size`` rows (at most 1.5x it), coarse cluster by coarse cluster
-    (k-means, then :func:`_halve`), and find each cell's ``neighbour_cells`` nearest cells by the
-    centroid of its members."""
+    """Cut normalised ``x`` (float32 or float16) into cells of ~``cell_size`` rows (at most 1.5x
+    it), coarse cluster by coarse cluster (k-means, then :func:`_halve`), and find each cell's
+    ``neighbour_cells`` nearest cells by the centroid of its members."""
     n = x.shape[0]
     n_cells = max(1, round(n / cell_size))
     coarse = _kmeans(x, coarse_count(n_cells), seed)
