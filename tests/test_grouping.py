@@ -262,6 +262,17 @@ def test_duplicates_are_told_from_near_duplicates_in_float16_as_in_float32(dtype
     assert sum(frozenset({i, 60 + i}) in pairs or frozenset({40 + i, 60 + i}) in pairs for i in range(20)) >= 15
 
 
+def test_grouping_keeps_embeddings_in_float16_only_where_float32_would_crowd_memory(capsys):
+    from raycse.grouping.embed import vector_dtype
+
+    gib = 2**30
+    assert vector_dtype(1_000_000, 384, available=22 * gib) == np.float32  # 1.4 GiB: fast float32
+    assert capsys.readouterr().out == ""
+    assert vector_dtype(10_000_000, 384, available=22 * gib) == np.float16  # 14.3 GiB of 22
+    said = capsys.readouterr().out
+    assert said.count("\n") == 1 and "10,000,000 embeddings kept normalised in float16" in said and "14.3 GiB" in said
+
+
 def test_the_cell_join_on_float16_vectors_holds_no_copy_of_all_of_them(monkeypatch):
     """10M x 384 vectors are 15.4 GB in float32: grouping keeps them normalised in float16 and the
     cell join reads them where they lie, so its peak is the id arrays and a cell's rows, not a

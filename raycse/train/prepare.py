@@ -108,7 +108,7 @@ def lay_out_epochs(run: RunConfig, corpus, spe: int, total: int, embed_from: str
         lambda: embed_corpus(corpus, embed_from, run.model.max_length, run.grouping.embed_actors,
                              run.grouping.embed_batch_size, t.use_gpu, t.precision, run.grouping.by,
                              t.gpu_share or 1.0, grouping_prompt_name(prompts, run.grouping.by), prompts,
-                             dtype="float16"))
+                             dtype="auto"))
     plans = []
     for epoch in planned_epochs(run, spe, total):
         first = epoch * spe
