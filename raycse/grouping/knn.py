@@ -262,8 +262,8 @@ def greedy_groups(neighbours: np.ndarray, group_size: int, rng: np.random.Genera
     """Example-based shuffling (BSC): visit examples in random order; each unused one takes its
     nearest ``group_size - 1`` still-unused neighbours as a group. The order is reversed at the end
     so the leftovers (small groups whose neighbours were taken) come first. ``identical``: the
-    L2-normalised vectors (float32 or float16); a neighbour whose vector equals the example's (a duplicate, which would
-    be a false negative) is left out of its group and stays free for another."""
+    L2-normalised vectors (float32 or float16); a neighbour whose vector equals the example's (a
+    duplicate, which would be a false negative) is left out of its group and stays free for another."""
     n = neighbours.shape[0]
     used = bytearray(n)
     groups = []
