@@ -279,7 +279,9 @@ def test_the_cell_join_on_float16_vectors_holds_no_copy_of_all_of_them(monkeypat
     float32 or cell-ordered copy of all N (measured with tracemalloc, which counts numpy's buffers)."""
     import tracemalloc
 
-    monkeypatch.setattr(knn_mod, "CHUNK", 4096)  # float16 is read in chunks of float32 far smaller than N
+    from raycse.grouping import vectors
+
+    monkeypatch.setattr(vectors, "CHUNK", 4096)  # float16 is read in chunks of float32 far smaller than N
     rng = np.random.default_rng(0)
     x = knn_mod.normalize(rng.normal(size=(60000, 128)).astype(np.float16))
     ids = 60000 * (2 * 8 + 1) * 4  # (N, k+1) and (N, k) int32

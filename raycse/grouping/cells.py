@@ -79,7 +79,7 @@ def _nearest(x: np.ndarray, centroids: np.ndarray) -> np.ndarray:
     """Each row's nearest centroid (float16 rows are read a chunk at a time in float32)."""
     import faiss
 
-    from raycse.grouping.knn import float32_chunks
+    from raycse.grouping.vectors import float32_chunks
 
     ids = np.empty(len(x), dtype=np.int64)
     for start, rows in float32_chunks(x):
@@ -221,9 +221,9 @@ def join_cells(x: np.ndarray, cells: Cells, first: int, last: int, k: int, threa
 
 def cell_join(x: np.ndarray, k: int, cell_size: int, neighbour_cells: int, shards: int = 1, seed: int = 0,
               threads: int = 0) -> np.ndarray:
-    """(N, k) ids (:func:`raycse.grouping.knn.id_dtype`) of each row's top-``k`` rows of normalised
+    """(N, k) ids (:func:`raycse.grouping.vectors.id_dtype`) of each row's top-``k`` rows of normalised
     ``x`` by inner product (itself included, as a flat search would), -1 where fewer were within reach."""
-    from raycse.grouping.knn import id_dtype
+    from raycse.grouping.vectors import id_dtype
 
     t0 = time.perf_counter()
     cells = partition(x, cell_size, neighbour_cells, seed)

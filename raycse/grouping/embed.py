@@ -71,7 +71,7 @@ def embed_corpus(corpus, model_path: str, max_length: int, actors: int = 1, batc
     (grouping compares cosines only; 10M x 384 is 7.7 GB instead of 15.4); ``"auto"``: float16 where
     float32 would take over ``HALF_ABOVE`` of the memory free now (:func:`vector_dtype`), as the
     cell join reads float16 ~1.3x slower."""
-    from raycse.grouping.knn import normalize
+    from raycse.grouping.vectors import normalize
 
     import ray.data
 

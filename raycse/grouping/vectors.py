@@ -1,0 +1,33 @@
+"""Embedding arrays as grouping keeps them: normalised rows, float16 read a chunk at a time, ids
+in the narrowest type. The lowest floor of :mod:`raycse.grouping`: the searches (knn, cells)
+both use it, and it imports neither."""
+
+from __future__ import annotations
+
+import numpy as np
+
+CHUNK = 1 << 16  # rows converted to float32 at a time where the vectors are kept in float16 (100 MB at 384-d)
+
+
+def normalize(x: np.ndarray) -> np.ndarray:
+    """L2-normalised rows. float16 stays float16 (normalised chunk by chunk in float32: half the
+    memory of a large corpus's vectors, cosines within ~1e-3); anything else becomes float32."""
+    if x.dtype == np.float16:
+        out = np.empty(x.shape, dtype=np.float16)
+        for s in range(0, len(x), CHUNK):
+            out[s:s + CHUNK] = normalize(x[s:s + CHUNK].astype(np.float32))
+        return out
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.maximum(norms, 1e-12)
+
+
+def float32_chunks(x: np.ndarray):
+    """(start, rows as contiguous float32) over ``x`` in chunks of ``CHUNK``: faiss reads float32 only."""
+    for s in range(0, len(x), CHUNK):
+        yield s, np.ascontiguousarray(x[s:s + CHUNK], dtype=np.float32)
+
+
+def id_dtype(n: int):
+    """Row ids in 4 bytes where they fit: the (N, k) id arrays are the search's largest allocation."""
+    return np.int32 if n < 2**31 - 1 else np.int64
