@@ -284,6 +284,7 @@ def test_the_cell_join_on_float16_vectors_holds_no_copy_of_all_of_them(monkeypat
     monkeypatch.setattr(vectors, "CHUNK", 4096)  # float16 is read in chunks of float32 far smaller than N
     rng = np.random.default_rng(0)
     x = knn_mod.normalize(rng.normal(size=(60000, 128)).astype(np.float16))
+    assert knn_mod.normalize(x) is x  # unit float16 rows (as grouping's embeddings come) are not copied again
     ids = 60000 * (2 * 8 + 1) * 4  # (N, k+1) and (N, k) int32
     tracemalloc.start()
     try:
