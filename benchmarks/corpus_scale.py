@@ -12,7 +12,7 @@ pipeline on a private local Ray in this process, stage by stage:
 - ``+dedup``: plus global deduplication and numbering (``load_corpus`` as train runs it);
 - ``layout``: one epoch's random order packed into batches of 64 and read per rank;
 - ``kNN search``: the grouping search on N synthetic 384-d vectors, normalised float16 as grouping
-  keeps them (``knn.search``, auto);
+  keeps a large corpus's (``knn.search``, auto);
 - ``train``: ``raycse train --max-steps 3 --stsb-dev none`` on the corpus, as a separate command
   (its own Ray): wall time to exit, and its time to the first step from its log.
 
@@ -157,7 +157,7 @@ def pipeline_stages(path: Path, n: int, seed: int) -> list[dict]:
         grouping = GroupingConfig(strategy="random")
         rows.append(staged("layout", s, lambda: epoch_batches(corpus, grouping, 64, 2, seed, 0, 0).steps)[0])
         del corpus
-        # the vectors as grouping keeps them (normalised float16, raycse.grouping.embed)
+        # the vectors as grouping keeps a large corpus's (normalised float16, raycse.grouping.embed.vector_dtype)
         need = n * 384 * 2 + knn.memory_needed(n, 384, 64, "cells", normalized=True, itemsize=2)
         if need > psutil.virtual_memory().available:  # knn.search would refuse it in one line (exit 2)
             print(f"# kNN search at {n:,}: skipped, needs {need / 2**30:.1f} GiB with the vectors "

@@ -72,7 +72,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64, help="batches the hardness is measured on")
     ap.add_argument("--json", default=None, help="append the rows to this JSON file")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float16"],
-                    help="the vectors' type (grouping keeps a corpus's embeddings in float16)")
+                    help="the vectors' type (grouping keeps a large corpus's embeddings in float16)")
     ap.add_argument("--max-exact", type=int, default=200000, help="skip exact search above this size")
     args = ap.parse_args()
     import logging
