@@ -80,14 +80,57 @@ def test_a_space_searches_lora_rank_and_scale(tmp_path):
     """lora_r and lora_alpha name model.lora.r / .alpha; a sampled point is a validated run with adapters."""
     import numpy as np
 
-    space = load_space(_space(tmp_path, {"lora_r": {"choice": [4, 8, 16]}, "lora_alpha": {"choice": [8, 32]}},
+    space = load_space(_space(tmp_path, {"model.lora.r": {"choice": [4, 8, 16]},
+                                         "model.lora.alpha": {"choice": [8, 32]}},
                               {"objective": {"name": "simcse"}, "model": {"lora": {"dropout": 0.1}}}))
     assert [k.key for k in space.knobs] == ["model.lora.r", "model.lora.alpha"]
     point = space.sample(np.random.default_rng(0))
     cfg = space.run_config(point, seed=1)
-    assert cfg.model.lora == {"dropout": 0.1, "r": point["lora_r"], "alpha": point["lora_alpha"]}
+    assert cfg.model.lora == {"dropout": 0.1, "r": point["model.lora.r"], "alpha": point["model.lora.alpha"]}
     with pytest.raises(ConfigError, match="lora"):
-        space.run_config({"lora_r": 0, "lora_alpha": 8})
+        space.run_config({"model.lora.r": 0, "model.lora.alpha": 8})
+
+
+def test_a_knob_has_one_name_and_old_names_print_the_new_one(tmp_path, capsys):
+    """Issue 69 item 4: a space's knob is named as its setting is elsewhere (the train flag, the objective's knob,
+    the dotted key); no short name means two settings, no setting has two short names, the shipped spaces use
+    no old name, and an old name still works but prints its new name (once)."""
+    from raycse.config import flag_fields
+    from raycse.objectives import registry
+    from raycse.tune import space as space_module
+    from raycse.tune.space import knob_key, space_files
+
+    flags = {flag[2:].replace("-", "_"): key for flag, key, *_ in flag_fields()}
+    objective_knobs = {name for obj in registry.names() for name in registry.knobs(obj)}
+    for name in objective_knobs & set(flags):
+        assert flags[name] == f"objective.{name}", name  # a flag and an objective knob of one name: one setting
+    for name in flags:
+        assert knob_key(name) == flags[name]
+    for name in objective_knobs - set(flags):
+        assert knob_key(name) == f"objective.{name}"
+    names_of: dict = {}
+    for name in set(flags) | objective_knobs:
+        names_of.setdefault(knob_key(name), set()).add(name)
+    assert {k: v for k, v in names_of.items() if len(v) > 1} == {}
+    for path in space_files():
+        load_space(str(path))
+    assert capsys.readouterr().err == ""  # the shipped spaces use no old name
+
+    space_module._told.clear()
+    search = {"lambda": {"loguniform": [0.01, 1.0]}, "warmup": {"uniform": [0.0, 0.2]},
+              "lora_r": {"choice": [4, 8]}, "lora_alpha": {"choice": [8, 16]}}
+    space = load_space(_space(tmp_path, search, {"objective": {"name": "sgopt"}, "model": {"lora": {"dropout": 0.0}}}))
+    assert [k.key for k in space.knobs] == ["objective.lam", "train.warmup_ratio", "model.lora.r", "model.lora.alpha"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert [line.split("knob ")[1].split(";")[0] for line in err] == [
+        "'lambda' is now 'lam'", "'warmup' is now 'warmup_ratio'", "'lora_r' is now 'model.lora.r'",
+        "'lora_alpha' is now 'model.lora.alpha'"]
+    cfg = space.run_config({"lambda": 0.5, "warmup": 0.1, "lora_r": 4, "lora_alpha": 8})
+    assert (cfg.objective.typed().lam, cfg.train.warmup_ratio, cfg.model.lora["r"]) == (0.5, 0.1, 4)
+    load_space(_space(tmp_path, {"lambda": {"loguniform": [0.01, 1.0]}}, {"objective": {"name": "sgopt"}}, "b.yaml"))
+    assert capsys.readouterr().err == ""  # once a process
+    with pytest.raises(ConfigError, match="unknown knob 'temperature'.*raycse objectives"):
+        load_space(_space(tmp_path, {"temperature": {"uniform": [0.01, 0.1]}}, name="c.yaml"))
 
 
 def test_conditional_knobs_and_combined_space(tmp_path):

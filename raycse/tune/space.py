@@ -10,44 +10,30 @@
       slice_length: {choice: [16, 32, 64], when: {objective: [hicl]}}
 
 Distributions: ``uniform``/``loguniform`` [low, high], ``int``/``logint`` [low, high],
-``choice`` [values...]. Knobs are the papers' names (see :data:`ALIASES`) or any dotted config
-key (``train.warmup_ratio``, ``objective.base``, ...). ``when`` makes a knob conditional on
+``choice`` [values...]. A knob is named as the setting is everywhere else: its ``raycse train`` flag
+without the dashes (``lr``, ``warmup_ratio``, ``grouping``, ``objective``), an objective's knob as
+``raycse objectives`` lists it (``tau``, ``alpha``, ``lam``, ``slice_length``) or its dotted config key
+(``objective.base``, ``model.lora.r``); see :func:`short_names`. ``when`` makes a knob conditional on
 earlier knobs' values (slicing length only when HiCL is the objective).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import yaml
 
-from raycse.config import RECIPES, RunConfig, get_dotted, load_yaml, set_dotted
+from raycse.config import RECIPES, RunConfig, flag_fields, get_dotted, load_yaml, set_dotted
 from raycse.errors import ConfigError
 
-ALIASES = {
-    "objective": "objective.name",
-    "tau": "objective.tau",
-    "lr": "train.lr",
-    "alpha": "objective.alpha",
-    "beta": "objective.beta",
-    "mu": "objective.mu",
-    "slice_length": "objective.slice_length",
-    "lambda": "objective.lam",
-    "d0": "objective.d0",
-    "compose_at": "objective.compose_at",
-    "matryoshka_dims": "objective.matryoshka_dims",  # e.g. {choice: ["none", "384,256,128,64"]}
-    "mlp_head": "model.mlp_head",
-    "group_size": "grouping.group_size",
-    "grouping": "grouping.strategy",
-    "batch_size": "train.batch_size",
-    "warmup": "train.warmup_ratio",
-    "lora_r": "model.lora.r",  # LoRA's rank and scale (model.lora: a run with adapters)
-    "lora_alpha": "model.lora.alpha",
-}
+# Old knob names, still read: each prints its new name once (a knob has one name everywhere)
+RENAMED = {"lambda": "lam", "warmup": "warmup_ratio", "lora_r": "model.lora.r", "lora_alpha": "model.lora.alpha"}
 # objective settings of every objective (not one objective's knobs)
 OBJECTIVE_SETTINGS = ("objective.name", "objective.matryoshka_dims", "objective.matryoshka_weights")
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "logint", "choice")
@@ -171,11 +157,42 @@ def _knob(name: str, spec: Any, path: str) -> Knob:
     if not isinstance(when, dict):
         raise ConfigError(f"{where}.when must map earlier knobs to allowed values, got {when!r}")
     when = {k: (v if isinstance(v, list) else [v]) for k, v in when.items()}
-    key = ALIASES.get(name, name)
-    if "." not in key and key != "output_dir":
-        raise ConfigError(f"{where}: unknown knob '{name}'; use one of {', '.join(ALIASES)} or a dotted config key "
+    return Knob(name, knob_key(name, where), kind, args, when)
+
+
+@functools.lru_cache(maxsize=1)
+def short_names() -> dict[str, str]:
+    """Knob name -> dotted config key, for the names a setting already has: its ``raycse train`` flag
+    (``--warmup-ratio`` -> ``warmup_ratio``) and an objective's knob (``objective.alpha`` -> ``alpha``)."""
+    from raycse.objectives import registry
+
+    names = {flag[2:].replace("-", "_"): key for flag, key, *_ in flag_fields()}
+    for objective in registry.names():
+        for name in registry.knobs(objective):
+            names.setdefault(name, f"objective.{name}")
+    return names
+
+
+def knob_key(name: str, where: str = "search") -> str:
+    """The dotted config key a search-space knob sets. An old name (:data:`RENAMED`) is read, and its new name
+    printed once."""
+    if name in RENAMED:
+        new = RENAMED[name]
+        if name not in _told:
+            _told.add(name)
+            print(f"[raycse] {where}: knob '{name}' is now '{new}'; the old name is read as an alias", file=sys.stderr)
+        name = new
+    if "." in name or name == "output_dir":
+        return name
+    key = short_names().get(name)
+    if key is None:
+        raise ConfigError(f"{where}: unknown knob '{name}'; name it by its flag (lr, warmup_ratio, grouping, ...), an "
+                          f"objective's knob (tau, alpha, lam, ...; see 'raycse objectives') or its dotted config key "
                           f"(section.field)")
-    return Knob(name, key, kind, args, when)
+    return key
+
+
+_told: set = set()
 
 
 def with_run_settings(raw: dict, corpus: Optional[str] = None, overrides: Sequence[tuple[str, str]] = ()) -> dict:
