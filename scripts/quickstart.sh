@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # One command on a fresh machine: install, train SimCSE on the embedded all-MiniLM-L6-v2, print STS scores.
 #   bash scripts/quickstart.sh [CORPUS] [OUTPUT]
-# CORPUS defaults to $RAYCSE_DATA/wiki_sample.txt, and the STS-B dev set to $RAYCSE_DATA/stsbenchmark/sts-dev.csv
-# (without one, the Hugging Face dataset sentence-transformers/stsb where the hub or its cache has it):
+# CORPUS defaults to $RAYCSE_DATA/wiki_sample.txt, else the head of SimCSE's own corpus (wiki1m_for_simcse.txt of the
+# Hugging Face dataset princeton-nlp/datasets-for-simcse, from the hub or its cache); the STS-B dev set to
+# $RAYCSE_DATA/stsbenchmark/sts-dev.csv, else the Hugging Face dataset sentence-transformers/stsb (the same way):
 #   RAYCSE_DATA=../shared/data bash scripts/quickstart.sh     (this project's sample data)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CORPUS=${1:-}
-if [ -z "$CORPUS" ]; then
-  CORPUS=${RAYCSE_DATA:+$RAYCSE_DATA/wiki_sample.txt}
-  [ -n "$CORPUS" ] && [ -f "$CORPUS" ] || { echo "quickstart: no corpus: pass one (bash scripts/quickstart.sh my_sentences.txt) or set RAYCSE_DATA to a folder holding wiki_sample.txt" >&2; exit 2; }
-fi
 bash scripts/setup.sh
 . .venv/bin/activate
+if [ -n "${1:-}" ]; then
+  CORPUS_ARGS=(--corpus "$1")
+else
+  FOUND=$(python -m raycse.data.sample) || exit 2  # (it said in one line what to pass)
+  mapfile -t CORPUS_ARGS <<< "$FOUND"
+fi
 OUT=${2:-outputs/quickstart}
-raycse train --config simcse --corpus "$CORPUS" --output "$OUT" --overwrite --score-before true
+raycse train --config simcse "${CORPUS_ARGS[@]}" --output "$OUT" --overwrite --score-before true
 ARGS=()
 [ -n "${SENTEVAL_DIR:-}" ] && ARGS+=(--senteval-dir "$SENTEVAL_DIR")
 # STS-B dev as training found it: $RAYCSE_DATA's file, else the hub dataset sentence-transformers/stsb (or its cache)

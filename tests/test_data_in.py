@@ -97,3 +97,46 @@ def test_raycse_train_takes_a_datasets_dataset(ray_cluster, tiny_model, stsb_dev
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["num_examples"] == 40 and metrics["last"]["step"] == 2
     assert (tmp_path / "out" / "model" / "config.json").is_file() and result.model_dir.endswith("model")
+
+
+def test_the_sample_corpus_is_found_through_its_setting_then_the_hub_cache(tmp_path):
+    """Issue 69 item 6: the quickstart's corpus is $RAYCSE_DATA/wiki_sample.txt; else SimCSE's wiki1m file from the
+    Hugging Face hub cache (here a prefilled one, the hub off), capped to the sample's size; with neither, one line
+    naming what to pass and exit 2. The arguments are ``raycse train``'s."""
+    import os
+    import subprocess
+
+    from raycse.cli import build_parser, resolve_train_config
+    from raycse.data.sample import HUB_FILE, HUB_REPO, HUB_SENTENCES
+
+    cache = tmp_path / "hub"
+    env = {k: v for k, v in os.environ.items() if k != "RAYCSE_DATA"}
+    env.update(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"), HF_HUB_CACHE=str(cache))
+
+    def find(**extra):
+        proc = subprocess.run([sys.executable, "-m", "raycse.data.sample"], env={**env, **extra}, capture_output=True,
+                              text=True, timeout=120)
+        return proc.returncode, proc.stdout.splitlines(), proc.stderr.strip().splitlines()
+
+    code, out, err = find()
+    assert (code, out, len(err)) == (2, [], 1)
+    assert "RAYCSE_DATA" in err[0] and HUB_REPO in err[0]
+
+    revision = "0123456789abcdef0123456789abcdef01234567"  # as the hub client lays out a download
+    repo = cache / f"datasets--{HUB_REPO.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(revision)
+    cached = repo / "snapshots" / revision / HUB_FILE
+    cached.parent.mkdir(parents=True)
+    cached.write_text("\n".join(make_sentences(50)) + "\n")
+    code, out, err = find(RAYCSE_DATA=str(tmp_path / "no_such_folder"))
+    assert (code, out) == (0, ["--corpus", str(cached), "--max-sentences", str(HUB_SENTENCES)])
+    assert len(err) == 1 and HUB_FILE in err[0]
+    run = resolve_train_config(build_parser().parse_args(["train", "--config", "simcse", *out]))
+    assert (run.data.corpus, run.data.max_sentences) == (str(cached), HUB_SENTENCES)
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "wiki_sample.txt").write_text("\n".join(make_sentences(20)) + "\n")
+    code, out, err = find(RAYCSE_DATA=str(data))
+    assert (code, out, err) == (0, ["--corpus", str(data / "wiki_sample.txt")], [])
