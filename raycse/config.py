@@ -52,8 +52,20 @@ def setting(default, flag: str, help: str, to_value=None, flag_default=None, **a
     return field(default=default, metadata=meta)
 
 
+class Section:
+    """A part of a run config: set freely while the run is built (YAML, flags, ``--set``), frozen in the
+    resolved run (:meth:`RunConfig.resolved`) that a fit trains, which nothing changes afterwards."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if self.__dict__.get("_frozen"):
+            raise dataclasses.FrozenInstanceError(
+                f"cannot set {type(self).__name__}.{name}: the resolved run is frozen; make a changed one with "
+                f"run.resolved({{'section.{name}': value}})")
+        object.__setattr__(self, name, value)
+
+
 @dataclass
-class ModelConfig:
+class ModelConfig(Section):
     """Which encoder and how a sentence vector is read off it."""
 
     name_or_path: str = knob("default", '--model',
@@ -91,7 +103,7 @@ class ModelConfig:
 
 
 @dataclass
-class DataConfig:
+class DataConfig(Section):
     """Where the training text comes from and how it is cleaned."""
 
     @property
@@ -173,7 +185,7 @@ class DataConfig:
 
 
 @dataclass
-class GroupingConfig:
+class GroupingConfig(Section):
     """How examples are grouped into batches (hard in-batch negatives); see raycse.grouping."""
 
     strategy: str = knob("random", '--grouping',
@@ -236,7 +248,7 @@ class GroupingConfig:
 
 
 @dataclass
-class ObjectiveConfig:
+class ObjectiveConfig(Section):
     """The objective's name plus its own knobs, checked by the objective's params class."""
 
     name: str = knob("simcse", '--objective',
@@ -289,7 +301,7 @@ class ObjectiveConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Section):
     """The Ray Train loop: scale, optimiser, precision and schedule."""
 
     num_workers: int = knob(1, '--num-workers',
@@ -472,7 +484,7 @@ class TrainConfig:
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(Section):
     """Model selection during training on STS-B dev."""
 
     stsb_dev: Optional[str] = knob("auto", '--stsb-dev',
@@ -510,7 +522,8 @@ class EvalConfig:
         _at_least("eval.eval_steps", self.eval_steps, 1)
         _at_least("eval.batch_size", self.batch_size, 1)
         _choice("eval.precision", self.precision, PRECISIONS + ("train",))
-        self.before_training = str(self.before_training).lower()  # YAML's true / false arrive as bools
+        if self.before_training != str(self.before_training).lower():  # YAML's true / false arrive as bools
+            self.before_training = str(self.before_training).lower()
         _choice("eval.before_training", self.before_training, ("auto", "true", "false"))
         self.selection()
 
@@ -561,7 +574,7 @@ STSB_DEV_IN_DATA = "stsbenchmark/sts-dev.csv"
 
 
 @dataclass
-class RunConfig:
+class RunConfig(Section):
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     grouping: GroupingConfig = field(default_factory=GroupingConfig)
@@ -585,6 +598,24 @@ class RunConfig:
         if not self.output_dir:
             raise ConfigError("output_dir must be a non-empty path")
         return self
+
+    def sections(self) -> tuple:
+        return self.model, self.data, self.grouping, self.objective, self.train, self.eval
+
+    def resolved(self, changes: Optional[dict] = None) -> "RunConfig":
+        """A validated, frozen copy of this run with ``changes`` (dotted key -> value) applied: the run a fit
+        trains. This one is left as it is (frozen or not)."""
+        import copy
+
+        run = copy.deepcopy(self)
+        for part in (run, *run.sections()):
+            part.__dict__.pop("_frozen", None)
+        for key, value in (changes or {}).items():
+            set_dotted(run, key, value, _from_yaml=True)
+        run.validate()
+        for part in (run, *run.sections()):
+            part.__dict__["_frozen"] = True
+        return run
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

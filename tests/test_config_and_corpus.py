@@ -120,6 +120,34 @@ def test_train_help_names_every_shipped_recipe():
     assert sorted(listed) == shipped
 
 
+def test_the_resolved_run_is_frozen_and_the_run_it_came_from_is_left_as_it_is():
+    """Issue 69 item 3: a fit trains a resolved run (validated, frozen): setting any field of it fails, copies and
+    pickles of it stay frozen, a changed run is a new resolved one, and the run it came from does not change."""
+    import copy
+    import dataclasses
+    import pickle
+
+    run = RunConfig.from_dict({"data": {"corpus": "x.txt"}, "eval": {"before_training": True},
+                               "objective": {"name": "hicl", "alpha": 0.1}})
+    resolved = run.resolved({"train.lr": 1e-4, "model.name_or_path": "/models/m"})
+    assert (resolved.train.lr, resolved.model.name_or_path, resolved.eval.before_training) == (1e-4, "/models/m",
+                                                                                               "true")
+    assert (run.train.lr, run.model.name_or_path, run.eval.before_training) == (3e-5, "default", "True")
+    for frozen in (resolved, copy.deepcopy(resolved), pickle.loads(pickle.dumps(resolved))):
+        for section, name in ((frozen.train, "lr"), (frozen.data, "corpus"), (frozen, "output_dir"),
+                              (frozen.objective, "name"), (frozen.eval, "stsb_dev")):
+            with pytest.raises(dataclasses.FrozenInstanceError, match=f"{name}: the resolved run is frozen"):
+                setattr(section, name, getattr(section, name))
+        assert frozen.validate() is frozen and frozen.objective.typed().alpha == 0.1
+    again = resolved.resolved({"train.lr": 2e-4})
+    assert (again.train.lr, resolved.train.lr, again.model.name_or_path) == (2e-4, 1e-4, "/models/m")
+    with pytest.raises(ConfigError, match="train.lr must be > 0"):
+        resolved.resolved({"train.lr": -1})
+    assert resolved.train.lr == 1e-4 and resolved.to_dict() == again.resolved({"train.lr": 1e-4}).to_dict()
+    run.train.lr = 5e-5  # the run being built is not frozen
+    assert run.train.lr == 5e-5
+
+
 def test_every_train_flag_is_one_config_field_with_its_one_help_text():
     """Issue 46 item 1: a knob has one name, one default and one help text, kept on its config field;
     ``raycse train``'s flag is built from it and lands in that field."""

@@ -22,8 +22,8 @@ def train(run, overwrite: bool = False, corpus=None):
     from raycse.train.driver import train as run_training
 
     if corpus is None or isinstance(corpus, (str, os.PathLike)):
-        if corpus is not None:
-            run.data.corpus = os.fspath(corpus)
+        if corpus is not None:  # (a copy: the caller's run is left as it is)
+            run = run.resolved({"data.corpus": os.fspath(corpus)})
         return run_training(run, overwrite=overwrite)
     return run_training(run, overwrite=overwrite, source=corpus)
 

@@ -66,9 +66,10 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     Every fit's workers and placement group are released before this returns or raises.
     """
     hooks = hooks or TuneHooks()
-    if source is not None:
-        run.data.corpus = run.data.corpus or f"<{type(source).__name__}>"
+    if source is not None and not run.data.corpus:
+        run = run.resolved({"data.corpus": f"<{type(source).__name__}>"})
     inputs = _checked_inputs(run, overwrite, storage_path, run_name, source is not None)
+    run = inputs.run  # resolved and frozen: nothing below changes it
     # an output on object storage is built in a local directory and published at the end
     local_root = private_tempdir("raycse-output-") if inputs.remote else None
     out = local_root / "out" if inputs.remote else Path(os.path.expanduser(run.output_dir)).resolve()
@@ -101,6 +102,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
 class _Inputs:
     """What the pre-flight checks resolved (raycse.train.preflight.check_inputs), and the checkpoints' home."""
 
+    run: RunConfig  # the resolved run, frozen
     model_path: str
     dev: object  # raycse.evaluation.selection.Selection, or None
     remote: Optional[str]  # the output's URI, or None for a local output
@@ -113,12 +115,12 @@ class _Inputs:
 def _checked_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str], run_name: str,
                     in_memory: bool) -> _Inputs:
     storage_path = resolve_storage_path(storage_path)
-    model_path, dev, remote, sources = check_inputs(run, overwrite, storage_path, in_memory)
+    run, model_path, dev, remote, sources = check_inputs(run, overwrite, storage_path, in_memory)
     definition = None
     if storage_path:  # before Ray starts: these checkpoints are this run's, or there are none yet
         definition = identity.definition(run, sources)
         identity.check(storage_path, run_name, definition)
-    return _Inputs(model_path, dev, remote, sources, storage_path, run_name, definition)
+    return _Inputs(run, model_path, dev, remote, sources, storage_path, run_name, definition)
 
 
 def _start_ray(run: RunConfig, hooks: TuneHooks, staging: Path) -> tuple:

@@ -150,10 +150,11 @@ def check_data_fits_objective(run: RunConfig) -> None:
 
 
 def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = None, in_memory: bool = False
-                 ) -> tuple[str, object, Optional[str], Optional[list]]:
-    """Fail on anything a user can fix before Ray starts; the resolved model path, the model-selection
-    data (or None), the output URI (None for a local output) and the corpus's sources (None for a
-    dataset named by a hub id or handed over as an object, ``in_memory``)."""
+                 ) -> tuple[RunConfig, str, object, Optional[str], Optional[list]]:
+    """Fail on anything a user can fix before Ray starts; the resolved run (frozen, a local model's path made
+    absolute), the resolved model path, the model-selection data (or None), the output URI (None for a local
+    output) and the corpus's sources (None for a dataset named by a hub id or handed over as an object,
+    ``in_memory``)."""
     from raycse.data.dataset import check_hub_dataset, check_not_empty, resolve_sources
 
     run.validate()
@@ -174,8 +175,9 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     if storage_path and objstore.is_uri(storage_path):
         objstore.check_usable(storage_path)  # else Train's controller fails on it, with a traceback
     model_path = resolve_model(run.model.name_or_path)
-    if Path(os.path.expanduser(run.model.name_or_path)).exists():
-        run.model.name_or_path = model_path  # a relative path means nothing in a worker's directory
+    local_model = Path(os.path.expanduser(run.model.name_or_path)).exists()
+    # a relative path means nothing in a worker's directory
+    run = run.resolved({"model.name_or_path": model_path} if local_model else None)
     dev = load_selection(run.eval)  # the model-selection data (STS-B dev or BEIR)
     probe_tokenizer(model_path, text_sample(run, sources, dev))
     check_model_fits_objective(run, model_path)
@@ -188,7 +190,7 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
             raise ConfigError(f"output {remote} already exists and is not empty; choose another --output or pass "
                               f"--overwrite")
         objstore.check_replaceable_prefix(remote)
-    return model_path, dev, remote, sources
+    return run, model_path, dev, remote, sources
 
 
 TOKENIZER_SAMPLE = 64  # sentences of the corpus (and as many of the dev set) the tokenizer is checked on

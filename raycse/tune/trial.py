@@ -122,12 +122,9 @@ def _train_outside_trial(run_dict: dict, seed_dir: str, stop: int, eval_at: list
 
 def seed_runs(params: dict, setup: TrialSetup) -> dict:
     """seed -> the trial's RunConfig for that seed (no tracking of its own: the experiment's tracker logs the trial)."""
-    runs = {s: setup.space.run_config(params, seed=s) for s in setup.seeds}
-    for run in runs.values():
-        run.train.tracking = None
-        if setup.cpus_per_worker:
-            run.train.cpus_per_worker = setup.cpus_per_worker
-    return runs
+    changes = {"train.tracking": None, **({"train.cpus_per_worker": setup.cpus_per_worker}
+                                          if setup.cpus_per_worker else {})}
+    return {s: setup.space.run_config(params, seed=s).resolved(changes) for s in setup.seeds}
 
 
 def rung_metrics(values: list, setup: TrialSetup, step: int, rung: int, final_rung: int) -> dict:
