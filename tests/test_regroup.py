@@ -88,3 +88,56 @@ def test_knn_regroups_in_one_fit_and_a_restart_replays_the_same_batches(ray_clus
     assert _batches(tmp_path / "rec-b") == uninterrupted
     weights = [(tmp_path / run / "model" / "model.safetensors").read_bytes() for run in ("a", "b")]
     assert weights[0] == weights[1]  # and the same model, to the bit
+
+
+GATHER_SCRIPT = """
+import json, os, sys
+import numpy as np, torch, torch.distributed as dist
+import raycse.grouping.embed as embed
+from raycse.train.regroup import gather_vectors, kept_dtype
+
+rank, world, port, half_above, out = int(sys.argv[1]), 2, sys.argv[2], float(sys.argv[3]), sys.argv[4]
+if rank == 0:
+    embed.HALF_ABOVE = half_above  # rank 0 alone decides; rank 1 keeps the default and must follow
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+x = np.random.default_rng(0).standard_normal((7, 5)).astype(np.float32) * 3
+share = x[rank::world]
+kept = kept_dtype(len(x), x.shape[1], rank, world, torch.device("cpu"))
+if kept == np.float16:
+    share = (share / np.linalg.norm(share, axis=1, keepdims=True)).astype(np.float16)
+got = gather_vectors(share, len(x), rank, world, torch.device("cpu"))
+json.dump({"kept": np.dtype(kept).name, "got": None if got is None else [np.dtype(got.dtype).name, got.tolist()]},
+          open(f"{out}.{rank}", "w"))
+dist.destroy_process_group()
+"""
+
+
+def test_in_fit_regroup_gathers_float16_unit_rows_where_rank_0_lacks_the_memory(tmp_path):
+    """Issue 67: rank 0's choice (raycse.grouping.embed.vector_dtype) holds for every rank, and the gathered
+    vectors are the shares' rows in row order, in float16 when chosen (half of float32's memory)."""
+    import socket
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    script = tmp_path / "gather.py"
+    script.write_text(GATHER_SCRIPT)
+    x = np.random.default_rng(0).standard_normal((7, 5)).astype(np.float32) * 3
+    for half_above, kept in ((1e-30, "float16"), (0.25, "float32")):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        out = tmp_path / f"out-{kept}"
+        procs = [subprocess.Popen([sys.executable, str(script), str(r), str(port), str(half_above), str(out)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+        logs = [p.communicate(timeout=120) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], logs
+        results = [json.loads((tmp_path / f"out-{kept}.{r}").read_text()) for r in (0, 1)]
+        assert [r["kept"] for r in results] == [kept, kept] and results[1]["got"] is None
+        dtype, rows = results[0]["got"]
+        assert dtype == kept
+        want = x if kept == "float32" else (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float16)
+        assert np.array_equal(np.asarray(rows, dtype=want.dtype), want)
+        said = [line for line in logs[0][0].splitlines() if "float16" in line]
+        assert len(said) == (kept == "float16") and all("7 embeddings kept normalised in float16" in s for s in said)

@@ -25,9 +25,10 @@ import numpy as np
 import torch
 
 from raycse.grouping.batches import pack_epoch
-from raycse.grouping.embed import column, grouping_prompt_name
+from raycse.grouping.embed import column, grouping_prompt_name, vector_dtype
 from raycse.grouping.layout import CorpusTable, Layout, epoch_rows
 from raycse.grouping.strategies import group_order
+from raycse.grouping.vectors import normalize
 
 
 def embed_share(encoder, table: CorpusTable, by: str, rank: int, world: int, max_length: int, batch_size: int,
@@ -40,24 +41,40 @@ def embed_share(encoder, table: CorpusTable, by: str, rank: int, world: int, max
                               prompt_name=prompt_name)
 
 
+def kept_dtype(n: int, dim: int, rank: int, world: int, device: torch.device):
+    """The dtype the epoch's vectors travel and stay in: float16 (unit rows) where rank 0, which holds them
+    all, would give float32 ones more than its share of free memory (:func:`raycse.grouping.embed.vector_dtype`,
+    which says so); rank 0's choice is told to every rank, as a collective needs one dtype."""
+    kept = vector_dtype(n, dim) if rank == 0 else np.float32
+    if world == 1:
+        return kept
+    import torch.distributed as dist
+
+    half = torch.tensor([int(kept == np.float16)], dtype=torch.int64, device=device)
+    dist.broadcast(half, src=0)
+    return np.float16 if half.item() else np.float32
+
+
 def gather_vectors(share: np.ndarray, n: int, rank: int, world: int, device: torch.device) -> Optional[np.ndarray]:
-    """Rank 0 gets every row's vector in row order; the others None. Shares differ by at most one
-    row: padded to equal shapes, as collectives need."""
+    """Rank 0 gets every row's vector in row order, in the shares' dtype; the others None. Shares differ
+    by at most one row: padded to equal shapes, as collectives need."""
     if world == 1:
         return share
     import torch.distributed as dist
 
     rows = -(-n // world)
-    padded = torch.zeros(rows, share.shape[1], dtype=torch.float32, device=device)
-    padded[:len(share)] = torch.from_numpy(share).to(device)
+    mine = torch.from_numpy(np.ascontiguousarray(share))
+    padded = torch.zeros(rows, share.shape[1], dtype=mine.dtype, device=device)
+    padded[:len(share)] = mine.to(device)
     parts = [torch.empty_like(padded) for _ in range(world)] if rank == 0 else None
     dist.gather(padded, parts, dst=0)
     if rank != 0:
         return None
-    out = np.zeros((n, share.shape[1]), dtype=np.float32)
-    for r, part in enumerate(parts):
+    out = np.zeros((n, share.shape[1]), dtype=share.dtype)
+    for r in range(world):
         count = len(range(r, n, world))
-        out[r::world] = part[:count].cpu().numpy()
+        out[r::world] = parts[r][:count].cpu().numpy()
+        parts[r] = None  # freed once copied: np.zeros takes its pages as they are written, so rank 0 holds ~1 copy
     return out
 
 
@@ -104,6 +121,8 @@ def regroup(encoder, table: CorpusTable, run, rank: int, world: int, device: tor
                         grouping_prompt_name(run.data.prompts, g.by))
     embed_s = time.perf_counter() - t0
     coll = _collective_device(device, world)
+    if kept_dtype(table.n, share.shape[1], rank, world, coll) == np.float16:
+        share = normalize(share).astype(np.float16)  # grouping compares cosines only
     vectors = gather_vectors(share, table.n, rank, world, coll)
     layout = (build_layout(vectors, g, run.train.batch_size, world, run.train.seed, epoch, max_steps)
               if rank == 0 else None)
