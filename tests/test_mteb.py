@@ -148,3 +148,40 @@ def test_the_model_card_names_an_mteb_selection():
                      "last": {"step": 8, "mteb_local_stsb": 80.0}})
     assert "| MTEB local_stsb x100 (model selection) | value |" in lines
     assert "| this model (step 4) | 81.50 |" in lines
+
+
+def test_the_task_data_digest_hashes_rows_as_arrow_whatever_their_layout(tmp_path):
+    """Issue 68: the digest that keys a remembered MTEB score (raycse.evaluation.initial_scores) is the same for the
+    same rows however the dataset holds them (in memory, mapped from disk, a selection of a larger table, in
+    several chunks), differs for one changed cell, and hashes Arrow batches: no Python copy of the whole data."""
+    import hashlib
+    import tracemalloc
+
+    import datasets
+
+    from raycse.evaluation.mteb_eval import _digest_data
+
+    def digest(data) -> str:
+        h = hashlib.sha256()
+        _digest_data(data, h)
+        return h.hexdigest()
+
+    rows = {"text": [f"sentence number {i} of the corpus, padded to some length" for i in range(200_000)],
+            "score": [float(i % 5) for i in range(200_000)]}
+    plain = datasets.Dataset.from_dict(rows)
+    plain.save_to_disk(str(tmp_path / "saved"))
+    wider = datasets.concatenate_datasets([datasets.Dataset.from_dict({"text": ["x"], "score": [9.0]}),
+                                           plain.select(range(100_000)), plain.select(range(100_000, 200_000))])
+    layouts = {"mapped": datasets.load_from_disk(str(tmp_path / "saved")), "selected": wider.select(range(1, 200_001)),
+               "chunked": datasets.concatenate_datasets([plain.select(range(7)), plain.select(range(7, 200_000))])}
+    want = digest({"test": plain})
+    assert {name: digest({"test": d}) for name, d in layouts.items()} == {name: want for name in layouts}
+    changed = plain.map(lambda row, i: {"score": 4.5 if i == 123_456 else row["score"]}, with_indices=True)
+    assert digest({"test": changed}) != want
+    assert digest({"dev": plain}) != want  # the split's name counts too
+
+    tracemalloc.start()
+    digest({"test": layouts["mapped"]})
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 4 * 2**20, peak  # the rows as Python objects and JSON text would take ~40 MB
