@@ -148,6 +148,36 @@ def test_the_resolved_run_is_frozen_and_the_run_it_came_from_is_left_as_it_is():
     assert run.train.lr == 5e-5
 
 
+def test_the_train_section_is_split_by_concern_each_checking_its_own_keys():
+    """Issue 69 item 3: every train.* field belongs to exactly one concern (scaling, optimiser, precision,
+    checkpoints, failures and start, tracking), and each concern's checks refuse its own bad keys only;
+    the YAML section and its keys stay one ``train:`` mapping."""
+    import dataclasses
+
+    from raycse.config import TrainConfig
+
+    owners: dict = {}
+    for concern in TrainConfig.CONCERNS:
+        for f in dataclasses.fields(concern):
+            owners.setdefault(f.name, []).append(concern.__name__)
+    assert {name: len(found) for name, found in owners.items() if len(found) != 1} == {}
+    assert set(owners) == {f.name for f in dataclasses.fields(TrainConfig)}
+    bad = {"num_workers": 0, "lr": -1.0, "precision": "fp8", "keep_checkpoints": 0, "worker_start_timeout_s": 0.0,
+           "log_steps": 0}
+    for key, value in bad.items():
+        train = TrainConfig(**{key: value})
+        (owner,) = owners[key]
+        for concern in TrainConfig.CONCERNS:
+            if concern.__name__ == owner:
+                with pytest.raises(ConfigError, match=f"train.{key}"):
+                    concern.validate(train)
+            else:
+                concern.validate(train)
+        with pytest.raises(ConfigError, match=f"train.{key}"):
+            RunConfig.from_dict({"train": {key: value}}).validate()
+    assert set(RunConfig().to_dict()["train"]) == set(owners)
+
+
 def test_every_train_flag_is_one_config_field_with_its_one_help_text():
     """Issue 46 item 1: a knob has one name, one default and one help text, kept on its config field;
     ``raycse train``'s flag is built from it and lands in that field."""

