@@ -21,7 +21,7 @@ import signal
 import sys
 from typing import Optional, Sequence
 
-from raycse.config import flag_fields, shipped
+from raycse.config import flag_fields, shipped, unflagged_fields
 from raycse.errors import RaycseError
 from raycse.outputs import check_not_inside, check_writable_file, write_text_atomic
 
@@ -51,6 +51,18 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_default_metavar_for_optional(self, action):
         return {int: "INT", float: "FLOAT"}.get(action.type, action.dest.upper())
+
+    def _fill_text(self, text, width, indent):
+        """A description is one paragraph; a list after it (``  item: text`` lines, as the settings without a
+        flag) keeps a line an item, its text wrapped under it."""
+        import textwrap
+
+        lines = []
+        for line in text.splitlines():
+            item = line.startswith("  ")
+            lines.append(textwrap.fill(" ".join(line.split()), width, initial_indent=indent + ("  " if item else ""),
+                                       subsequent_indent=indent + ("      " if item else "")))
+        return "\n".join(lines)
 
 
 def with_default(text: str, default) -> str:
@@ -101,9 +113,22 @@ def add_run_flags(p: argparse.ArgumentParser, keys: Optional[tuple] = None, of: 
         text = with_default(text, default) + (f"; {of}, over the space's run.{key}" if of else "")
         p.add_argument(flag, dest=key, type=str, default=None, metavar=metavar, help=text)
     if keys is None or "train.use_gpu" in keys:
-        p.add_argument("--use-gpu", dest="train.use_gpu", action="store_const", const="true", default=None,
-                       help="train on GPUs: one per worker with NCCL, or --gpus-per-worker each"
-                       + (f"; {of}, over the space's run.train.use_gpu" if of else ""))
+        import dataclasses
+
+        from raycse.config import ScalingSettings
+
+        use_gpu = next(f for f in dataclasses.fields(ScalingSettings) if f.name == "use_gpu").metadata["help"]
+        p.add_argument(SWITCHES["train.use_gpu"], dest="train.use_gpu", action="store_const", const="true",
+                       default=None, help=use_gpu + (f"; {of}, over the space's run.train.use_gpu" if of else ""))
+
+
+SWITCHES = {"train.use_gpu": "--use-gpu"}  # run settings whose flag is an on switch (the others take a value)
+
+
+def unflagged_settings() -> str:
+    """The run settings without a flag of their own, a line each: ``raycse train --help``'s epilog."""
+    return "settings without a flag of their own (in the YAML, or --set KEY=VALUE):\n" + "\n".join(
+        f"  {key}: {with_default(text, default)}" for key, text, default in unflagged_fields(skip=tuple(SWITCHES)))
 
 
 def run_overrides(args: argparse.Namespace, prefix: str = "") -> list[tuple[str, str]]:
@@ -119,8 +144,8 @@ def run_overrides(args: argparse.Namespace, prefix: str = "") -> list[tuple[str,
     return given
 
 
-def _command(sub, name: str, help: str, description: str) -> argparse.ArgumentParser:
-    return sub.add_parser(name, help=help, description=description, formatter_class=HelpFormatter)
+def _command(sub, name: str, help: str, description: str, epilog: Optional[str] = None) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=help, description=description, epilog=epilog, formatter_class=HelpFormatter)
 
 
 def _train_parser(sub) -> None:
@@ -128,13 +153,15 @@ def _train_parser(sub) -> None:
         sub, "train", help="fine-tune an encoder contrastively on Ray Train",
         description="Fine-tune a Hugging Face encoder with a contrastive objective on Ray Train (N data-parallel "
                     "workers, in-batch negatives gathered across workers). The best STS-B dev checkpoint is "
-                    "saved to OUTPUT/model, loadable by transformers.AutoModel and sentence_transformers.")
+                    "saved to OUTPUT/model, loadable by transformers.AutoModel and sentence_transformers.",
+        epilog=unflagged_settings())
     p.add_argument("--config", metavar="YAML", help="YAML run config (sections model, data, grouping, objective, train, eval), "
                                     f"or a shipped recipe by name: {', '.join(shipped('configs'))}; "
                                     "flags override it")
     add_run_flags(p)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any config key, e.g. --set objective.tau=0.1 --set data.dedup=true")
+                   help="any config key, e.g. --set objective.tau=0.1 --set data.dedup=true (those without a flag are listed "
+                        "below)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output directory")
     p.add_argument("--storage-path", default=None,
                    help="keep Ray Train checkpoints here (path or URI, e.g. s3://bucket/ckpt); running the same "

@@ -178,6 +178,29 @@ def test_the_train_section_is_split_by_concern_each_checking_its_own_keys():
     assert set(RunConfig().to_dict()["train"]) == set(owners)
 
 
+def test_every_setting_has_a_help_text_and_train_help_lists_those_without_a_flag():
+    """Issue 69 item 4: every run setting has one help text (a flag's, or one of its own), and `raycse train --help`
+    lists every setting without a flag once, with its default, generated from the config."""
+    import dataclasses
+
+    from raycse.cli import build_parser
+    from raycse.config import flag_fields
+
+    run, keys = RunConfig(), {}
+    for section in ("model", "data", "grouping", "objective", "train", "eval"):
+        for f in dataclasses.fields(getattr(run, section)):
+            keys[f"{section}.{f.name}"] = f.metadata.get("help", "")
+    keys["output_dir"] = next(f for f in dataclasses.fields(run) if f.name == "output_dir").metadata.get("help", "")
+    assert [key for key, text in keys.items() if not text.strip()] == []
+    commands = next(a for a in build_parser()._actions if a.dest == "command").choices
+    text = commands["train"].format_help()
+    listed = [line.split(":")[0].strip() for line in text[text.index("settings without a flag"):].splitlines()[1:]
+              if line.startswith("  ") and not line.startswith("      ")]
+    flagged = {key for _, key, *_ in flag_fields()} | {"train.use_gpu", "output_dir"}
+    assert sorted(listed) == sorted(set(keys) - flagged) and len(listed) == len(set(listed))
+    assert "train.adam_beta2: AdamW beta2 (SG-OPT's paper uses 0.9) (default: 0.999)" in " ".join(text.split())
+
+
 def test_every_train_flag_is_one_config_field_with_its_one_help_text():
     """Issue 46 item 1: a knob has one name, one default and one help text, kept on its config field;
     ``raycse train``'s flag is built from it and lands in that field."""

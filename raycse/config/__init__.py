@@ -18,7 +18,7 @@ from raycse.config.files import MAX_YAML_DEPTH, RECIPES, YamlLoader, load_yaml, 
 from raycse.config.grouping import GROUPINGS, KNN_SEARCH, GroupingConfig
 from raycse.config.model import MLP_MODES, POOLINGS, ModelConfig
 from raycse.config.objective import ObjectiveConfig
-from raycse.config.run import RunConfig, flag_fields, get_dotted, set_dotted
+from raycse.config.run import RunConfig, flag_fields, get_dotted, set_dotted, unflagged_fields
 from raycse.config.train import (CheckpointSettings, FailureSettings, OptimizerSettings, PrecisionSettings,
                                  ScalingSettings, TrackingSettings, TrainConfig, parse_tracking)
 
@@ -28,5 +28,5 @@ __all__ = [
     "recipe", "shipped", "GROUPINGS", "KNN_SEARCH", "GroupingConfig", "MLP_MODES", "POOLINGS", "ModelConfig",
     "ObjectiveConfig", "RunConfig", "flag_fields", "get_dotted", "set_dotted", "CheckpointSettings",
     "FailureSettings", "OptimizerSettings", "PrecisionSettings", "ScalingSettings", "TrackingSettings",
-    "TrainConfig", "parse_tracking",
+    "TrainConfig", "parse_tracking", "unflagged_fields",
 ]

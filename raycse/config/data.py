@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from raycse.config.fields import Section, at_least, knob, one_of
+from raycse.config.fields import Section, at_least, detail, knob, one_of
 from raycse.conversion import shown
 from raycse.errors import ConfigError
 
@@ -44,15 +44,17 @@ class DataConfig(Section):
                                           'contradictions: supervised simcse, bsc)')
     score_scale: float = knob(1.0, '--score-scale',
                               'divide scores by this to land in [0, 1] (5 for 0-5 STS scores; stsb sets it itself)')
-    # Characters kept per line before tokenization; tokens are truncated to model.max_length anyway,
-    # so this only bounds memory on pathological lines.
-    max_chars: int = 20000
-    on_decode_error: str = "replace"
+    max_chars: int = detail(20000,
+                            'characters kept per line before tokenizing (tokens are cut to model.max_length anyway: '
+                            'this bounds memory on pathological lines)')
+    on_decode_error: str = detail("replace",
+                                  'undecodable bytes in a text file: replace (with U+FFFD, counted) | error (refuse '
+                                  'the file)')
     max_sentences: Optional[int] = knob(None, '--max-sentences',
                                         'use only the first N cleaned sentences (default: all)')
     dedup: bool = knob(False, '--dedup',
                        'drop repeated examples across the whole corpus (counted)')
-    split: str = "train"  # Hugging Face split (format hf)
+    split: str = detail("train", 'the Hugging Face split read with --format hf')
     data_files: Optional[str] = knob(None, '--data-files',
                                      'with --format hf and a builder name as --corpus (json, csv, parquet, text): its'
                                      ' local files, comma-separated (datasets.load_dataset(NAME, data_files=...), '

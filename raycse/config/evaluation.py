@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from raycse.config.fields import PRECISIONS, Section, at_least, knob, one_of
+from raycse.config.fields import PRECISIONS, Section, at_least, detail, knob, one_of
 from raycse.errors import ConfigError
 
 
@@ -22,7 +22,7 @@ class EvalConfig(Section):
                                    'sentence-transformers/stsb (validation) where the hub or its cache has it')
     eval_steps: int = knob(125, '--eval-steps',
                            'score STS-B dev and checkpoint every N steps')
-    batch_size: int = 128
+    batch_size: int = detail(128, 'sentences per embedding call when scoring')
     # Score the starting model before training (the "before" number of the log and the model card).
     # auto: only when this machine remembers it (raycse.evaluation.initial_scores, free), so a first
     # run does not pay a full dev scoring (~9 s for MiniLM on 2 CPUs) for a number nobody asked for;
@@ -44,7 +44,7 @@ class EvalConfig(Section):
                        'recall@100 on a BEIR-layout DIR, split eval.beir_split), or an MTEB main score: mteb:TASK '
                        '(a registered task whose data is cached), mteb:senteval:DIR:TASK, mteb:stsb:FILE or '
                        'mteb:beir:DIR')
-    beir_split: str = "test"
+    beir_split: str = detail("test", 'the qrels split a beir: eval.metric scores (qrels/SPLIT.tsv)')
 
     def validate(self) -> None:
         at_least("eval.eval_steps", self.eval_steps, 1)

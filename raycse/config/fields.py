@@ -32,6 +32,16 @@ def setting(default, flag: str, help: str, to_value=None, flag_default=None, **a
     return field(default=default, metadata=meta)
 
 
+def detail(default, help: str):
+    """A config field without a flag of its own, set in the YAML or with ``--set KEY=VALUE``: one default and one
+    help text, which ``raycse train --help`` lists (:func:`raycse.config.run.unflagged_fields`). A mapping's or
+    list's default is built anew for each config."""
+    if isinstance(default, (dict, list)):
+        kind = type(default)
+        return field(default_factory=lambda: kind(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
 class Section:
     """A part of a run config: set freely while the run is built (YAML, flags, ``--set``), frozen in the
     resolved run (:meth:`RunConfig.resolved`) that a fit trains, which nothing changes afterwards."""

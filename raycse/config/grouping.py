@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from raycse.config.fields import Section, at_least, knob, one_of
+from raycse.config.fields import Section, at_least, detail, knob, one_of
 
 GROUPINGS = ("random", "knn", "shingle", "cluster", "none")
 
@@ -25,27 +25,31 @@ class GroupingConfig(Section):
                          "shuffle')")
     group_size: int = knob(8, '--group-size',
                            'examples per group for knn/shingle/cluster')  # s (the BSC authors use 7-10)
-    neighbours: int = 64  # n: candidates searched per example (knn)
-    # exact flat search up to this many examples, the cell join above (auto); or force exact / cells / ivf.
-    search: str = "auto"
-    exact_threshold: int = 50000
-    cell_size: int = 64  # cells: examples per cell (raycse.grouping.cells)
-    neighbour_cells: int = 16  # cells: each cell is joined with this many nearest cells, itself included
-    nlist: Optional[int] = None  # IVF lists (default ~4 sqrt(N))
-    nprobe: int = 16
-    shards: int = 1  # database shards searched in parallel Ray tasks, merged per query
-    recall_sample: int = 1000  # queries checked against exact search when the search is approximate
-    clusters: Optional[int] = None  # k-means k for cluster (default N / max(4 group_size, 40))
-    regroup_every_epoch: bool = True  # re-embed with the current model before each epoch (knn, cluster)
-    embed_actors: int = 1  # actor pool size for embedding (one GPU each with train.use_gpu)
-    embed_batch_size: int = 256
-    # BSC Algorithm 2: the shingle is a random subset of t content words (shingle strategy)
-    shingle_size: int = 1
-    # which text of a pair the keys and embeddings come from: first (q) or second (a); BSC notes
-    # "the case of second elements is the same"
-    by: str = "first"
-    # knn: leave neighbours whose embedding is identical to the example's (duplicates) out of its group
-    drop_identical: bool = False
+    neighbours: int = detail(64, 'knn: candidates searched per example')
+    search: str = detail("auto",
+                         'knn search: auto (exact up to grouping.exact_threshold examples, the cell join above) | '
+                         'exact | cells | ivf')
+    exact_threshold: int = detail(50000, 'knn: exact search up to this many examples (grouping.search auto)')
+    cell_size: int = detail(64, 'cells: examples per cell')
+    neighbour_cells: int = detail(16, 'cells: each cell is joined with this many nearest cells, itself included')
+    nlist: Optional[int] = detail(None, 'ivf: inverted lists (default ~4 sqrt(N))')
+    nprobe: int = detail(16, 'ivf: lists searched per query')
+    shards: int = detail(1, 'knn: database shards searched in parallel Ray tasks, merged per query')
+    recall_sample: int = detail(1000,
+                                'knn: queries checked against exact search when the search is approximate (0: none)')
+    clusters: Optional[int] = detail(None, 'cluster: the k of k-means (default N / max(4 group_size, 40))')
+    regroup_every_epoch: bool = detail(True,
+                                       'knn, cluster: re-embed with the current weights before each epoch, inside the'
+                                       ' fit')
+    embed_actors: int = detail(1,
+                               'actors embedding the corpus for grouping (with --use-gpu, a GPU or --gpus-per-worker '
+                               'each)')
+    embed_batch_size: int = detail(256, 'sentences per embedding call when grouping')
+    shingle_size: int = detail(1, "shingle: content words in a shingle (t of BSC's Algorithm 2)")
+    by: str = detail("first", 'which text of a pair groups are keyed on: first | second (BSC: the same either way)')
+    drop_identical: bool = detail(False,
+                                  "knn: leave neighbours with an identical embedding (duplicates) out of an example's"
+                                  ' group')
 
     def validate(self) -> None:
         one_of("grouping.strategy", self.strategy, GROUPINGS)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
-from raycse.config.fields import Section, knob
+from raycse.config.fields import Section, detail, knob
 from raycse.errors import ConfigError
 
 
@@ -16,12 +16,15 @@ class ObjectiveConfig(Section):
 
     name: str = knob("simcse", '--objective',
                      "training objective (see 'raycse objectives')")
-    params: dict = field(default_factory=dict)
+    params: dict = detail({},
+                          "the objective's own knobs (see 'raycse objectives'); objective.KNOB is short for "
+                          'objective.params.KNOB')
     matryoshka_dims: Optional[list] = knob(None, '--matryoshka-dims',
                                            'train the objective on each nested prefix of the embedding too (Matryoshka'
                                            ', Kusupati et al. 2022), e.g. 384,256,128,64: the loss summed over the '
                                            're-normalised prefixes (default: off)')
-    matryoshka_weights: Optional[list] = None  # one weight per size of matryoshka_dims (default: 1 each)
+    matryoshka_weights: Optional[list] = detail(None,
+                                                'one weight per size of objective.matryoshka_dims (default: 1 each)')
     # objective knobs with a flag of their own (flag, knob, type, help); the others go through --set
     PARAM_FLAGS: typing.ClassVar[tuple] = (
         ("--tau", "tau", float, "InfoNCE temperature (default: the objective's own, 0.05 for simcse)"),)

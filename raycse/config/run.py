@@ -96,6 +96,19 @@ def flag_fields() -> list[tuple[str, str, str, object, type]]:
     return out
 
 
+def unflagged_fields(skip: tuple = ()) -> list[tuple[str, str, object]]:
+    """(dotted key, help, default) of every run setting without a ``raycse train`` flag of its own (set in the YAML
+    or with ``--set``), in the config's order, but those of ``skip``."""
+    run, out = RunConfig(), []
+    for section in ("model", "data", "grouping", "objective", "train", "eval"):
+        for f in dataclasses.fields(getattr(run, section)):
+            key = f"{section}.{f.name}"
+            if "flag" not in f.metadata and key not in skip:
+                default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+                out.append((key, f.metadata["help"], default))
+    return out
+
+
 TEXT_MAPPINGS = ("prompts",)  # mappings whose --set values stay text as given ("query: " keeps its space)
 
 

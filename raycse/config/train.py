@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from raycse.config.fields import PRECISIONS, Section, at_least, knob, one_of
+from raycse.config.fields import PRECISIONS, Section, at_least, detail, knob, one_of
 from raycse.errors import ConfigError
 
 
@@ -21,7 +21,7 @@ class ScalingSettings:
 
     num_workers: int = knob(1, '--num-workers',
                             'Ray Train workers (data-parallel)')
-    use_gpu: bool = False
+    use_gpu: bool = detail(False, 'train on GPUs: one per worker with NCCL, or --gpus-per-worker each')
     cpus_per_worker: Optional[float] = knob(None, '--cpus-per-worker',
                                             'CPUs each worker reserves and uses as torch threads (default: all CPUs /'
                                             ' workers)')
@@ -75,8 +75,8 @@ class OptimizerSettings:
                                     'stop after N optimizer steps (default: the epochs decide)')
     lr: float = knob(3e-5, '--lr',
                      'AdamW learning rate')
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999  # SG-OPT's paper uses 0.9
+    adam_beta1: float = detail(0.9, 'AdamW beta1')
+    adam_beta2: float = detail(0.999, "AdamW beta2 (SG-OPT's paper uses 0.9)")
     weight_decay: float = knob(0.0, '--weight-decay',
                                'AdamW weight decay')
     warmup_ratio: float = knob(0.0, '--warmup-ratio',
@@ -85,8 +85,9 @@ class OptimizerSettings:
                                 'gradient clipping norm, 0 = off')
     seed: int = knob(42, '--seed',
                      'random seed; the same seed reproduces the run')
-    # GradCache (raycse.train.gradcache): encode in chunks of N rows, loss on the whole batch. None: off.
-    cache_chunk_size: Optional[int] = None
+    cache_chunk_size: Optional[int] = detail(None,
+                                             'GradCache: encode each batch in chunks of N rows, the loss over the '
+                                             'whole batch (default: off)')
 
     def validate(self) -> None:
         if self.cache_chunk_size is not None and not 1 <= self.cache_chunk_size <= self.batch_size:
@@ -135,15 +136,21 @@ class PrecisionSettings:
                        'same loss, faster)')
     # On CPU, draw dropout masks four to a 64-bit random word instead of with bernoulli_ (~4x
     # cheaper; p rounded to 1/32768; raycse.unpad.dropout). GPUs always use PyTorch's dropout.
-    fast_dropout: bool = True
+    fast_dropout: bool = detail(True,
+                                'on CPUs, dropout masks drawn four to a 64-bit random word (~4x cheaper, p rounded to'
+                                " 1/32768); GPUs use PyTorch's")
     # Tokenize the next step's batch on a helper thread while this step trains (raycse.train.ahead;
     # the same batches, losses and weights). auto: on GPUs, where the CPU would otherwise wait for
     # the GPU; off on CPUs, whose cores the step already keeps busy (no gain measured on 2 cores).
-    collate_ahead: str = "auto"
+    collate_ahead: str = detail("auto",
+                                'tokenize the next batch on a helper thread while a step trains: auto (on GPUs) | '
+                                'true | false')
     # Pad each batch's token width up to a multiple of this: a run then sees few distinct batch shapes
     # (each new shape costs a GPU warm-up: kernel choice, allocator blocks). None: 8 on GPUs, 1 on
     # CPUs (which run BERT-family layers on the real tokens only, so padding costs them nothing).
-    pad_to_multiple_of: Optional[int] = None
+    pad_to_multiple_of: Optional[int] = detail(None,
+                                               "pad each batch's token width to a multiple of N, so that few batch "
+                                               'shapes appear (default: 8 on GPUs, 1 on CPUs)')
 
     def validate(self) -> None:
         one_of("train.precision", self.precision, PRECISIONS)
@@ -157,18 +164,20 @@ class PrecisionSettings:
 class CheckpointSettings:
     """When checkpoints are written, how they reach storage and how many are kept (Ray Train's CheckpointConfig)."""
 
-    # Save a resumable checkpoint (model, optimizer, scheduler, RNG, step) every N steps; None:
-    # at every evaluation. A run restarted after a failure continues from the latest one.
-    checkpoint_steps: Optional[int] = None
+    checkpoint_steps: Optional[int] = detail(None,
+                                             'save a resumable checkpoint every N steps (default: at every '
+                                             'evaluation)')
     # How a checkpoint reaches its storage (Ray's CheckpointUploadMode). async: copied in the
     # background while training goes on, one copy at a time (a checkpoint first waits for the
     # previous copy, at most checkpoint_upload_timeout_s); sync: training waits for each copy;
     # auto: async when checkpoints go to object storage (--storage-path s3://...), else sync
     # (BENCHMARKS.md, "Checkpoints copied in the background"). The fit ends once its last is stored.
-    checkpoint_upload: str = "auto"
-    checkpoint_upload_timeout_s: float = 1800.0
-    # Checkpoints kept: the best-scored ones first, then the most recent (Ray also keeps the latest).
-    keep_checkpoints: int = 2
+    checkpoint_upload: str = detail("auto",
+                                    'how a checkpoint reaches its storage: async (copied in the background) | sync | '
+                                    'auto (async to object storage)')
+    checkpoint_upload_timeout_s: float = detail(1800.0,
+                                                "seconds a checkpoint waits for the previous one's background copy")
+    keep_checkpoints: int = detail(2, 'checkpoints kept: the best-scored first, then the most recent')
 
     def validate(self) -> None:
         if self.checkpoint_steps is not None:
@@ -183,13 +192,18 @@ class CheckpointSettings:
 class FailureSettings:
     """Bounded waits for workers, and restarts after a worker dies (Ray Train's FailureConfig)."""
 
-    # Times a run restarts from its latest checkpoint after a worker dies (Ray Train FailureConfig).
-    max_failures: int = 0
+    max_failures: int = detail(0,
+                               'times a run restarts from its latest checkpoint after a worker dies (-1: without '
+                               'limit)')
     # Waiting for workers is bounded: each attempt to start the worker group waits this long for
     # its placement group and workers, and the run fails with the cluster's holders named after
     # this many attempts (worker failures after the start are max_failures' business).
-    worker_start_timeout_s: float = 60.0
-    worker_start_attempts: int = 3
+    worker_start_timeout_s: float = detail(60.0,
+                                           'seconds each attempt to start the workers waits for its placement group '
+                                           'and workers')
+    worker_start_attempts: int = detail(3,
+                                        'attempts to start the workers before the run fails, naming what holds the '
+                                        'cluster')
 
     def validate(self) -> None:
         if not self.worker_start_timeout_s > 0:
@@ -211,12 +225,13 @@ class TrackingSettings:
                                    'tensorboard:DIR or wandb:[ENTITY/]PROJECT (WANDB_API_KEY, or WANDB_MODE=offline; '
                                    'files in WANDB_DIR), or several joined by commas, e.g. '
                                    'mlflow:http://127.0.0.1:5000,tensorboard:tb (default: off)')
-    # Write every batch each worker trains on to DIR/rank{r}.jsonl (to inspect batch composition).
-    record_batches: Optional[str] = None
+    record_batches: Optional[str] = detail(None, 'write every batch each worker trains on to DIR/rank{r}.jsonl')
     # "A:B": profile steps A+1..B on rank 0 with torch.profiler (host, and CUDA on GPUs); the
     # operator table goes to the worker's log, a summary to the metrics (metrics.json: last.profile;
     # raycse.train.profile). Pick steady steps, without a checkpoint among them. None: off.
-    profile_steps: Optional[str] = None
+    profile_steps: Optional[str] = detail(None,
+                                          'A:B: profile steps A+1..B on rank 0 with torch.profiler (its table in the '
+                                          "worker's log, a summary in metrics.json)")
 
     def profile_window(self) -> Optional[tuple]:
         """``profile_steps`` as (A, B), or None."""
