@@ -160,8 +160,8 @@ def _train_parser(sub) -> None:
                                     "flags override it")
     add_run_flags(p)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any config key, e.g. --set objective.tau=0.1 --set data.dedup=true (those without a flag are listed "
-                        "below)")
+                   help="any config key, e.g. --set objective.tau=0.1 --set data.dedup=true (those without a flag "
+                        "are listed below)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output directory")
     p.add_argument("--storage-path", default=None,
                    help="keep Ray Train checkpoints here (path or URI, e.g. s3://bucket/ckpt); running the same "

@@ -137,81 +137,112 @@ def rung_metrics(values: list, setup: TrialSetup, step: int, rung: int, final_ru
 
 
 def run_trial(params: dict, setup: TrialSetup) -> None:
-    import ray
-    from ray import tune
-    from ray.util.queue import Empty, Queue
+    """Tune's trial function: ``params`` trained with every seed of ``setup``, rung by rung."""
+    TrialRungs(params, setup).run()
 
-    from raycse.train.plan import plan_steps
 
-    # Tune pins every task a trial starts to the trial's placement group (a 0.01-CPU bundle here),
-    # where Ray Data's shuffle tasks cannot fit; the seeds' runs are driven from tasks outside it.
-    outside = {"num_cpus": 0, "scheduling_strategy": "DEFAULT"}
-    train_task = ray.remote(_train_outside_trial).options(**outside)
-    queue = Queue(actor_options=outside)
+class TrialRungs:
+    """One trial's seeds trained to each rung's step, scored there and reported to Tune a rung at a time.
 
-    ctx = tune.get_context()
-    trial_dir = Path(ctx.get_trial_dir())
-    trial_root = storage.join(setup.storage_path, setup.experiment, trial_dir.name)  # the trial's directory
-    told = tune_progress(tune.get_checkpoint()) or no_progress(setup.seeds)
-    reported = len(told["steps"])  # rungs Tune has (report() below updates progress, which may be told)
-    progress = max(told, saved_progress(trial_root) or told, key=lambda p: len(p["steps"]))
-    runs = seed_runs(params, setup)
-    ends = rung_ends(plan_steps(runs[setup.seeds[0]], setup.num_examples)[1], setup.rungs)
-    # rung index -> score per seed; rungs scored before an interruption are kept as they were
-    scores = {s: dict(enumerate(progress["scores"][str(s)])) for s in setup.seeds}
+    Parallel seeds: every seed's run goes once to the end, scoring at each rung's step, and the trial
+    reports a rung when all seeds have scored it (ASHA stopping the trial ends the runs with it).
+    Sequential: each rung continues every seed's run from its checkpoint, one after another."""
 
-    def launch(seed: int, stop: int):
-        seed_dir = storage.join(trial_root, f"seed{seed}")
-        return train_task.remote(runs[seed].to_dict(), seed_dir, stop, ends, QueueSink(queue, seed),
-                                 setup.prepared.get(seed), setup.registry, f"{ctx.get_trial_id()}/seed{seed}")
+    def __init__(self, params: dict, setup: TrialSetup):
+        import ray
+        from ray import tune
+        from ray.util.queue import Queue
 
-    def collect(rung: int, running: dict) -> None:
-        """Read posted scores until every seed has one for ``rung``; a run that ended without one fails."""
-        while any(rung not in scores[s] for s in setup.seeds):
-            try:
-                seed, step, score = queue.get(timeout=2)
-            except Empty:
-                for seed, ref in running.items():
-                    if rung not in scores[seed] and ray.wait([ref], timeout=0)[0]:
-                        ray.get(ref)  # raises the run's error, if it had one
-                        if rung not in scores[seed] and queue.empty():
-                            raise RuntimeError(f"seed {seed}'s Train run ended without a score at step {ends[rung]}")
+        from raycse.train.plan import plan_steps
+
+        self.setup = setup
+        # Tune pins every task a trial starts to the trial's placement group (a 0.01-CPU bundle here),
+        # where Ray Data's shuffle tasks cannot fit; the seeds' runs are driven from tasks outside it.
+        outside = {"num_cpus": 0, "scheduling_strategy": "DEFAULT"}
+        self.train_task = ray.remote(_train_outside_trial).options(**outside)
+        self.queue = Queue(actor_options=outside)
+        self.ctx = tune.get_context()
+        trial_dir = Path(self.ctx.get_trial_dir())
+        self.trial_root = storage.join(setup.storage_path, setup.experiment, trial_dir.name)
+        told = tune_progress(tune.get_checkpoint()) or no_progress(setup.seeds)
+        self.reported = len(told["steps"])  # rungs Tune has (report() updates progress, which may be told)
+        self.progress = max(told, saved_progress(self.trial_root) or told, key=lambda p: len(p["steps"]))
+        self.runs = seed_runs(params, setup)
+        self.ends = rung_ends(plan_steps(self.runs[setup.seeds[0]], setup.num_examples)[1], setup.rungs)
+        # rung index -> score per seed; rungs scored before an interruption are kept as they were
+        self.scores = {s: dict(enumerate(self.progress["scores"][str(s)])) for s in setup.seeds}
+        self.running: dict = {}  # seed -> the ObjectRef of its Train run
+
+    def run(self) -> None:
+        import ray
+
+        setup, ends = self.setup, self.ends
+        if setup.parallel_seeds and len(self.progress["steps"]) < len(ends):
+            self.running = {s: self.launch(s, ends[-1]) for s in setup.seeds}
+        for rung, stop in enumerate(ends):
+            if rung < self.reported:
+                continue  # Tune has this rung's report
+            if rung < len(self.progress["steps"]):
+                self.report(rung)  # saved, but the driver died before Tune's record of it reached storage: told again
                 continue
-            if step in ends:
-                scores[seed].setdefault(ends.index(step), score)
+            if not setup.parallel_seeds:
+                self.train_in_turn(rung, stop)
+            self.collect(rung)
+            if rung == len(ends) - 1:
+                ray.get(list(self.running.values()))  # the final models are written before the last report
+            self.report(rung)
 
-    def report(rung: int) -> None:
-        progress["scores"] = {str(s): [scores[s][i] for i in range(rung + 1)] for s in setup.seeds}
-        progress["steps"] = ends[:rung + 1]
+    def launch(self, seed: int, stop: int):
+        """Seed ``seed``'s Train run up to step ``stop``, as a task outside the trial's placement group."""
+        seed_dir = storage.join(self.trial_root, f"seed{seed}")
+        return self.train_task.remote(self.runs[seed].to_dict(), seed_dir, stop, self.ends,
+                                      QueueSink(self.queue, seed), self.setup.prepared.get(seed), self.setup.registry,
+                                      f"{self.ctx.get_trial_id()}/seed{seed}")
+
+    def train_in_turn(self, rung: int, stop: int) -> None:
+        """Each seed without a score at ``rung`` continues its run to ``stop``, one after another."""
+        import ray
+
+        for seed in self.setup.seeds:
+            if rung not in self.scores[seed]:
+                self.running[seed] = self.launch(seed, stop)
+                ray.get(self.running[seed])
+
+    def collect(self, rung: int) -> None:
+        """Read posted scores until every seed has one for ``rung``; a run that ended without one fails."""
+        import ray
+        from ray.util.queue import Empty
+
+        while any(rung not in self.scores[s] for s in self.setup.seeds):
+            try:
+                seed, step, score = self.queue.get(timeout=2)
+            except Empty:
+                for seed, ref in self.running.items():
+                    if rung not in self.scores[seed] and ray.wait([ref], timeout=0)[0]:
+                        ray.get(ref)  # raises the run's error, if it had one
+                        if rung not in self.scores[seed] and self.queue.empty():
+                            raise RuntimeError(f"seed {seed}'s Train run ended without a score at step "
+                                               f"{self.ends[rung]}")
+                continue
+            if step in self.ends:
+                self.scores[seed].setdefault(self.ends.index(step), score)
+
+    def report(self, rung: int) -> None:
+        """Rung ``rung``'s scores saved on the experiment's storage, then reported to Tune with a checkpoint."""
+        from ray import tune
+
+        setup = self.setup
+        self.progress["scores"] = {str(s): [self.scores[s][i] for i in range(rung + 1)] for s in setup.seeds}
+        self.progress["steps"] = self.ends[:rung + 1]
         # on the experiment's storage before Tune hears of it: Tune's own record of the trial's
         # checkpoint reaches storage seconds later, and a driver lost in between would rerun the rung
-        text = json.dumps(progress)
-        storage.write_text(storage.join(trial_root, RUNGS), text)
-        metrics = rung_metrics([scores[s][rung] for s in setup.seeds], setup, ends[rung], rung + 1, len(ends))
+        text = json.dumps(self.progress)
+        storage.write_text(storage.join(self.trial_root, RUNGS), text)
+        metrics = rung_metrics([self.scores[s][rung] for s in setup.seeds], setup, self.ends[rung], rung + 1,
+                               len(self.ends))
         with temporary_dir("raycse-rung-") as tmp:
             (tmp / RUNGS).write_text(text)
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(tmp)))
-
-    # Parallel: every seed's run goes once to the end, scoring at each rung's step, and the trial
-    # reports a rung when all seeds have scored it (ASHA stopping the trial ends the runs with it).
-    # Sequential: each rung continues every seed's run from its checkpoint, one after another.
-    left = len(progress["steps"]) < len(ends)
-    running = {s: launch(s, ends[-1]) for s in setup.seeds} if setup.parallel_seeds and left else {}
-    for r, stop in enumerate(ends):
-        if r < reported:
-            continue  # Tune has this rung's report
-        if r < len(progress["steps"]):
-            report(r)  # saved, but the driver died before Tune's record of it reached storage: told again, not rerun
-            continue
-        if not setup.parallel_seeds:
-            for seed in setup.seeds:
-                if r not in scores[seed]:
-                    running[seed] = launch(seed, stop)
-                    ray.get(running[seed])
-        collect(r, running)
-        if r == len(ends) - 1:
-            ray.get(list(running.values()))  # the final models are written before the last report
-        report(r)
 
 
 def no_progress(seeds: list[int]) -> dict:
