@@ -283,7 +283,9 @@ def test_help_says_each_default_once(command, capsys):
     with pytest.raises(SystemExit):
         main([command, "--help"])
     text = " ".join(capsys.readouterr().out.split())  # unwrap argparse's lines
-    for entry in re.split(r"\s(?=--?[a-z])", text):  # one option and its help text
+    options, _, listed = text.partition("settings without a flag of their own")  # (train's list of the others)
+    entries = re.split(r"\s(?=--?[a-z])", options) + re.split(r"\s(?=[a-z]+\.[a-z0-9_]+: )", listed)
+    for entry in entries:  # one option, or one setting without a flag, and its help text
         assert len(re.findall(r"\(default", entry)) <= 1, entry
         assert "(default: None)" not in entry and "(default: True)" not in entry and "(default: False)" not in entry
     if command == "train":  # defaults read from the config, booleans as true/false
