@@ -570,7 +570,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return code
         except RaycseError as exc:
             print(f"raycse: error: {exc}", file=sys.stderr)
-            return 2
+            processes.forget_own_ray()  # (as on success: Ray's exit ends its processes; a kept record let the next
+            return 2                    # command, started while they were ending, call this one killed)
         except (interrupts.Interrupted, KeyboardInterrupt) as stop:
             if not isinstance(stop, interrupts.Interrupted):
                 stop = interrupts.Interrupted(signal.SIGINT, "nothing was written to the output")
@@ -584,6 +585,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from raycse.errors import disk_error_line
 
             line = disk_error_line(exc)
+            processes.forget_own_ray()
             if line:  # a full disk or a refused permission is the user's to fix: one line
                 print(f"raycse: error: {line}", file=sys.stderr)
                 return 1
