@@ -101,6 +101,9 @@ def settings_from_args(cls, args: argparse.Namespace, **given):
 RESOURCE_KEYS = ("train.num_workers", "train.cpus_per_worker", "train.gpus_per_worker", "train.use_gpu")
 
 
+SWITCHES = {"train.use_gpu": "--use-gpu"}  # run settings whose flag is an on switch (the others take a value)
+
+
 def add_run_flags(p: argparse.ArgumentParser, keys: Optional[tuple] = None, of: str = "") -> None:
     """A flag for every run setting made with :func:`raycse.config.knob` plus ``--use-gpu`` (or for those of
     ``keys``): ``raycse train``'s and ``raycse tune``'s flags from one definition (``of``: what tune's apply
@@ -112,17 +115,11 @@ def add_run_flags(p: argparse.ArgumentParser, keys: Optional[tuple] = None, of: 
         metavar = "{true,false}" if typ is bool else {dict: "YAML", list: "LIST"}.get(typ, typ.__name__.upper())
         text = with_default(text, default) + (f"; {of}, over the space's run.{key}" if of else "")
         p.add_argument(flag, dest=key, type=str, default=None, metavar=metavar, help=text)
-    if keys is None or "train.use_gpu" in keys:
-        import dataclasses
-
-        from raycse.config import ScalingSettings
-
-        use_gpu = next(f for f in dataclasses.fields(ScalingSettings) if f.name == "use_gpu").metadata["help"]
-        p.add_argument(SWITCHES["train.use_gpu"], dest="train.use_gpu", action="store_const", const="true",
-                       default=None, help=use_gpu + (f"; {of}, over the space's run.train.use_gpu" if of else ""))
-
-
-SWITCHES = {"train.use_gpu": "--use-gpu"}  # run settings whose flag is an on switch (the others take a value)
+    helps = {key: text for key, text, _ in unflagged_fields()}
+    for key, flag in SWITCHES.items():
+        if keys is None or key in keys:
+            p.add_argument(flag, dest=key, action="store_const", const="true", default=None,
+                           help=helps[key] + (f"; {of}, over the space's run.{key}" if of else ""))
 
 
 def unflagged_settings() -> str:
@@ -134,7 +131,7 @@ def unflagged_settings() -> str:
 def run_overrides(args: argparse.Namespace, prefix: str = "") -> list[tuple[str, str]]:
     """(dotted run key, text) of every flag :func:`add_run_flags` made that was given, then of every
     ``--set KEY=VALUE`` (``prefix`` + KEY: tune's ``run.``), in the order they apply."""
-    given = [(key, getattr(args, key)) for _, key, *_ in flag_fields() + [(None, "train.use_gpu")]
+    given = [(key, getattr(args, key)) for _, key, *_ in flag_fields() + [(None, key) for key in SWITCHES]
              if getattr(args, key, None) is not None]
     for item in args.set:
         key, eq, value = item.partition("=")

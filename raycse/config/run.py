@@ -77,20 +77,27 @@ class RunConfig(Section):
         return cfg
 
 
+SECTIONS = ("model", "data", "grouping", "objective", "train", "eval")
+
+
+def _settings(run: RunConfig, section: Optional[str]):
+    """(dotted key, field, default, type hint) of each field of ``run``'s ``section`` (None: the run's own)."""
+    obj = getattr(run, section) if section else run
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        yield (f"{section}.{f.name}" if section else f.name), f, default, hints[f.name]
+
+
 def flag_fields() -> list[tuple[str, str, str, object, type]]:
     """(flag, dotted key, help, default, type) of every knob that is a ``raycse train`` flag, in the
     config's order: the fields made with :func:`knob` and the objective's PARAM_FLAGS."""
     run, out = RunConfig(), []
-    for section in ("model", "data", "grouping", "objective", "train", "eval", None):
-        obj = getattr(run, section) if section else run
-        hints = typing.get_type_hints(type(obj))
-        for f in dataclasses.fields(obj):
-            if "flag" not in f.metadata:
-                continue
-            args = [a for a in typing.get_args(hints[f.name]) if a is not type(None)]
-            key = f"{section}.{f.name}" if section else f.name
-            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-            out.append((f.metadata["flag"], key, f.metadata["help"], default, args[0] if args else hints[f.name]))
+    for section in SECTIONS + (None,):
+        for key, f, default, hint in _settings(run, section):
+            if "flag" in f.metadata:
+                args = [a for a in typing.get_args(hint) if a is not type(None)]
+                out.append((f.metadata["flag"], key, f.metadata["help"], default, args[0] if args else hint))
         if section == "objective":
             out += [(flag, f"objective.{name}", text, None, typ) for flag, name, typ, text in ObjectiveConfig.PARAM_FLAGS]
     return out
@@ -99,14 +106,9 @@ def flag_fields() -> list[tuple[str, str, str, object, type]]:
 def unflagged_fields(skip: tuple = ()) -> list[tuple[str, str, object]]:
     """(dotted key, help, default) of every run setting without a ``raycse train`` flag of its own (set in the YAML
     or with ``--set``), in the config's order, but those of ``skip``."""
-    run, out = RunConfig(), []
-    for section in ("model", "data", "grouping", "objective", "train", "eval"):
-        for f in dataclasses.fields(getattr(run, section)):
-            key = f"{section}.{f.name}"
-            if "flag" not in f.metadata and key not in skip:
-                default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-                out.append((key, f.metadata["help"], default))
-    return out
+    run = RunConfig()
+    return [(key, f.metadata["help"], default) for section in SECTIONS for key, f, default, _ in _settings(run, section)
+            if "flag" not in f.metadata and key not in skip]
 
 
 TEXT_MAPPINGS = ("prompts",)  # mappings whose --set values stay text as given ("query: " keeps its space)
