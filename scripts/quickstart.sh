@@ -12,7 +12,7 @@ bash scripts/setup.sh
 if [ -n "${1:-}" ]; then
   CORPUS_ARGS=(--corpus "$1")
 else
-  FOUND=$(python -m raycse.data.sample) || exit 2  # (it said in one line what to pass)
+  FOUND=$(python -m raycse.data.sample) || exit $?  # (it said why in one line: 2 nothing found, 130 interrupted)
   mapfile -t CORPUS_ARGS <<< "$FOUND"
 fi
 OUT=${2:-outputs/quickstart}

@@ -140,3 +140,42 @@ def test_the_sample_corpus_is_found_through_its_setting_then_the_hub_cache(tmp_p
     (data / "wiki_sample.txt").write_text("\n".join(make_sentences(20)) + "\n")
     code, out, err = find(RAYCSE_DATA=str(data))
     assert (code, out, err) == (0, ["--corpus", str(data / "wiki_sample.txt")], [])
+
+
+def test_sigint_while_the_sample_corpus_is_fetched_is_one_line_and_exit_130(tmp_path):
+    """Ctrl-C while the hub is asked for the sample corpus (here a hub that accepts and never answers) ends
+    `python -m raycse.data.sample` with one line and 130, and the quickstart passes that code on."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import time
+    from pathlib import Path
+
+    server, conn = socket.socket(), None
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "RAYCSE_DATA"}
+        env.update(HF_HUB_OFFLINE="0", HF_ENDPOINT=f"http://127.0.0.1:{server.getsockname()[1]}",
+                   HF_HOME=str(tmp_path / "hf_home"), HF_HUB_CACHE=str(tmp_path / "hub"))
+        proc = subprocess.Popen([sys.executable, "-m", "raycse.data.sample"], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the client has connected: it waits for an answer now
+            server.settimeout(0.5)
+            try:
+                conn, _ = server.accept()
+                break
+            except OSError:
+                continue
+        time.sleep(1.0)  # (the probe's connection closes at once; the download's stays)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if conn is not None:
+            conn.close()
+        server.close()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert (proc.returncode, out) == (130, "") and len(lines) == 1 and "interrupted (SIGINT)" in lines[0], err
+    assert "exit $?" in (Path(__file__).parents[1] / "scripts" / "quickstart.sh").read_text()

@@ -66,7 +66,11 @@ def train_arguments() -> Optional[list[str]]:
 
 
 def main() -> int:
-    args = train_arguments()
+    try:
+        args = train_arguments()
+    except KeyboardInterrupt:  # during the download: the hub client resumes its partial file on the next try
+        print("raycse: interrupted (SIGINT): the sample corpus was not fetched; run again to resume", file=sys.stderr)
+        return 130
     if args is None:
         print(f"raycse: no sample corpus here: pass a corpus of your own (a file of sentences), set {DATA_ENV} to a "
               f"folder holding {SAMPLE_IN_DATA}, or let this machine reach the Hugging Face hub once ({HUB_REPO})",
