@@ -101,7 +101,7 @@ def test_job_submitted_to_a_real_head_succeeds_and_its_model_loads(tiny_model, c
         assert status == "SUCCEEDED", logs[-2000:]
         assert "STS-B dev Spearman" in logs
     finally:
-        head.stop()  # `ray start --block` stops its processes on SIGTERM (ray stop); SIGKILL to the group after 90 s
+        head.stop()
     from sentence_transformers import SentenceTransformer
 
     assert SentenceTransformer(str(out / "model")).encode(["a city"]).shape == (1, 32)
