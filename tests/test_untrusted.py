@@ -392,45 +392,57 @@ def _zombies_of(pid: int) -> list[int]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="process checks read /proc (Linux)")
-@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
-def test_a_signal_ends_train_in_one_line_its_ray_gone_and_a_rerun_resumes(tmp_path, tiny_model, signame, own_ray):
-    import re
+def test_a_signal_ends_train_in_one_line_its_ray_gone_and_a_rerun_resumes(tmp_path, tiny_model, own_ray):
+    """SIGTERM, then SIGINT to the rerun that resumed: each ends the command in one line naming the step to
+    resume from, with its Ray gone and nothing written; the third run resumes from the second's step and
+    saves the model (one command interrupted twice: each signal's check costs a private Ray and a fit)."""
     import signal
 
-    from raycse.processes import descendants
-
-    corpus = tmp_path / "corpus.txt"
     from conftest import make_sentences
 
+    corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(make_sentences(2000)) + "\n")
     out = tmp_path / "out"
     argv = ["train", "--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", "none", "--batch-size", "8",
             "--max-length", "16", "--max-steps", "150", "--log-steps", "5", "--output", str(out), "--storage-path",
             "ck", "--set", "train.checkpoint_steps=5"]  # (relative: from the working directory, as --output is)
-    proc = _start(argv, tmp_path, own_ray)
-    _read_until(proc, r"\[raycse\] step 1[05]/150")  # a checkpoint or two saved
+    resume_at, lines = 0, []
+    for signame in ("SIGTERM", "SIGINT"):
+        proc = _start(argv, tmp_path, own_ray)
+        # a checkpoint or two saved past where this run started
+        lines = _read_until(proc, rf"\[raycse\] step ({resume_at + 10}|{resume_at + 15})/150")
+        # (the worker's start line: where the fit started; "resumed from step" is said when it ends)
+        assert any(f"steps {resume_at}..150 of 150" in line for line in lines), lines[-15:]
+        step, resume_at = _interrupt(proc, getattr(signal, signame), signame, out, resume_at, tmp_path)
+    again = _start(argv, tmp_path, own_ray)
+    lines = _read_until(again, r"model saved to")
+    assert again.wait(timeout=120) == 0
+    assert any(f"resumed from step {resume_at}" in line for line in lines), lines[-15:]
+    assert (out / "model" / "config.json").is_file()
+
+
+def _interrupt(proc, signum: int, signame: str, out: Path, started_at: int, tmp_path: Path) -> tuple:
+    """Send ``signum`` to the train command ``proc``, check how it ended: (its step, the step to resume from)."""
+    import re
+
+    from raycse.processes import descendants
+
     procs = descendants(proc.pid)
     assert procs, "the command started no Ray processes"
-    proc.send_signal(getattr(signal, signame))
+    proc.send_signal(signum)
     tail = _rest(proc, SIGNAL_BOUND_S)
-    assert proc.wait(timeout=10) == 128 + getattr(signal, signame)
+    assert proc.wait(timeout=10) == 128 + signum
     own = [line for line in tail if line.startswith("raycse:")]
     assert len(own) == 1, tail[-10:]
     found = re.fullmatch(rf"raycse: interrupted \({signame}\); stopped at step (\d+); nothing was written to "
                          rf"{re.escape(str(out))}; rerun the same command to resume from step (\d+)\n", own[0])
     assert found, own[0]
     step, resume_at = int(found.group(1)), int(found.group(2))
-    assert resume_at >= 5 and resume_at % 5 == 0 and step >= 10, own[0]
+    assert resume_at >= started_at + 5 and resume_at % 5 == 0 and step >= started_at + 10, own[0]
     _gone_in_time(procs, 15.0)
     assert not _zombies_of(os.getpid()) and not [p for p, _ in procs if _zombies_of(p)]
     assert not out.exists() and not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
-    if signame == "SIGINT":
-        return  # (the rerun is the same for either signal: checked once)
-    again = _start(argv, tmp_path, own_ray)
-    lines = _read_until(again, r"model saved to")
-    assert again.wait(timeout=120) == 0
-    assert any(f"resumed from step {resume_at}" in line for line in lines), lines[-15:]
-    assert (out / "model" / "config.json").is_file()
+    return step, resume_at
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="process checks read /proc (Linux)")
