@@ -165,11 +165,11 @@ def _max_overlap(intervals: list) -> int:
 
 
 def test_tune_runs_as_many_trials_as_the_cluster_can_grow_to(fake_cluster, tiny_model, corpus, stsb_dev, tmp_path):
-    """A 5-trial search at 0.5 GPU a trial on the head alone, whose autoscaler may add 2 one-GPU nodes:
-    raycse plans 4 trials at once from the autoscaler's node types (not from the head's 0 GPUs, and with no
-    --no-preflight), the nodes come, 4 trials run at once and never more (the fifth waits for a place), and
-    the cluster shrinks back after. (5 trials, not 8: each trial costs ~60 s of this 2-core box's time on the
-    fake nodes; 8 took 713 s, benchmarks/results/2026-11-29-session42.json.)"""
+    """A 3-trial search at 1 GPU a trial on the head alone, whose autoscaler may add 2 one-GPU nodes:
+    raycse plans 2 trials at once from the autoscaler's node types (not from the head's 0 GPUs, and with no
+    --no-preflight), the nodes come, 2 trials run at once and never more (the third waits for a place), and
+    the cluster shrinks back after. (Whole GPUs: at 0.5 GPU the same check needs 5 trials, 4 of them at once
+    on this 2-core box, 117 s; fractional trials sharing a GPU: tests/test_gpu_share.py.)"""
     space = tmp_path / "space.yaml"
     space.write_text(yaml.safe_dump({
         "run": {"model": {"name_or_path": str(tiny_model), "max_length": 16}, "data": {"corpus": str(corpus)},
@@ -177,18 +177,18 @@ def test_tune_runs_as_many_trials_as_the_cluster_can_grow_to(fake_cluster, tiny_
         "search": {"lr": {"loguniform": [1e-5, 1e-4]}}}))
     assert not fake_cluster.worker_nodes()
     job, status, logs, most = fake_cluster.run(
-        f"{sys.executable} -m raycse tune --space {space} --num-samples 5 --seeds 1 --rungs 1 --use-gpu "
-        f"--gpus-per-worker 0.5 --storage-path {tmp_path / 'exp'} --name fake", 900)
+        f"{sys.executable} -m raycse tune --space {space} --num-samples 3 --seeds 1 --rungs 1 --use-gpu "
+        f"--storage-path {tmp_path / 'exp'} --name fake", 900)
     assert status == "SUCCEEDED", logs[-3000:]
-    assert "4 trial(s) at once: 2 GPU(s) / (1 run(s) x 1 worker(s) x 0.5 GPU) a trial" in logs, logs[:3000]
+    assert "2 trial(s) at once: 2 GPU(s) / (1 run(s) x 1 worker(s) x 1 GPU) a trial" in logs, logs[:3000]
     assert "the autoscaler's config" in logs and most == 2
     spans = []
     for result in (tmp_path / "exp" / "fake").glob("trial_*/result.json"):
         last = json.loads(result.read_text().splitlines()[-1])
         # (Tune's timestamp is in whole seconds: a start taken 1 s later never makes two trials overlap)
         spans.append((last["timestamp"] - last["time_total_s"] + 1, last["timestamp"]))
-    assert len(spans) == 5
-    assert _max_overlap(spans) == 4, sorted(spans)
+    assert len(spans) == 3
+    assert _max_overlap(spans) == 2, sorted(spans)
     fake_cluster.wait_head_alone(fake_cluster.idle_s + 60)
     assert fake_cluster.leftovers(_job_id(fake_cluster, job)) == {"placement groups": [], "actors": [], "objects": []}
 
