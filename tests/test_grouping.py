@@ -493,32 +493,6 @@ def test_globs_several_files_and_character_cap(ray_cluster, tmp_path):
     assert sorted(r["text"] for r in both.dataset.iter_rows()) == ["another sentence", "from json"]
 
 
-def test_knn_regrouping_each_epoch_through_ray_train(ray_cluster, tiny_model, stsb_dev, tmp_path):
-    """Two epochs, kNN regrouped with the epoch-1 model (inside the one fit, by the workers);
-    every sentence reaches exactly one worker per epoch, every worker runs the same steps."""
-    from conftest import make_sentences
-    from raycse.cli import main
-
-    sents = make_sentences(128, seed=4)
-    corpus = _corpus_file(tmp_path, sents)
-    rec, out = tmp_path / "batches", tmp_path / "out"
-    assert main(["train", "--model", str(tiny_model), "--corpus", str(corpus), "--output", str(out),
-                 "--stsb-dev", str(stsb_dev), "--num-workers", "2", "--cpus-per-worker", "1", "--batch-size", "16",
-                 "--max-length", "16", "--epochs", "2", "--eval-steps", "2", "--lr", "5e-4",
-                 "--set", "grouping.strategy=knn", "--set", "grouping.group_size=4",
-                 "--set", f"train.record_batches={rec}"]) == 0
-    m = json.loads((out / "metrics.json").read_text())
-    assert m["last"]["step"] == 8 and [g["epoch"] for g in m["grouping"]] == [0, 1]
-    records = {r: [json.loads(line) for line in (rec / f"rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)}
-    assert [x["step"] for x in records[0]] == [x["step"] for x in records[1]] == list(range(8))
-    per_epoch = {e: collections.Counter(t for rs in records.values() for x in rs if x["epoch"] == e
-                                        for t in x["examples"]) for e in (0, 1)}
-    assert per_epoch[0] == per_epoch[1] == collections.Counter(sents)
-    first = [x["examples"] for x in records[0] if x["epoch"] == 0]
-    second = [x["examples"] for x in records[0] if x["epoch"] == 1]
-    assert first != second
-
-
 def test_pairs_are_grouped_by_their_first_text(ray_cluster, tiny_model, tmp_path):
     from conftest import write_stsb
     from raycse.data.dataset import load_corpus

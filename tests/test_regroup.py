@@ -43,7 +43,8 @@ def test_knn_regroups_in_one_fit_and_a_restart_replays_the_same_batches(ray_clus
     from raycse.train.driver import train
 
     corpus = tmp_path / "c.txt"
-    corpus.write_text("\n".join(make_sentences(320, seed=21)) + "\n")
+    sentences = make_sentences(320, seed=21)
+    corpus.write_text("\n".join(sentences) + "\n")
     result = train(_run(tiny_model, corpus, tmp_path / "a", tmp_path / "rec-a"), storage_path=str(tmp_path / "sa"))
     m = result.metrics
     spe = m["steps_per_epoch"]
@@ -55,9 +56,12 @@ def test_knn_regroups_in_one_fit_and_a_restart_replays_the_same_batches(ray_clus
     for (rank, step), (epoch, examples, _) in uninterrupted.items():
         assert epoch == step // spe
         by_epoch[epoch].append(tuple(examples))
+    for rank in (0, 1):  # every worker runs the same steps
+        assert sorted(step for r, step in uninterrupted if r == rank) == list(range(60))
     for epoch, batches in by_epoch.items():
         seen = [x for b in batches for x in b]
         assert len(seen) == len(set(seen)) == 2 * spe * 8  # no example twice in an epoch, across both ranks
+        assert collections.Counter(seen) == collections.Counter(sentences)  # and every sentence once
     assert set(by_epoch[1]) != set(by_epoch[0]) and set(by_epoch[2]) != set(by_epoch[1])  # regrouped
 
     # the same run, a worker killed mid-run: it resumes from a checkpoint and replays the same batches;
