@@ -12,6 +12,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 
 def whole_checkpoints(s3, bucket: str, prefix: str) -> list:
@@ -135,11 +136,13 @@ def main(tiny_model: str, corpus: str, big_corpus: str, stsb_dev: str, port: int
                 "cluster_worker_nodes": sorted(n.node_id for n in cluster.worker_nodes),
                 "head_node": cluster.head_node.node_id,
                 "cluster_address": cluster.address,
-                "private_address": private_ray_address(),
             })
-            seconds["private_ray"] = round(time.time() - started - sum(seconds.values()), 1)
-            report["tune"] = tune_two_trials(tiny_model, stsb_dev, tmp)
-            seconds["tune"] = round(time.time() - started - sum(seconds.values()), 1)
+            # the private Ray is asked for while the search runs (its interpreter mostly waits on imports)
+            with ThreadPoolExecutor(1) as aside:
+                private = aside.submit(private_ray_address)
+                report["tune"] = tune_two_trials(tiny_model, stsb_dev, tmp)
+                report["private_address"] = private.result(timeout=180)
+            seconds["tune_and_private_ray"] = round(time.time() - started - sum(seconds.values()), 1)
         report["seconds"] = seconds  # where the test's time goes, for whoever makes it shorter
         print(json.dumps(report))
     finally:
