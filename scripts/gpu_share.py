@@ -9,6 +9,9 @@
    train.gpus_per_worker set to each of --fractions and --concurrent left to raycse: wall time,
    trials per hour, how many trials ran at once, each trial's peak GPU memory and the best STS-B dev.
 
+3. kNN grouping with --use-gpu: a run's batches laid out (``prepare_data``), its embedding actors
+   holding the run's GPU fraction each while they embed.
+
 ``--device cpu --model tiny`` is the CPU stand-in the test suite runs (tests/test_gpu_share.py): one
 GPU declared to Ray (``ray.init(num_gpus=1)``) and the workers told to train on the CPU
 (RAYCSE_GPU_STAND_IN=cpu), so the scheduling is the same as on one real GPU.
@@ -185,6 +188,44 @@ def search_at(fraction: float, model: str, corpus: Path, dev: str | None, args, 
     return row
 
 
+def grouping_on_gpu(model: str, corpus: Path, fraction: float) -> dict:
+    """kNN grouping of a --use-gpu run at ``fraction`` GPU a worker: while its batches are laid out, its
+    embedding actors (Ray Data's pool, raycse.grouping.embed) hold that fraction of the GPU each, as
+    Ray's count of the GPU left free shows (read every 50 ms), and give it back after."""
+    import threading
+
+    import ray
+
+    from raycse.config import RunConfig
+    from raycse.train.prepare import prepare_data
+
+    run = RunConfig()
+    run.model.name_or_path, run.model.max_length, run.data.corpus = model, 32, str(corpus)
+    run.grouping.strategy, run.grouping.group_size, run.grouping.neighbours = "knn", 4, 8
+    run.grouping.regroup_every_epoch = False  # (grouped by the driver's pool: in the fit, by the workers)
+    run.train.use_gpu, run.train.gpus_per_worker, run.train.batch_size = True, fraction, 16
+    run.train.max_steps, run.eval.stsb_dev = 2, "none"
+    free, done = [], threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.05):
+            free.append(ray.available_resources().get("GPU", 0.0))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        prepared = prepare_data(run)
+    finally:
+        done.set()
+        watcher.join(timeout=10)
+    time.sleep(1)  # (the pool's actors end asynchronously)
+    row = {"fraction": fraction, "groups": prepared.grouping_log[0]["groups"], "least_gpu_free": min(free),
+           "gpu_free_after": ray.available_resources().get("GPU", 0.0)}
+    print(f"[gpu-share] kNN grouping at {fraction:g} GPU a worker: {row['groups']} groups; the GPU free while it "
+          f"embedded: {row['least_gpu_free']:g} at the least, {row['gpu_free_after']:g} after", flush=True)
+    return row
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (the stand-in: one GPU declared to Ray)")
@@ -223,6 +264,7 @@ def main() -> int:
         device = torch.device(args.device)
         report["two_workers_one_gpu"] = two_workers_vs_one(model, device, args.probe_batch, args.probe_steps, tmp)
         report["fractions"] = {f"{f:g}": search_at(f, model, corpus, dev, args, tmp) for f in args.fractions}
+        report["grouping"] = grouping_on_gpu(model, corpus, min(args.fractions))
         time.sleep(2)  # (placement groups are removed asynchronously)
         from ray.util import placement_group_table
 

@@ -4,7 +4,8 @@ worker inside the one GPU (one trial more than fit, so the last must wait; at 0.
 needs 5 trials, and on these 2 cores 4 concurrent trials took 4x as long each: the stand-in was the
 suite's slowest item); two workers of one run share the GPU over gloo and train like one worker
 with the double batch; every placement group is gone at the end. On a real GPU the same script
-measures (bash scripts/gpu_check.sh share)."""
+measures (bash scripts/gpu_check.sh share). kNN grouping of a --use-gpu run
+embeds on its share of the GPU."""
 
 import json
 import subprocess
@@ -69,3 +70,13 @@ def test_half_gpu_trials_run_two_at_once_never_more(stand_in):
     assert most_at_once(search["spans"]) == 2, search["spans"]
     assert search["trial_worker_gpus"] == [[["0"]]] * 3  # every trial's worker inside the one GPU
     assert stand_in["placement_groups_left"] == [] and stand_in["available_gpus_after"] == 1.0
+
+
+def test_knn_grouping_of_a_gpu_run_embeds_on_its_share_of_the_gpu(stand_in):
+    """Issue 67: with --use-gpu, the embedding actors that group the corpus before the fit hold the run's
+    GPU fraction each while they embed (Ray's count of the GPU free fell by it), and give it back; on a real
+    GPU the same check runs on it."""
+    grouping = stand_in["grouping"]
+    assert grouping["groups"] > 0, grouping
+    assert grouping["least_gpu_free"] in (0.0, 0.5), grouping  # one or two actors of 0.5 GPU
+    assert grouping["gpu_free_after"] == 1.0, grouping
