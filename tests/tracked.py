@@ -125,7 +125,7 @@ def wandb_tune_experiment(root: Path, experiment: str, results, rungs: list) -> 
     trials = wandb_runs(root)
     assert len(trials) == len(results) and {r.run_group for t in trials.values() for r in t["runs"]} == {experiment}
     for t in trials.values():
-        assert [h["rung"] for h in t["history"] if "mean" in h] == rungs
+        assert [h["rung"] for h in t["history"] if "mean" in h] == rungs, t["history"]
         assert {"lr", "tau"} <= set(_items(t["runs"][0].config.update))  # the trial's knobs
     assert sorted(t["history"][-1]["mean"] for t in trials.values()) == pytest.approx(
         sorted(r.metrics["mean"] for r in results))
