@@ -3,8 +3,9 @@
 Each case runs the real CLI in a process of its own (``python -m raycse``), two at a time, in a working
 directory whose every file is compared before and after. Each command's first case starts a fresh
 interpreter; the rest of the table (the full tier) forks from one that has imported what the commands
-import (tests/preloaded_cli.py), except where the case's environment must be read at import. The inputs are made here: a tiny random
-BERT, damaged copies of it, a corpus, a blank corpus, a made-up tune experiment with damaged records.
+import (tests/preloaded_cli.py), except where the case's environment must be read at import. The
+inputs are made here: a tiny random BERT, damaged copies of it, a corpus, a blank corpus, a made-up tune
+experiment with damaged records.
 """
 
 from __future__ import annotations
