@@ -235,8 +235,10 @@ def test_tune_on_s3_interrupted_resumed_analyzed_and_exported(ray_cluster, s3_se
                                                                tmp_path, capsys):
     """`raycse tune --storage-path s3://...` killed the moment its first trial saved its rung (before
     or after Tune's own record of it reached S3), resumed by URI: that trial is told to Tune again,
-    not trained again. `raycse analyze` reads the experiment from S3, writes its plots and the best
-    model there, and `raycse eval` loads it."""
+    not trained again, and the resumed search keeps the first driver's --corpus (the space names a file
+    that is not there). `raycse analyze` reads the experiment from S3, writes its plots and the best
+    model there, and `raycse eval` loads it. (The same search on a local directory resumes by the same
+    path through the same code: checked here once, on S3.)"""
     import os
     import signal
     import subprocess
@@ -245,17 +247,20 @@ def test_tune_on_s3_interrupted_resumed_analyzed_and_exported(ray_cluster, s3_se
 
     import boto3
 
-    from raycse.analysis import load_trials
+    import yaml
+
+    from raycse.analysis import analyze, load_trials
     from raycse.tune.trial import RUNGS
     from test_tune import _tiny_space
 
     bucket = s3_server()
     s3 = boto3.client("s3")
     exp = f"s3://{bucket}/tune/exp"
-    space = _tiny_space(tmp_path, tiny_model, corpus, stsb_dev)
+    # the space names a corpus that is not there: --corpus replaces it, for the first driver and the resume
+    space = _tiny_space(tmp_path, tiny_model, tmp_path / "not-this-corpus.txt", stsb_dev)
     local_files = {p.name for p in tmp_path.iterdir()}
     argv = ["tune", "--space", space, "--num-samples", "2", "--seeds", "1", "--rungs", "1", "--concurrent", "1",
-            "--storage-path", f"s3://{bucket}/tune", "--name", "exp"]
+            "--corpus", str(corpus), "--storage-path", f"s3://{bucket}/tune", "--name", "exp"]
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
     proc = subprocess.Popen([sys.executable, "-m", "raycse", *argv], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
@@ -284,6 +289,10 @@ def test_tune_on_s3_interrupted_resumed_analyzed_and_exported(ray_cluster, s3_se
     assert [r["seed_scores"] for r in again.results] == [[rungs["scores"]["0"][0]]]
     assert s3.head_object(Bucket=bucket, Key=model)["LastModified"] == written  # not trained again
     assert all(t.location.startswith(f"{exp}/trial_") for t in trials)
+    recorded = lambda name: s3.get_object(Bucket=bucket, Key=f"tune/exp/{name}")["Body"].read()  # noqa: E731
+    assert yaml.safe_load(recorded("space.yaml"))["run"]["data"]["corpus"] == str(corpus)
+    assert json.loads(recorded("raycse_tune.json"))["num_samples"] == 2
+    assert len(analyze(exp, plots=False).table.splitlines()) == 4
     from test_tune import _same_as_rays_own_reading
 
     _same_as_rays_own_reading(exp, trials)  # Ray's own reading, from S3
