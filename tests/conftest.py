@@ -84,6 +84,12 @@ def own_ray() -> dict:
     return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
 
 
+def joining(ray_cluster) -> dict:
+    """The environment for a raycse command that joins the tests' shared Ray (``ray_cluster``) instead of
+    starting a private one of its own."""
+    return {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
+
+
 def pytest_configure(config):
     """raycse's per-machine caches (kernel probe, starting scores) in a directory of this session's own,
     so no run of the tests reads what an earlier one left in the home directory. A hook, not module

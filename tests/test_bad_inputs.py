@@ -251,31 +251,36 @@ def _run(cwd: Path, argv: list, env_extra) -> tuple:
     return proc, time.monotonic() - start
 
 
-def _runner(root: Path, tier: str):
+class _Runner:
     """How each case runs: ``sample``, a fresh interpreter each; ``rest``, forked from one of two preloaded
     interpreters, but for the cases whose environment is read at import and the one that starts Ray."""
-    import queue
 
-    from preloaded_cli import Preloaded
+    def __init__(self, root: Path, tier: str):
+        import queue
 
-    servers: queue.Queue = queue.Queue()
+        self.root, self.tier, self.servers = root, tier, queue.Queue()
 
-    def run(case: tuple) -> tuple:
+    def __call__(self, case: tuple) -> tuple:
+        import queue
+
+        from preloaded_cli import Preloaded
+
         argv, expected, env = case
-        if tier == "sample" or env or "but the cluster can hold 0" in expected:
-            return _run(root, argv, env)
+        if self.tier == "sample" or env or "but the cluster can hold 0" in expected:
+            return _run(self.root, argv, env)
         try:
-            server = servers.get_nowait()
+            server = self.servers.get_nowait()
         except queue.Empty:  # (at most one a thread: each puts its own back)
             server = Preloaded({k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
         try:
             start = time.monotonic()
-            return server.run(argv, root), time.monotonic() - start
+            return server.run(argv, self.root), time.monotonic() - start
         finally:
-            servers.put(server)
+            self.servers.put(server)
 
-    run.close = lambda: [servers.get().close() for _ in range(servers.qsize())]
-    return run
+    def close(self) -> None:
+        while not self.servers.empty():
+            self.servers.get().close()
 
 
 def _ray_records_of(pids: set) -> list[str]:
@@ -308,7 +313,7 @@ def test_every_bad_input_is_one_line_exit_2_and_writes_nothing(inputs, tier):
     root = inputs["root"]
     cases = _tier(_cases(inputs), tier)
     before = _tree(root)
-    run = _runner(root, tier)
+    run = _Runner(root, tier)
     try:
         with ThreadPoolExecutor(2) as pool:  # two cores: two interpreters at a time
             done = list(pool.map(run, cases))

@@ -12,7 +12,7 @@ from raycse.cli import main
 from raycse.errors import DataError, RaycseError
 from raycse.storage import MANIFEST, fetch, publish
 
-from conftest import own_lines
+from conftest import joining, own_lines
 
 
 def _local_dir(tmp_path, name="out"):
@@ -198,7 +198,7 @@ def test_killed_driver_resumes_from_s3_and_ends_with_the_planned_steps(ray_clust
             "--num-workers", "2", "--cpus-per-worker", "1", "--batch-size", "8", "--max-length", "16",
             "--epochs", "2", "--max-steps", "40", "--eval-steps", "1000", "--log-steps", "5",
             "--set", "train.checkpoint_steps=4"]
-    env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
+    env = joining(ray_cluster)
     scratch = lambda: set(Path(tempfile.gettempdir()).glob("raycse-output-*"))  # noqa: E731 - local builds
     before = scratch()
     proc = subprocess.Popen([sys.executable, "-m", "raycse", *argv], env=env, start_new_session=True,
@@ -261,7 +261,7 @@ def test_tune_on_s3_interrupted_resumed_analyzed_and_exported(ray_cluster, s3_se
     local_files = {p.name for p in tmp_path.iterdir()}
     argv = ["tune", "--space", space, "--num-samples", "2", "--seeds", "1", "--rungs", "1", "--concurrent", "1",
             "--corpus", str(corpus), "--storage-path", f"s3://{bucket}/tune", "--name", "exp"]
-    env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
+    env = joining(ray_cluster)
     proc = subprocess.Popen([sys.executable, "-m", "raycse", *argv], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
     deadline = time.time() + 300

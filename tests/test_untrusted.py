@@ -15,7 +15,7 @@ from raycse.cli import main
 from raycse.errors import DataError
 from raycse.storage import MANIFEST, fetch
 
-from conftest import own_lines, write_stsb
+from conftest import joining, own_lines, write_stsb
 
 
 def _entry(data: bytes) -> dict:
@@ -335,12 +335,6 @@ def _start(argv: list, cwd: Path, env: dict) -> "subprocess.Popen":
                             stderr=subprocess.STDOUT, text=True)
 
 
-def _joining(ray_cluster) -> dict:
-    """The environment for a raycse command that joins the tests' shared Ray (where its own private one is
-    not what a test checks: it saves that Ray's start and stop)."""
-    return {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
-
-
 def _read_until(proc, pattern: str, bound_s: float = 300) -> list[str]:
     """The command's lines up to the first that matches ``pattern`` (bounded; read on a thread)."""
     import queue
@@ -584,7 +578,7 @@ def test_an_output_disk_filled_during_training_is_one_line_and_leaves_nothing(sm
     argv = ["train", "--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", "none", "--batch-size", "8",
             "--max-length", "16", "--max-steps", "200", "--log-steps", "5", "--output", str(disk / "out"),
             "--storage-path", str(tmp_path / "ck")]
-    proc = _start(argv, tmp_path, _joining(ray_cluster))
+    proc = _start(argv, tmp_path, joining(ray_cluster))
     _read_until(proc, r"\[raycse\] step \d+/200")
     _fill(disk)  # the model is published to this disk at the end
     tail = _rest(proc, 300)
@@ -659,7 +653,7 @@ def test_files_put_into_the_output_during_a_run_are_kept_and_the_run_says_where_
     out = tmp_path / "out"
     proc = _start(["train", "--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", "none",
                    "--batch-size", "8", "--max-length", "16", "--max-steps", "200", "--log-steps", "5", "--output",
-                   str(out)], tmp_path, _joining(ray_cluster))
+                   str(out)], tmp_path, joining(ray_cluster))
     _read_until(proc, r"\[raycse\] step \d+/200")
     out.mkdir()
     (out / "notes.txt").write_text("my notes")  # put there while the run trains
