@@ -211,16 +211,36 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
     ('{"objective": laser}', "x", "is not JSON"),
     (None, "x", "--why without --enqueue"),
 ])
-def test_combined_search_refuses_a_hand_pick_outside_the_space(tmp_path, point, why, message):
+def test_combined_search_refuses_a_hand_pick_outside_the_space(tmp_path, point, why, message, monkeypatch, capsys):
     """Issue 44: ``combined_search.py search --enqueue`` refuses, in one line and before any study file is
-    written, a point the space cannot hold (so TPE could not model it) or one given without its reason."""
+    written, a point the space cannot hold (so TPE could not model it) or one given without its reason.
+    The script's ``main`` in this process (a fresh interpreter each cost ~2.7 s a case); the exit status of
+    the script run as a process: the next test."""
     study = tmp_path / "study.db"
-    cmd = [sys.executable, str(BENCH / "combined_search.py"), "search", "--time-budget", "1", "--study", str(study)]
-    cmd += (["--enqueue", point] if point else []) + (["--why", why] if why else [])
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert out.returncode == 2, out.stderr
-    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    argv = ["search", "--time-budget", "1", "--study", str(study)]
+    argv += (["--enqueue", point] if point else []) + (["--why", why] if why else [])
+    monkeypatch.syspath_prepend(str(BENCH))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [str(BENCH / "combined_search.py"), *argv])
+    import combined_search as cs
+
+    with pytest.raises(SystemExit) as end:
+        cs.main()
+    err = capsys.readouterr().err
+    assert end.value.code == 2, err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("combined_search.py: error:"), err
     assert not study.exists() and not list(tmp_path.iterdir())
+
+
+def test_combined_search_refusal_is_exit_2_of_the_process(tmp_path):
+    study = tmp_path / "study.db"
+    cmd = [sys.executable, str(BENCH / "combined_search.py"), "search", "--time-budget", "1", "--study", str(study),
+           "--enqueue", '{"objective": "laser", "grouping": "knn", "tau": 0.5, "lr": 3e-5, "mlp_head": "auto"}',
+           "--why", "x"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.strip() == out.stderr.strip().splitlines()[0], out.stderr
+    assert "is outside combined.yaml" in out.stderr and not list(tmp_path.iterdir())
 
 
 def test_combined_search_enqueues_a_hand_pick_once_with_its_reason(tmp_path, monkeypatch):
