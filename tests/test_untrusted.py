@@ -395,8 +395,14 @@ def _zombies_of(pid: int) -> list[int]:
 def test_a_signal_ends_train_in_one_line_its_ray_gone_and_a_rerun_resumes(tmp_path, tiny_model, own_ray):
     """SIGTERM, then SIGINT to the rerun that resumed: each ends the command in one line naming the step to
     resume from, with its Ray gone and nothing written; the third run resumes from the second's step and
-    saves the model (one command interrupted twice: each signal's check costs a private Ray and a fit)."""
+    saves the model (one command interrupted twice: each signal's check costs a private Ray and a fit).
+    The run trains LoRA adapters (issue 68): what a checkpoint holds and resumes is the adapters, and
+    the frozen weights of the merged model equal the base's bit for bit after two restarts (a full
+    fine-tune resumed mid-run: test_storage's killed driver)."""
     import signal
+
+    import torch
+    from safetensors.torch import load_file
 
     from conftest import make_sentences
 
@@ -405,7 +411,8 @@ def test_a_signal_ends_train_in_one_line_its_ray_gone_and_a_rerun_resumes(tmp_pa
     out = tmp_path / "out"
     argv = ["train", "--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", "none", "--batch-size", "8",
             "--max-length", "16", "--max-steps", "150", "--log-steps", "5", "--output", str(out), "--storage-path",
-            "ck", "--set", "train.checkpoint_steps=5"]  # (relative: from the working directory, as --output is)
+            "ck", "--set", "train.checkpoint_steps=5",  # (relative: from the working directory, as --output is)
+            "--lora", "{r: 4, alpha: 8}"]
     resume_at, lines = 0, []
     for signame in ("SIGTERM", "SIGINT"):
         proc = _start(argv, tmp_path, own_ray)
@@ -418,7 +425,12 @@ def test_a_signal_ends_train_in_one_line_its_ray_gone_and_a_rerun_resumes(tmp_pa
     lines = _read_until(again, r"model saved to")
     assert again.wait(timeout=120) == 0
     assert any(f"resumed from step {resume_at}" in line for line in lines), lines[-15:]
+    assert any("LoRA r=4 alpha=8 on query, value" in line for line in lines), lines[-15:]
     assert (out / "model" / "config.json").is_file()
+    base, saved = load_file(str(tiny_model / "model.safetensors")), load_file(str(out / "model" / "model.safetensors"))
+    changed = {k for k in saved if not torch.equal(saved[k], base[k])}
+    assert changed and all(k.endswith(("query.weight", "value.weight")) for k in changed), changed
+    assert (out / "model" / "adapter" / "adapter_model.safetensors").is_file()
 
 
 def _interrupt(proc, signum: int, signame: str, out: Path, started_at: int, tmp_path: Path) -> tuple:
