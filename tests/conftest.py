@@ -77,11 +77,17 @@ def pytest_collection_modifyitems(config, items):
         items[:] = keep
 
 
+def private_env() -> dict:
+    """The environment for a raycse command that would start a private Ray of its own (no RAY_ADDRESS:
+    not the tests' shared one). A fast test whose command is refused before Ray starts uses it directly."""
+    return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+
+
 @pytest.fixture(scope="session")
 def own_ray() -> dict:
-    """The environment for a raycse command that starts a private Ray of its own (no RAY_ADDRESS: not the
-    tests' shared one). Asking for it puts a test in the full tier."""
-    return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    """:func:`private_env` for a command that does start its private Ray: asking for it puts a test in
+    the full tier."""
+    return private_env()
 
 
 def joining(ray_cluster) -> dict:

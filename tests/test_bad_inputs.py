@@ -11,7 +11,6 @@ experiment with damaged records.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_sentences, make_tiny_model, own_lines, write_stsb
+from conftest import make_sentences, make_tiny_model, own_lines, private_env, write_stsb
 
 
 def _damaged_models(root: Path, base: Path) -> dict:
@@ -236,7 +235,7 @@ HUB_CASE_BOUND_S = 20.0  # a hub case's whole run, interpreter start included, u
 
 
 def _run(cwd: Path, argv: list, env_extra) -> tuple:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = private_env()
     env.update(env_extra or {})
     start = time.monotonic()
     with subprocess.Popen([sys.executable, "-m", "raycse", *argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
@@ -271,7 +270,7 @@ class _Runner:
         try:
             server = self.servers.get_nowait()
         except queue.Empty:  # (at most one a thread: each puts its own back)
-            server = Preloaded({k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+            server = Preloaded(private_env())
         try:
             start = time.monotonic()
             return server.run(argv, self.root), time.monotonic() - start

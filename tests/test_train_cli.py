@@ -14,7 +14,7 @@ import torch
 from raycse.cli import main
 
 import tracked
-from conftest import own_lines
+from conftest import own_lines, private_env
 
 
 class _log_records:
@@ -209,7 +209,7 @@ def test_use_gpu_on_a_machine_without_gpus_fails_at_once(tiny_model, corpus, tmp
 
     if torch.cuda.device_count() >= 2:
         pytest.skip("this machine has the GPUs the run asks for")
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = private_env()
     t0 = time.time()
     r = subprocess.run([sys.executable, "-m", "raycse", "train", "--model", str(tiny_model), "--corpus", str(corpus),
                         "--output", str(tmp_path / "o"), "--use-gpu", "--num-workers", "2", "--max-steps", "2",
