@@ -159,6 +159,47 @@ def test_a_bad_grouping_task_timeout_is_one_line(value, monkeypatch):
     assert tasks.wait_limit() == 90.0
 
 
+def test_grouping_tasks_left_by_a_timeout_or_an_interrupt_are_cancelled(ray_cluster, monkeypatch):
+    """The driver's wait for the kNN search's Ray tasks ends by its bound or by Ctrl-C: either way the
+    tasks still running are cancelled (on a shared cluster nothing else would stop them), and a
+    timeout says what did not finish and how to wait longer."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from raycse.grouping import tasks
+
+    @ray_cluster.remote(num_cpus=0)
+    def sleeper(seconds):
+        time.sleep(seconds)
+        return seconds
+
+    def cancelled(ref) -> bool:
+        try:
+            ray_cluster.get(ref, timeout=20)
+        except ray_cluster.exceptions.TaskCancelledError:
+            return True
+        return False  # it finished: a task left running would instead end this test in GetTimeoutError
+
+    monkeypatch.setenv(tasks.TASK_WAIT_ENV, "2")
+    refs = [sleeper.remote(0), sleeper.remote(600)]
+    with pytest.raises(TimeoutError, match=f"1 of 2 Ray tasks of the test search did not finish within 2 s.*"
+                                           f"raise {tasks.TASK_WAIT_ENV}"):
+        tasks.gather(refs, "the test search")
+    assert ray_cluster.get(refs[0], timeout=20) == 0 and cancelled(refs[1])
+
+    monkeypatch.setenv(tasks.TASK_WAIT_ENV, "600")
+    refs = [sleeper.remote(600), sleeper.remote(600)]
+    ctrl_c = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    ctrl_c.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        tasks.gather(refs, "the test search")
+    assert time.monotonic() - started < 30
+    assert cancelled(refs[0]) and cancelled(refs[1])
+
+
 def test_greedy_groups_partition_and_beat_random_on_planted_clusters():
     x, labels = planted()
     cfg = GroupingConfig(strategy="knn", group_size=4, neighbours=8)

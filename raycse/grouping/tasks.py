@@ -25,15 +25,20 @@ def wait_limit() -> float:
 
 
 def gather(refs: list, what: str) -> list:
-    """``ray.get(refs)``, or a TimeoutError naming ``what`` and how many tasks never finished."""
+    """``ray.get(refs)``, or a TimeoutError naming ``what`` and how many tasks never finished. Tasks
+    still running when the wait ends by an error or an interrupt (Ctrl-C, SIGTERM) are cancelled: on
+    a shared cluster, nothing else would stop them."""
     import ray
 
     limit = wait_limit()
-    done, pending = ray.wait(refs, num_returns=len(refs), timeout=limit)
-    if pending:
-        for ref in pending:
-            ray.cancel(ref, force=True)
-        raise TimeoutError(f"{len(pending)} of {len(refs)} Ray tasks of {what} did not finish within {limit:g} s "
-                           f"(is a node with a free CPU alive? `ray status` shows it); raise {TASK_WAIT_ENV} "
-                           "for larger corpora")
-    return ray.get(refs, timeout=60)
+    try:
+        done, pending = ray.wait(refs, num_returns=len(refs), timeout=limit)
+        if pending:
+            raise TimeoutError(f"{len(pending)} of {len(refs)} Ray tasks of {what} did not finish within {limit:g} s "
+                               f"(is a node with a free CPU alive? `ray status` shows it); raise {TASK_WAIT_ENV} "
+                               "for larger corpora")
+        return ray.get(refs, timeout=60)
+    except BaseException:
+        for ref in refs:
+            ray.cancel(ref, force=True)  # (a finished task's cancel does nothing)
+        raise
