@@ -1,6 +1,7 @@
 """Ray Data corpus pipeline and grouped batch orders: nothing lost, groups intact, seeded, clear errors."""
 
 import collections
+import importlib
 import json
 
 import numpy as np
@@ -134,10 +135,10 @@ def test_a_knn_search_larger_than_free_memory_is_refused_in_one_line():
     from raycse.errors import ResourceError
 
     gib = 2**30
-    # 10M x 384 float32 normalised (15.4 GB; the cell join makes no other copy) + (N, 129) int32 ids (5.2 GB)
-    assert knn_mod.memory_needed(10_000_000, 384, 64, "cells") == 10_000_000 * (384 * 4 + 129 * 4)
-    # in float16, given normalised: only the ids
-    assert knn_mod.memory_needed(10_000_000, 384, 64, "cells", normalized=True, itemsize=2) == 10_000_000 * 129 * 4
+    # 10M x 384 float32 normalised (15.4 GB; the cell join makes no other copy) + (N, 65) int32 ids (2.6 GB)
+    assert knn_mod.memory_needed(10_000_000, 384, 64, "cells") == 10_000_000 * (384 * 4 + 65 * 4)
+    # in float16, given normalised: only the ids (each row's own id is dropped in place)
+    assert knn_mod.memory_needed(10_000_000, 384, 64, "cells", normalized=True, itemsize=2) == 10_000_000 * 65 * 4
     # exact search: faiss's index holds a float32 copy
     assert knn_mod.memory_needed(10_000_000, 384, 64, "exact", normalized=True) == 10_000_000 * (384 * 4 + 129 * 4)
     with pytest.raises(ResourceError) as refused:
@@ -317,7 +318,8 @@ def test_grouping_keeps_embeddings_in_float16_only_where_float32_would_crowd_mem
 def test_the_cell_join_on_float16_vectors_holds_no_copy_of_all_of_them(monkeypatch):
     """10M x 384 vectors are 15.4 GB in float32: grouping keeps them normalised in float16 and the
     cell join reads them where they lie, so its peak is the id arrays and a cell's rows, not a
-    float32 or cell-ordered copy of all N (measured with tracemalloc, which counts numpy's buffers)."""
+    float32 or cell-ordered copy of all N, nor a second id array: each row's own id is dropped in
+    place, a chunk at a time (measured with tracemalloc, which counts numpy's buffers)."""
     import tracemalloc
 
     from raycse.grouping import vectors
@@ -326,7 +328,10 @@ def test_the_cell_join_on_float16_vectors_holds_no_copy_of_all_of_them(monkeypat
     rng = np.random.default_rng(0)
     x = knn_mod.normalize(rng.normal(size=(60000, 128)).astype(np.float16))
     assert knn_mod.normalize(x) is x  # unit float16 rows (as grouping's embeddings come) are not copied again
-    ids = 60000 * (2 * 8 + 1) * 4  # (N, k+1) and (N, k) int32
+    ids = 60000 * (8 + 1) * 4  # (N, k+1) int32
+    for module in ("faiss", "torch"):  # imported on first use: their module objects are not the search's memory
+        importlib.import_module(module)
+
     tracemalloc.start()
     try:
         res = knn_mod.search(x, 8, method="cells", assume_normalized=True, recall_sample=0, cell_size=64,
@@ -335,7 +340,30 @@ def test_the_cell_join_on_float16_vectors_holds_no_copy_of_all_of_them(monkeypat
     finally:
         tracemalloc.stop()
     assert res.neighbours.shape == (60000, 8) and res.neighbours.dtype == np.int32
-    assert peak < ids + 0.5 * x.nbytes, f"peak {peak / 2**20:.1f} MiB: ids {ids / 2**20:.1f}, x {x.nbytes / 2**20:.1f}"
+    assert peak < ids + 0.3 * x.nbytes, f"peak {peak / 2**20:.1f} MiB: ids {ids / 2**20:.1f}, x {x.nbytes / 2**20:.1f}"
+
+
+@pytest.mark.parametrize("n, width, k, dtype", [(5000, 9, 8, np.int32), (5000, 9, 8, np.int64), (6, 6, 8, np.int32),
+                                                (5000, 12, 8, np.int32)])
+def test_each_rows_own_id_is_dropped_from_its_list(monkeypatch, n, width, k, dtype):
+    """Row i's list without i, first k kept, -1 padded: where i is in it, where it is not (ties), on
+    lists a chunk of rows apart, in place (the cell join's k + 1 int32 columns) or not."""
+    from raycse.grouping import vectors
+
+    monkeypatch.setattr(vectors, "CHUNK", 1000)
+    rng = np.random.default_rng(width)
+    idx = rng.integers(-1, n, size=(n, width)).astype(dtype)
+    own = rng.integers(0, width, size=n)
+    with_self = rng.random(n) < 0.9
+    idx[np.flatnonzero(with_self), own[with_self]] = np.flatnonzero(with_self)
+    idx[~with_self] = np.where(idx[~with_self] == np.flatnonzero(~with_self)[:, None], -1, idx[~with_self])
+    expected = np.full((n, k), -1)
+    for i in range(n):
+        kept = [j for j in idx[i].tolist() if j != i][:k]
+        expected[i, :len(kept)] = kept
+    got = knn_mod._drop_self(idx.copy(), k)
+    assert got.shape == (n, k) and got.dtype == np.int32
+    assert np.array_equal(got, expected)
 
 
 @pytest.mark.parametrize("n, group, batch, world", [(1000, 1, 16, 2), (997, 1, 8, 3), (1200, 4, 16, 2), (40, 1, 64, 1)])

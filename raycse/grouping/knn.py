@@ -25,7 +25,8 @@ from typing import Optional
 
 import numpy as np
 
-from raycse.grouping.vectors import float32_chunks, id_dtype, normalize
+from raycse.grouping import vectors as embedding_arrays  # (module: search() names its argument vectors)
+from raycse.grouping.vectors import as_float32, float32_chunks, id_dtype, normalize
 
 log = logging.getLogger("raycse.grouping")
 
@@ -121,14 +122,17 @@ def choose(n: int, method: str, exact_threshold: int) -> tuple[str, str]:
 
 def memory_needed(n: int, dim: int, k: int, method: str, normalized: bool = False, itemsize: int = 4) -> int:
     """Bytes the search allocates beside the ``n`` x ``dim`` vectors it is given (``itemsize`` bytes
-    a value): the normalised copy (unless given normalised) and the (N, k+1) and (N, k) id arrays.
-    The cell join gathers its cells' rows where they lie, one cell at a time, and exact and IVF
-    search hold a float32 copy in their faiss index."""
+    a value): the normalised copy (unless given normalised) and the id arrays. The cell join gathers
+    its cells' rows where they lie, one cell at a time, and drops each row's own id from its (N, k+1)
+    ids in place; exact and IVF search hold a float32 copy in their faiss index, and their ids are
+    copied into an (N, k) array beside the (N, k+1) one."""
     size = n * dim
     need = 0 if normalized else size * itemsize
+    ids = n * (k + 1)
     if method != "cells":
         need += size * 4 * (1 + (itemsize != 4))  # the index's float32 copy, and float16 converted first
-    return need + n * (2 * k + 1) * np.dtype(id_dtype(n)).itemsize
+        ids += n * k
+    return need + ids * np.dtype(id_dtype(n)).itemsize
 
 
 def check_memory(n: int, dim: int, k: int, method: str, available: Optional[int] = None,
@@ -166,7 +170,7 @@ def search(vectors: np.ndarray, k: int, method: str = "auto", exact_threshold: i
 
         idx = cell_join(x, kk, cell_size, neighbour_cells, shards, seed, threads or 0)
     else:
-        x32 = np.ascontiguousarray(x, dtype=np.float32)  # faiss reads float32 (a copy only of float16)
+        x32 = as_float32(x)  # faiss reads float32 (a copy only of float16)
         _, idx, shard_seconds = top_k(x32, x32, kk, method, nlist, nprobe, shards, seed, threads)
         del x32
     neighbours = _drop_self(idx, k)
@@ -189,18 +193,32 @@ def _describe(method: str, n: int, cell_size: int, neighbour_cells: int, nlist: 
 
 
 def _drop_self(idx: np.ndarray, k: int) -> np.ndarray:
-    """Remove each row's own id from its list and keep k columns (-1 pads)."""
+    """Remove each row's own id from its list and keep k columns (-1 pads), a chunk of rows at a time.
+    Where ``idx`` has k + 1 columns of the final id type (the cell join's), the lists are shifted in
+    place and a view of their first k columns is returned: at 10M rows a second id array is 2.6 GB,
+    and the vectorised shift's temporaries as much again."""
     n, m = idx.shape
-    own = idx == np.arange(n)[:, None]
-    out = np.full((n, k), -1, dtype=id_dtype(n))
+    in_place = m == k + 1 and idx.dtype == id_dtype(n) and idx.flags.writeable
+    out = idx if in_place else np.full((n, k), -1, dtype=id_dtype(n))
+    for start in range(0, n, embedding_arrays.CHUNK):
+        block = idx[start:start + embedding_arrays.CHUNK]
+        out[start:start + len(block), :k] = _without_self(block, start, k)
+    return out[:, :k] if in_place else out
+
+
+def _without_self(block: np.ndarray, first: int, k: int) -> np.ndarray:
+    """Rows ``first``.. of an id list without their own id, k columns (-1 pads)."""
+    rows, m = block.shape
+    own = block == np.arange(first, first + rows)[:, None]
+    out = np.full((rows, k), -1, dtype=block.dtype)
     if (own.sum(axis=1) == 1).all():  # the common case, vectorised
-        rows = idx[~own].reshape(n, m - 1)[:, :k]
-        out[:, :rows.shape[1]] = rows
+        kept = block[~own].reshape(rows, m - 1)[:, :k]
+        out[:, :kept.shape[1]] = kept
         return out
     # rare: a row missing from its own list (exact duplicates tie, or IVF probed other lists)
-    for i in range(n):
-        row = idx[i][~own[i]][:k]
-        out[i, :len(row)] = row
+    for i in range(rows):
+        line = block[i][~own[i]][:k]
+        out[i, :len(line)] = line
     return out
 
 
@@ -211,7 +229,7 @@ def measure_recall(x: np.ndarray, approx: np.ndarray, sample: int, seed: int) ->
     n, k = approx.shape
     rng = np.random.default_rng(seed + 1)
     q = rng.choice(n, size=min(sample, n), replace=False)
-    queries, kk = np.ascontiguousarray(x[q], dtype=np.float32), min(k + 1, n)
+    queries, kk = as_float32(x[q]), min(k + 1, n)
     scores, ids = [], []
     for start, chunk in float32_chunks(x):  # no float32 copy of all N vectors (an index would hold one)
         d, i = faiss.knn(queries, chunk, min(kk, len(chunk)), metric=faiss.METRIC_INNER_PRODUCT)

@@ -22,18 +22,31 @@ def normalize(x: np.ndarray) -> np.ndarray:
                for _, rows in float32_chunks(x)):
             return x
         out = np.empty(x.shape, dtype=np.float16)
-        for s in range(0, len(x), CHUNK):
-            out[s:s + CHUNK] = normalize(x[s:s + CHUNK].astype(np.float32))
+        for s, rows in float32_chunks(x):
+            out[s:s + len(rows)] = normalize(rows)
         return out
     x = np.ascontiguousarray(x, dtype=np.float32)
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     return x / np.maximum(norms, 1e-12)
 
 
+def as_float32(rows: np.ndarray) -> np.ndarray:
+    """``rows`` as a contiguous float32 array (itself if it is one). float16 is cast by torch,
+    which uses the CPU's half-precision conversion instructions: numpy's own cast takes ~7x as long,
+    and was most of a float16 cell join's time."""
+    if rows.dtype != np.float16:
+        return np.ascontiguousarray(rows, dtype=np.float32)
+    import torch
+
+    if not (rows.flags.writeable and rows.flags.c_contiguous):
+        rows = np.array(rows)  # torch shares only writable, contiguous memory; a float16 copy is cheap
+    return torch.from_numpy(rows).float().numpy()
+
+
 def float32_chunks(x: np.ndarray):
     """(start, rows as contiguous float32) over ``x`` in chunks of ``CHUNK``: faiss reads float32 only."""
     for s in range(0, len(x), CHUNK):
-        yield s, np.ascontiguousarray(x[s:s + CHUNK], dtype=np.float32)
+        yield s, as_float32(x[s:s + CHUNK])
 
 
 def id_dtype(n: int):
