@@ -2,6 +2,7 @@
 
     python benchmarks/corpus_scale.py --sizes 100000 1000000 4000000 --workdir /tmp/raycse-scale
     python benchmarks/corpus_scale.py --sizes 100000 --embed-sample 100000   # + the embedding rate
+    python benchmarks/corpus_scale.py --sizes 1000000 10000000 --knn-only    # the kNN search alone
 
 Builds synthetic corpora of unique lines (wiki_sample.txt sentences with words swapped, each line
 made unique by a hex serial; cached in ``--workdir``), then for each size runs raycse's own
@@ -142,9 +143,6 @@ def pipeline_stages(path: Path, n: int, seed: int) -> list[dict]:
     from raycse.config import DataConfig, GroupingConfig
     from raycse.data.dataset import load_corpus, raw_dataset
     from raycse.grouping import epoch_batches
-    import psutil
-
-    from raycse.grouping import knn
 
     d = DataConfig(corpus=str(path))
     rows = []
@@ -157,19 +155,27 @@ def pipeline_stages(path: Path, n: int, seed: int) -> list[dict]:
         grouping = GroupingConfig(strategy="random")
         rows.append(staged("layout", s, lambda: epoch_batches(corpus, grouping, 64, 2, seed, 0, 0).steps)[0])
         del corpus
-        # the vectors as grouping keeps a large corpus's (normalised float16, raycse.grouping.embed.vector_dtype)
-        need = n * 384 * 2 + knn.memory_needed(n, 384, 64, "cells", normalized=True, itemsize=2)
-        if need > psutil.virtual_memory().available:  # knn.search would refuse it in one line (exit 2)
-            print(f"# kNN search at {n:,}: skipped, needs {need / 2**30:.1f} GiB with the vectors "
-                  f"({psutil.virtual_memory().available / 2**30:.1f} GiB free)")
-        else:
-            from benchmarks.knn_grouping import synthetic
-
-            x = synthetic(n, "noisy", seed=seed, dtype="float16")
-            rows.append(staged("kNN search", s, lambda: knn.search(x, 64, assume_normalized=True, recall_sample=0))[0])
-            del x
+        rows += knn_stage(n, seed, s)
     ray.shutdown()
     return rows
+
+
+def knn_stage(n: int, seed: int, sampler: Sampler) -> list[dict]:
+    """The grouping search on N synthetic vectors, as grouping keeps a large corpus's (normalised
+    float16, raycse.grouping.embed.vector_dtype); none where it would not fit in free memory."""
+    import psutil
+
+    from benchmarks.knn_grouping import synthetic
+    from raycse.grouping import knn
+
+    need = n * 384 * 2 + knn.memory_needed(n, 384, 64, "cells", normalized=True, itemsize=2)
+    if need > psutil.virtual_memory().available:  # knn.search would refuse it in one line (exit 2)
+        print(f"# kNN search at {n:,}: skipped, needs {need / 2**30:.1f} GiB with the vectors "
+              f"({psutil.virtual_memory().available / 2**30:.1f} GiB free)")
+        return []
+    x = synthetic(n, "noisy", seed=seed, dtype="float16")
+    sampler.take()  # the stage's peak, not the vectors' making
+    return [staged("kNN search", sampler, lambda: knn.search(x, 64, assume_normalized=True, recall_sample=0))[0]]
 
 
 def embed_rate(sample: int) -> float:
@@ -223,6 +229,8 @@ def main() -> None:
     ap.add_argument("--workdir", default="/tmp/raycse-corpus-scale", help="where corpora and models are written")
     ap.add_argument("--embed-sample", type=int, default=0, help="measure the embedding rate on this many sentences")
     ap.add_argument("--no-train", action="store_true", help="skip the raycse train command")
+    ap.add_argument("--knn-only", action="store_true",
+                    help="run only the kNN search stage (no corpus built, no Ray, no train command)")
     ap.add_argument("--json", default=None, help="append the results to this JSON file")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -234,6 +242,10 @@ def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     results = {}
     for n in args.sizes:
+        if args.knn_only:
+            with Sampler(os.getpid(), ray_connected=False) as sampler:
+                results[n] = knn_stage(n, args.seed, sampler)
+            continue
         path = build_corpus(n, workdir, args.seed)
         import ray
 
