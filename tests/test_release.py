@@ -216,6 +216,41 @@ def test_fits_one_after_another_release_their_cpus(ray_cluster, tiny_model, corp
     assert not live_groups()
 
 
+def test_a_refusal_a_worker_raises_is_its_one_line_and_the_fit_is_released(ray_cluster, tmp_path):
+    """A RaycseError raised inside the fit (rank 0's in-fit kNN regroup refuses a search that would not
+    fit in its memory, say) reaches the command as that error, whose one line it prints with exit 2,
+    not as Ray Train's WorkerGroupError with the worker's traceback; the fit's workers and placement
+    group are gone."""
+    from ray.train import RunConfig as TrainRunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from raycse.config import TrainConfig
+    from raycse.errors import ResourceError
+    from raycse.train import release
+    from raycse.train.fit import fit_and_release
+
+    line = ("kNN grouping of 12,000,000 examples (384-d, 64 neighbours) needs ~3.0 GiB more memory on this node "
+            "and 1.0 GiB is free: use --grouping cluster or shingle")
+
+    def loop(config):
+        import ray.train
+
+        from raycse.errors import ResourceError
+
+        if ray.train.get_context().get_world_rank() == 0:
+            raise ResourceError(config["line"])
+
+    registry, key = release.driver_registry(), f"refusal-{tmp_path.name}"
+    trainer = TorchTrainer(loop, train_loop_config={"line": line},
+                           scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
+                           run_config=TrainRunConfig(storage_path=str(tmp_path), name="refusal",
+                                                     callbacks=[release.RegisterRun(registry, key)]))
+    with pytest.raises(ResourceError) as refused:
+        fit_and_release(trainer, TrainConfig(num_workers=2), registry, key, {"CPU": 1})
+    assert str(refused.value) == line
+    assert not live_groups()
+
+
 def json_settings(exp):
     import json
 

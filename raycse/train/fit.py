@@ -7,6 +7,7 @@ import contextlib
 import os
 from typing import Optional
 
+from raycse.errors import RaycseError
 from raycse.interrupts import Interrupted
 from raycse.redact import redact
 from raycse.train import release
@@ -123,6 +124,7 @@ def fit_and_release(trainer, t, registry, run_key: str, per_worker: dict):
     except Exception as err:
         clear = release.worker_start_error(err, t.num_workers, per_worker, t.worker_start_timeout_s,
                                            t.worker_start_attempts)
+        clear = clear or worker_refusal(err)
         try:
             release.release(registry, run_key, release_s)
         except release.ReleaseError as leak:
@@ -132,6 +134,14 @@ def fit_and_release(trainer, t, registry, run_key: str, per_worker: dict):
         raise
     release.release(registry, run_key, release_s)
     return result
+
+
+def worker_refusal(err: BaseException) -> Optional[RaycseError]:
+    """The refusal a worker raised (a :class:`~raycse.errors.RaycseError`, e.g. kNN grouping that would
+    not fit in rank 0's memory), out of Ray Train's error for the worker group, so the command says its
+    one line instead of Ray's traceback; None for anything else (a bug keeps its traceback)."""
+    failures = getattr(err, "worker_failures", None) or {}  # ray.train.WorkerGroupError: rank -> exception
+    return next((failures[rank] for rank in sorted(failures) if isinstance(failures[rank], RaycseError)), None)
 
 
 def _fit_in_thread(trainer, registry, run_key: str, release_s: float):
