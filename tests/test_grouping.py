@@ -148,6 +148,30 @@ def test_a_knn_search_larger_than_free_memory_is_refused_in_one_line():
     knn_mod.check_memory(100_000, 384, 64, "cells", available=16 * gib)  # fits: nothing said
 
 
+def test_a_knn_grouping_too_large_for_memory_is_refused_before_it_embeds(capsys):
+    """The run's check before the corpus is embedded (hours at 10M on CPUs): the vectors as grouping
+    would keep them (float16 here: float32 would take over a quarter of the memory) plus the search's
+    (N, k+1) ids must fit in the free memory, else one line naming the ways out."""
+    from raycse.errors import ResourceError
+    from raycse.grouping.embed import check_room_to_group
+
+    gib = 2**30
+    knn_run = GroupingConfig(strategy="knn")
+    # 10M x 384 in float16 (7.7 GB) + (N, 65) int32 ids (2.6 GB) = 10.3 GB
+    check_room_to_group(10_000_000, 384, knn_run, available=12 * gib)
+    with pytest.raises(ResourceError) as refused:
+        check_room_to_group(10_000_000, 384, knn_run, available=9 * gib)
+    line = str(refused.value)
+    assert "\n" not in line and "10,000,000 examples (384-d, 64 neighbours)" in line and "--grouping cluster" in line
+    assert "~9.6 GiB" in line and "9.0 GiB is free" in line, line
+    assert capsys.readouterr().out == ""  # the float16 choice is said when the vectors are made, not here
+    # exact search (few examples) also holds faiss's float32 copy
+    with pytest.raises(ResourceError):
+        check_room_to_group(40_000, 384, knn_run, available=100 * 2**20)
+    check_room_to_group(10_000_000, 384, GroupingConfig(strategy="cluster"), available=1)  # no neighbour lists
+    check_room_to_group(10_000_000, None, knn_run, available=1)  # width unknown: the search checks again
+
+
 @pytest.mark.parametrize("value", ["soon", "0", "-5", "nan", "inf"])
 def test_a_bad_grouping_task_timeout_is_one_line(value, monkeypatch):
     from raycse.errors import ConfigError

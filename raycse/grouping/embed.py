@@ -100,17 +100,37 @@ def embed_corpus(corpus, model_path: str, max_length: int, actors: int = 1, batc
 HALF_ABOVE = 0.25  # of the free memory: float32 vectors larger than this are kept in float16
 
 
-def vector_dtype(n: int, dim: int, available: Optional[int] = None):
+def vector_dtype(n: int, dim: int, available: Optional[int] = None, quiet: bool = False):
     """float16 where ``n`` x ``dim`` float32 vectors would take over ``HALF_ABOVE`` of the memory
-    free (``available``, default: this node's now), else float32; a float16 choice is printed."""
+    free (``available``, default: this node's now), else float32; a float16 choice is printed
+    (unless ``quiet``)."""
     import psutil
 
     free = psutil.virtual_memory().available if available is None else available
     if n * dim * 4 <= HALF_ABOVE * free:
         return np.float32
+    if quiet:
+        return np.float16
     print(f"[raycse] grouping: {n:,} embeddings kept normalised in float16 ({n * dim * 4 / 2**30:.1f} GiB in "
           f"float32, {free / 2**30:.1f} GiB free)", flush=True)
     return np.float16
+
+
+def check_room_to_group(n: int, dim: Optional[int], grouping, available: Optional[int] = None) -> None:
+    """Before kNN grouping embeds ``n`` rows (hours at 10M on CPUs): one line (exit 2) where their
+    ``dim``-wide vectors, kept as :func:`vector_dtype` would keep them, and the search's own arrays
+    would not fit in the memory free on this node now. Other strategies, or an unknown width: nothing."""
+    if grouping.strategy != "knn" or not dim:
+        return
+    import psutil
+
+    from raycse.grouping import knn
+
+    free = psutil.virtual_memory().available if available is None else available
+    itemsize = np.dtype(vector_dtype(n, dim, free, quiet=True)).itemsize
+    method, _ = knn.choose(n, grouping.search, grouping.exact_threshold)
+    # normalized=False: the vectors, not made yet, are counted where the search's normalised copy would be
+    knn.check_memory(n, dim, grouping.neighbours, method, available=free, normalized=False, itemsize=itemsize)
 
 
 def shingle_keys(corpus, seed: int, epoch: int, size: int = 1, by: str = "first") -> np.ndarray:

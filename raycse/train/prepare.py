@@ -100,10 +100,12 @@ def read_corpus(run: RunConfig, prepared: Optional[PreparedData], source=None, p
 def lay_out_epochs(run: RunConfig, corpus, spe: int, total: int, embed_from: str) -> tuple[list, list]:
     """The fit's epochs as layouts of row ids (raycse.grouping.layout) and each epoch's grouping log.
     Strategies that group by embeddings embed the corpus once, with ``embed_from``."""
+    from raycse.encoder import embedding_width_of
     from raycse.grouping import layouts, plan_epoch
-    from raycse.grouping.embed import embed_corpus, grouping_prompt_name
+    from raycse.grouping.embed import check_room_to_group, embed_corpus, grouping_prompt_name
 
     t, prompts = run.train, run.data.prompts
+    check_room_to_group(corpus.num_examples, embedding_width_of(embed_from), run.grouping)  # this driver keeps them
     vectors = functools.lru_cache(maxsize=1)(
         lambda: embed_corpus(corpus, embed_from, run.model.max_length, run.grouping.embed_actors,
                              run.grouping.embed_batch_size, t.use_gpu, t.precision, run.grouping.by,

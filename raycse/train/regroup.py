@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from raycse.grouping.batches import pack_epoch
-from raycse.grouping.embed import column, grouping_prompt_name, vector_dtype
+from raycse.grouping.embed import check_room_to_group, column, grouping_prompt_name, vector_dtype
 from raycse.grouping.layout import CorpusTable, Layout, epoch_rows
 from raycse.grouping.strategies import group_order
 from raycse.grouping.vectors import normalize
@@ -117,6 +117,8 @@ def regroup(encoder, table: CorpusTable, run, rank: int, world: int, device: tor
     """Every rank: embed this rank's share, gather to rank 0, group there, broadcast the batches."""
     t0 = time.perf_counter()
     g = run.grouping
+    if rank == 0:  # it keeps every vector: refused before the embedding, not after it
+        check_room_to_group(table.n, encoder.output_size, g)
     share = embed_share(encoder, table, g.by, rank, world, run.model.max_length, g.embed_batch_size, dtype,
                         grouping_prompt_name(run.data.prompts, g.by))
     embed_s = time.perf_counter() - t0
