@@ -32,7 +32,7 @@ def gather(refs: list, what: str) -> list:
 
     limit = wait_limit()
     try:
-        done, pending = ray.wait(refs, num_returns=len(refs), timeout=limit)
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=limit)
         if pending:
             raise TimeoutError(f"{len(pending)} of {len(refs)} Ray tasks of {what} did not finish within {limit:g} s "
                                f"(is a node with a free CPU alive? `ray status` shows it); raise {TASK_WAIT_ENV} "

@@ -31,9 +31,9 @@ def normalize(x: np.ndarray) -> np.ndarray:
 
 
 def as_float32(rows: np.ndarray) -> np.ndarray:
-    """``rows`` as a contiguous float32 array (itself if it is one). float16 is cast by torch,
-    which uses the CPU's half-precision conversion instructions: numpy's own cast takes ~7x as long,
-    and was most of a float16 cell join's time."""
+    """``rows`` as a contiguous float32 array (itself if it is one). float16 is cast by torch, with
+    the CPU's half-precision conversion instructions: numpy's own cast is several times slower, and
+    the cell join casts every cell it gathers (benchmarks/float16_join.py)."""
     if rows.dtype != np.float16:
         return np.ascontiguousarray(rows, dtype=np.float32)
     import torch
