@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 from typing import Optional, Sequence
 
@@ -525,14 +524,13 @@ def cmd_mine(args) -> int:
         settings.embed_actors = cluster_cpus()
     from raycse.data.dataset import ray_data_errors
 
-    from raycse.interrupts import Interrupted
+    from raycse.interrupts import interrupted
 
     try:
         with ray_data_errors():
             result = mine(data, model, Path(out), settings, args.candidates, args.seed)
-    except Interrupted as stop:
-        stop.detail = f"nothing was written to {out}; rerun the same command to mine again"
-        raise
+    except KeyboardInterrupt as caught:
+        raise interrupted(caught, f"nothing was written to {out}; rerun the same command to mine again") from None
     print(f"[raycse] {result.triplets} triplets written to {result.path} ({result.dropped} queries dropped with "
           f"fewer than {args.num_negatives} usable negatives; {result.candidates} candidates; seconds {result.seconds})")
     print(f"[raycse] train on them: raycse train --corpus {result.path} --text-column {args.text_column} "
@@ -569,9 +567,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"raycse: error: {exc}", file=sys.stderr)
             processes.forget_own_ray()  # (as on success: Ray's exit ends its processes; a kept record let the next
             return 2                    # command, started while they were ending, call this one killed)
-        except (interrupts.Interrupted, KeyboardInterrupt) as stop:
-            if not isinstance(stop, interrupts.Interrupted):
-                stop = interrupts.Interrupted(signal.SIGINT, "nothing was written to the output")
+        except KeyboardInterrupt as caught:
+            stop = interrupts.interrupted(caught, "nothing was written to the output")
             print(f"raycse: {stop.line()}", file=sys.stderr, flush=True)
             left = processes.end_own_ray()
             if left:

@@ -19,10 +19,13 @@ from typing import Callable, Optional
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-class Interrupted(BaseException):
+class Interrupted(KeyboardInterrupt):
     """The command received ``signum``; ``detail`` says what was kept and how to go on.
 
-    A BaseException, like KeyboardInterrupt, so that code catching ``Exception`` does not swallow it."""
+    A KeyboardInterrupt: code catching ``Exception`` does not swallow it, and Ray's blocking calls
+    (``ray.get``, ``ray.wait``) end at once, as they do only for a KeyboardInterrupt (any other
+    exception waited for the call to end). They raise a bare KeyboardInterrupt in its place, which
+    :func:`interrupted` turns back into this."""
 
     def __init__(self, signum: int, detail: str = ""):
         super().__init__(signum, detail)
@@ -37,16 +40,25 @@ class Interrupted(BaseException):
         return f"interrupted ({name}){'; ' + self.detail if self.detail else ''}"
 
 
-_state = {"installed": False, "graceful": None, "pending": None}
+_state = {"installed": False, "graceful": None, "pending": None, "last": None}
 
 
 def _handler(signum, _frame) -> None:
+    _state["last"] = signum
     stop: Optional[Callable] = _state["graceful"]
     if stop is not None and _state["pending"] is None:
         _state["pending"] = signum  # the first signal asks for the orderly stop; a second one raises now
         stop(signum)
         return
     raise Interrupted(signum)
+
+
+def interrupted(stop: KeyboardInterrupt, detail: str = "") -> Interrupted:
+    """``stop`` as an :class:`Interrupted`: itself, or for a bare KeyboardInterrupt (Ray raises one in
+    place of raycse's), one for the last signal raycse's handler received (SIGINT if none)."""
+    if isinstance(stop, Interrupted):
+        return stop
+    return Interrupted(_state["last"] or signal.SIGINT, detail)
 
 
 def install() -> None:

@@ -185,9 +185,9 @@ def test_a_bad_grouping_task_timeout_is_one_line(value, monkeypatch):
 
 
 def test_grouping_tasks_left_by_a_timeout_or_an_interrupt_are_cancelled(ray_cluster, monkeypatch):
-    """The driver's wait for the kNN search's Ray tasks ends by its bound or by Ctrl-C: either way the
-    tasks still running are cancelled (on a shared cluster nothing else would stop them), and a
-    timeout says what did not finish and how to wait longer."""
+    """The driver's wait for the kNN search's Ray tasks ends by its bound or by Ctrl-C (at once, under
+    raycse's signal handler): either way the tasks still running are cancelled (on a shared cluster
+    nothing else would stop them), and a timeout says what did not finish and how to wait longer."""
     import os
     import signal
     import threading
@@ -216,17 +216,24 @@ def test_grouping_tasks_left_by_a_timeout_or_an_interrupt_are_cancelled(ray_clus
 
     monkeypatch.setenv(tasks.TASK_WAIT_ENV, "60")  # (bounds this test if the interrupt never came)
     refs = [sleeper.remote(600), sleeper.remote(600)]
-    # Python's own Ctrl-C handler, whatever this process inherited (a background job's SIGINT is ignored)
-    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    # raycse's handler, as every command installs it: Ray's waits end at once only for a KeyboardInterrupt
+    from raycse import interrupts
+
+    inherited = {sig: signal.getsignal(sig) for sig in interrupts.SIGNALS}
+    monkeypatch.setitem(interrupts._state, "installed", False)
+    monkeypatch.setitem(interrupts._state, "last", None)
+    interrupts.install()
     try:
         ctrl_c = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
         ctrl_c.start()
         started = time.monotonic()
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt) as stopped:
             tasks.gather(refs, "the test search")
         assert time.monotonic() - started < 30
+        assert interrupts.interrupted(stopped.value).signum == signal.SIGINT  # what the command then says
     finally:
-        signal.signal(signal.SIGINT, inherited)
+        for sig, handler in inherited.items():
+            signal.signal(sig, handler)
     assert cancelled(refs[0]) and cancelled(refs[1])
 
 

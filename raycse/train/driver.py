@@ -29,7 +29,7 @@ from raycse import storage as objstore  # "storage" is Ray Train's checkpoint pa
 from raycse.capacity import cluster_ceiling, default_cpus_per_worker
 from raycse.config import RunConfig
 from raycse.evaluation import initial_scores
-from raycse.interrupts import Interrupted
+from raycse.interrupts import interrupted
 from raycse.outputs import claim_output, private_tempdir
 from raycse.redact import redact_obj
 from raycse.train.checkpoints import files as ckpt
@@ -87,8 +87,12 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     except BaseException as exc:
         shutil.rmtree(claim.staging, ignore_errors=True)
         close_tracking(tracking, ok=False)
-        if isinstance(exc, Interrupted) and not exc.detail:
-            exc.detail = interrupted_detail(run, inputs.storage_path, run_name, *live, final)
+        if isinstance(exc, KeyboardInterrupt):
+            stop = interrupted(exc)
+            if not stop.detail:
+                stop.detail = interrupted_detail(run, inputs.storage_path, run_name, *live, final)
+            if stop is not exc:
+                raise stop from None
         raise
     finally:
         if local_root is not None:

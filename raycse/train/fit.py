@@ -8,7 +8,6 @@ import os
 from typing import Optional
 
 from raycse.errors import RaycseError
-from raycse.interrupts import Interrupted
 from raycse.redact import redact
 from raycse.train import release
 from raycse.train.checkpoints.in_fit import CHECKPOINT_RANK
@@ -165,7 +164,7 @@ def _fit_in_thread(trainer, registry, run_key: str, release_s: float):
     try:
         while thread.is_alive():
             thread.join(0.2)  # (short waits: the main thread handles signals between them)
-    except Interrupted:
+    except KeyboardInterrupt:  # raycse's Interrupted, or the bare one Ray raises in its place
         try:
             release.release(registry, run_key, release_s)
         except Exception as leak:  # noqa: BLE001 - the command still ends; its Ray is shut down after

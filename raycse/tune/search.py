@@ -525,9 +525,10 @@ def _fit(tuner, exp_dir):
     try:
         with interrupts.graceful(stop):
             return tuner.fit()
-    except interrupts.Interrupted as stop_signal:
+    except KeyboardInterrupt as caught:
+        stop_signal = interrupts.interrupted(caught)
         stop_signal.detail = f"the search stopped with its state saved; continue it: raycse tune --resume {exp_dir}"
-        raise
+        raise stop_signal from None
 
 
 def experiment_location(storage_path: str, name: str):
