@@ -530,7 +530,9 @@ def cmd_mine(args) -> int:
         with ray_data_errors():
             result = mine(data, model, Path(out), settings, args.candidates, args.seed)
     except KeyboardInterrupt as caught:
-        raise interrupted(caught, f"nothing was written to {out}; rerun the same command to mine again") from None
+        stop = interrupted(caught)
+        stop.detail = f"nothing was written to {out}; rerun the same command to mine again"
+        raise stop from None
     print(f"[raycse] {result.triplets} triplets written to {result.path} ({result.dropped} queries dropped with "
           f"fewer than {args.num_negatives} usable negatives; {result.candidates} candidates; seconds {result.seconds})")
     print(f"[raycse] train on them: raycse train --corpus {result.path} --text-column {args.text_column} "
