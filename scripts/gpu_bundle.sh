@@ -6,7 +6,9 @@
 #                                      # source maps) + the packages the box's image lacks, as wheels;
 #                                      # .gpu_bundle/shared: the data; .gpu_bundle/model-shape: MiniLM's
 #                                      # config and tokenizer (~53 MiB with the repo)
-#   bash scripts/gpu_bundle.sh model   # .gpu_bundle/model: all-MiniLM-L6-v2 with fp16 weights (45 MB)
+#   bash scripts/gpu_bundle.sh model   # .gpu_bundle/model: all-MiniLM-L6-v2 with fp16 weights (45 MB);
+#                                      # .gpu_bundle/st: the wheels sentence-transformers' trainer needs
+#                                      # and the box lacks (datasets, dill, multiprocess; ~1 MB)
 #
 # Both do not fit in one transfer: carry .gpu_bundle/model and .gpu_bundle/shared for part one on the
 # real model (--part 1), .gpu_bundle/whl, .gpu_bundle/shared and .gpu_bundle/model-shape for part two
@@ -24,12 +26,14 @@ PYV=${PYTHON_VERSION:-3.12}
 OUT=.gpu_bundle
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 
-# what ray[default,train,data] and raycse's training path import that the GPU image does not hold
+# what ray[default,train,data] and raycse's training and tuning paths import that the GPU image does not hold
 LACKING="ray jsonschema jsonschema-specifications referencing rpds-py aiohttp-cors colorful opencensus
 opencensus-context google-api-core google-auth googleapis-common-protos proto-plus cachetools pyasn1
 pyasn1-modules opentelemetry-sdk opentelemetry-api opentelemetry-exporter-prometheus opentelemetry-proto
 opentelemetry-semantic-conventions importlib-metadata pydantic pydantic-core annotated-types
-typing-inspection smart-open tensorboardX"
+typing-inspection smart-open tensorboardX optuna alembic sqlalchemy mako colorlog"
+# what sentence-transformers' trainer (part one's baseline) imports that the image does not hold
+ST_LACKING="datasets dill multiprocess"
 
 pinned() {  # NAME==VERSION from scripts/constraints.txt (names compared normalized), else NAME
   local norm line
@@ -59,15 +63,21 @@ tmp.replace(path)
 EOF
 }
 
-bundle_ray() {
-  rm -rf "$OUT/whl" "$OUT/shared"
-  mkdir -p "$OUT/whl"
-  local specs=() name
-  for name in $LACKING; do specs+=("$(pinned "$name")"); done
+wheels() {  # wheels DIR NAMES...: the pinned wheels for the box's Python, no dependencies
+  local dir=$1 specs=() name
+  shift
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  for name in "$@"; do specs+=("$(pinned "$name")"); done
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYV" --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    --platform any -d "$OUT/whl" "${specs[@]}" 2>&1 | grep -v "^WARNING: Location" || true
-  [ "$(ls "$OUT"/whl | wc -l)" -eq "$(echo $LACKING | wc -w)" ] || { echo "gpu_bundle: a wheel is missing" >&2; exit 1; }
+    --platform any -d "$dir" "${specs[@]}" 2>&1 | grep -v "^WARNING: Location" || true
+  [ "$(ls "$dir" | wc -l)" -eq "$#" ] || { echo "gpu_bundle: a wheel is missing in $dir" >&2; exit 1; }
+}
+
+bundle_ray() {
+  rm -rf "$OUT/shared"
+  wheels "$OUT/whl" $LACKING
   slim_ray "$OUT"/whl/ray-*.whl
   # the data part one's loop and part two's runs read (../shared does not travel with the repo)
   local shared=${RAYCSE_SHARED:-../shared}
@@ -82,6 +92,7 @@ bundle_ray() {
 
 bundle_model() {
   rm -rf "$OUT/model"
+  wheels "$OUT/st" $ST_LACKING
   "$PY" - "$OUT/model" <<'EOF'
 import shutil, sys
 from pathlib import Path

@@ -84,6 +84,19 @@ def test_embedded_default_resolves_offline():
     assert path.endswith("model") and resolve_model("sentence-transformers/all-MiniLM-L6-v2") == path
 
 
+@pytest.mark.parametrize("use_gpu, given, expected", [(False, None, 2), (True, None, 1), (True, 3, 3), (False, 1, 1)])
+def test_length_buckets_default_to_two_on_cpus_and_one_on_gpus(tiny_model, use_gpu, given, expected):
+    """On a GPU a small encoder's step waits on kernel launches, which sub-batches multiply (an H200
+    step with 2 ran at 0.56x the plain step with 1): GPUs encode each batch in one call unless told."""
+    from raycse.config import RunConfig
+    from raycse.train.module import build_module
+
+    run = RunConfig()
+    run.model.name_or_path, run.train.use_gpu, run.train.length_buckets = str(tiny_model), use_gpu, given
+    run.validate()
+    assert build_module(run).encoder.length_buckets == expected
+
+
 def test_length_buckets_give_the_same_embeddings_and_gradients(tiny_model_no_dropout):
     enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="mean").train()
     batch = enc.tokenize(["the city", "a small village was built on the river", "king", "the old stone bridge",

@@ -124,9 +124,13 @@ class PrecisionSettings:
                           'AVX512-BF16/AMX; fp32 elsewhere)')
     # Encode each training batch as this many length-sorted sub-batches, each padded only to its own
     # longest row: the same loss with ~25% fewer padded tokens (BENCHMARKS.md). 1 = one padded call.
-    length_buckets: int = knob(2, '--length-buckets',
-                               'encode each batch as N length-sorted sub-batches to skip padding (same loss; '
-                               'BERT-family models unpad instead unless --unpad false)')
+    # None: 2 on CPUs, 1 on GPUs. A GPU step of a small encoder waits on the host's kernel launches,
+    # which sub-batches multiply: on an H200, raycse's step with 2 ran at 0.56x the plain step with 1
+    # (benchmarks/results/2026-11-30-session48-gpu.json).
+    length_buckets: Optional[int] = knob(None, '--length-buckets',
+                                         'encode each batch as N length-sorted sub-batches to skip padding (same '
+                                         'loss; default 2 on CPUs, 1 on GPUs; BERT-family models on CPUs unpad '
+                                         'instead unless --unpad false)')
     # BERT-family encoders (BERT, RoBERTa, XLM-R): run every position-wise layer on the real tokens
     # only, padding just inside attention (raycse.unpad; same loss, BENCHMARKS.md). Replaces
     # length_buckets for those models; other architectures keep the buckets. Also applies to the
@@ -154,7 +158,8 @@ class PrecisionSettings:
 
     def validate(self) -> None:
         one_of("train.precision", self.precision, PRECISIONS)
-        at_least("train.length_buckets", self.length_buckets, 1)
+        if self.length_buckets is not None:
+            at_least("train.length_buckets", self.length_buckets, 1)
         if self.pad_to_multiple_of is not None:
             at_least("train.pad_to_multiple_of", self.pad_to_multiple_of, 1)
         one_of("train.collate_ahead", self.collate_ahead, ("auto", "true", "false"))

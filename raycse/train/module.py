@@ -34,7 +34,7 @@ class TrainModule(nn.Module):
 def build_module(run: RunConfig) -> TrainModule:
     encoder = Encoder.from_pretrained(run.model.name_or_path, pooling=run.model.pooling,
                                       mlp_head=run.model.resolved_mlp_head)
-    encoder.length_buckets = run.train.length_buckets
+    encoder.length_buckets = length_buckets(run)
     encoder.unpad = run.train.unpad
     if run.train.fast_dropout:
         use_fast_dropout(encoder.backbone)
@@ -110,6 +110,12 @@ def worker_device(t) -> torch.device:
         raise RuntimeError(f"this worker holds GPU {ray.get_gpu_ids()} (train.gpus_per_worker {t.gpu_share:g}) but "
                            f"its torch {torch.__version__} has no CUDA; install torch's CUDA build on the GPU nodes")
     return device
+
+
+def length_buckets(run: RunConfig) -> int:
+    """train.length_buckets, resolved: 2 on CPUs, 1 on GPUs (where sub-batches multiply the launches)."""
+    t = run.train
+    return t.length_buckets if t.length_buckets is not None else (1 if t.use_gpu else 2)
 
 
 def pad_multiple(run: RunConfig) -> int:
