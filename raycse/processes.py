@@ -122,16 +122,23 @@ def record_own_ray(before: list) -> None:
     _record.update(path=path, procs=procs)
 
 
+def note_ray_joined() -> None:
+    """This command started or connected to Ray (raycse.train.runtime.ensure_ray): it leaves it on a signal."""
+    _record["joined"] = True
+
+
 def end_own_ray() -> list[int]:
-    """Shut down this command's Ray and end whatever of it is still running within the bound."""
+    """Shut down this command's Ray and end whatever of it is still running within the bound. A Ray the
+    process had joined before the command (a caller's of ``raycse.cli.main``) stays joined."""
     import ray
 
     procs = list(_record.get("procs", []))
     procs += [d for p, _ in alive(procs) for d in descendants(p)]  # (its workers: below the raylet)
-    try:
-        ray.shutdown()
-    except Exception:  # noqa: BLE001 - what remains is ended below either way
-        pass
+    if _record.pop("joined", False):
+        try:
+            ray.shutdown()
+        except Exception:  # noqa: BLE001 - what remains is ended below either way
+            pass
     left = end(procs)
     if _record.get("path") is not None and not left:
         _record["path"].unlink(missing_ok=True)
@@ -140,6 +147,7 @@ def end_own_ray() -> list[int]:
 
 def forget_own_ray() -> None:
     """The command ended normally (Ray's own exit ends its processes): drop the record."""
+    _record.pop("joined", None)
     if _record.get("path") is not None:
         _record["path"].unlink(missing_ok=True)
 

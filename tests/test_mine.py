@@ -112,3 +112,35 @@ def test_mine_bad_input_is_one_line_and_writes_nothing(tiny_model, tmp_path, cap
     assert main(["mine", "--corpus", str(path), "--output", str(tmp_path / "t.jsonl")]) == 2
     assert "needs --pair-column" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pairs.jsonl"]
+
+
+def test_an_interrupted_mine_is_one_line_naming_its_unwritten_output_and_the_rerun(ray_cluster, tiny_model, tmp_path,
+                                                                                  capsys, monkeypatch):
+    """A real SIGINT to this process as mine starts to embed: raycse's handler (installed by main) raises
+    in the main thread, and the command ends in one line saying nothing was written to the output and
+    how to mine again, with exit 130 and no output file. The Ray this process had joined before the
+    command (the tests' shared one) stays joined: only a command's own Ray is shut down."""
+    import os
+    import signal
+
+    import ray
+
+    from raycse.grouping import embed
+
+    original = embed.embed_corpus
+
+    def embed_after_a_sigint(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(embed, "embed_corpus", embed_after_a_sigint)
+    path, _, _ = _pairs(tmp_path)
+    out = tmp_path / "triplets.jsonl"
+    argv = ["mine", "--corpus", str(path), "--text-column", "q", "--pair-column", "a", "--output", str(out),
+            "--model", str(tiny_model), "--max-length", "16", "--embed-actors", "1"]
+    assert main(argv) == 130
+    err = own_lines(capsys.readouterr().err)
+    assert err == [f"raycse: interrupted (SIGINT); nothing was written to {out}; rerun the same command to mine "
+                   f"again"], err
+    assert not out.exists()
+    assert ray.is_initialized(), "the command shut down the Ray this process had joined before it"

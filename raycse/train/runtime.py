@@ -27,6 +27,7 @@ def ensure_ray(num_cpus: Optional[int] = None) -> bool:
 
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True, logging_level=logging.WARNING)
+        processes.note_ray_joined()
         interrupts.reinstall()  # (ray.init put its own SIGTERM handler in)
         return False
     attempts = ray_start_attempts()
@@ -35,6 +36,7 @@ def ensure_ray(num_cpus: Optional[int] = None) -> bool:
         try:
             start_local_ray(num_cpus, log_to_driver=True, logging_level=logging.WARNING,
                             object_store_memory=int(os.environ.get("RAYCSE_OBJECT_STORE_BYTES", 1 << 30)))
+            processes.note_ray_joined()
             interrupts.reinstall()
             processes.record_own_ray(before)  # what a later command ends if this one is killed
             return True
