@@ -129,7 +129,7 @@ def note_ray_joined() -> None:
 
 def end_own_ray() -> list[int]:
     """Shut down this command's Ray and end whatever of it is still running within the bound. A Ray the
-    process had joined before the command (a caller's of ``raycse.cli.main``) stays joined."""
+    process had joined before the command (one calling ``raycse.cli.main``) stays joined."""
     import ray
 
     procs = list(_record.get("procs", []))

@@ -110,9 +110,8 @@ def pytest_configure(config):
                                        "runs a long table of interpreters (marked by hand)")
     config._raycse_cache = str(private_tempdir("raycse-test-cache-"))
     os.environ["RAYCSE_CACHE"] = config._raycse_cache
-    # Ray Train's controller polls its workers every 2 s, so it saw each fit's end ~1.5 s late on
-    # average; at 0.2 s (read by every Ray started from here, which inherits this environment) a
-    # 4-step fit took ~1.5 s less (benchmarks/results/2026-11-30-session48.json)
+    # Ray Train's controller polls its workers every 2 s (Ray's default), so it sees a fit's end late;
+    # every Ray started from here inherits 0.2 s (benchmarks/results/2026-11-30-session48.json)
     os.environ.setdefault(RAY_TRAIN_POLL[0], RAY_TRAIN_POLL[1])
 
 

@@ -124,9 +124,8 @@ class PrecisionSettings:
                           'AVX512-BF16/AMX; fp32 elsewhere)')
     # Encode each training batch as this many length-sorted sub-batches, each padded only to its own
     # longest row: the same loss with ~25% fewer padded tokens (BENCHMARKS.md). 1 = one padded call.
-    # None: 2 on CPUs, 1 on GPUs. A GPU step of a small encoder waits on the host's kernel launches,
-    # which sub-batches multiply: on an H200, raycse's step with 2 ran at 0.56x the plain step with 1
-    # (benchmarks/results/2026-11-30-session48-gpu.json).
+    # None: 2 on CPUs, 1 on GPUs, where a small encoder's step waits on the host's kernel launches,
+    # which sub-batches multiply (benchmarks/results/2026-11-30-session48-gpu.json).
     length_buckets: Optional[int] = knob(None, '--length-buckets',
                                          'encode each batch as N length-sorted sub-batches to skip padding (same '
                                          'loss; default 2 on CPUs, 1 on GPUs; BERT-family models on CPUs unpad '
