@@ -10,7 +10,7 @@ Part one needs only torch and transformers (a GPU box may have no Ray and no net
   4. a torch.profiler summary of 20 SimCSE steps (batch --train-batch): wall, device busy, host phases.
 Part two, where Ray is installed: ``raycse train --use-gpu`` with 1 worker, and with 2 workers
 (NCCL) on a box with 2+ GPUs; the 1-worker run again with the batch collated in the training
-thread, and once more with steps 41..60 profiled (read against part one's profile).
+thread, and steps 41..60 of it profiled both ways (read against part one's profile).
 
 ``--device cpu --model tiny`` runs the same checks on a CPU with a tiny random BERT (the test suite
 does, so the script stays runnable where no GPU is). Prints one line per check and, with --json,
@@ -424,6 +424,15 @@ def part_two(model: str, steps: int, batch: int, stsb_dev: str | None) -> dict:
     # the same 1-worker run tokenizing in the training thread (train.collate_ahead is on for GPUs)
     inline = out["1_worker_inline_collate"] = train_on_gpus(model, 1, steps, batch, stsb_dev, shared,
                                                             ("--set", "train.collate_ahead=false"))
+    # and profiled that way: in the profile above, the forward's ops (the training thread) took 2-4x the
+    # plain step's host time while the backward's (autograd's own thread) did not; a thread that
+    # competes with the training thread, the collating one, is the suspect
+    profiled_inline = out["1_worker_profiled_inline_collate"] = train_on_gpus(
+        model, 1, 60, batch, stsb_dev, shared,
+        ("--set", "train.profile_steps=40:60", "--set", "train.collate_ahead=false", "--eval-steps", "1000"))
+    if profiled_inline["profile"]:
+        print(profile_line(f"in the Ray worker collating in the training thread, batch {batch}",
+                           profiled_inline["profile"]), flush=True)
     ahead = out["1_workers"]["train_examples_per_s"]
     if inline["rc"] == 0 and ahead and inline["train_examples_per_s"]:
         out["collate_ahead_ratio"] = ahead / inline["train_examples_per_s"]

@@ -6,6 +6,7 @@ import json
 import os
 import random
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,7 +84,13 @@ def private_env() -> dict:
     return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
 
 
-RAY_TRAIN_POLL = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")  # (also for commands run with an environment of their own)
+RAY_TRAIN_POLL = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")  # (see pytest_configure)
+
+
+def bare_env(**variables) -> dict:
+    """A script's environment built from nothing (the Python under test, the system's PATH, the tests'
+    Ray Train poll) plus ``variables``."""
+    return {"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", RAY_TRAIN_POLL[0]: RAY_TRAIN_POLL[1], **variables}
 
 
 @pytest.fixture(scope="session")

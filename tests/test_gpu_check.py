@@ -2,10 +2,9 @@
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
-from conftest import RAY_TRAIN_POLL
+from conftest import bare_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -16,8 +15,7 @@ def test_gpu_check_part_one_smoke_on_cpu(tmp_path):
                         "--batch", "8", "--lengths", "16", "32", "--reps", "1", "--loop-steps", "3", "--speed-batches", "4",
                         "--part", "1", "--train-batch", "8", "--profile-steps", "2",
                         "--json", str(out)], capture_output=True, text=True, timeout=600,
-                       env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", RAY_TRAIN_POLL[0]: RAY_TRAIN_POLL[1], "HOME": str(tmp_path),
-                            "HF_HUB_OFFLINE": "1"})
+                       env=bare_env(HOME=str(tmp_path), HF_HUB_OFFLINE="1"))
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads(out.read_text())
     assert report["device"] == "CPU"
@@ -36,7 +34,7 @@ def test_gpu_check_part_one_smoke_on_cpu(tmp_path):
     assert profile["steps"] == "6..7" and set(profile["phases_s"]) == {"raycse.collate", "raycse.step"}
     assert "[gpu-check] profile without Ray, batch 8, steps 6..7" in r.stdout
     r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True, text=True,
-                       env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", RAY_TRAIN_POLL[0]: RAY_TRAIN_POLL[1], "HOME": str(tmp_path)})
+                       env=bare_env(HOME=str(tmp_path)))
     assert r.returncode == 2 and "no CUDA device here" in r.stderr  # a CPU box says so
 
 
@@ -45,8 +43,7 @@ def test_gpu_check_part_two_fails_when_its_training_run_fails(tmp_path):
     out = tmp_path / "report.json"
     r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--device", "cpu", "--model", "tiny",
                         "--part", "2", "--json", str(out)], capture_output=True, text=True, timeout=300,
-                       env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", RAY_TRAIN_POLL[0]: RAY_TRAIN_POLL[1], "HOME": str(tmp_path),
-                            "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"})
+                       env=bare_env(HOME=str(tmp_path), HF_HUB_OFFLINE="1", RAY_AUTH_MODE="disabled"))
     assert r.returncode == 1 and "FAILED: raycse train (1_workers)" in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
     part_two = json.loads(out.read_text())["part_two"]
     assert part_two["1_workers"]["rc"] == 2 and "needs 1 GPU(s)" in part_two["1_workers"]["tail"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RAY_TRAIN_POLL
+from conftest import bare_env
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -50,8 +50,7 @@ def stand_in(tmp_path_factory, own_ray):  # (its trials run on a private Ray of 
                            "--fractions", "0.5", "--trials", "3", "--sentences", "64", "--steps", "2", "--batch", "8",
                            "--probe-steps", "3", "--probe-batch", "8", "--json", str(out)],
                           capture_output=True, text=True, timeout=600,
-                          env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", RAY_TRAIN_POLL[0]: RAY_TRAIN_POLL[1], "HOME": str(tmp),
-                               "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", "TMPDIR": str(tmp)})
+                          env=bare_env(HOME=str(tmp), HF_HUB_OFFLINE="1", RAY_AUTH_MODE="disabled", TMPDIR=str(tmp)))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
 
