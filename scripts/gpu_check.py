@@ -185,22 +185,31 @@ def unpad_vs_sdpa(model: str, device: torch.device, dtype, batch: int, lengths: 
     return out
 
 
-def median_step_s(enc, obj, opt, device: torch.device, dtype, rows_at, steps: int) -> float:
-    """Median seconds of ``steps`` SimCSE optimizer steps after two warm-up ones, tokenizing
-    included; ``rows_at(step)`` is that step's batch of sentences."""
+def median_s(device: torch.device, step_at, steps: int) -> float:
+    """Median seconds of ``step_at(0 .. steps + 1)`` after two warm-up calls, the device's queued work
+    included in each."""
     times = []
     for step in range(steps + 2):
         sync(device)
         t0 = time.perf_counter()
+        step_at(step)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return sorted(times[2:])[len(times[2:]) // 2]
+
+
+def median_step_s(enc, obj, opt, device: torch.device, dtype, rows_at, steps: int) -> float:
+    """Median seconds of ``steps`` SimCSE optimizer steps after two warm-up ones, tokenizing
+    included; ``rows_at(step)`` is that step's batch of sentences."""
+    def one(step: int) -> None:
         b = {k: v.to(device, non_blocking=True) for k, v in obj.collate(rows_at(step), enc.tokenizer, 32).items()}
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             loss = obj(enc, b).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return sorted(times[2:])[len(times[2:]) // 2]
+
+    return median_s(device, one, steps)
 
 
 def step_speed(model: str, device: torch.device, dtype, batches: tuple, steps: int) -> dict:

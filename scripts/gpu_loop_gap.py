@@ -22,7 +22,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -71,16 +70,9 @@ def engine_step(model: str, device: torch.device, batch: int, steps: int, train:
     engine = StepEngine(run, build_module(run).to(device), device, steps + 2)
     engine.module.train()
     texts = gpu_check.sentences(batch * (steps + 2), 40, seed=1, min_words=4)
-    times = []
-    for s in range(steps + 2):
-        gpu_check.sync(device)
-        t0 = time.perf_counter()
-        rows = texts[s * batch:(s + 1) * batch]
-        engine.step(move(engine.core.objective.collate(rows, engine.core.encoder.tokenizer, 32), device), s)
-        gpu_check.sync(device)
-        times.append(time.perf_counter() - t0)
-    kept = sorted(times[2:])
-    return batch / kept[len(kept) // 2]
+    collate, tokenizer = engine.core.objective.collate, engine.core.encoder.tokenizer
+    return batch / gpu_check.median_s(
+        device, lambda s: engine.step(move(collate(texts[s * batch:(s + 1) * batch], tokenizer, 32), device), s), steps)
 
 
 def rows_here(where: str, model: str, device: torch.device, batch: int, steps: int, kinds=("plain", *ENGINES)
