@@ -32,16 +32,15 @@ def test_starting_score_is_remembered_and_keyed_by_what_it_depends_on(ray_cluste
     registry = driver_registry()  # (started here if no earlier test trained in this process)
     started = len(run_registries())
     cache_file = tmp_path / "cache" / "initial_scores.json"
-    # by default (auto) a first run does not pay for a starting score nobody asked for
-    assert _run(tiny_model, corpus, dev, tmp_path / "a0") is None and not cache_file.exists()
+    # Two fits carry the key from the driver to rank 0 and the score back (what auto, true and false
+    # decide, with and without a remembered score: the fast test below)
     first = _run(tiny_model, corpus, dev, tmp_path / "a", before_training="true")  # (value: tested elsewhere)
     stored = json.loads(cache_file.read_text())
     assert list(stored.values()) == [first] and isinstance(first, float)
     # a later run reads the number back instead of scoring (auto too): plant another value and see it
     cache_file.write_text(json.dumps({k: 12.345 for k in stored}))
     assert _run(tiny_model, corpus, dev, tmp_path / "b") == 12.345
-    assert _run(tiny_model, corpus, dev, tmp_path / "c", before_training="false") is None
-    # the four train() calls of this driver recorded their fits in its one registry: none started another
+    # the train() calls of this driver recorded their fits in its one registry: none started another
     assert len(run_registries()) == started and driver_registry() == registry
 
     # the key follows the data, the model's files, the evaluation settings, and refuses a random head
@@ -64,3 +63,38 @@ def test_starting_score_is_remembered_and_keyed_by_what_it_depends_on(ray_cluste
     assert initial_scores.key(str(copy), run, load_selection(run.eval)) != base
     run.model.pooling, run.model.mlp_head = "cls", "always"
     assert initial_scores.key(str(tiny_model), run, load_selection(run.eval)) is None
+
+
+def test_before_training_scores_reads_back_or_skips_as_asked(tmp_path):
+    """Rank 0's choice at step 0 (Reporter.score_before_training), on a real cache file: auto reads a
+    remembered score and never pays for one nobody asked for, true scores once and remembers it,
+    false neither reads nor scores, and a resumed fit or one without dev data does neither."""
+    from types import SimpleNamespace
+
+    from raycse.evaluation import initial_scores
+    from raycse.train.progress import Progress
+    from raycse.train.reporter import Reporter
+
+    cache = tmp_path / "initial_scores.json"
+
+    def choose(before: str, step: int = 0, dev=True) -> tuple:
+        scored, logged = [], []
+        rep = SimpleNamespace(run=SimpleNamespace(eval=SimpleNamespace(before_training=before)),
+                              progress=Progress(step=step),
+                              plan=SimpleNamespace(initial_key="k", initial_file=str(cache)),
+                              dev=object() if dev else None, key="stsb_dev_spearman",
+                              evaluate=lambda: scored.append(1) or 41.5,
+                              tlog=SimpleNamespace(log=lambda metrics, step: logged.append((metrics, step))))
+        remembered = Reporter.score_before_training(rep)
+        return remembered, rep.progress.initial, len(scored), logged
+
+    assert choose("auto") == (False, None, 0, []) and not cache.exists()  # a first run does not pay for it
+    assert choose("false") == (False, None, 0, []) and not cache.exists()
+    assert choose("true", step=4) == (False, None, 0, []) and not cache.exists()  # resumed: scored long ago
+    assert choose("true", dev=False) == (False, None, 0, []) and not cache.exists()
+    assert choose("true") == (False, 41.5, 1, [({"stsb_dev_spearman": 41.5}, 0)])
+    assert initial_scores.lookup("k", str(cache)) == 41.5
+    initial_scores.store("k", 12.345, str(cache))
+    assert choose("auto") == (True, 12.345, 0, [({"stsb_dev_spearman": 12.345}, 0)])
+    assert choose("true") == (True, 12.345, 0, [({"stsb_dev_spearman": 12.345}, 0)])  # remembered, not rescored
+    assert choose("false") == (False, None, 0, [])

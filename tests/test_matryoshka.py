@@ -6,14 +6,11 @@ worker; what cannot be wrapped is refused in one line."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 
-import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from conftest import make_sentences, own_lines
 from raycse.cli import main
@@ -203,40 +200,8 @@ def test_what_cannot_be_wrapped_is_refused_in_one_line(tiny_model_no_dropout, co
         RunConfig.from_dict({"objective": {"matryoshka_sizes": [8]}})
 
 
-def test_a_trained_model_records_its_sizes_and_eval_scores_each(ray_cluster, tiny_model_no_dropout, corpus, stsb_dev,
-                                                               tmp_path, capsys):
-    """`raycse train --matryoshka-dims`: the model keeps its sizes, `raycse eval` scores each prefix (the
-    score sentence-transformers' truncate_dim embeddings give), and the card says how to serve them."""
-    from scipy.stats import spearmanr
-    from sentence_transformers import SentenceTransformer
-
-    from raycse.evaluation.sts import read_stsb
-
-    out = tmp_path / "out"
-    assert main(["train", "--model", str(tiny_model_no_dropout), "--corpus", str(corpus), "--stsb-dev", "none",
-                 "--batch-size", "8", "--max-length", "16", "--max-steps", "2", "--matryoshka-dims", "32,16,8",
-                 "--output", str(out)]) == 0
-    model = out / "model"
-    assert json.loads((model / "raycse.json").read_text())["matryoshka_dims"] == [32, 16, 8]
-    assert "truncate_dim=8" in (model / "README.md").read_text()
-    report = tmp_path / "eval.json"
-    capsys.readouterr()
-    assert main(["eval", str(model), "--stsb-dev", str(stsb_dev), "--json", str(report)]) == 0
-    printed = capsys.readouterr().out
-    assert "dims" in printed and "16" in printed
-    got = json.loads(report.read_text())["dims"]
-    pairs = read_stsb(stsb_dev)
-    for d in (16, 8):
-        st = SentenceTransformer(str(model), device="cpu", truncate_dim=d)
-        a, b = st.encode(pairs.sent1), st.encode(pairs.sent2)
-        assert a.shape[1] == d
-        cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
-        want = 100 * spearmanr(cos, pairs.gold).correlation
-        assert list(got[str(d)].values())[0] == pytest.approx(want, abs=1e-3)
-    capsys.readouterr()
-    assert main(["eval", str(model), "--stsb-dev", str(stsb_dev), "--dims", "64"]) == 2
-    err = own_lines(capsys.readouterr().err)
-    assert len(err) == 1 and "--dims must be sizes from 1 to the model's 32" in err[0]
+# A trained model's sizes, eval's score of each and the card: one fit with the sentence-transformers round
+# trip's (tests/test_st_roundtrip.py, test_a_trained_model_keeps_dense_normalize_prompts_and_similarity).
 
 
 def test_a_search_space_can_search_the_sizes(tmp_path):

@@ -95,11 +95,14 @@ def test_raycse_embeds_as_sentence_transformers_before_and_after_training(tiny_m
 
 
 def test_a_trained_model_keeps_dense_normalize_prompts_and_similarity(ray_cluster, tiny_model_no_dropout, tmp_path,
-                                                                     stsb_dev):
-    """`raycse train` on a sentence-transformers model (weighted mean, two Dense, Normalize, prompts,
-    dot similarity), then `raycse eval`: the output loads in sentence-transformers with the same
-    modules, prompts and similarity, and eval's score is the one sentence-transformers' embeddings give."""
+                                                                     stsb_dev, capsys):
+    """`raycse train --matryoshka-dims` on a sentence-transformers model (weighted mean, two Dense, Normalize,
+    prompts, dot similarity), then `raycse eval`: the output loads in sentence-transformers with the same
+    modules, prompts and similarity, and eval's score is the one sentence-transformers' embeddings give.
+    Matryoshka (issue 68, item 2; one fit for both): the model keeps its sizes, eval scores each prefix (the
+    score of sentence-transformers' truncate_dim embeddings), and the card says how to serve them."""
     from scipy.stats import spearmanr
+    from sentence_transformers import SentenceTransformer
 
     from raycse.evaluation.sts import read_stsb
 
@@ -110,30 +113,44 @@ def test_a_trained_model_keeps_dense_normalize_prompts_and_similarity(ray_cluste
     out = tmp_path / "out"
     assert main(["train", "--model", str(base), "--pooling", "weightedmean", "--corpus", str(corpus),
                  "--stsb-dev", "none", "--batch-size", "16", "--max-length", "16", "--max-steps", "3",
-                 "--output", str(out)]) == 0
+                 "--matryoshka-dims", "16,8,4", "--output", str(out)]) == 0
     model = out / "model"
     assert modules_of(model) == ["Transformer", "Pooling", "Dense", "Dense", "Normalize"]
     cfg = json.loads((model / "config_sentence_transformers.json").read_text())
     assert cfg["prompts"] == extra["prompts"] and cfg["similarity_fn_name"] == "dot"
     for rel in ("2_Dense", "3_Dense"):  # the frozen layers are written back unchanged
         assert (model / rel / "model.safetensors").read_bytes() == (base / rel / "model.safetensors").read_bytes()
-    from sentence_transformers import SentenceTransformer
-
     st = SentenceTransformer(str(model), device="cpu")
     assert st.similarity_fn_name == "dot" and st.prompts == SentenceTransformer(str(base), device="cpu").prompts
     np.testing.assert_allclose(Encoder.from_pretrained(str(model)).encode(SENTENCES),
                                st.encode(SENTENCES, convert_to_numpy=True), atol=1e-5)
+    assert json.loads((model / "raycse.json").read_text())["matryoshka_dims"] == [16, 8, 4]
+    assert "truncate_dim=4" in (model / "README.md").read_text()
 
     report = tmp_path / "eval.json"
+    capsys.readouterr()
     assert main(["eval", str(model), "--stsb-dev", str(stsb_dev), "--json", str(report)]) == 0
+    printed = capsys.readouterr().out
+    assert "dims" in printed and "8" in printed
     ours = json.loads(report.read_text())
     pairs = read_stsb(stsb_dev)
-    a = st.encode(pairs.sent1, convert_to_numpy=True)
-    b = st.encode(pairs.sent2, convert_to_numpy=True)
-    cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
-    want = 100 * spearmanr(cos, pairs.gold).correlation
-    got = [v for k, v in _flatten(ours) if "STSB-dev" in k]
-    assert got and abs(got[0] - want) < 1e-3, (got, want)
+
+    def st_score(truncate_dim=None) -> float:
+        st_cut = SentenceTransformer(str(model), device="cpu", truncate_dim=truncate_dim)
+        a = st_cut.encode(pairs.sent1, convert_to_numpy=True)
+        b = st_cut.encode(pairs.sent2, convert_to_numpy=True)
+        assert a.shape[1] == (truncate_dim or 16)
+        cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+        return 100 * spearmanr(cos, pairs.gold).correlation
+
+    got = [v for k, v in _flatten({k: v for k, v in ours.items() if k != "dims"}) if "STSB-dev" in k]
+    assert got and abs(got[0] - st_score()) < 1e-3, (got, st_score())
+    for d in (8, 4):
+        assert list(ours["dims"][str(d)].values())[0] == pytest.approx(st_score(d), abs=1e-3)
+    capsys.readouterr()
+    assert main(["eval", str(model), "--stsb-dev", str(stsb_dev), "--dims", "64"]) == 2
+    err = own_lines(capsys.readouterr().err)
+    assert len(err) == 1 and "--dims must be sizes from 1 to the model's 16" in err[0]
 
 
 def _flatten(d, prefix=""):

@@ -562,11 +562,11 @@ def test_preflight_refuses_a_trial_that_cannot_fit(ray_cluster, tiny_model, corp
 def test_data_prepared_once_serves_runs_with_the_same_batches_only(ray_cluster, tiny_model, corpus, stsb_dev,
                                                                    tmp_path):
     """Tune lays out each seed's batches once (prepare_data); a run with other knobs (lr) trains on
-    exactly the batches it would have laid out itself, and one whose knobs change the batches
-    (batch size) ignores the prepared data."""
+    exactly the batches it would have laid out itself, and one whose data settings differ (epochs,
+    which leaves these 3 steps' batches alike, or batch size) ignores the prepared data."""
     from raycse.config import RunConfig
     from raycse.train.driver import train
-    from raycse.train.prepare import prepare_data
+    from raycse.train.prepare import data_key, prepare_data
     from raycse.train.plan import TuneHooks
 
     def run_with(name: str, **train_knobs) -> RunConfig:
@@ -588,12 +588,12 @@ def test_data_prepared_once_serves_runs_with_the_same_batches_only(ray_cluster, 
     prepared = prepare_data(run_with("base"))
     assert prepared is not None and prepared.num_examples == 96
     used = train(run_with("prepared", lr=3e-4), hooks=TuneHooks(prepared=prepared))
-    own = train(run_with("own", lr=3e-4))
-    other = train(run_with("other", batch_size=8), hooks=TuneHooks(prepared=prepared))
+    # handed the prepared data, it lays out its own (the key differs), and they are the same batches
+    own = train(run_with("own", lr=3e-4, epochs=2), hooks=TuneHooks(prepared=prepared))
     assert used.metrics["data_prepared_before"] and not own.metrics["data_prepared_before"]
     assert batches("prepared") == batches("own") and len(batches("own")) == 3
-    assert not other.metrics["data_prepared_before"]
-    assert [len(b) for b in batches("other")] == [8, 8, 8]
+    assert data_key(run_with("other", batch_size=8)) != prepared.key
+    assert data_key(run_with("other", lr=1e-3, seed=7)) == prepared.key
 
 
 def test_ended_trial_keeps_only_each_seeds_final_model(tmp_path):
