@@ -97,6 +97,31 @@ def in_train_worker(config: dict) -> None:
     Path(config["out"]).write_text(json.dumps(rows))
 
 
+FIT_BOUND_S = 900.0  # the Train worker's rows: ~100 s on an H200; a hang ends the check, Ray shut down after
+
+
+def bounded(call, bound_s: float, what: str) -> None:
+    """``call()`` in a daemon thread, waited for at most ``bound_s``; its error raised here. On timeout a
+    TimeoutError names ``what`` (the caller's ``ray.shutdown`` then ends the fit's processes)."""
+    import threading
+
+    failed: list = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 - raised in the waiting thread
+            failed.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(bound_s)
+    if worker.is_alive():
+        raise TimeoutError(f"{what} did not come within {bound_s:g} s")
+    if failed:
+        raise failed[0]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
@@ -127,10 +152,11 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="raycse-gpu-gap-") as tmp:
             config = {"model": model, "device": device.type, "batch": args.batch, "steps": args.steps,
                       "threads": max(1, cpus - 1), "out": f"{tmp}/rows.json"}
-            TorchTrainer(in_train_worker, train_loop_config=config,
-                         scaling_config=ScalingConfig(num_workers=1, use_gpu=gpu,
-                                                      resources_per_worker={"CPU": max(1, cpus - 1)}),
-                         run_config=RunConfig(storage_path=f"{tmp}/runs", name="gap")).fit()
+            trainer = TorchTrainer(in_train_worker, train_loop_config=config,
+                                   scaling_config=ScalingConfig(num_workers=1, use_gpu=gpu,
+                                                                resources_per_worker={"CPU": max(1, cpus - 1)}),
+                                   run_config=RunConfig(storage_path=f"{tmp}/runs", name="gap"))
+            bounded(trainer.fit, FIT_BOUND_S, "the Ray Train worker's rows")
             report["rows"] += json.loads(Path(config["out"]).read_text())
     finally:
         ray.shutdown()

@@ -48,3 +48,33 @@ def test_gpu_check_part_two_fails_when_its_training_run_fails(tmp_path):
     part_two = json.loads(out.read_text())["part_two"]
     assert part_two["1_workers"]["rc"] == 2 and "needs 1 GPU(s)" in part_two["1_workers"]["tail"]
     assert set(part_two) == {"1_workers"}  # no inline-collate comparison without a first run
+
+
+def test_the_loop_gap_scripts_train_fit_is_bounded():
+    """scripts/gpu_loop_gap.py waits for its Ray Train worker's rows at most FIT_BOUND_S: a fit that hangs ends
+    the check in a TimeoutError naming what it waited for; a fit's own error is raised as it is."""
+    import sys
+    import threading
+    import time
+
+    import pytest
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from gpu_loop_gap import FIT_BOUND_S, bounded
+
+    assert 0 < FIT_BOUND_S <= 3600
+    never = threading.Event()
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="the rows did not come within 0.3 s"):
+        bounded(never.wait, 0.3, "the rows")
+    assert time.monotonic() - start < 5
+    never.set()
+
+    def fails():
+        raise ValueError("worker group failed")
+
+    with pytest.raises(ValueError, match="worker group failed"):
+        bounded(fails, 5, "the rows")
+    done = []
+    bounded(lambda: done.append(1), 5, "the rows")
+    assert done == [1]
