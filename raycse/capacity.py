@@ -44,6 +44,19 @@ def wait_for_a_cpu(timeout_s: float, purpose: str, knob: Optional[str] = None) -
                            "Free the cluster or add a node" + (f", or raise {knob}" if knob else ""))
 
 
+@dataclass(frozen=True)
+class CpuWait:
+    """How long a corpus read waits for a free CPU, and the setting that raises the bound (named in the
+    error). The caller that owns the setting builds it (a training run: its workers' own wait), so the
+    data layer only waits."""
+
+    seconds: float = DEFAULT_CPU_WAIT_S
+    knob: Optional[str] = None
+
+    def wait(self, purpose: str) -> None:
+        wait_for_a_cpu(self.seconds, purpose, self.knob)
+
+
 def held_resources() -> str:
     """What holds the cluster's CPUs now: free/total CPUs and every live placement group."""
     import ray

@@ -32,7 +32,7 @@ from typing import Optional
 import numpy as np
 
 from raycse import storage
-from raycse.capacity import DEFAULT_CPU_WAIT_S, wait_for_a_cpu
+from raycse.capacity import CpuWait
 from raycse.data.corpus import CorpusStats, ExampleColumns, detect_format, file_examples, text_key
 from raycse.errors import DataError
 
@@ -436,70 +436,88 @@ def _select_and_number(table, keep: Optional[np.ndarray], first_id: int):
     return table.add_column(0, "_id", ids)
 
 
-def load_corpus(d, seed: int, dedup: Optional[bool] = None, expand=None,
-                cpu_wait_s: float = DEFAULT_CPU_WAIT_S, cpu_wait_knob: Optional[str] = None,
-                shuffle: bool = True, source=None, paths: Optional[list] = None) -> Corpus:
+def load_corpus(d, seed: int, dedup: Optional[bool] = None, expand=None, shuffle: bool = True, source=None,
+                paths: Optional[list] = None, cpu_wait: CpuWait = CpuWait()) -> Corpus:
     """Read, clean, pre-shuffle and number a corpus as a distributed Ray Dataset (see the module doc).
 
     ``expand(text, rng) -> list[str]``: extra rows made from each text (an objective's
     ``row_expander``, e.g. CompCSE's subsampling), added before the shuffle, deduplication and
-    ``data.max_sentences`` (which therefore counts the extra rows too). The read waits at most
-    ``cpu_wait_s`` for a free CPU (``cpu_wait_knob`` raises it), then fails naming what holds them.
-    ``shuffle`` off keeps the files' own order (no pre-shuffle: grouping.strategy none). ``source``:
-    a ray.data.Dataset or datasets.Dataset read instead of ``d.corpus`` (the Python API's); ``paths``:
-    ``d.corpus``'s files already resolved (:func:`raw_dataset`)."""
+    ``data.max_sentences`` (which therefore counts the extra rows too). The read waits for a free CPU
+    as ``cpu_wait`` says, then fails naming what holds them. ``shuffle`` off keeps the files' own order
+    (no pre-shuffle: grouping.strategy none). ``source``: a ray.data.Dataset or datasets.Dataset read
+    instead of ``d.corpus`` (the Python API's); ``paths``: ``d.corpus``'s files already resolved
+    (:func:`raw_dataset`)."""
     import ray
 
-    dedup = d.dedup if dedup is None else dedup
     ds = raw_dataset(d, seed, shuffle, source, paths)
     if shuffle:
         ds = ds.randomize_block_order(seed=seed)
     else:  # the files' order must survive the read (Ray Data may otherwise finish blocks out of order)
         ds.context.execution_options.preserve_order = True
+    cpu_wait.wait(f"read the corpus {d.corpus}")
+    tables, stats, hashes = _finish_blocks(ds, seed, expand, shuffle)
+    keeps = _first_occurrences(hashes, stats, d.dedup if dedup is None else dedup)
+    counts = _cap(hashes, keeps, d.max_sentences)
+    stats.kept = total = int(sum(counts))  # after dedup and data.max_sentences
+    if total == 0:
+        raise DataError(f"corpus {d.corpus} has no usable {'pairs' if d.is_pairs else 'text'} after cleaning "
+                        f"({stats.summary()}); give a file with at least one non-empty line")
     # DEFAULT scheduling: inside a Tune trial, tasks would otherwise be pinned to the trial's tiny bundle
-    finish = ray.remote(num_returns=2, scheduling_strategy="DEFAULT")(_finish_block)
     number = ray.remote(scheduling_strategy="DEFAULT")(_select_and_number)
-    wait_for_a_cpu(cpu_wait_s, f"read the corpus {d.corpus}", cpu_wait_knob)
+    offsets = np.cumsum([0] + counts[:-1])
+    refs = [number.remote(t, k, int(o)) for t, k, o in zip(tables, keeps, offsets)]
+    return Corpus(ray.data.from_arrow_refs(refs), total, stats, d.is_pairs, refs)
+
+
+def _finish_blocks(ds, seed: int, expand, shuffle: bool) -> tuple:
+    """Each read block cleaned, expanded and shuffled in a task of its own: (the blocks' table refs, the
+    corpus's counts summed, each block's 8-byte row hashes: all the driver gathers)."""
+    import ray
+
+    finish = ray.remote(num_returns=2, scheduling_strategy="DEFAULT")(_finish_block)
     with ray_data_errors():
-        blocks = ds.to_arrow_refs()
-        parts = [finish.remote(ref, seed, i, expand, shuffle) for i, ref in enumerate(blocks)]
+        parts = [finish.remote(ref, seed, i, expand, shuffle) for i, ref in enumerate(ds.to_arrow_refs())]
         meta = ray.get([p[1] for p in parts])
     stats = CorpusStats()
     for totals, _ in meta:
         for k, v in totals.items():
             setattr(stats, k, getattr(stats, k) + v)
-    hashes = [h for _, h in meta]
-    keeps: list[Optional[np.ndarray]] = [None] * len(parts)
-    if hashes:
-        flat = np.concatenate(hashes)
-        first = np.zeros(len(flat), dtype=bool)
-        first[np.unique(flat, return_index=True)[1]] = True
-        stats.repeats = int(len(flat) - first.sum())  # (8-byte hashes: what the driver may gather)
-    if dedup and hashes:
+    return [p[0] for p in parts], stats, [h for _, h in meta]
+
+
+def _first_occurrences(hashes: list, stats: CorpusStats, dedup: bool) -> list:
+    """Counts the repeats into ``stats``; with ``dedup``, each block's mask of the rows seen first (the
+    rest are dropped and counted), else None for every block (all kept)."""
+    keeps: list[Optional[np.ndarray]] = [None] * len(hashes)
+    if not hashes:
+        return keeps
+    flat = np.concatenate(hashes)
+    first = np.zeros(len(flat), dtype=bool)
+    first[np.unique(flat, return_index=True)[1]] = True
+    stats.repeats = int(len(flat) - first.sum())
+    if dedup:
         stats.duplicates_dropped = stats.repeats
-        stats.kept -= stats.duplicates_dropped
         bounds = np.cumsum([0] + [len(h) for h in hashes])
-        keeps = [first[bounds[i]:bounds[i + 1]] for i in range(len(parts))]
+        keeps = [first[bounds[i]:bounds[i + 1]] for i in range(len(hashes))]
+    return keeps
+
+
+def _cap(hashes: list, keeps: list, max_sentences: Optional[int]) -> list[int]:
+    """Each block's rows kept, the first ``max_sentences`` of the shuffled order at most; ``keeps`` (the
+    blocks' masks, None = all) is narrowed in place where the cap cuts a block."""
     counts = [len(h) if k is None else int(k.sum()) for h, k in zip(hashes, keeps)]
-    if d.max_sentences is not None:  # the first N of the shuffled order
-        budget = d.max_sentences
-        for i, c in enumerate(counts):
-            take = min(c, budget)
-            if take < c:
-                mask = keeps[i] if keeps[i] is not None else np.ones(len(hashes[i]), dtype=bool)
-                idx = np.flatnonzero(mask)
-                mask = np.zeros_like(mask)
-                mask[idx[:take]] = True
-                keeps[i], counts[i] = mask, take
-            budget -= take
-    total = int(sum(counts))
-    stats.kept = total  # after dedup and data.max_sentences
-    if total == 0:
-        raise DataError(f"corpus {d.corpus} has no usable {'pairs' if d.is_pairs else 'text'} after cleaning "
-                        f"({stats.summary()}); give a file with at least one non-empty line")
-    offsets = np.cumsum([0] + counts[:-1])
-    refs = [number.remote(p[0], k, int(o)) for p, k, o in zip(parts, keeps, offsets)]
-    return Corpus(ray.data.from_arrow_refs(refs), total, stats, d.is_pairs, refs)
+    if max_sentences is None:
+        return counts
+    budget = max_sentences
+    for i, c in enumerate(counts):
+        take = min(c, budget)
+        if take < c:
+            idx = np.flatnonzero(keeps[i] if keeps[i] is not None else np.ones(len(hashes[i]), dtype=bool))
+            keeps[i] = np.zeros(len(hashes[i]), dtype=bool)
+            keeps[i][idx[:take]] = True
+            counts[i] = take
+        budget -= take
+    return counts
 
 
 class ray_data_errors:

@@ -33,13 +33,13 @@ def load_run_corpus(run: RunConfig, source=None, paths: Optional[list] = None):
     """``run``'s corpus as the train loop sees it: read, cleaned, expanded by the objective, numbered.
     The read waits for a free CPU as long as the run's workers would wait to start. ``source``: a
     dataset object read instead of ``run.data.corpus``; ``paths``: its files, resolved by check_inputs."""
+    from raycse.capacity import CpuWait
     from raycse.data.dataset import load_corpus
 
     t = run.train
-    return load_corpus(run.data, t.seed, expand=row_expander(run),
-                       cpu_wait_s=t.worker_start_timeout_s * t.worker_start_attempts,
-                       cpu_wait_knob="train.worker_start_timeout_s", shuffle=run.grouping.strategy != "none",
-                       source=source, paths=paths)
+    wait = CpuWait(t.worker_start_timeout_s * t.worker_start_attempts, knob="train.worker_start_timeout_s")
+    return load_corpus(run.data, t.seed, expand=row_expander(run), shuffle=run.grouping.strategy != "none",
+                       source=source, paths=paths, cpu_wait=wait)
 
 
 def data_key(run: RunConfig) -> str:
