@@ -132,8 +132,7 @@ class LocalHead:
         return {"placement groups": [g.placement_group_id for g in list_placement_groups(
                     address=self.address, raise_on_missing_output=False) if g.state != "REMOVED"],
                 "actors": [f"{a.class_name} on {a.node_id[:8]}" for a in actors],
-                "objects": [o.object_id for o in list_objects(address=self.address, raise_on_missing_output=False)
-                            if o.job_id == job_id]}
+                "objects": objects_of_job(list_objects(address=self.address, raise_on_missing_output=False), job_id)}
 
     def stop(self) -> None:
         # Every process of this head and of its fake nodes is in the head's process group. Ray's own graceful
@@ -142,6 +141,15 @@ class LocalHead:
         import shutil
 
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def objects_of_job(objects: list, job_id: str) -> list[str]:
+    """The ids of ``objects`` (the state API's ObjectState rows) that ``job_id`` made. A row has no job
+    field: the job is the one of the task that made the object, which its id carries."""
+    import ray
+
+    return [o.object_id for o in objects
+            if ray.ObjectRef(bytes.fromhex(o.object_id)).task_id().job_id().hex() == job_id]
 
 
 class FakeCluster(LocalHead):

@@ -99,6 +99,25 @@ def test_workers_that_stand_in_for_gpus_on_the_cpu_use_gloo(monkeypatch):
     assert collective_backend(whole) == "gloo"
 
 
+def test_the_objects_a_job_left_are_found_by_the_job_in_their_ids():
+    """Ray's state API lists objects without a job field (ObjectState has none: reading one raised
+    AttributeError as soon as any object was listed); the job is read from the id, as Ray encodes it."""
+    from ray.util.state.common import ObjectState
+
+    from fake_cluster import objects_of_job
+
+    def row(object_id: str) -> ObjectState:
+        return ObjectState(object_id=object_id, object_size=8, task_status="FINISHED", attempt_number=0,
+                           reference_type="LOCAL_REFERENCE", call_site="", type="DRIVER", pid=1, ip="127.0.0.1")
+
+    # a driver's put (job 01000000) and a task's return value of job 02000000: 16 bytes of a task's own,
+    # then its job's 4, then the object's index
+    put, returned = "00" + "ff" * 19 + "01000000" + "01e1f505", "c8ef45ccd0112571" + "ff" * 12 + "02000000" + "01000000"
+    assert objects_of_job([row(put), row(returned)], "01000000") == [put]
+    assert objects_of_job([row(put), row(returned)], "02000000") == [returned]
+    assert objects_of_job([], "01000000") == []
+
+
 # ----------------------------------------------------------------------------- the fake cluster (full tier)
 @pytest.fixture(scope="module")
 def fake_cluster(own_ray, tmp_path_factory):
