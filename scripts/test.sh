@@ -3,6 +3,7 @@
 #   bash scripts/test.sh                          the whole suite (what CI runs)
 #   bash scripts/test.sh tests/test_x.py -k name  only what is named (any pytest arguments)
 #   bash scripts/test.sh --fast                   the fast tier: the tests that start no Ray and no server
+#   RAYCSE_TEST_WORKERS=1 bash scripts/test.sh    the suite in one process (default: 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -18,4 +19,10 @@ for arg in "$@"; do
     *) if [[ -e "${arg%%::*}" ]]; then where=(); break; fi ;;
   esac
 done
-exec .venv/bin/python -m pytest -q --durations=15 "${where[@]}" "$@"  # the 15 slowest tests at the end
+# The suite, or its fast tier, on 2 processes (a test file's tests in one): its Ray fits and servers wait
+# on process starts a good part of the time (RAYCSE_TEST_WORKERS=1: one process). Named tests run in this one.
+parallel=()
+if (( ${#where[@]} )) && (( ${RAYCSE_TEST_WORKERS:-2} > 1 )); then
+  parallel=(-n "${RAYCSE_TEST_WORKERS:-2}" --dist loadfile)
+fi
+exec .venv/bin/python -m pytest -q --durations=15 "${parallel[@]}" "${where[@]}" "$@"  # the 15 slowest tests at the end

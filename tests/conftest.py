@@ -115,6 +115,14 @@ def pytest_configure(config):
 
     config.addinivalue_line("markers", "full_tier: starts Ray or a server (set by conftest from the fixtures), or "
                                        "runs a long table of interpreters (marked by hand)")
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # one of the processes scripts/test.sh runs the suite on
+        # A temporary directory of this process's own, for the commands and Rays its tests start: what a
+        # test counts there (scratch directories, a killed command's record of its Ray processes) is then
+        # its own, not a concurrent test's. A short name: Ray's socket paths under it stay within 107 bytes.
+        import tempfile
+
+        config._raycse_tmp = str(private_tempdir("rt-"))
+        os.environ["TMPDIR"], tempfile.tempdir = config._raycse_tmp, None
     config._raycse_cache = str(private_tempdir("raycse-test-cache-"))
     os.environ["RAYCSE_CACHE"] = config._raycse_cache
     # Ray Train's controller polls its workers every 2 s (Ray's default), so it sees a fit's end late;
@@ -125,7 +133,9 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     import shutil
 
-    shutil.rmtree(getattr(config, "_raycse_cache", ""), ignore_errors=True)
+    for path in (getattr(config, "_raycse_cache", ""), getattr(config, "_raycse_tmp", "")):
+        if path:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 WORDS = (

@@ -10,6 +10,7 @@ embeds on its share of the GPU."""
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,8 @@ def stand_in(tmp_path_factory, own_ray):  # (its trials run on a private Ray of 
                            "--fractions", "0.5", "--trials", "3", "--sentences", "64", "--steps", "2", "--batch", "8",
                            "--probe-steps", "3", "--probe-batch", "8", "--json", str(out)],
                           capture_output=True, text=True, timeout=600,
-                          env=bare_env(HOME=str(tmp), HF_HUB_OFFLINE="1", RAY_AUTH_MODE="disabled", TMPDIR=str(tmp)))
+                          env=bare_env(HOME=str(tmp), HF_HUB_OFFLINE="1", RAY_AUTH_MODE="disabled",
+                                       TMPDIR=tempfile.gettempdir()))  # (not tmp: Ray's sockets there pass 107 bytes)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
 
