@@ -179,6 +179,7 @@ def _cases(i: dict) -> list:
         (["eval", m, "--mteb-local", f"stsb:{d}", "--mteb-local", f"stsb:{d}"], "is asked for twice", None),
         (["eval", m, "--mteb-local", f"beir:{i['beir']}"], "missing BEIR file", None),
         ([*mine, "--max-length", "-5"], "--max-length must be >= 2", None),
+        ([*mine[:-1], "mined.parquet"], "must be a jsonl file like the input", None),
         ([*mine, "--margin", "nan"], "--margin must be a finite number", None),
         ([*mine[:-3], dm["weights"], *mine[-2:]], "model.safetensors is damaged", None),
         (mine, "pip install 'raycse[grouping]'", no_extras),
@@ -311,17 +312,32 @@ def _tier(cases: list, tier: str) -> list:
     return sample if tier == "sample" else [c for c in cases if not any(c is s for s in sample)]
 
 
+def _ray_sessions_started_by(ray_tmp: Path) -> set:
+    """The pids of the processes that started a Ray under ``ray_tmp`` (its session directories end with them)."""
+    return {int(p.name.rsplit("_", 1)[1]) for p in ray_tmp.glob("ray/session_*_*") if not p.is_symlink()}
+
+
 @pytest.mark.parametrize("tier", ["sample", pytest.param("rest", marks=pytest.mark.full_tier)])
-def test_every_bad_input_is_one_line_exit_2_and_writes_nothing(inputs, tier):
+def test_every_bad_input_is_one_line_exit_2_and_writes_nothing(inputs, tier, monkeypatch):
+    import tempfile
+
     root = inputs["root"]
     cases = _tier(_cases(inputs), tier)
     before = _tree(root)
+    # every command's Ray would start here (short: its sockets live under it): only the refusal that comes
+    # from the cluster's size may start one (`raycse mine` once started Ray, then refused its --output)
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rt-bad-"))
+    monkeypatch.setenv("RAY_TMPDIR", str(ray_tmp))
     run = _Runner(root, tier)
     try:
         with ThreadPoolExecutor(2) as pool:  # two cores: two interpreters at a time
             done = list(pool.map(run, cases))
     finally:
         run.close()
+    started = _ray_sessions_started_by(ray_tmp)
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+    sized = {proc.pid for (_, expected, _), (proc, _) in zip(cases, done) if "but the cluster can hold 0" in expected}
+    assert started <= sized, [" ".join(c[0][:3]) for c, (proc, _) in zip(cases, done) if proc.pid in started - sized]
     failures = []
     for (argv, expected, env), (proc, seconds) in zip(cases, done):
         err = own_lines(proc.stderr)
