@@ -335,6 +335,7 @@ def test_every_bad_input_is_one_line_exit_2_and_writes_nothing(inputs, tier, mon
     finally:
         run.close()
     started = _ray_sessions_started_by(ray_tmp)
+    monkeypatch.delenv("RAY_TMPDIR")
     shutil.rmtree(ray_tmp, ignore_errors=True)
     sized = {proc.pid for (_, expected, _), (proc, _) in zip(cases, done) if "but the cluster can hold 0" in expected}
     assert started <= sized, [" ".join(c[0][:3]) for c, (proc, _) in zip(cases, done) if proc.pid in started - sized]
