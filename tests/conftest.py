@@ -87,6 +87,15 @@ def private_env() -> dict:
 RAY_TRAIN_POLL = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")  # (see pytest_configure)
 
 
+def ray_sessions() -> set[tuple[str, int]]:
+    """The Ray sessions on this machine's Ray directory for this process's environment (RAY_TMPDIR, TMPDIR):
+    (directory name, pid of the process that started that Ray, which ends the name)."""
+    import tempfile
+
+    root = Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()) / "ray"
+    return {(p.name, int(p.name.rsplit("_", 1)[1])) for p in root.glob("session_*_*") if not p.is_symlink()}
+
+
 def bare_env(**variables) -> dict:
     """A script's environment built from nothing (the Python under test, the system's PATH, the tests'
     Ray Train poll) plus ``variables``."""

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_sentences, make_tiny_model, own_lines, private_env, write_stsb
+from conftest import make_sentences, make_tiny_model, own_lines, private_env, ray_sessions, write_stsb
 
 
 def _damaged_models(root: Path, base: Path) -> dict:
@@ -312,31 +312,20 @@ def _tier(cases: list, tier: str) -> list:
     return sample if tier == "sample" else [c for c in cases if not any(c is s for s in sample)]
 
 
-def _ray_sessions_started_by(ray_tmp: Path) -> set:
-    """The pids of the processes that started a Ray under ``ray_tmp`` (its session directories end with them)."""
-    return {int(p.name.rsplit("_", 1)[1]) for p in ray_tmp.glob("ray/session_*_*") if not p.is_symlink()}
-
-
 @pytest.mark.parametrize("tier", ["sample", pytest.param("rest", marks=pytest.mark.full_tier)])
-def test_every_bad_input_is_one_line_exit_2_and_writes_nothing(inputs, tier, monkeypatch):
-    import tempfile
-
+def test_every_bad_input_is_one_line_exit_2_and_writes_nothing(inputs, tier):
     root = inputs["root"]
     cases = _tier(_cases(inputs), tier)
-    before = _tree(root)
-    # every command's Ray would start here (short: its sockets live under it): only the refusal that comes
-    # from the cluster's size may start one (`raycse mine` once started Ray, then refused its --output)
-    ray_tmp = Path(tempfile.mkdtemp(prefix="rt-bad-"))
-    monkeypatch.setenv("RAY_TMPDIR", str(ray_tmp))
+    before, sessions = _tree(root), ray_sessions()
     run = _Runner(root, tier)
     try:
         with ThreadPoolExecutor(2) as pool:  # two cores: two interpreters at a time
             done = list(pool.map(run, cases))
     finally:
         run.close()
-    started = _ray_sessions_started_by(ray_tmp)
-    monkeypatch.delenv("RAY_TMPDIR")
-    shutil.rmtree(ray_tmp, ignore_errors=True)
+    # only the refusal that comes from the cluster's size may start a Ray (`raycse mine` once started one,
+    # then refused its --output)
+    started = {pid for _, pid in ray_sessions() - sessions}
     sized = {proc.pid for (_, expected, _), (proc, _) in zip(cases, done) if "but the cluster can hold 0" in expected}
     assert started <= sized, [" ".join(c[0][:3]) for c, (proc, _) in zip(cases, done) if proc.pid in started - sized]
     failures = []

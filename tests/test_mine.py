@@ -3,12 +3,11 @@ ones), never its positive, and respect the margin (checked with scores computed 
 miner's); bad input is one line and writes nothing."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import WORDS, own_lines
+from conftest import WORDS, own_lines, ray_sessions
 from raycse.cli import main
 
 TOPICS = 6
@@ -98,14 +97,12 @@ def test_mined_negatives_are_hard_and_safe(ray_cluster, planted_model, tmp_path,
         assert cos(q, n1) < cos(q, a) - 0.05 + 1e-4 and cos(q, n2) < cos(q, a) - 0.05 + 1e-4
 
 
-def test_mine_bad_input_is_one_line_and_writes_nothing(tiny_model, tmp_path, capsys, monkeypatch):
+def test_mine_bad_input_is_one_line_and_writes_nothing(tiny_model, tmp_path, capsys):
     """Refused before a Ray starts: an output of another format than the input's started a private Ray
     (a session directory written in the temporary directory) and then refused it."""
-    import shutil
-    import tempfile
+    import os
 
-    ray_tmp = Path(tempfile.mkdtemp(prefix="rt-mine-"))  # (short: Ray's sockets would live under it)
-    monkeypatch.setenv("RAY_TMPDIR", str(ray_tmp))
+    sessions = ray_sessions()
     path, _, _ = _pairs(tmp_path)
     base = ["mine", "--corpus", str(path), "--text-column", "q", "--pair-column", "a", "--model", str(tiny_model)]
     cases = [(["--output", str(tmp_path / "t.parquet")], "must be a jsonl file like the input"),
@@ -120,9 +117,7 @@ def test_mine_bad_input_is_one_line_and_writes_nothing(tiny_model, tmp_path, cap
     assert main(["mine", "--corpus", str(path), "--output", str(tmp_path / "t.jsonl")]) == 2
     assert "needs --pair-column" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pairs.jsonl"]
-    started = list(ray_tmp.iterdir())
-    shutil.rmtree(ray_tmp, ignore_errors=True)
-    assert not started, started
+    assert not [name for name, pid in ray_sessions() - sessions if pid == os.getpid()]
 
 
 def test_an_interrupted_mine_is_one_line_naming_its_unwritten_output_and_the_rerun(ray_cluster, tiny_model, tmp_path,
