@@ -188,7 +188,9 @@ def run_registries(alive_only: bool = False) -> list[str]:
     return sorted(a.actor_id for a in actors)
 
 
-RAY_FORWARDED = re.compile(r"^(\x1b\[\d+m)?\(\S.*? pid=\d+")  # Ray forwarding a worker's log (log_to_driver); names nest parentheses
+# Ray forwarding a worker's log (log_to_driver; names nest parentheses), or its raylet's (a disk past Ray's
+# threshold: "(raylet) file_system_monitor.cc ...", at any moment of a run)
+RAY_FORWARDED = re.compile(r"^(\x1b\[\d+m)?\((\S.*? pid=\d+|raylet(, ip=\S+)?\))")
 
 
 def own_lines(stderr: str) -> list[str]:

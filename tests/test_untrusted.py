@@ -694,3 +694,14 @@ def test_a_credential_in_a_search_space_is_refused_in_one_line():
     message = str(refused.value)
     assert "\n" not in message and "SECRETXX" not in message and "AKIAXX" not in message
     assert message.startswith("the search space corpus: s3://***@bkt/c.txt carries credentials")
+
+
+def test_a_command_s_own_lines_leave_out_what_ray_forwards():
+    """Lines Ray forwards to the driver are not the command's: a worker's (``(name pid=N)``) and the raylet's
+    (a nearly full disk made one in the middle of a refusal's check)."""
+    from conftest import own_lines
+
+    err = ("\x1b[33m(raylet)\x1b[0m [2026-11-30 09:16:38,685 E 28463 28478] (raylet) file_system_monitor.cc:116: "
+           "/tmp/x is over 95% full\n(raylet, ip=10.0.0.2) file_system_monitor.cc:116: /tmp/x is over 95% full\n"
+           "\x1b[36m(RayTrainWorker pid=12)\x1b[0m step 1\nraycse: error: --output x already exists\n")
+    assert own_lines(err) == ["raycse: error: --output x already exists"]
