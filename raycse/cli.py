@@ -490,10 +490,9 @@ def cmd_mine(args) -> int:
     from pathlib import Path
 
     from raycse.config import DataConfig
-    from raycse.data.corpus import detect_format
     from raycse.data.dataset import resolve_sources
     from raycse.encoder import resolve_model
-    from raycse.grouping.mine import MineSettings, mine, output_format
+    from raycse.grouping.mine import MineSettings, mine, triplet_format
     from raycse.train.runtime import ensure_ray, setup_ray_data
 
     settings = settings_from_args(MineSettings, args)
@@ -513,8 +512,8 @@ def cmd_mine(args) -> int:
     data = DataConfig(corpus=args.corpus, format=args.format, text_column=args.text_column,
                       pair_column=args.pair_column)
     data.validate()
-    first = resolve_sources(args.corpus)[0]
-    output_format(data.format if data.format != "auto" else detect_format(Path(first)), out)
+    resolve_sources(args.corpus)
+    triplet_format(data, out)
     if args.candidates:
         resolve_sources(args.candidates)
     model = resolve_model(args.model)  # everything checked before Ray starts

@@ -93,6 +93,15 @@ def output_format(input_format: str, output: Path) -> str:
     return fmt
 
 
+def triplet_format(data, output: Path) -> str:
+    """:func:`output_format` for the pairs ``data`` (a DataConfig) names: their format, or their first file's."""
+    from raycse.data.corpus import detect_format
+    from raycse.data.dataset import resolve_sources
+
+    fmt = data.format if data.format != "auto" else detect_format(Path(resolve_sources(data.corpus)[0]))
+    return output_format(fmt, output)
+
+
 def _texts_corpus(texts: list[str]):
     """A corpus-like view (``dataset`` with _id, text; ``num_examples``) for the embedding pool."""
     import pyarrow as pa
@@ -139,12 +148,8 @@ def mine(data, model_path: str, output: Path, s: MineSettings, candidates_file: 
     from raycse.grouping.embed import embed_corpus
     from raycse.grouping.knn import normalize, top_k
 
-    from raycse.data.corpus import detect_format
-    from raycse.data.dataset import resolve_sources
-
     s.validate()
-    first = resolve_sources(data.corpus)[0]
-    fmt = output_format(data.format if data.format != "auto" else detect_format(Path(first)), output)
+    fmt = triplet_format(data, output)
     t = {"start": time.perf_counter()}
     pairs = load_corpus(data, seed)
     rows = pairs.dataset.select_columns(["_id", "text", "pair"]).to_pandas().sort_values("_id")
