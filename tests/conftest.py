@@ -76,6 +76,60 @@ def pytest_collection_modifyitems(config, items):
         keep = [i for i in items if not i.get_closest_marker("full_tier")]
         config.hook.pytest_deselected(items=[i for i in items if i.get_closest_marker("full_tier")])
         items[:] = keep
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items[:] = costliest_files_first(items, recorded_durations())
+
+
+# Under scripts/test.sh's processes (xdist, --dist loadfile --no-loadscope-reorder) a test file runs in one
+# process, and the files are handed out in the order collected: the costliest first, so the run does not
+# end with one process on a long file while the other has nothing left. A test's cost is its seconds in
+# tests/durations.json, written by a run with RAYCSE_TEST_DURATIONS=tests/durations.json; a test not
+# there yet is guessed from its tier.
+DURATIONS_ENV = "RAYCSE_TEST_DURATIONS"
+GUESS_S = {"full": 15.0, "fast": 0.3}  # (roughly the tiers' mean seconds a test)
+
+
+def recorded_durations() -> dict[str, float]:
+    path = Path(__file__).with_name("durations.json")
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def costliest_files_first(items: list, durations: dict[str, float]) -> list:
+    """``items`` with their files ordered by total cost, highest first (ties by name); a file's tests in
+    their own order. Deterministic, so every process collects the same list, as xdist requires."""
+    cost: dict[str, float] = {}
+    for item in items:
+        guess = GUESS_S["full" if item.get_closest_marker("full_tier") else "fast"]
+        name = item.nodeid.split("::")[0]
+        cost[name] = cost.get(name, 0.0) + durations.get(item.nodeid, guess)
+    return sorted(items, key=lambda item: (-cost[item.nodeid.split("::")[0]], item.nodeid.split("::")[0]))
+
+
+def pytest_runtest_logreport(report):
+    """With RAYCSE_TEST_DURATIONS set, add up each test's seconds (set-up, call, tear-down: a module
+    fixture's start counts for the file's first test); under xdist this runs in the controlling process
+    too, for every process's reports."""
+    if os.environ.get(DURATIONS_ENV):
+        _seconds[report.nodeid] = _seconds.get(report.nodeid, 0.0) + report.duration
+
+
+_seconds: dict[str, float] = {}
+
+
+def pytest_sessionfinish(session):
+    """Write the added-up seconds to RAYCSE_TEST_DURATIONS (from the controlling process alone), over the
+    file's earlier figures for the same tests; tests whose file is gone are dropped."""
+    target = os.environ.get(DURATIONS_ENV)
+    if not target or not _seconds or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    path = Path(target)
+    merged = json.loads(path.read_text()) if path.is_file() else {}
+    merged.update({nodeid: round(s, 2) for nodeid, s in _seconds.items()})
+    root = Path(session.config.rootpath)
+    merged = {k: v for k, v in sorted(merged.items()) if (root / k.split("::")[0]).is_file()}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(merged, indent=0) + "\n")
+    tmp.replace(path)
 
 
 def private_env() -> dict:
