@@ -89,3 +89,32 @@ def test_mlflow_takes_metric_names_it_would_refuse(tmp_path):
     _Sink(tracking).log({"beir_ndcg@10": 0.5, "loss": 1.0}, step=1)
     close_run(tracking, ok=True, final={"best_beir_mrr@10": 0.25})
     assert client.get_run(run_id).data.metrics == {"beir_ndcg_at_10": 0.5, "loss": 1.0, "best_beir_mrr_at_10": 0.25}
+
+
+def test_a_wandb_logging_actor_returns_with_its_run_on_disk_and_wandb_s_service_gone(ray_cluster, tmp_path):
+    """Ray's W&B callback kills a trial's logging actor as soon as its ``run`` returns, and Ray ends a
+    killed worker's children: W&B's service (wandb-core, the actor's child) must have written the run and
+    exited by then. With Ray's own actor it was still running, and a run lost its history under load."""
+    import psutil
+    from ray.air.integrations.wandb import _QueueItem
+    from ray.util.queue import Queue
+    from ray.util.state import list_actors
+
+    from raycse.tune.search import _tracking_callback
+    from tracked import wandb_runs
+
+    callback = _tracking_callback("wandb", "p", "exp")
+    queue = Queue(actor_options={"num_cpus": 0})
+    for rung in (1, 2):
+        queue.put((_QueueItem.RESULT, {"training_iteration": rung, "rung": rung, "mean": -float(rung)}))
+    queue.put((_QueueItem.END, None))
+    actor = ray_cluster.remote(num_cpus=0)(callback._logger_actor_cls).remote(
+        logdir=str(tmp_path), queue=queue, exclude=[], to_config=[], id="trial1", project="p",
+        dir=str(tmp_path / "wb"), mode="offline", group="exp")
+    ray_cluster.get(actor.run.remote(), timeout=120)
+    (state,) = list_actors(filters=[("actor_id", "=", actor._actor_id.hex())], timeout=30)
+    children = [p.name() for p in psutil.Process(state.pid).children(recursive=True)]
+    ray_cluster.kill(actor)  # what the callback does next
+    assert not [name for name in children if "wandb" in name], children
+    (run,) = wandb_runs(tmp_path / "wb").values()
+    assert [(h["rung"], h["mean"]) for h in run["history"]] == [(1, -1.0), (2, -2.0)]

@@ -371,14 +371,14 @@ def _tracking_callback(kind: str, target: str, experiment: str):
         return MLflowLoggerCallback(tracking_uri=target, experiment_name=experiment, save_artifact=False,
                                     tags={"raycse.experiment": experiment})
     if kind == "wandb":
-        from ray.air.integrations.wandb import WandbLoggerCallback
+        from raycse.tune.wandb_logging import FlushingWandbLoggerCallback
 
         entity, project = trackers.wandb_project(target)
         # (mode and dir passed on: the logging actors need not share the driver's environment; a bound
         # on the wait for their last upload at the end of the experiment)
-        return WandbLoggerCallback(project=project, entity=entity, group=experiment,
-                                   dir=trackers.wandb_dir(), upload_timeout=120,
-                                   **({"mode": os.environ["WANDB_MODE"]} if os.environ.get("WANDB_MODE") else {}))
+        mode = {"mode": os.environ["WANDB_MODE"]} if os.environ.get("WANDB_MODE") else {}
+        return FlushingWandbLoggerCallback(project=project, entity=entity, group=experiment,
+                                           dir=trackers.wandb_dir(), upload_timeout=120, **mode)
     return TensorBoardTo(str(Path(target) / experiment))
 
 

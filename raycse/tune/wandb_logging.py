@@ -1,0 +1,30 @@
+"""Ray Tune's own W&B logger callback, with logging actors that return only once W&B has written the
+trial's run to disk.
+
+Ray's ``_WandbLoggingActor.run`` ends at ``wandb.finish()``, and the callback kills the actor as soon as
+``run`` returns (at the experiment's end without any wait). ``finish`` returns before W&B's service
+process (``wandb-core``, a child of the actor's process) has closed the run's stream, and Ray ends a
+killed worker's child processes with it: a run's last records (its history, its exit) were lost when
+the service was slower than the kill, as under load (session 51, the tune test's last trial).
+``wandb.teardown()`` waits for the service process to exit, which closes every stream first.
+"""
+
+from __future__ import annotations
+
+from ray.air.integrations.wandb import WandbLoggerCallback, _WandbLoggingActor
+
+
+class _FlushingLoggingActor(_WandbLoggingActor):
+    def run(self):
+        super().run()
+        try:
+            self._wandb.teardown()  # returns when W&B's service process has written everything and exited
+        except SystemExit:  # (teardown exits with the service's own error code: nothing more to wait for)
+            pass
+
+
+class FlushingWandbLoggerCallback(WandbLoggerCallback):
+    """``WandbLoggerCallback`` whose trials' runs are complete on disk (or uploaded) when their
+    logging actors end. (``_logger_actor_cls`` is the hook Ray's callback offers for its actor class.)"""
+
+    _logger_actor_cls = _FlushingLoggingActor
