@@ -112,7 +112,8 @@ def test_a_wandb_logging_actor_returns_with_its_run_on_disk_and_wandb_s_service_
         logdir=str(tmp_path), queue=queue, exclude=[], to_config=[], id="trial1", project="p",
         dir=str(tmp_path / "wb"), mode="offline", group="exp")
     ray_cluster.get(actor.run.remote(), timeout=120)
-    (state,) = list_actors(filters=[("actor_id", "=", actor._actor_id.hex())], timeout=30)
+    (state,) = list_actors(address=ray_cluster.get_runtime_context().gcs_address,  # (not another process's Ray)
+                           filters=[("actor_id", "=", actor._actor_id.hex())], timeout=30)
     children = [p.name() for p in psutil.Process(state.pid).children(recursive=True)]
     ray_cluster.kill(actor)  # what the callback does next
     assert not [name for name in children if "wandb" in name], children
