@@ -119,3 +119,19 @@ def test_a_wandb_logging_actor_returns_with_its_run_on_disk_and_wandb_s_service_
     assert not [name for name in children if "wandb" in name], children
     (run,) = wandb_runs(tmp_path / "wb").values()
     assert [(h["rung"], h["mean"]) for h in run["history"]] == [(1, -1.0), (2, -2.0)]
+
+
+def test_a_wandb_callback_alive_at_interpreter_exit_prints_nothing(tmp_path):
+    """`raycse tune --tracking wandb:P` ended every run with Ray's ``WandbLoggerCallback.__del__`` failing
+    at interpreter exit (``'NoneType' object has no attribute 'is_initialized'``: its module's globals were
+    already cleared). Here the callback outlives the modules it reads, as the experiment's did."""
+    import os
+    import subprocess
+    import sys
+
+    program = ("import os\n"
+               "from raycse.tune.search import _tracking_callback\n"
+               "os._kept_until_exit = _tracking_callback('wandb', 'p', 'exp')\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)})
+    assert done.returncode == 0 and "Exception ignored" not in done.stderr, done.stderr

@@ -11,6 +11,8 @@ the service was slower than the kill, as under load (session 51, the tune test's
 
 from __future__ import annotations
 
+import sys
+
 from ray.air.integrations.wandb import WandbLoggerCallback, _WandbLoggingActor
 
 
@@ -28,3 +30,10 @@ class FlushingWandbLoggerCallback(WandbLoggerCallback):
     logging actors end. (``_logger_actor_cls`` is the hook Ray's callback offers for its actor class.)"""
 
     _logger_actor_cls = _FlushingLoggingActor
+
+    def __del__(self):
+        # At interpreter exit Ray's ``__del__`` reads module globals that are already gone (``ray`` is None)
+        # and prints an AttributeError after every tune run; the experiment's end has stopped the actors,
+        # and Ray's own shutdown ends whatever is left.
+        if not sys.is_finalizing():
+            super().__del__()
