@@ -253,7 +253,18 @@ class Parser(argparse.ArgumentParser):
     """argparse with its usage errors in one line (the usage block is what --help is for)."""
 
     def error(self, message: str):
-        self.exit(2, f"raycse: error: {self.prog}: {message} (see {self.prog} --help)\n")
+        command = self.prog.partition(" ")[2]  # (a subcommand's parser: "raycse eval")
+        self.exit(2, f"raycse: error: {command + ': ' if command else ''}{message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        # argparse reports a subcommand's unknown arguments from the top parser ("see raycse --help"):
+        # the subcommand's own parser names the help that lists its flags
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = getattr(parsed, "command", None)
+            where = self._subcommands.get(command, self) if hasattr(self, "_subcommands") else self
+            where.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -266,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     _tune_parser(sub)
     _analyze_parser(sub)
     _mine_parser(sub)
+    parser._subcommands = sub.choices
     return parser
 
 

@@ -107,6 +107,23 @@ def test_every_shipped_config_validates():
         RunConfig.from_dict(load_yaml(path)).validate()
 
 
+@pytest.mark.parametrize("argv, line", [
+    (["eval", "--model", "m"], "raycse: error: eval: unrecognized arguments: --model (see raycse eval --help)"),
+    (["objectives", "hicl"], "raycse: error: objectives: unrecognized arguments: hicl (see raycse objectives --help)"),
+    (["tune", "--seeds", "x"], "raycse: error: tune: argument --seeds: invalid int value: 'x' (see raycse tune --help)"),
+    (["nosuch"], "raycse: error: argument command: invalid choice: 'nosuch' (choose from 'train', 'eval', "
+                 "'objectives', 'tune', 'analyze', 'mine') (see raycse --help)"),
+])
+def test_a_usage_error_names_its_command_and_that_command_s_help(argv, line, capsys):
+    """argparse reported a subcommand's unknown arguments from the top parser: "raycse: error: raycse:
+    unrecognized arguments: --model (see raycse --help)", whose help lists no flag of eval's."""
+    from raycse.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2 and capsys.readouterr().err.splitlines() == [line]
+
+
 def test_train_help_names_every_shipped_recipe():
     """``raycse train --help`` lists the recipes ``--config NAME`` finds: a new file in configs/ is named there."""
     from pathlib import Path
