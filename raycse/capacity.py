@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from raycse.config import TrainConfig
+from raycse.config.train import TrainConfig  # (the train section alone: its default wait)
 from raycse.errors import ResourceError
 
 # How long a corpus read waits for a CPU by default: the workers' default wait for their start

@@ -109,7 +109,8 @@ def test_every_shipped_config_validates():
 
 @pytest.mark.parametrize("argv, line", [
     (["eval", "--model", "m"], "raycse: error: eval: unrecognized arguments: --model (see raycse eval --help)"),
-    (["objectives", "hicl"], "raycse: error: objectives: unrecognized arguments: hicl (see raycse objectives --help)"),
+    (["objectives", "hicl"],
+     "raycse: error: objectives: unrecognized arguments: hicl (see raycse objectives --help)"),
     (["tune", "--seeds", "x"], "raycse: error: tune: argument --seeds: invalid int value: 'x' (see raycse tune --help)"),
     (["nosuch"], "raycse: error: argument command: invalid choice: 'nosuch' (choose from 'train', 'eval', "
                  "'objectives', 'tune', 'analyze', 'mine') (see raycse --help)"),

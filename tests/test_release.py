@@ -274,3 +274,41 @@ def test_a_worker_waits_for_the_drivers_objects_within_its_bound(ray_cluster, mo
     assert time.monotonic() - t0 < 10
     ray_cluster.cancel(ref, force=True)
     assert runtime.fetch(ray_cluster.put([1, 2]), "the scoring data") == [1, 2]
+
+
+def test_embedding_texts_on_a_cluster_whose_cpus_another_job_holds_fails_in_one_line(ray_cluster, tiny_model):
+    """Mining's candidates and a BEIR corpus go to the embedding pool as a dataset made from this process's
+    texts: ``ray.data.from_arrow`` waited for a cluster task, without a bound, before the pool even started.
+    The pool's own wait for CPUs ends at Ray Data's no-progress bound (30 minutes by default; 5 s here) in
+    one line that names what holds the cluster and how to raise the bound, instead of Ray's traceback."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import ray
+    from ray.data.context import DataContext
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from raycse.capacity import ClusterBusyError
+    from raycse.grouping.embed import embed_corpus, texts_corpus
+
+    holder = placement_group([{"CPU": 4}])
+    ray.get(holder.ready(), timeout=60)
+    context = DataContext.get_current()
+    bound = context.execution_no_progress_timeout_s
+    context.execution_no_progress_timeout_s = 5  # (a dataset takes the process's context when it is made)
+
+    def embed() -> tuple:
+        start = time.monotonic()
+        with pytest.raises(ClusterBusyError) as err:
+            embed_corpus(texts_corpus(["the city river"] * 20), str(tiny_model), 16)
+        return err.value, time.monotonic() - start
+
+    pool = ThreadPoolExecutor(1)
+    try:
+        error, took = pool.submit(embed).result(timeout=90)  # (the old read: still waiting when the holder goes)
+    finally:
+        context.execution_no_progress_timeout_s = bound
+        remove_placement_group(holder)
+        pool.shutdown(wait=True)
+    message = str(error)
+    assert "made no progress" in message and holder.id.hex()[:12] in message and "\n" not in message, message
+    assert "RAY_DATA_EXECUTION_NO_PROGRESS_TIMEOUT_S" in message and took < 5 + 30, took

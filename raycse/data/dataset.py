@@ -319,7 +319,18 @@ def from_hf(hf):
         from ray.data._internal.datasource.huggingface_datasource import HuggingFaceDatasource
 
         return ray.data.read_datasource(HuggingFaceDatasource(dataset=hf))
-    return ray.data.from_arrow(hf.with_format("arrow")[:])  # (the view: select/shuffle applied)
+    return local_dataset(hf.with_format("arrow")[:])  # (the view: select/shuffle applied)
+
+
+def local_dataset(table):
+    """A Ray Dataset of an Arrow table this process holds, as one block, described here.
+
+    Not ``ray.data.from_arrow``: it asks a 1-CPU task on the cluster for the table's row count and
+    schema, and waits for it without a bound (on a cluster whose CPUs another job holds, for ever).
+    ``ray.data.from_blocks`` computes them in this process."""
+    import ray.data
+
+    return ray.data.from_blocks([table])
 
 
 def _hf_dataset(d):
@@ -521,7 +532,9 @@ def _cap(hashes: list, keeps: list, max_sentences: Optional[int]) -> list[int]:
 
 
 class ray_data_errors:
-    """Turn a DataError raised inside a Ray task back into itself (one clean line, not a traceback)."""
+    """Turn a DataError raised inside a Ray task back into itself (one clean line, not a traceback), and
+    Ray Data's own no-progress timeout (an execution that waited for CPUs or GPUs another job holds,
+    RAY_DATA_EXECUTION_NO_PROGRESS_TIMEOUT_S, 30 minutes by default) into one line naming what holds them."""
 
     def __enter__(self):
         return self
@@ -529,6 +542,13 @@ class ray_data_errors:
     def __exit__(self, exc_type, exc, tb):
         if exc is None:
             return False
+        from ray.data.exceptions import ExecutionTimeoutError
+
+        if isinstance(exc, ExecutionTimeoutError):
+            from raycse.capacity import ClusterBusyError, held_resources
+
+            raise ClusterBusyError(f"{str(exc).splitlines()[0]} ({held_resources()}); free the cluster or add a "
+                                   "node, or raise RAY_DATA_EXECUTION_NO_PROGRESS_TIMEOUT_S") from None
         cause = exc
         for _ in range(8):  # RayTaskError -> cause chains
             if isinstance(cause, DataError):

@@ -161,16 +161,10 @@ def embed_documents(data: BeirData, embed: Callable[[Sequence[str]], np.ndarray]
     Ray Data actor pool for corpora over ``ray_threshold`` (Ray started by the caller)."""
     if len(data.docs) <= ray_threshold or model_path is None:
         return embed(data.docs, prompt_name=DOCUMENT)
-    import types
+    from raycse.grouping.embed import embed_corpus, texts_corpus
 
-    import pyarrow as pa
-    import ray
-
-    from raycse.grouping.embed import embed_corpus
-
-    table = pa.table({"_id": np.arange(len(data.docs), dtype=np.int64), "text": data.docs})
-    corpus = types.SimpleNamespace(dataset=ray.data.from_arrow(table), num_examples=len(data.docs))
-    return embed_corpus(corpus, model_path, max_length, actors=actors, precision=precision, prompt_name=DOCUMENT)
+    return embed_corpus(texts_corpus(data.docs), model_path, max_length, actors=actors, precision=precision,
+                        prompt_name=DOCUMENT)
 
 
 def evaluate_beir(directory: str | Path, embed: Callable[[Sequence[str]], np.ndarray], split: str = "test",

@@ -14,6 +14,8 @@ from typing import Optional
 
 import numpy as np
 
+from raycse.data.dataset import local_dataset, ray_data_errors
+
 
 class Embedder:
     """Actor-pool worker: loads the encoder once, embeds batches of texts in eval mode."""
@@ -36,6 +38,17 @@ class Embedder:
         z = self.encoder.encode(list(batch["text"]), batch_size=self.batch_size, max_length=self.max_length,
                                 autocast_dtype=self.dtype, prompt_name=self.prompt_name)
         return {"_id": batch["_id"], "emb": z}
+
+
+def texts_corpus(texts: list[str]):
+    """Texts this process holds as a corpus for :func:`embed_corpus` (``dataset`` of _id, text;
+    ``num_examples``): mining's candidates, a BEIR corpus."""
+    import types
+
+    import pyarrow as pa
+
+    table = pa.table({"_id": np.arange(len(texts), dtype=np.int64), "text": texts})
+    return types.SimpleNamespace(dataset=local_dataset(table), num_examples=len(texts))
 
 
 def column(by: str) -> str:
@@ -88,12 +101,13 @@ def embed_corpus(corpus, model_path: str, max_length: int, actors: int = 1, batc
         compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors), batch_size=batch_size * 4, batch_format="numpy",
         num_gpus=gpus_per_actor if use_gpu else 0, num_cpus=0 if use_gpu else 1)
     out = None
-    for b in ds.iter_batches(batch_format="numpy", batch_size=None):
-        emb = np.asarray(b["emb"], dtype=np.float32)
-        if out is None:
-            kept = vector_dtype(corpus.num_examples, emb.shape[1]) if str(dtype) == "auto" else dtype
-            out = np.zeros((corpus.num_examples, emb.shape[1]), dtype=kept)
-        out[b["_id"]] = normalize(emb) if out.dtype == np.float16 else emb  # unit rows never overflow float16
+    with ray_data_errors():  # (a pool that never got its CPUs or GPUs: one line)
+        for b in ds.iter_batches(batch_format="numpy", batch_size=None):
+            emb = np.asarray(b["emb"], dtype=np.float32)
+            if out is None:
+                kept = vector_dtype(corpus.num_examples, emb.shape[1]) if str(dtype) == "auto" else dtype
+                out = np.zeros((corpus.num_examples, emb.shape[1]), dtype=kept)
+            out[b["_id"]] = normalize(emb) if out.dtype == np.float16 else emb  # unit rows never overflow float16
     return out
 
 
@@ -143,7 +157,8 @@ def shingle_keys(corpus, seed: int, epoch: int, size: int = 1, by: str = "first"
                                                      for t, i in zip(batch[col], batch["_id"])], dtype=np.int64)}
 
     out = np.zeros(corpus.num_examples, dtype=np.int64)
-    for b in corpus.dataset.select_columns(["_id", col]).map_batches(keys, batch_format="numpy").iter_batches(
-            batch_format="numpy", batch_size=None):
-        out[b["_id"]] = b["key"]
+    with ray_data_errors():
+        for b in corpus.dataset.select_columns(["_id", col]).map_batches(keys, batch_format="numpy").iter_batches(
+                batch_format="numpy", batch_size=None):
+            out[b["_id"]] = b["key"]
     return out

@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import math
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -102,15 +101,6 @@ def triplet_format(data, output: Path) -> str:
     return output_format(fmt, output)
 
 
-def _texts_corpus(texts: list[str]):
-    """A corpus-like view (``dataset`` with _id, text; ``num_examples``) for the embedding pool."""
-    import pyarrow as pa
-    import ray
-
-    table = pa.table({"_id": np.arange(len(texts), dtype=np.int64), "text": texts})
-    return types.SimpleNamespace(dataset=ray.data.from_arrow(table), num_examples=len(texts))
-
-
 def select(scores: np.ndarray, ids: np.ndarray, pos_score: np.ndarray, query: list[str], positive: list[str],
            candidates: list[str], s: MineSettings) -> list[Optional[list[int]]]:
     """Per query, the candidate ids kept (see the module doc, step 4), or None when too few."""
@@ -145,7 +135,7 @@ def mine(data, model_path: str, output: Path, s: MineSettings, candidates_file: 
     import time
 
     from raycse.data.dataset import load_corpus
-    from raycse.grouping.embed import embed_corpus
+    from raycse.grouping.embed import embed_corpus, texts_corpus
     from raycse.grouping.knn import normalize, top_k
 
     s.validate()
@@ -166,7 +156,7 @@ def mine(data, model_path: str, output: Path, s: MineSettings, candidates_file: 
     t["read"] = time.perf_counter()
     embed = dict(actors=s.embed_actors or 1, batch_size=s.batch_size)  # (the CLI's None: one per CPU, set there)
     q_vec = normalize(embed_corpus(pairs, model_path, s.max_length, by="first", **embed))
-    c_vec = normalize(embed_corpus(_texts_corpus(candidates), model_path, s.max_length, **embed))
+    c_vec = normalize(embed_corpus(texts_corpus(candidates), model_path, s.max_length, **embed))
     if candidates_file:
         p_vec = normalize(embed_corpus(pairs, model_path, s.max_length, by="second", **embed))
     else:  # the candidates are the positives: their vectors are already there
