@@ -252,6 +252,8 @@ def _mine_parser(sub) -> None:
 class Parser(argparse.ArgumentParser):
     """argparse with its usage errors in one line (the usage block is what --help is for)."""
 
+    subcommands: dict = {}  # (the top parser's: name -> the subcommand's parser, set by build_parser)
+
     def error(self, message: str):
         command = self.prog.partition(" ")[2]  # (a subcommand's parser: "raycse eval")
         self.exit(2, f"raycse: error: {command + ': ' if command else ''}{message} (see {self.prog} --help)\n")
@@ -261,9 +263,8 @@ class Parser(argparse.ArgumentParser):
         # the subcommand's own parser names the help that lists its flags
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
-            command = getattr(parsed, "command", None)
-            where = self._subcommands.get(command, self) if hasattr(self, "_subcommands") else self
-            where.error(f"unrecognized arguments: {' '.join(extras)}")
+            self.subcommands.get(getattr(parsed, "command", None), self).error(
+                f"unrecognized arguments: {' '.join(extras)}")
         return parsed
 
 
@@ -277,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     _tune_parser(sub)
     _analyze_parser(sub)
     _mine_parser(sub)
-    parser._subcommands = sub.choices
+    parser.subcommands = sub.choices
     return parser
 
 

@@ -14,8 +14,6 @@ from typing import Optional
 
 import numpy as np
 
-from raycse.data.dataset import local_dataset, ray_data_errors
-
 
 class Embedder:
     """Actor-pool worker: loads the encoder once, embeds batches of texts in eval mode."""
@@ -46,6 +44,8 @@ def texts_corpus(texts: list[str]):
     import types
 
     import pyarrow as pa
+
+    from raycse.data.dataset import local_dataset
 
     table = pa.table({"_id": np.arange(len(texts), dtype=np.int64), "text": texts})
     return types.SimpleNamespace(dataset=local_dataset(table), num_examples=len(texts))
@@ -84,6 +84,7 @@ def embed_corpus(corpus, model_path: str, max_length: int, actors: int = 1, batc
     (grouping compares cosines only; 10M x 384 is 7.7 GB instead of 15.4); ``"auto"``: float16 where
     float32 would take over ``HALF_ABOVE`` of the memory free now (:func:`vector_dtype`); below
     that, float32 keeps the cosines exact."""
+    from raycse.data.dataset import ray_data_errors
     from raycse.grouping.vectors import normalize
 
     import ray.data
@@ -148,6 +149,7 @@ def check_room_to_group(n: int, dim: Optional[int], grouping, available: Optiona
 
 
 def shingle_keys(corpus, seed: int, epoch: int, size: int = 1, by: str = "first") -> np.ndarray:
+    from raycse.data.dataset import ray_data_errors
     from raycse.grouping.strategies import shingle_key
 
     col = column(by)
