@@ -173,9 +173,11 @@ def _from_autoscaler_config() -> Optional[Ceiling]:
         return None
     import yaml
 
+    from raycse import safe_yaml
+
     try:
         with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
+            raw = safe_yaml.load(f)
     except (OSError, yaml.YAMLError):
         return None
     try:

@@ -296,6 +296,16 @@ def _usage(name: str, pooling: str) -> list[str]:
     ]
 
 
+def _remote_code(run: dict) -> list[str]:
+    """Said where the run trusted its base model's own code: whoever loads this model runs that code too."""
+    if not run["model"].get("trust_remote_code"):
+        return []
+    return ["**Runs code of its own.** The base model was loaded with `trust_remote_code` (its configs' `auto_map`), "
+            "so loading this model runs that code too: `SentenceTransformer(path, trust_remote_code=True)`, "
+            "`AutoModel.from_pretrained(path, trust_remote_code=True)`, `raycse eval path --trust-remote-code`. "
+            "Read the code first.", ""]
+
+
 def model_card(run: dict, summary: dict, model_dir, search: Optional[dict] = None,
                files: Optional[Path] = None) -> str:
     """The card's text. ``run``: the resolved config as a dict; ``summary``: the run's metrics.json;
@@ -309,6 +319,7 @@ def model_card(run: dict, summary: dict, model_dir, search: Optional[dict] = Non
     lines += [f"# {title or name}", "",
               f"A sentence-embedding model fine-tuned with raycse {__version__} from "
               f"`{run['model']['name_or_path']}` (`default` = the embedded all-MiniLM-L6-v2).", ""]
+    lines += _remote_code(run)
     lines += _model(files) + _training(run, summary) + _hyperparameters(run, summary) + _scores(summary)
     if search:
         lines += _search(search)

@@ -100,7 +100,8 @@ def settings_from_args(cls, args: argparse.Namespace, **given):
 RESOURCE_KEYS = ("train.num_workers", "train.cpus_per_worker", "train.gpus_per_worker", "train.use_gpu")
 
 
-SWITCHES = {"train.use_gpu": "--use-gpu"}  # run settings whose flag is an on switch (the others take a value)
+# run settings whose flag is an on switch (the others take a value)
+SWITCHES = {"train.use_gpu": "--use-gpu", "model.trust_remote_code": "--trust-remote-code"}
 
 
 def add_run_flags(p: argparse.ArgumentParser, keys: Optional[tuple] = None, of: str = "") -> None:
@@ -379,8 +380,8 @@ def cmd_eval(args) -> int:
     json_out = check_writable_file(args.json_out) if args.json_out else None  # before the work, not after
     datasets, beir = _eval_inputs(args)
     suite = _mteb_inputs(args)
-    asked = _eval_dims(args.dims, args.model)  # before the model loads: a bad size is one line
-    encoder = Encoder.from_pretrained(args.model, pooling=args.pooling)
+    asked = _eval_dims(args.dims, args.model, args.trust_remote_code)  # before the model loads: a bad size is one line
+    encoder = Encoder.from_pretrained(args.model, pooling=args.pooling, trust_remote_code=args.trust_remote_code)
     dims = asked or sorted((d for d in encoder.matryoshka_dims or [] if d < encoder.output_size), reverse=True)
     dtype = resolve_precision(args.precision, encoder.device)
 
@@ -419,7 +420,7 @@ def cmd_eval(args) -> int:
     return 0
 
 
-def _eval_dims(text: Optional[str], model: str) -> list[int]:
+def _eval_dims(text: Optional[str], model: str, trust_remote_code: bool) -> list[int]:
     """--dims: the prefix sizes to score besides the whole embedding, widest first."""
     from raycse.conversion import coerce
     from raycse.encoder import embedding_width_of, resolve_model
@@ -427,7 +428,7 @@ def _eval_dims(text: Optional[str], model: str) -> list[int]:
     if not text:
         return []
     dims = coerce("--dims", text, list)
-    width = embedding_width_of(resolve_model(model)) or float("inf")
+    width = embedding_width_of(resolve_model(model, trust_remote_code)) or float("inf")
     if not dims or not all(isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= width for d in dims):
         raise RaycseError(f"--dims must be sizes from 1 to the model's {width} coordinates, e.g. 256,128,64; "
                           f"got {text}")
@@ -442,13 +443,15 @@ def _eval_beir(args, beir, embed, encoder) -> dict:
     from raycse.encoder import resolve_model
     from raycse.evaluation.beir import RAY_THRESHOLD
 
-    model_path = None if args.pooling else resolve_model(args.model)  # what the Ray actors load for big corpora
+    # what the Ray actors load for big corpora
+    model_path = None if args.pooling else resolve_model(args.model, args.trust_remote_code)
     if model_path and len(beir.docs) > RAY_THRESHOLD:
         from raycse.train.runtime import ensure_ray
 
         ensure_ray()
     docs = embed_documents(beir, lambda xs, prompt_name: embed(xs, prompt_name, progress=True), model_path,
-                           args.max_length or encoder.max_seq_length, precision=args.precision)
+                           args.max_length or encoder.max_seq_length, precision=args.precision,
+                           trust_remote_code=args.trust_remote_code)
     scores = retrieval_metrics(beir.qrels, search(docs, embed(beir.queries, QUERY), beir))
     print(format_metrics(scores))
     return scores
@@ -529,7 +532,7 @@ def cmd_mine(args) -> int:
     triplet_format(data, out)
     if args.candidates:
         resolve_sources(args.candidates)
-    model = resolve_model(args.model)  # everything checked before Ray starts
+    model = resolve_model(args.model, settings.trust_remote_code)  # everything checked before Ray starts
     ensure_ray()
     setup_ray_data()
     from raycse.train.runtime import cluster_cpus

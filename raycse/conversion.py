@@ -66,9 +66,11 @@ def _mapping(key: str, value: Any) -> dict:
     if isinstance(value, str):
         import yaml
 
+        from raycse import safe_yaml
+
         text = value.strip()
         try:
-            value = yaml.safe_load(text if text.startswith("{") else "{" + text + "}") if text else {}
+            value = safe_yaml.load(text if text.startswith("{") else "{" + text + "}") if text else {}
         except (yaml.YAMLError, RecursionError):
             example = MAPPING_EXAMPLES.get(key, "{name: value}")
             raise ConfigError(f"{key} must be a YAML mapping such as '{example}', got {shown(value)}") from None
@@ -82,9 +84,11 @@ def _sequence(key: str, value: Any) -> list:
     if isinstance(value, str):
         import yaml
 
+        from raycse import safe_yaml
+
         text = value.strip()
         try:
-            value = yaml.safe_load(text if text.startswith("[") else "[" + text + "]")
+            value = safe_yaml.load(text if text.startswith("[") else "[" + text + "]")
         except (yaml.YAMLError, RecursionError):
             raise ConfigError(f"{key} must be a list such as 384,256,128, got {shown(value)}") from None
     if not isinstance(value, (list, tuple)):

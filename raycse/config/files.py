@@ -4,23 +4,14 @@ recipes it ships (``--config simcse``, ``--space hicl``)."""
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from raycse import safe_yaml
 from raycse.errors import ConfigError
-
-class YamlLoader(yaml.SafeLoader):
-    """YAML 1.1 as PyYAML reads it, plus exponent floats without a dot (``1e-5``): YAML 1.1 makes
-    them strings, so ``lr: {loguniform: [1e-5, 1e-4]}`` was refused as "not numbers"."""
-
-
-YamlLoader.add_implicit_resolver("tag:yaml.org,2002:float",
-                                 re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-                                 list("-+0123456789"))
-
+from raycse.safe_yaml import YamlLoader, YamlTooLarge  # noqa: F401 - YamlLoader: raycse.config's name for it
 
 # the package's folder: raycse/configs/*.yaml and raycse/search_spaces/*.yaml, shipped in the wheel
 RECIPES = Path(__file__).resolve().parent.parent
@@ -49,7 +40,10 @@ def load_yaml(path: str | os.PathLike) -> dict:
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        data = yaml.load(p.read_text(encoding="utf-8"), Loader=YamlLoader)
+        data = safe_yaml.load(p.read_text(encoding="utf-8"))
+    except YamlTooLarge as exc:
+        raise ConfigError(f"{p} is refused: {exc}; a raycse config or search space needs a few aliases at most"
+                          ) from None
     except RecursionError:
         raise ConfigError(f"{p} nests deeper than {MAX_YAML_DEPTH} levels; a raycse config or search space needs "
                           f"at most a few") from None
@@ -87,7 +81,9 @@ def parse_scalar(text: str) -> Any:
     """'0.1' -> 0.1, 'true' -> True, 'x' -> 'x' (for --set objective.knob=value)."""
     too_deep = ConfigError(f"the value {text[:40]}... nests deeper than {MAX_YAML_DEPTH} levels; give a plain value")
     try:
-        value = yaml.load(text, Loader=YamlLoader)
+        value = safe_yaml.load(text)
+    except YamlTooLarge as exc:
+        raise ConfigError(f"the value {text[:40]}... is refused: {exc}; give a plain value") from None
     except yaml.YAMLError:
         return text
     except RecursionError:

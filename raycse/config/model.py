@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raycse.config.fields import Section, at_least, knob, one_of
+from raycse.config.fields import Section, at_least, detail, knob, one_of
 
 POOLINGS = ("cls", "cls_before_pooler", "mean", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 
 
 MLP_MODES = ("auto", "train_only", "always", "none")
-
+TRUST_REMOTE_CODE = ("run the model's own Python (its configs' auto_map) to load it; without it such a model is "
+                     "refused, since a model from someone else may run anything")
 
 
 @dataclass
@@ -34,6 +35,7 @@ class ModelConfig(Section):
                       " 16, dropout: 0.0, target_modules: [query, value]}' (any key may be left out: r 8, alpha 2 r, "
                       "dropout 0, peft's targets for the model type); the output holds the merged model and "
                       "adapter/ (default: none, full fine-tuning)")
+    trust_remote_code: bool = detail(False, TRUST_REMOTE_CODE + " (recorded in the run's config and model card)")
 
     def validate(self) -> None:
         from raycse.adapters import lora_settings

@@ -155,7 +155,7 @@ QUERY, DOCUMENT = "query", "document"
 
 def embed_documents(data: BeirData, embed: Callable[[Sequence[str]], np.ndarray], model_path: Optional[str] = None,
                     max_length: int = 256, actors: int = 1, precision: str = "fp32",
-                    ray_threshold: int = RAY_THRESHOLD) -> np.ndarray:
+                    ray_threshold: int = RAY_THRESHOLD, trust_remote_code: bool = False) -> np.ndarray:
     """Document vectors, after the model's "document" prompt where it has one (as
     ``SentenceTransformer.encode_document``): in this process (``embed(texts, prompt_name=...)``), or on the
     Ray Data actor pool for corpora over ``ray_threshold`` (Ray started by the caller)."""
@@ -164,7 +164,7 @@ def embed_documents(data: BeirData, embed: Callable[[Sequence[str]], np.ndarray]
     from raycse.grouping.embed import embed_corpus, texts_corpus
 
     return embed_corpus(texts_corpus(data.docs), model_path, max_length, actors=actors, precision=precision,
-                        prompt_name=DOCUMENT)
+                        prompt_name=DOCUMENT, trust_remote_code=trust_remote_code)
 
 
 def evaluate_beir(directory: str | Path, embed: Callable[[Sequence[str]], np.ndarray], split: str = "test",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from raycse.config import POOLINGS, setting
+from raycse.config import POOLINGS, TRUST_REMOTE_CODE, setting
 
 
 @dataclass
@@ -46,4 +46,5 @@ class EvalSettings:
     dims: Optional[str] = setting(None, "--dims", "also score the embedding's first N coordinates (Matryoshka), e.g. "
                                   "256,128,64 (default: the sizes the model was trained for, where raycse trained it "
                                   "with objective.matryoshka_dims)", metavar="LIST")
+    trust_remote_code: bool = setting(False, "--trust-remote-code", TRUST_REMOTE_CODE, action="store_true")
     json_out: Optional[str] = setting(None, "--json", "also write the scores to this JSON file", metavar="FILE")

@@ -19,13 +19,13 @@ class Embedder:
     """Actor-pool worker: loads the encoder once, embeds batches of texts in eval mode."""
 
     def __init__(self, model_path: str, max_length: int, batch_size: int, use_gpu: bool, precision: str,
-                 prompt_name: Optional[str] = None, prompts: Optional[dict] = None):
+                 prompt_name: Optional[str] = None, prompts: Optional[dict] = None, trust_remote_code: bool = False):
         import torch
 
         from raycse.encoder import Encoder
         from raycse.precision import resolve_precision
 
-        self.encoder = Encoder.from_pretrained(model_path)
+        self.encoder = Encoder.from_pretrained(model_path, trust_remote_code=trust_remote_code)
         self.encoder.add_prompts(prompts or {})  # a training run's data.prompts, as its workers hold them
         if use_gpu and torch.cuda.is_available():
             self.encoder.to("cuda")
@@ -76,7 +76,7 @@ def _num_blocks(ds) -> int:
 def embed_corpus(corpus, model_path: str, max_length: int, actors: int = 1, batch_size: int = 256,
                  use_gpu: bool = False, precision: str = "auto", by: str = "first",
                  gpus_per_actor: float = 1.0, prompt_name: Optional[str] = None,
-                 prompts: Optional[dict] = None, dtype="float32") -> np.ndarray:
+                 prompts: Optional[dict] = None, dtype="float32", trust_remote_code: bool = False) -> np.ndarray:
     """Embeddings by row id, after the prompt ``Encoder.prompt(prompt_name)`` picks (of the model's
     prompts and a training run's ``prompts``, :meth:`Encoder.add_prompts`); with ``use_gpu``
     each actor holds ``gpus_per_actor`` (a training run's train.gpus_per_worker, so the trials sharing a
@@ -97,7 +97,8 @@ def embed_corpus(corpus, model_path: str, max_length: int, actors: int = 1, batc
     ds = ds.map_batches(
         Embedder, fn_constructor_kwargs={"model_path": model_path, "max_length": max_length,
                                          "batch_size": batch_size, "use_gpu": use_gpu, "precision": precision,
-                                         "prompt_name": prompt_name, "prompts": prompts},
+                                         "prompt_name": prompt_name, "prompts": prompts,
+                                         "trust_remote_code": trust_remote_code},
         # from 1 actor up to `actors`: a pool that waited for all of them could wait for ever on a busy cluster
         compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors), batch_size=batch_size * 4, batch_format="numpy",
         num_gpus=gpus_per_actor if use_gpu else 0, num_cpus=0 if use_gpu else 1)

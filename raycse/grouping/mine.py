@@ -25,7 +25,7 @@ from typing import Optional
 
 import numpy as np
 
-from raycse.config import setting
+from raycse.config import TRUST_REMOTE_CODE, setting
 from raycse.errors import ConfigError, DataError
 
 
@@ -47,6 +47,7 @@ class MineSettings:
                                           "CPU of the cluster)", type=int)
     batch_size: int = setting(256, "--batch-size", "sentences per embedding call", type=int)
     max_length: int = setting(128, "--max-length", "token limit when embedding", type=int)
+    trust_remote_code: bool = setting(False, "--trust-remote-code", TRUST_REMOTE_CODE, action="store_true")
 
     def validate(self) -> None:
         if self.num_negatives < 1:
@@ -154,7 +155,7 @@ def mine(data, model_path: str, output: Path, s: MineSettings, candidates_file: 
     else:
         candidates = sorted(set(positive))
     t["read"] = time.perf_counter()
-    embed = dict(actors=s.embed_actors or 1, batch_size=s.batch_size)  # (the CLI's None: one per CPU, set there)
+    embed = dict(actors=s.embed_actors or 1, batch_size=s.batch_size, trust_remote_code=s.trust_remote_code)  # (the CLI's None: one per CPU, set there)
     q_vec = normalize(embed_corpus(pairs, model_path, s.max_length, by="first", **embed))
     c_vec = normalize(embed_corpus(texts_corpus(candidates), model_path, s.max_length, **embed))
     if candidates_file:

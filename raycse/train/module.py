@@ -33,7 +33,8 @@ class TrainModule(nn.Module):
 
 def build_module(run: RunConfig) -> TrainModule:
     encoder = Encoder.from_pretrained(run.model.name_or_path, pooling=run.model.pooling,
-                                      mlp_head=run.model.resolved_mlp_head)
+                                      mlp_head=run.model.resolved_mlp_head,
+                                      trust_remote_code=run.model.trust_remote_code)
     encoder.length_buckets = length_buckets(run)
     encoder.unpad = run.train.unpad
     if run.train.fast_dropout:

@@ -174,7 +174,7 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     check_apart_from_output(run, storage_path)
     if storage_path and objstore.is_uri(storage_path):
         objstore.check_usable(storage_path)  # else Train's controller fails on it, with a traceback
-    model_path = resolve_model(run.model.name_or_path)
+    model_path = resolve_model(run.model.name_or_path, run.model.trust_remote_code)
     local_model = Path(os.path.expanduser(run.model.name_or_path)).exists()
     # a relative path means nothing in a worker's directory
     run = run.resolved({"model.name_or_path": model_path} if local_model else None)

@@ -77,7 +77,8 @@ def prepare_data(run: RunConfig) -> Optional[PreparedData]:
     spe, total = plan_steps(run, corpus.num_examples)
     if run.grouping.regroups_in_fit:
         return None  # every trial's workers group with their own weights
-    layouts, logs = lay_out_epochs(run, corpus, spe, total, resolve_model(run.model.name_or_path))
+    model_path = resolve_model(run.model.name_or_path, run.model.trust_remote_code)
+    layouts, logs = lay_out_epochs(run, corpus, spe, total, model_path)
     return PreparedData(data_key(run), corpus.stats, corpus.num_examples, corpus.blocks, layouts, logs)
 
 
@@ -110,7 +111,7 @@ def lay_out_epochs(run: RunConfig, corpus, spe: int, total: int, embed_from: str
         lambda: embed_corpus(corpus, embed_from, run.model.max_length, run.grouping.embed_actors,
                              run.grouping.embed_batch_size, t.use_gpu, t.precision, run.grouping.by,
                              t.gpu_share or 1.0, grouping_prompt_name(prompts, run.grouping.by), prompts,
-                             dtype="auto"))
+                             dtype="auto", trust_remote_code=run.model.trust_remote_code))
     plans = []
     for epoch in planned_epochs(run, spe, total):
         first = epoch * spe

@@ -139,7 +139,7 @@ def _checked_run(space: SearchSpace):
         raise ConfigError(f"{space.path}: run.data.corpus is not set; pass --corpus FILE or name the training "
                           f"corpus in the space file")
     check_data_fits_objective(run)
-    resolve_model(run.model.name_or_path)
+    resolve_model(run.model.name_or_path, run.model.trust_remote_code)
     return run
 
 
