@@ -201,7 +201,7 @@ def test_every_setting_has_a_help_text_and_train_help_lists_those_without_a_flag
     lists every setting without a flag once, with its default, generated from the config."""
     import dataclasses
 
-    from raycse.cli import build_parser
+    from raycse.cli import SWITCHES, build_parser
     from raycse.config import flag_fields
 
     run, keys = RunConfig(), {}
@@ -214,7 +214,7 @@ def test_every_setting_has_a_help_text_and_train_help_lists_those_without_a_flag
     text = commands["train"].format_help()
     listed = [line.split(":")[0].strip() for line in text[text.index("settings without a flag"):].splitlines()[1:]
               if line.startswith("  ") and not line.startswith("      ")]
-    flagged = {key for _, key, *_ in flag_fields()} | {"train.use_gpu", "output_dir"}
+    flagged = {key for _, key, *_ in flag_fields()} | set(SWITCHES) | {"output_dir"}
     assert sorted(listed) == sorted(set(keys) - flagged) and len(listed) == len(set(listed))
     assert "train.adam_beta2: AdamW beta2 (SG-OPT's paper uses 0.9) (default: 0.999)" in " ".join(text.split())
 
