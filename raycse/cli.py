@@ -576,8 +576,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    "analyze": cmd_analyze, "mine": cmd_mine}[args.command]
         from raycse import interrupts, processes
 
-        interrupts.install()  # SIGINT / SIGTERM: one line, 130 / 143, every process of this command's Ray ended
+        from raycse.outputs import forget_stagings, sweep_killed_stagings
+
+        interrupts.install()  # SIGINT / SIGTERM / SIGHUP / SIGQUIT: one line, 128 + N, this command's Ray ended
         processes.sweep_killed_rays()  # what a killed command's private Ray left running
+        sweep_killed_stagings()  # and the staging directories it left
         try:
             code = handler(args)
             processes.forget_own_ray()
@@ -588,11 +591,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 2                    # command, started while they were ending, call this one killed)
         except KeyboardInterrupt as caught:
             stop = interrupts.interrupted(caught, "nothing was written to the output")
-            print(f"raycse: {stop.line()}", file=sys.stderr, flush=True)
+            _say(f"raycse: {stop.line()}")  # (after SIGHUP there may be no terminal left to say it on)
             left = processes.end_own_ray()
             if left:
-                print(f"raycse: warning: Ray process(es) {left} did not end within {processes.END_BOUND_S:g} s",
-                      file=sys.stderr)
+                _say(f"raycse: warning: Ray process(es) {left} did not end within {processes.END_BOUND_S:g} s")
             return stop.exit_code
         except Exception as exc:  # a bug's traceback, printed here while the streams still redact
             from raycse.errors import disk_error_line
@@ -606,6 +608,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             traceback.print_exc()
             return 1
+        finally:
+            forget_stagings()
+
+
+def _say(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # a hung-up terminal (EIO) or a closed stream
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,4 +1,5 @@
-"""SIGINT and SIGTERM end a command the same way: one line, exit 130 / 143, nothing half-written.
+"""SIGINT, SIGTERM, SIGHUP and SIGQUIT end a command the same way: one line, exit 128 + the signal's
+number (130, 143, 129, 131), nothing half-written.
 
 The CLI installs :func:`install`'s handler, which raises :class:`Interrupted` in the main thread, so
 every ``except``/``finally`` on the way out runs (staging directories removed, runs released). Ray
@@ -16,7 +17,8 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Optional
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# a closed terminal or SSH session (SIGHUP) and Ctrl-\\ (SIGQUIT) end a command as SIGTERM does
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -62,7 +64,7 @@ def interrupted(stop: KeyboardInterrupt, detail: str = "") -> Interrupted:
 
 
 def install() -> None:
-    """raycse's handler for SIGINT and SIGTERM (from the main thread; elsewhere a no-op)."""
+    """raycse's handler for :data:`SIGNALS` (from the main thread; elsewhere a no-op)."""
     if threading.current_thread() is not threading.main_thread():
         return
     for sig in SIGNALS:

@@ -12,6 +12,7 @@ Torch-free on purpose: ``raycse analyze --export-best`` and Tune's clean-up use 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import socket
@@ -104,11 +105,62 @@ def live_stagings(parent: Path, prefix: str) -> list[Path]:
 
 
 def staging_dir(dest: Path) -> Path:
-    """A new, empty staging directory beside ``dest`` (first removing those killed runs left there)."""
+    """A new, empty staging directory beside ``dest`` (first removing those killed runs left there),
+    noted in the temporary directory so that the next raycse command on this machine removes it if
+    this process is killed before it can (:func:`sweep_killed_stagings`), whatever output it then writes."""
     sweep_abandoned(dest.parent, staging_prefix(dest.name))
     staging = dest.parent / f"{staging_prefix(dest.name)}{_owner_tag()}{uuid.uuid4().hex[:8]}"
     staging.mkdir(parents=True)
+    _note_staging(staging, staging_prefix(dest.name))
     return staging
+
+
+STAGING_RECORD_PREFIX = "raycse-staging-"
+_noted: list[Path] = []
+
+
+def _note_staging(staging: Path, prefix: str) -> None:
+    record = Path(tempfile.gettempdir()) / f"{STAGING_RECORD_PREFIX}{_owner_tag()}{uuid.uuid4().hex[:8]}.json"
+    try:
+        record.write_text(json.dumps({"path": str(staging.resolve()), "prefix": prefix}))
+    except OSError:
+        return  # the record only helps after a SIGKILL: never fail a run for it
+    _noted.append(record)
+
+
+def forget_stagings() -> None:
+    """The command ends (its staging directories published or removed on the way out): drop its records."""
+    while _noted:
+        _noted.pop().unlink(missing_ok=True)
+
+
+def sweep_killed_stagings() -> list[Path]:
+    """Remove the staging directories that killed raycse processes of this machine left, wherever they
+    are: only a directory whose own name says that same ended process made it (a record pointing
+    anywhere else removes nothing)."""
+    removed = []
+    try:
+        records = [p for p in Path(tempfile.gettempdir()).iterdir() if p.name.startswith(STAGING_RECORD_PREFIX)]
+    except OSError:
+        return removed
+    for record in records:
+        owner = _abandoned_owner(record.name, STAGING_RECORD_PREFIX)
+        if owner is None:
+            continue
+        try:
+            noted = json.loads(record.read_text())
+            staging, prefix = Path(noted["path"]), str(noted["prefix"])
+        except (OSError, ValueError, TypeError, KeyError):
+            record.unlink(missing_ok=True)
+            continue
+        if (prefix.startswith(".") and prefix.endswith(".partial-") and staging.name.startswith(prefix)
+                and _owner(staging.name, prefix) == (_host(), owner) and staging.is_dir() and not staging.is_symlink()):
+            shutil.rmtree(staging, ignore_errors=True)
+            print(f"[raycse] removed {staging}: left by process {owner}, which ended before it finished",
+                  file=sys.stderr, flush=True)
+            removed.append(staging)
+        record.unlink(missing_ok=True)
+    return removed
 
 
 def private_tempdir(prefix: str) -> Path:

@@ -25,6 +25,10 @@ MASK = "***"
 # scheme://userinfo@ : the user-info never holds '/', so this cannot reach into a path. One slash too:
 # a URI that went through pathlib (a path argument read as a local path) is printed as s3:/KEY:SECRET@b.
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*:/{1,2})(?P<info>[^/@\s?#'\"]+)@")
+# user:secret@host without a scheme (a Ray address, host:port): a word that starts the token, a colon, no
+# '/' or space up to the '@', then a host name or [IPv6] address, then a port, a path or the token's end
+_BARE_USERINFO = re.compile(r"(?<![\w.+\-/:@%~])[\w.~%+\-]*:[^\s/@'\"]+@(?P<host>[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\])"
+                            r"(?=[:/\s'\",;)]|$)")
 # ?name=value / &name=value where the name says it is a secret
 _SECRET_PARAM = re.compile(
     r"(?P<lead>[?&;](?:[A-Za-z0-9_.\-]*?)(?:key|secret|token|passw|pwd|sig|signature|credential|auth)"
@@ -32,10 +36,11 @@ _SECRET_PARAM = re.compile(
 
 
 def redact(text: str) -> str:
-    """``text`` with every URI's user-info and secret-named query values replaced by ``***``."""
-    if ":/" not in text and "=" not in text:
+    """``text`` with every URI's or address's user-info and secret-named query values replaced by ``***``."""
+    if ":/" not in text and "=" not in text and "@" not in text:
         return text
     text = _USERINFO.sub(lambda m: f"{m.group('scheme')}{MASK}@", text)
+    text = _BARE_USERINFO.sub(lambda m: f"{MASK}@{m.group('host')}", text)
     return _SECRET_PARAM.sub(lambda m: f"{m.group('lead')}{MASK}", text)
 
 
@@ -78,7 +83,7 @@ class RedactingStream(io.TextIOBase):
     def write(self, text: str) -> int:
         data = self._pending + text
         cut = max(data.rfind("\n"), data.rfind("\r")) + 1
-        if cut == 0 and len(data) < 4096 and ":/" in data:  # wait for the line's end
+        if cut == 0 and len(data) < 4096 and ":" in data:  # wait for the line's end: a URI or user:secret@host
             self._pending = data
             return len(text)
         self._pending = "" if cut == 0 else data[cut:]

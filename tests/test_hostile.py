@@ -157,3 +157,99 @@ def test_the_bomb_s_expanded_size_is_counted_by_a_second_walk():
         return 1
 
     assert expanded_size(node, 10**9) == walk(node) == 1 + 4 * 1 + (1 + 3) + (1 + 3 * 4) + (1 + 3 * 13) + (1 + 3 * 40)
+
+
+def _start_train(tmp_path: Path, env_extra: dict) -> subprocess.Popen:
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat sat on the mat\nthe dog ran in the park\n" * 40)
+    env = {**private_env(), **env_extra}
+    return subprocess.Popen([sys.executable, "-m", "raycse", "train", "--corpus", str(corpus), "--stsb-dev", "none",
+                             "--output", str(tmp_path / "out")], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:  # bound, never listening: a connect is refused at once
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_an_unreachable_cluster_is_given_up_within_the_bound_in_one_line(tmp_path):
+    port = _closed_port()
+    start = time.monotonic()
+    proc = _start_train(tmp_path, {"RAY_ADDRESS": f"127.0.0.1:{port}", "RAYCSE_RAY_CONNECT_TIMEOUT_S": "3"})
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err[-2000:]
+    assert time.monotonic() - start < 60
+    lines = own_lines(err)
+    assert lines == [f"raycse: error: the Ray cluster at 127.0.0.1:{port} (RAY_ADDRESS) did not answer within 3 s; "
+                     f"check that its head runs and that this machine reaches it, or raise "
+                     f"RAYCSE_RAY_CONNECT_TIMEOUT_S"], lines
+    assert not (tmp_path / "out").exists() and not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+
+
+@pytest.mark.parametrize("address, says", [
+    ("u:SECRET@127.0.0.1:1", "RAY_ADDRESS ***@127.0.0.1:1 carries credentials"),
+    ("http://u:SECRET@127.0.0.1:1", "RAY_ADDRESS http://***@127.0.0.1:1 carries credentials"),
+    ("127.0.0.1", "RAY_ADDRESS '127.0.0.1' is not a Ray address; give HOST:PORT"),
+])
+def test_a_malformed_ray_address_is_one_line_with_its_secret_masked(tmp_path, address, says):
+    proc = _start_train(tmp_path, {"RAY_ADDRESS": address})
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert "SECRET" not in out + err
+    lines = own_lines(err)
+    assert len(lines) == 1 and says in lines[0], err[-2000:]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Linux signals and /proc")
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP", "SIGQUIT", "SIGINT"])
+def test_a_signal_while_joining_a_cluster_is_raycse_s_line_and_128_plus_n(tmp_path, signame):
+    import signal
+
+    proc = _start_train(tmp_path, {"RAY_ADDRESS": f"127.0.0.1:{_closed_port()}", "RAYCSE_RAY_CONNECT_TIMEOUT_S": "120"})
+    line = proc.stdout.readline()  # the driver's first line: the command is past its imports, waiting on the head
+    assert "driver on" in line, line
+    time.sleep(1.0)
+    proc.send_signal(getattr(signal, signame))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + getattr(signal, signame), err[-2000:]
+    lines = own_lines(err)
+    assert len(lines) == 1 and lines[0].startswith(f"raycse: interrupted ({signame}); stopped; nothing was written "
+                                                   f"to {tmp_path / 'out'}"), err[-2000:]
+    assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+
+
+def test_a_killed_command_s_staging_folder_is_removed_by_the_next_command(tmp_path):
+    """SIGKILL leaves the staging folder of an output; the next raycse command, whatever its output, removes
+    it, and a record naming a folder that is not that process's staging removes nothing."""
+    import signal
+
+    from raycse.outputs import STAGING_RECORD_PREFIX, _host, sweep_killed_stagings
+
+    dest = tmp_path / "out"
+    code = (f"import os, signal; from pathlib import Path; from raycse.outputs import staging_dir; "
+            f"s = staging_dir(Path({str(dest)!r})); (s / 'model.safetensors').write_text('x'); print(s, flush=True); "
+            f"os.kill(os.getpid(), signal.SIGKILL)")
+    killed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            env=private_env())
+    assert killed.returncode == -signal.SIGKILL
+    staging = Path(killed.stdout.strip())
+    assert staging.is_dir() and staging.parent == tmp_path
+    # a forged record of a dead process that names the user's own folder
+    import tempfile
+
+    users = tmp_path / "mine"
+    users.mkdir()
+    (users / "thesis.tex").write_text("keep me")
+    forged = Path(tempfile.gettempdir()) / f"{STAGING_RECORD_PREFIX}{_host()}-{killed.args and 999999}-ffffffff.json"
+    forged.write_text(json.dumps({"path": str(users), "prefix": ".mine.partial-"}))
+    nxt = subprocess.run([sys.executable, "-m", "raycse", "objectives"], capture_output=True, text=True, timeout=120,
+                         env=private_env())
+    assert nxt.returncode == 0
+    assert f"removed {staging}: left by process" in nxt.stderr
+    assert not staging.exists()
+    assert (users / "thesis.tex").read_text() == "keep me" and not forged.exists()
+    assert sweep_killed_stagings() == []
