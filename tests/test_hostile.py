@@ -253,3 +253,50 @@ def test_a_killed_command_s_staging_folder_is_removed_by_the_next_command(tmp_pa
     assert not staging.exists()
     assert (users / "thesis.tex").read_text() == "keep me" and not forged.exists()
     assert sweep_killed_stagings() == []
+
+
+NO_TEXT = ["\u200b\u00a0\u0007", "\u200d\u200e\u2060 \t", "\ufeff\u00ad", "\u3000\u2028\x1f"]
+
+
+def test_lines_the_tokenizer_makes_nothing_of_are_dropped_and_counted(tiny_model):
+    """The tokenizer itself is the second opinion: each line dropped as without text gives it no token."""
+    from transformers import AutoTokenizer
+
+    from raycse.data.corpus import CorpusStats, clean_pair, clean_text, has_text
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    for line in NO_TEXT:
+        assert tok(line, add_special_tokens=False)["input_ids"] == [], repr(line)
+        assert not has_text(line)
+    for line in ["a", "é", "日本", "—", "3", "\u200bcity\u200b"]:
+        assert has_text(line)
+    stats = CorpusStats()
+    assert [clean_text(x, 100, stats) for x in NO_TEXT + ["the city"]] == [None] * 4 + ["the city"]
+    assert clean_pair(("the city", "\u200b\u00a0"), 100, 1.0, "row 1", stats) is None
+    assert stats.empty_dropped == 5 and stats.kept == 1
+
+
+def test_a_corpus_without_text_or_smaller_than_a_batch_is_refused_before_ray_starts(tmp_path, capsys, tiny_model):
+    from conftest import make_sentences, ray_sessions
+    from raycse.cli import main
+
+    blank = tmp_path / "blank.txt"
+    blank.write_text("".join(NO_TEXT[i % 4] + "\n" for i in range(244)))
+    small = tmp_path / "small.txt"
+    small.write_text("\n".join(make_sentences(256)) + "\n")
+    half = tmp_path / "half.txt"
+    half.write_text("".join(f"{s}\n{NO_TEXT[0]}\n" for s in make_sentences(40)))
+    sessions = ray_sessions()
+    base = ["train", "--model", str(tiny_model), "--stsb-dev", "none", "--output", str(tmp_path / "out")]
+    expected = [(["--corpus", str(blank)], "the corpus has no usable text: its 244 non-blank line(s) hold only spaces"),
+                (["--corpus", str(small), "--num-workers", "64"],
+                 "the corpus has 256 usable example(s), fewer than one global batch (64 x 64 worker(s))"),
+                (["--corpus", str(half), "--batch-size", "64"],
+                 "the corpus has 40 usable example(s) (40 line(s) without text dropped), fewer than one global batch")]
+    for extra, says in expected:
+        start = time.monotonic()
+        assert main(base + extra) == 2
+        assert time.monotonic() - start < 30  # (was 156 s and two Ray starts)
+        err = own_lines(capsys.readouterr().err)
+        assert len(err) == 1 and says in err[0], err
+    assert ray_sessions() == sessions and not (tmp_path / "out").exists()

@@ -241,12 +241,21 @@ def as_text(value, column: str, where: str) -> str:
                     f"(data.text_column / pair_column / negative_column)")
 
 
+def has_text(text: str) -> bool:
+    """Whether ``text`` holds anything a tokenizer keeps: a character that is not a separator (spaces, NBSP)
+    nor a control, format (zero-width spaces, joiners, marks of direction), private or unassigned one.
+    A line of those alone tokenizes to no token at all: it trained as an empty sentence."""
+    import unicodedata
+
+    return any(c.isalnum() or unicodedata.category(c)[0] not in "ZC" for c in text)
+
+
 def clean_text(raw, max_chars: int, stats: CorpusStats, column: str = "text", where: str = "") -> Optional[str]:
     """Strip and cap one text; None (counted) when nothing is left. The unit separator (0x1F) becomes
     a space: it marks the fields of CompCSE's span rows, so a sentence holding two of them was read
     as a row of three fields."""
     text = as_text(raw, column, where or "corpus").replace("\x1f", " ").strip()
-    if not text:
+    if not text or not has_text(text):
         stats.empty_dropped += 1
         return None
     if len(text) > max_chars:
@@ -261,7 +270,7 @@ def clean_pair(row, max_chars: int, score_scale: float, where: str, stats: Corpu
     """(q, a[, label]) raw cells -> (q, a, score / score_scale or None); None (counted) if a side is empty."""
     q = as_text(row[0], names[0], where).strip()
     a = as_text(row[1], names[1], where).strip()
-    if not q or not a:
+    if not q or not a or not has_text(q) or not has_text(a):
         stats.empty_dropped += 1
         return None
     if len(q) > max_chars or len(a) > max_chars:

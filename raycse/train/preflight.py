@@ -168,6 +168,7 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     sources = None if run.data.format == "hf" or in_memory else resolve_sources(run.data.corpus)  # a missing file
     if sources:
         check_not_empty(sources)
+        check_one_global_batch(run, sources)
     elif not in_memory:
         check_hub_dataset(run.data)
     refuse_credentials("--storage-path", storage_path)
@@ -191,6 +192,34 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
                               f"--overwrite")
         objstore.check_replaceable_prefix(remote)
     return run, model_path, dev, remote, sources
+
+
+def check_one_global_batch(run: RunConfig, sources: list) -> None:
+    """Refuse, before Ray starts, a local corpus with fewer usable examples than one global batch
+    (batch size x workers): the read stops as soon as it has that many, so a large corpus costs a
+    batch's reading. Left to the run where the objective adds rows (CompCSE) or a source is remote."""
+    from raycse.data.corpus import CorpusStats, file_examples
+    from raycse.data.dataset import columns_of
+    from raycse.errors import DataError
+    from raycse.objectives import registry
+
+    t = run.train
+    need = t.batch_size * t.num_workers
+    if any("://" in s for s in sources) or registry.get(run.objective.name).row_expander(run.objective.typed()):
+        return
+    found, stats = 0, CorpusStats()
+    for src in sources:
+        for _ in file_examples(src, run.data.format, columns_of(run.data), run.data.max_chars,
+                               run.data.on_decode_error, stats):
+            found += 1
+            if found >= need:
+                return
+    if found == 0:
+        raise DataError(f"the corpus has no usable text: its {stats.empty_dropped} non-blank line(s) hold only "
+                        f"spaces, zero-width, control or format characters; give a corpus with one sentence per line")
+    blank = f" ({stats.empty_dropped} line(s) without text dropped)" if stats.empty_dropped else ""
+    raise DataError(f"the corpus has {found} usable example(s){blank}, fewer than one global batch "
+                    f"({t.batch_size} x {t.num_workers} worker(s)); lower --batch-size or --num-workers, or add text")
 
 
 TOKENIZER_SAMPLE = 64  # sentences of the corpus (and as many of the dev set) the tokenizer is checked on
