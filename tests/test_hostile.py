@@ -300,3 +300,41 @@ def test_a_corpus_without_text_or_smaller_than_a_batch_is_refused_before_ray_sta
         err = own_lines(capsys.readouterr().err)
         assert len(err) == 1 and says in err[0], err
     assert ray_sessions() == sessions and not (tmp_path / "out").exists()
+
+
+def test_a_corpus_directory_s_fifos_sockets_and_link_loops_are_skipped_and_counted(tmp_path, capsys):
+    import os
+    import socket
+
+    from raycse.data.dataset import resolve_sources
+    from raycse.errors import DataError
+
+    d = tmp_path / "corpus"
+    d.mkdir()
+    (d / "a.txt").write_text("the city\n")
+    os.mkfifo(d / "pipe.txt")  # a read of it blocks until someone writes
+    (d / "loop.txt").symlink_to(d / "loop.txt")
+    (d / "dangling.txt").symlink_to(tmp_path / "nowhere")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(d / "sock"))
+        assert resolve_sources(str(d)) == [str(d / "a.txt")]
+    assert "skipped 4 entries that are not a regular file" in capsys.readouterr().out
+    with pytest.raises(DataError, match="pipe.txt is not a regular file"):
+        resolve_sources(str(d / "pipe.txt"))
+    os.unlink(d / "a.txt")
+    with pytest.raises(DataError, match="has no files"):
+        resolve_sources(str(d))
+
+
+def test_a_corpus_path_that_is_not_utf8_is_one_line_naming_it(tmp_path, capsys):
+    import os
+
+    from raycse.cli import main
+
+    name = os.fsdecode(b"corpus-\xe9t\xe9.txt")  # Latin-1 bytes: Python keeps them as surrogates
+    (tmp_path / name).write_text("the city by the river\n" * 100)
+    for corpus in (str(tmp_path / name), str(tmp_path)):
+        assert main(["train", "--corpus", corpus, "--stsb-dev", "none", "--output", str(tmp_path / "out")]) == 2
+        err = own_lines(capsys.readouterr().err)
+        assert len(err) == 1 and "corpus-\\xe9t\\xe9.txt is not valid UTF-8" in err[0], err
+    assert not (tmp_path / "out").exists()

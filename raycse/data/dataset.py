@@ -71,17 +71,55 @@ def resolve_sources(spec: str) -> list[str]:
                 raise DataError(f"no corpus file matches {part}; check the pattern (globs: *, ?, **)")
             out.extend(matches)
         elif os.path.isdir(part):
-            found = sorted(os.path.join(r, f) for r, _, fs in os.walk(part) for f in fs if not f.startswith("."))
-            if not found:
-                raise DataError(f"corpus directory {part} has no files")
-            out.extend(found)
+            out.extend(_directory_files(part))
         elif os.path.isfile(part):
             out.append(part)
+        elif os.path.lexists(part):
+            raise DataError(f"corpus {_shown_path(part)} is not a regular file ({NOT_A_FILE}); give a file, a "
+                            f"directory of files or a glob")
         else:
-            raise DataError(f"corpus file not found: {part}")
+            raise DataError(f"corpus file not found: {_shown_path(part)}")
     if not out:
         raise DataError("no corpus given: pass --corpus FILE[,FILE...] (text, .jsonl, .parquet, globs or s3:// URIs)")
+    for path in out:
+        _check_utf8_path(path)
     return out
+
+
+NOT_A_FILE = "a FIFO, socket or device, or a link that loops or points nowhere"
+
+
+def _directory_files(directory: str) -> list[str]:
+    """The regular files under a corpus directory (hidden ones left out), sorted. Anything else there
+    (FIFOs, sockets, devices, links that loop or point nowhere) is skipped and counted: a read of it
+    would block for ever or fail inside Ray Data's listing."""
+    found, skipped = [], []
+    for root, _, names in os.walk(directory):
+        for name in names:
+            if name.startswith("."):
+                continue
+            path = os.path.join(root, name)
+            (found if os.path.isfile(path) else skipped).append(path)
+    if skipped:
+        print(f"[raycse] warning: corpus directory {_shown_path(directory)}: skipped {len(skipped)} entr"
+              f"{'y' if len(skipped) == 1 else 'ies'} that {'is' if len(skipped) == 1 else 'are'} not a regular file "
+              f"({NOT_A_FILE}), e.g. {_shown_path(skipped[0])}", flush=True)
+    if not found:
+        raise DataError(f"corpus directory {_shown_path(directory)} has no files")
+    return sorted(found)
+
+
+def _shown_path(path: str) -> str:
+    """A path as a message can print it: bytes that are not UTF-8 (kept by Python as surrogates) escaped."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _check_utf8_path(path: str) -> None:
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise DataError(f"corpus path {_shown_path(path)} is not valid UTF-8, and Ray passes paths as UTF-8; rename "
+                        f"it (e.g. convmv -f latin1 -t utf8) or move the file to a UTF-8 path") from None
 
 
 def _has_text(open_file, name: str) -> bool:
