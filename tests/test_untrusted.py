@@ -398,7 +398,7 @@ def _zombies_of(pid: int) -> list[int]:
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="process checks read /proc (Linux)")
 def test_a_signal_ends_train_in_one_line_its_ray_gone_and_a_rerun_resumes(tmp_path, tiny_model, own_ray):
-    """SIGTERM, then SIGINT to the rerun that resumed: each ends the command in one line naming the step to
+    """SIGTERM, then SIGHUP, SIGQUIT and SIGINT to the reruns that resumed: each ends the command in one line naming the step to
     resume from, with its Ray gone and nothing written; the third run resumes from the second's step and
     saves the model (one command interrupted twice: each signal's check costs a private Ray and a fit).
     The run trains LoRA adapters (issue 68): what a checkpoint holds and resumes is the adapters, and
@@ -419,7 +419,7 @@ def test_a_signal_ends_train_in_one_line_its_ray_gone_and_a_rerun_resumes(tmp_pa
             "ck", "--set", "train.checkpoint_steps=5",  # (relative: from the working directory, as --output is)
             "--lora", "{r: 4, alpha: 8}"]
     resume_at, lines = 0, []
-    for signame in ("SIGTERM", "SIGINT"):
+    for signame in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGINT"):  # (SIGHUP, SIGQUIT: issue 86, a closed terminal)
         proc = _start(argv, tmp_path, own_ray)
         # a checkpoint or two saved past where this run started
         lines = _read_until(proc, rf"\[raycse\] step ({resume_at + 10}|{resume_at + 15})/150")
