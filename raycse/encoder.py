@@ -615,7 +615,8 @@ def probe_tokenizer(model_path: str, sample: Sequence[str]) -> None:
     path = Path(model_path)
     body = path / _layout_of(path).transformer_dir if path.is_dir() else model_path
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(body), local_files_only=True, trust_remote_code=False)  # (resolve_model found it)
+        # (resolve_model found it, and refused any code of its own)
+        tokenizer = AutoTokenizer.from_pretrained(str(body), local_files_only=True, trust_remote_code=False)
     except Exception:
         return
     check_tokenizer(tokenizer, str(body), sample)

@@ -94,3 +94,15 @@ def graceful(stop: Callable[[int], None]):
         _state["graceful"], _state["pending"] = None, None
     if signum is not None:
         raise Interrupted(signum)
+
+
+@contextmanager
+def sigterm_as_interrupt():
+    """Around ``ray.init``: its start-up puts in a SIGTERM handler that exits with 15 and no line; a SIGTERM
+    then ends the command as raycse's own handler does (its line, 143, its Ray's processes ended)."""
+    try:
+        yield
+    except SystemExit as exc:
+        if exc.code == signal.SIGTERM:
+            raise Interrupted(signal.SIGTERM) from None
+        raise

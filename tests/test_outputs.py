@@ -53,5 +53,8 @@ def test_a_killed_runs_staging_is_removed_by_the_next_run_and_a_live_ones_kept(t
     finally:
         alive.kill()
         alive.wait()
+        from raycse.outputs import sweep_killed_stagings
+
+        sweep_killed_stagings()  # (the killed helper's record: not a later test's command's to report)
         for path in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
             shutil.rmtree(path, ignore_errors=True)
