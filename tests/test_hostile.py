@@ -180,7 +180,7 @@ def test_an_unreachable_cluster_is_given_up_within_the_bound_in_one_line(tmp_pat
     port = _closed_port()
     start = time.monotonic()
     proc = _start_train(tmp_path, {"RAY_ADDRESS": f"127.0.0.1:{port}", "RAYCSE_RAY_CONNECT_TIMEOUT_S": "3"})
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=120)  # (the old code was still retrying after 300 s)
     assert proc.returncode == 2, err[-2000:]
     assert time.monotonic() - start < 60
     lines = own_lines(err)
@@ -194,14 +194,23 @@ def test_an_unreachable_cluster_is_given_up_within_the_bound_in_one_line(tmp_pat
     ("u:SECRET@127.0.0.1:1", "RAY_ADDRESS ***@127.0.0.1:1 carries credentials"),
     ("http://u:SECRET@127.0.0.1:1", "RAY_ADDRESS http://***@127.0.0.1:1 carries credentials"),
     ("127.0.0.1", "RAY_ADDRESS '127.0.0.1' is not a Ray address; give HOST:PORT"),
+    ("127.0.0.1:99999", "RAY_ADDRESS '127.0.0.1:99999' is not a Ray address"),
 ])
-def test_a_malformed_ray_address_is_one_line_with_its_secret_masked(tmp_path, address, says):
-    proc = _start_train(tmp_path, {"RAY_ADDRESS": address})
+def test_a_malformed_ray_address_is_refused_with_its_secret_masked(address, says):
+    from raycse.errors import ConfigError
+    from raycse.train.joining import join_cluster
+
+    with pytest.raises(ConfigError) as refused:
+        join_cluster(address)  # (before any connection: the address alone decides)
+    assert says in str(refused.value) and "SECRET" not in str(refused.value)
+
+
+def test_the_cli_s_refusal_of_a_credential_in_ray_address_is_one_masked_line(tmp_path):
+    proc = _start_train(tmp_path, {"RAY_ADDRESS": "u:SECRET@127.0.0.1:1"})
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 2
-    assert "SECRET" not in out + err
+    assert proc.returncode == 2 and "SECRET" not in out + err
     lines = own_lines(err)
-    assert len(lines) == 1 and says in lines[0], err[-2000:]
+    assert len(lines) == 1 and "RAY_ADDRESS ***@127.0.0.1:1 carries credentials" in lines[0], err[-2000:]
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Linux signals and /proc")
