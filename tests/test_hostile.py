@@ -347,3 +347,18 @@ def test_a_corpus_path_that_is_not_utf8_is_one_line_naming_it(tmp_path, capsys):
         err = own_lines(capsys.readouterr().err)
         assert len(err) == 1 and "corpus-\\xe9t\\xe9.txt is not valid UTF-8" in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_trusted_run_s_card_says_its_model_runs_code_of_its_own():
+    import dataclasses
+
+    from raycse.card import model_card
+    from raycse.config import RunConfig
+
+    run = RunConfig()
+    run.model.trust_remote_code = True
+    summary = {"score_key": "stsb_dev", "best": None, "last": {"step": 2}}
+    trusted = model_card(dataclasses.asdict(run), summary, "out/model")
+    assert "**Runs code of its own.**" in trusted and "trust_remote_code=True" in trusted
+    run.model.trust_remote_code = False
+    assert "Runs code of its own" not in model_card(dataclasses.asdict(run), summary, "out/model")
