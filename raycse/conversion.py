@@ -100,3 +100,18 @@ def shown(value: Any, limit: int = 80) -> str:
     """``value`` as an error message quotes it: its repr, cut to ``limit`` characters."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def env_seconds(variable: str, default: float) -> float:
+    """A wait's bound in seconds from the environment variable ``variable`` (``default`` where unset);
+    anything but a finite number > 0 is one line naming the variable."""
+    import os
+
+    value = os.environ.get(variable, str(default))
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise ConfigError(f"{variable} must be a number of seconds > 0, got {value!r}")
+    return seconds

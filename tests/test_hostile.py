@@ -362,3 +362,13 @@ def test_a_trusted_run_s_card_says_its_model_runs_code_of_its_own():
     assert "**Runs code of its own.**" in trusted and "trust_remote_code=True" in trusted
     run.model.trust_remote_code = False
     assert "Runs code of its own" not in model_card(dataclasses.asdict(run), summary, "out/model")
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-5", "inf", "nan"])
+def test_a_bad_connect_bound_is_one_line_naming_the_variable(monkeypatch, value):
+    from raycse.errors import ConfigError
+    from raycse.train.joining import join_cluster
+
+    monkeypatch.setenv("RAYCSE_RAY_CONNECT_TIMEOUT_S", value)
+    with pytest.raises(ConfigError, match=f"RAYCSE_RAY_CONNECT_TIMEOUT_S must be a number of seconds > 0, got '{value}'"):
+        join_cluster("127.0.0.1:1")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 
 # A shard of the kNN search on 2 CPUs takes minutes at 10M vectors; a task still missing after
 # this long is waiting for a node that will not come (or hung), not computing.
@@ -12,16 +11,9 @@ TASK_WAIT_S = 3600.0
 
 def wait_limit() -> float:
     """Seconds to wait for the grouping's Ray tasks: ``RAYCSE_GROUPING_TASK_TIMEOUT_S`` or 3600."""
-    from raycse.errors import ConfigError
+    from raycse.conversion import env_seconds
 
-    value = os.environ.get(TASK_WAIT_ENV, str(TASK_WAIT_S))
-    try:
-        limit = float(value)
-    except ValueError:
-        limit = -1.0
-    if not limit > 0 or limit == float("inf"):
-        raise ConfigError(f"{TASK_WAIT_ENV} must be a number of seconds > 0, got {value!r}")
-    return limit
+    return env_seconds(TASK_WAIT_ENV, TASK_WAIT_S)
 
 
 def gather(refs: list, what: str) -> list:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import Optional
 
 CONNECT_TIMEOUT_VAR = "RAYCSE_RAY_CONNECT_TIMEOUT_S"
@@ -12,16 +11,9 @@ CONNECT_TIMEOUT_S = 60.0
 
 def connect_timeout_s() -> float:
     """How long joining the cluster in RAY_ADDRESS may take (RAYCSE_RAY_CONNECT_TIMEOUT_S, default 60 s)."""
-    from raycse.errors import ConfigError
+    from raycse.conversion import env_seconds
 
-    value = os.environ.get(CONNECT_TIMEOUT_VAR, str(CONNECT_TIMEOUT_S))
-    try:
-        bound = float(value)
-    except ValueError:
-        bound = float("nan")
-    if not 0 < bound < float("inf"):
-        raise ConfigError(f"{CONNECT_TIMEOUT_VAR} must be a number of seconds > 0, got {value!r}")
-    return bound
+    return env_seconds(CONNECT_TIMEOUT_VAR, CONNECT_TIMEOUT_S)
 
 
 def cluster_endpoint(address: str) -> Optional[tuple[str, int]]:
