@@ -231,6 +231,35 @@ def make_tiny_model(path: Path, dropout: float = 0.1, seed: int = 0) -> Path:
     return path
 
 
+EVIL = '''
+import os
+from pathlib import Path
+from transformers import BertConfig, BertModel
+
+Path(os.environ["EVIL_MARKER"]).write_text("ran")  # what a hostile model would do at import
+
+
+class EvilConfig(BertConfig):
+    model_type = "evil"
+
+
+class EvilModel(BertModel):
+    config_class = EvilConfig
+'''
+
+
+def make_remote_code_model(path: Path, model_type: str = "evil") -> Path:
+    """A tiny BERT whose config.json maps AutoConfig and AutoModel to an ``evil.py`` beside it (as a hub
+    repository with custom code does); importing evil.py writes the file named by $EVIL_MARKER."""
+    make_tiny_model(path)
+    (path / "evil.py").write_text(EVIL)
+    config = json.loads((path / "config.json").read_text())
+    config.update(model_type=model_type, architectures=["EvilModel"],
+                  auto_map={"AutoConfig": "evil.EvilConfig", "AutoModel": "evil.EvilModel"})
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
 def run_registries(alive_only: bool = False) -> list[str]:
     """The ids of the RunRegistry actors this cluster has started (Ray's state API, which lists
     ended actors too), or of those alive now."""

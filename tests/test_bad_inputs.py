@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_sentences, make_tiny_model, own_lines, private_env, ray_sessions, write_stsb
+from conftest import make_remote_code_model, make_sentences, make_tiny_model, own_lines, private_env, ray_sessions, write_stsb
 
 
 def _damaged_models(root: Path, base: Path) -> dict:
@@ -91,7 +91,15 @@ def _issue65_inputs(root: Path, model: Path) -> dict:
                                                + [json.dumps({"text": s}) for s in make_sentences(11)]) + "\n")
     (root / "deep.yaml").write_text("train: " + "[" * 20000 + "]" * 20000 + "\n")
     (root / "afile").write_text("not a directory\n")
-    return {"notok": notok, "pickled": pickled}
+    # issue 86: a model with code of its own, a search space that names it, a YAML alias bomb
+    remote = make_remote_code_model(root / "remote")
+    (root / "remote_space.yaml").write_text(f"run:\n  model: {{name_or_path: {remote}}}\n"
+                                            f"  data: {{corpus: {root}/corpus.txt}}\n"
+                                            f"search:\n  lr: {{loguniform: [1e-5, 1e-4]}}\n")
+    bomb = ["a0: &a0 [" + ", ".join(["lol"] * 9) + "]"]
+    bomb += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    (root / "bomb.yaml").write_text("\n".join(bomb) + "\n")
+    return {"notok": notok, "pickled": pickled, "remote": remote}
 
 
 @pytest.fixture(scope="module")
@@ -229,6 +237,12 @@ def _cases(i: dict) -> list:
         ([*train, "--storage-path", "out/ck"], f"--storage-path {r / 'out' / 'ck'} lies inside --output", None),
         ([*train[:-4], "--output", "/proc/x", *train[-2:]], "cannot create a directory beside it", None),
         ([*mine[:-1], str(i["pairs"]), "--overwrite"], f"--corpus {i['pairs']} is --output", None),
+        # issue 86: a model's own code is refused, in every command, before anything could run it
+        ([*train[:2], str(i["remote"]), *train[3:]], "ships code of its own (config.json: auto_map", None),
+        ([*mine[:-3], str(i["remote"]), *mine[-2:]], "ships code of its own (config.json: auto_map", None),
+        (["tune", "--space", str(r / "remote_space.yaml")], "ships code of its own (config.json: auto_map", None),
+        ([*train, "--config", str(r / "bomb.yaml")], "aliases expand it past 100,000 values", None),
+        (["tune", "--space", str(r / "bomb.yaml")], "aliases expand it past 100,000 values", None),
     ]
 
 

@@ -11,36 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_tiny_model, own_lines, private_env, write_stsb
-
-EVIL = '''
-import os
-from pathlib import Path
-from transformers import BertConfig, BertModel
-
-Path(os.environ["EVIL_MARKER"]).write_text("ran")  # what a hostile model would do at import
-
-
-class EvilConfig(BertConfig):
-    model_type = "evil"
-
-
-class EvilModel(BertModel):
-    config_class = EvilConfig
-'''
-
-
-def make_remote_code_model(path: Path, model_type: str = "evil") -> Path:
-    """A tiny BERT whose config.json maps AutoConfig and AutoModel to an ``evil.py`` beside it (as a hub
-    repository with custom code does); importing evil.py writes the file named by $EVIL_MARKER."""
-    make_tiny_model(path)
-    (path / "evil.py").write_text(EVIL)
-    config = json.loads((path / "config.json").read_text())
-    config.update(model_type=model_type, architectures=["EvilModel"],
-                  auto_map={"AutoConfig": "evil.EvilConfig", "AutoModel": "evil.EvilModel"})
-    (path / "config.json").write_text(json.dumps(config))
-    return path
-
+from conftest import make_remote_code_model, own_lines, private_env, write_stsb
 
 def _raycse(argv: list, cwd: Path, env_extra: dict, stdin: str = "") -> subprocess.CompletedProcess:
     env = {**private_env(), **env_extra}
@@ -297,7 +268,8 @@ def test_a_corpus_without_text_or_smaller_than_a_batch_is_refused_before_ray_sta
     half.write_text("".join(f"{s}\n{NO_TEXT[0]}\n" for s in make_sentences(40)))
     sessions = ray_sessions()
     base = ["train", "--model", str(tiny_model), "--stsb-dev", "none", "--output", str(tmp_path / "out")]
-    expected = [(["--corpus", str(blank)], "the corpus has no usable text: its 244 non-blank line(s) hold only spaces"),
+    expected = [(["--corpus", str(blank)], "blank.txt has no usable text after cleaning (lines_read=244, kept=0, "
+                                           "empty_dropped=244"),
                 (["--corpus", str(small), "--num-workers", "64"],
                  "the corpus has 256 usable example(s), fewer than one global batch (64 x 64 worker(s))"),
                 (["--corpus", str(half), "--batch-size", "64"],

@@ -168,7 +168,6 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     sources = None if run.data.format == "hf" or in_memory else resolve_sources(run.data.corpus)  # a missing file
     if sources:
         check_not_empty(sources)
-        check_one_global_batch(run, sources)
     elif not in_memory:
         check_hub_dataset(run.data)
     refuse_credentials("--storage-path", storage_path)
@@ -181,6 +180,8 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     run = run.resolved({"model.name_or_path": model_path} if local_model else None)
     dev = load_selection(run.eval)  # the model-selection data (STS-B dev or BEIR)
     probe_tokenizer(model_path, text_sample(run, sources, dev))
+    if sources:
+        check_one_global_batch(run, sources)
     check_model_fits_objective(run, model_path)
     remote = run.output_dir if objstore.is_uri(run.output_dir) else None
     # (an output on object storage is built in the system's temporary directory first)
@@ -214,9 +215,6 @@ def check_one_global_batch(run: RunConfig, sources: list) -> None:
             found += 1
             if found >= need:
                 return
-    if found == 0:
-        raise DataError(f"the corpus has no usable text: its {stats.empty_dropped} non-blank line(s) hold only "
-                        f"spaces, zero-width, control or format characters; give a corpus with one sentence per line")
     blank = f" ({stats.empty_dropped} line(s) without text dropped)" if stats.empty_dropped else ""
     raise DataError(f"the corpus has {found} usable example(s){blank}, fewer than one global batch "
                     f"({t.batch_size} x {t.num_workers} worker(s)); lower --batch-size or --num-workers, or add text")

@@ -92,14 +92,14 @@ def _scheduler(settings: TuneSettings):
                          grace_period=settings.grace_period, reduction_factor=settings.reduction_factor)
 
 
-def preflight(space: SearchSpace, settings: TuneSettings) -> tuple[int, float, bool]:
+def preflight(space: SearchSpace, settings: TuneSettings, run=None) -> tuple[int, float, bool]:
     """Check the space's run (corpus named, objective fits the data, model found) and that one trial
     fits what the cluster can grow to, before any data is read; returns (concurrent trials, CPUs per Train
     worker, seeds side by side), said in one line with why. Fails with the numbers instead of letting
-    trials wait in PENDING forever."""
+    trials wait in PENDING forever. ``run``: the space's run, where the caller checked it already."""
     from raycse.capacity import cluster_ceiling
 
-    run = _checked_run(space)
+    run = run if run is not None else _checked_run(space)
     ceiling = cluster_ceiling()
     cpus, gpus = _most(ceiling, "CPU"), _most(ceiling, "GPU")
     t, k = run.train, len(settings.seeds)
@@ -465,6 +465,7 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
     refuse_credentials("the search space", text)  # (with its --corpus and --set: the experiment records them)
     space = load_space(settings.space, settings.corpus, settings.run_overrides)
     check_space_extras(space)
+    run = _checked_run(space)  # (a missing or untrusted model refused before Ray starts)
     name = name or f"{Path(settings.space).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     exp_dir = experiment_location(storage_path, name)
     if (storage.prefix_exists(str(exp_dir)) if storage.is_uri(exp_dir) else exp_dir.exists()):
@@ -472,7 +473,7 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
                           f"another --name")
     ensure_ray()
     setup_ray_data()
-    concurrent, per_worker, settings.parallel_seeds = preflight(space, settings)
+    concurrent, per_worker, settings.parallel_seeds = preflight(space, settings, run)
     prepared, num_examples = prepare_seeds(space, list(settings.seeds))  # data errors before any file
     where = study.place(exp_dir, name, settings.optuna_storage)
     settings_dict = {**asdict(settings), "space": storage.join(str(exp_dir), "space.yaml"),
