@@ -107,7 +107,8 @@ def live_stagings(parent: Path, prefix: str) -> list[Path]:
 def staging_dir(dest: Path) -> Path:
     """A new, empty staging directory beside ``dest`` (first removing those killed runs left there),
     noted in the temporary directory so that the next raycse command on this machine removes it if
-    this process is killed before it can (:func:`sweep_killed_stagings`), whatever output it then writes."""
+    this process is killed before it can (:func:`sweep_killed_stagings`), whatever output it then writes
+    (a raycse command's; elsewhere the next run beside it does)."""
     sweep_abandoned(dest.parent, staging_prefix(dest.name))
     staging = dest.parent / f"{staging_prefix(dest.name)}{_owner_tag()}{uuid.uuid4().hex[:8]}"
     staging.mkdir(parents=True)
@@ -120,6 +121,10 @@ _noted: list[Path] = []
 
 
 def _note_staging(staging: Path, prefix: str) -> None:
+    from raycse import interrupts
+
+    if not interrupts.installed():  # a raycse command's own process (which forgets its records as it ends); a Tune
+        return                      # trial's stagings are swept beside their output, as before
     record = Path(tempfile.gettempdir()) / f"{STAGING_RECORD_PREFIX}{_owner_tag()}{uuid.uuid4().hex[:8]}.json"
     try:
         record.write_text(json.dumps({"path": str(staging.resolve()), "prefix": prefix}))

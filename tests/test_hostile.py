@@ -210,8 +210,8 @@ def test_a_killed_command_s_staging_folder_is_removed_by_the_next_command(tmp_pa
     from raycse.outputs import STAGING_RECORD_PREFIX, _host, sweep_killed_stagings
 
     dest = tmp_path / "out"
-    code = (f"import os, signal; from pathlib import Path; from raycse.outputs import staging_dir; "
-            f"s = staging_dir(Path({str(dest)!r})); (s / 'model.safetensors').write_text('x'); print(s, flush=True); "
+    code = (f"import os, signal; from pathlib import Path; from raycse import interrupts; "
+            f"from raycse.outputs import staging_dir; interrupts.install(); s = staging_dir(Path({str(dest)!r})); (s / 'model.safetensors').write_text('x'); print(s, flush=True); "
             f"os.kill(os.getpid(), signal.SIGKILL)")
     killed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                             env=private_env())

@@ -484,6 +484,9 @@ def test_a_killed_commands_ray_is_ended_by_the_next_command(tmp_path, tiny_model
     assert nxt.returncode == 0
     assert f"left by raycse process {proc.pid}, which was killed" in nxt.stderr
     _gone_in_time(procs, 5.0)
+    # issue 86: and its output's staging folder, which only a rerun on the same --output removed before
+    assert f"left by process {proc.pid}, which ended before it finished" in nxt.stderr
+    assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="process checks read /proc (Linux)")
