@@ -465,12 +465,12 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
     refuse_credentials("the search space", text)  # (with its --corpus and --set: the experiment records them)
     space = load_space(settings.space, settings.corpus, settings.run_overrides)
     check_space_extras(space)
-    run = _checked_run(space)  # (a missing or untrusted model refused before Ray starts)
     name = name or f"{Path(settings.space).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     exp_dir = experiment_location(storage_path, name)
     if (storage.prefix_exists(str(exp_dir)) if storage.is_uri(exp_dir) else exp_dir.exists()):
         raise ConfigError(f"experiment directory {exp_dir} exists; continue it with --resume {exp_dir} or pick "
                           f"another --name")
+    run = _checked_run(space)  # (a missing or untrusted model refused before Ray starts)
     ensure_ray()
     setup_ray_data()
     concurrent, per_worker, settings.parallel_seeds = preflight(space, settings, run)
