@@ -202,11 +202,11 @@ def check_one_global_batch(run: RunConfig, sources: list) -> None:
     from raycse.data.corpus import CorpusStats, file_examples
     from raycse.data.dataset import columns_of
     from raycse.errors import DataError
-    from raycse.objectives import registry
+    from raycse.train.prepare import row_expander
 
     t = run.train
     need = t.batch_size * t.num_workers
-    if any("://" in s for s in sources) or registry.get(run.objective.name).row_expander(run.objective.typed()):
+    if any("://" in s for s in sources) or row_expander(run):
         return
     found, stats = 0, CorpusStats()
     for src in sources:
