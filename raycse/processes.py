@@ -72,14 +72,18 @@ def _zombie(pid: int) -> bool:
 
 
 def end(procs: list[tuple[int, int]], grace_s: float = END_GRACE_S, bound_s: float = END_BOUND_S) -> list[int]:
-    """End ``procs`` and their descendants: SIGTERM, ``grace_s``, SIGKILL; reap this process's
-    children; wait at most ``bound_s`` in all. Returns the pids still running then."""
+    """End ``procs`` and their descendants: SIGTERM to the topmost of them (a parent ends its own
+    children in order: ``ray start`` stops its node in ~2 s, where a SIGTERM to every process at once
+    took 6), ``grace_s``, then SIGKILL to all that remain; this process's children reaped; at most
+    ``bound_s`` in all. Returns the pids still running then."""
     table = _table()
     procs = alive(procs, table)
-    procs += [d for p, _ in procs for d in descendants(p, table)]
+    procs += [d for p, _ in procs for d in descendants(p, table) if d not in procs]
+    pids = {p for p, _ in procs}
+    tops = [(p, start) for p, start in procs if table.get(p, (0, 0))[0] not in pids]
     deadline = time.monotonic() + bound_s
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, bound_s)):
-        for p, _ in alive(procs):
+    for sig, targets, wait_s in ((signal.SIGTERM, tops, grace_s), (signal.SIGKILL, procs, bound_s)):
+        for p, _ in alive(targets):
             try:
                 os.kill(p, sig)
             except OSError:
@@ -87,7 +91,7 @@ def end(procs: list[tuple[int, int]], grace_s: float = END_GRACE_S, bound_s: flo
         until = min(deadline, time.monotonic() + wait_s)
         while alive(procs) and time.monotonic() < until:
             reap_children()
-            time.sleep(0.1)
+            time.sleep(0.05)
         if not alive(procs):
             break
     reap_children()

@@ -142,12 +142,28 @@ RAY_TRAIN_POLL = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")  # (see pytest_con
 
 
 def ray_sessions() -> set[tuple[str, int]]:
-    """The Ray sessions on this machine's Ray directory for this process's environment (RAY_TMPDIR, TMPDIR):
-    (directory name, pid of the process that started that Ray, which ends the name)."""
+    """The Ray sessions on this machine for this process's environment (RAY_TMPDIR, TMPDIR): (directory
+    name, pid of the process whose Ray it is). Ray's own root names the process that started Ray; a
+    raycse private Ray's root (raycse.train.private_ray) names its `ray start`, whose start log names
+    the raycse process that ran it."""
     import tempfile
 
-    root = Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()) / "ray"
-    return {(p.name, int(p.name.rsplit("_", 1)[1])) for p in root.glob("session_*_*") if not p.is_symlink()}
+    from raycse.train import private_ray
+
+    base = Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir())
+    ray_root, private_root = base / "ray", base / f"raycse-ray-{os.getuid()}"
+    owner = {}  # `ray start` pid -> raycse pid
+    for log in private_root.glob(f"{private_ray.LOG_PREFIX}*-*.log"):
+        raycse_pid, start_pid = log.stem[len(private_ray.LOG_PREFIX):].split("-")
+        if start_pid.isdigit():
+            owner[int(start_pid)] = int(raycse_pid)
+    found = set()
+    for root in (ray_root, private_root):
+        for p in root.glob("session_*_*"):
+            if not p.is_symlink():
+                pid = int(p.name.rsplit("_", 1)[1])
+                found.add((p.name, owner.get(pid, pid) if root == private_root else pid))
+    return found
 
 
 def bare_env(**variables) -> dict:

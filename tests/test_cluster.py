@@ -107,6 +107,85 @@ def test_job_submitted_to_a_real_head_succeeds_and_its_model_loads(tiny_model, c
     assert SentenceTransformer(str(out / "model")).encode(["a city"]).shape == (1, 32)
 
 
+README_HEAD_PORTS = (6379, 8265, 52365)  # cluster/README.md's head: GCS, dashboard, and Ray's default agent port
+
+
+def _readme_head_command() -> list[str]:
+    """The `ray start` line of cluster/README.md ("Try the cluster on one machine"), as it is written there."""
+    import re
+    import shlex
+
+    text = (ROOT / "cluster" / "README.md").read_text()
+    block = text[text.index("## Try the cluster on one machine"):]
+    line = re.search(r"^(RAY_FAKE_CLUSTER=1 .*?ray start --head .*?)\n(?!\s)", block.replace("\\\n", " "), re.M)
+    assert line, "cluster/README.md has no `ray start --head` line"
+    return shlex.split(line.group(1))
+
+
+def test_the_readme_head_beside_a_running_raycse_command_takes_jobs(tiny_model, tmp_path, own_ray):
+    """Issue 86: a raycse command's private Ray held Ray's default agent port (52365), so the README's
+    head started beside it came up without a job agent ("No available agent to submit job"). The head is
+    started as cluster/README.md writes it (its ports, its config), while `raycse train` runs; a job
+    submitted to it succeeds, and the train command still ends as a signal makes it."""
+    import signal
+    import socket
+    import subprocess
+
+    from conftest import make_sentences, stop_process_group
+    from test_untrusted import _read_until, _rest, _start
+
+    for port in README_HEAD_PORTS:  # (checked before raycse starts: its own Ray holding one is the failure)
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                pytest.skip(f"port {port} is taken on this machine by something else")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(make_sentences(2000)) + "\n")
+    train = _start(["train", "--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", "none",
+                    "--batch-size", "8", "--max-length", "16", "--epochs", "50", "--log-steps", "5",
+                    "--output", str(tmp_path / "out")], tmp_path, own_ray)
+    head = None
+    try:
+        _read_until(train, r"\[raycse\] step \d+/")
+        argv = _readme_head_command()
+        first = argv.index("ray")  # (the variables set before it)
+        env, argv = {**own_ray, **dict(a.split("=", 1) for a in argv[:first])}, argv[first:]
+        assert argv[:3] == ["ray", "start", "--head"] and "--port=6379" in argv, argv
+        temp = tempfile_short()
+        head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), *argv[1:], "--block", f"--temp-dir={temp}",
+                                 "--disable-usage-stats"], cwd=ROOT, env={**env, "RAY_AUTH_MODE": "disabled"},
+                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        from ray.job_submission import JobStatus, JobSubmissionClient
+
+        deadline, client, job = time.time() + 120, None, None
+        while job is None:
+            try:
+                client = client or JobSubmissionClient("http://127.0.0.1:8265")
+                job = client.submit_job(entrypoint=f"{sys.executable} -c \"print('the job ran')\"")
+            except Exception as exc:  # noqa: BLE001 - the head still starting; its agent comes after the dashboard
+                assert time.time() < deadline, f"the README's head took no job in 120 s: {exc}"
+                time.sleep(1)
+        while client.get_job_status(job) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+            assert time.time() < deadline + 60, client.get_job_logs(job)
+            time.sleep(1)
+        assert client.get_job_status(job) == JobStatus.SUCCEEDED and "the job ran" in client.get_job_logs(job)
+        assert train.poll() is None  # (the raycse command ran all along)
+        train.send_signal(signal.SIGINT)
+        tail = _rest(train, 60)
+        assert train.wait(timeout=10) == 130, tail[-5:]
+    finally:
+        if train.poll() is None:
+            train.kill()
+        if head is not None:
+            stop_process_group(head, 3)
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+def tempfile_short() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths < 108 chars
+
+
 # ----------------------------------------------------------------------------- fault tolerance
 # A Train worker killed mid-fit resuming from its latest checkpoint is tested where it checks most:
 # test_regroup.py (SIGKILL of a worker; the batches replayed equal an uninterrupted run's, weights to

@@ -463,7 +463,10 @@ def _interrupt(proc, signum: int, signame: str, out: Path, started_at: int, tmp_
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="process checks read /proc (Linux)")
-def test_a_killed_commands_ray_is_ended_by_the_next_command(tmp_path, tiny_model, corpus, own_ray):
+def test_a_killed_commands_ray_ends_with_it_or_by_the_next_command(tmp_path, tiny_model, corpus, own_ray):
+    """SIGKILL to a train command: its private Ray (``ray start`` below it) ends with it, on the
+    parent-death signal. Where that Ray cannot act on it (its ``ray start`` stopped), the next raycse
+    command ends what is left; and removes the killed command's staging folder."""
     import signal
     import subprocess
     import sys
@@ -472,21 +475,28 @@ def test_a_killed_commands_ray_is_ended_by_the_next_command(tmp_path, tiny_model
 
     argv = ["train", "--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", "none", "--batch-size", "8",
             "--max-length", "16", "--epochs", "50", "--log-steps", "5", "--output", str(tmp_path / "out")]
-    proc = _start(argv, tmp_path, own_ray)
-    _read_until(proc, r"\[raycse\] step \d+/")
-    procs = descendants(proc.pid)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    left = alive(procs)
-    assert left, "nothing of the killed command's Ray was left to end (the test needs some)"
-    nxt = subprocess.run([sys.executable, "-m", "raycse", "objectives"], env=own_ray, capture_output=True, text=True,
-                         timeout=120)
-    assert nxt.returncode == 0
-    assert f"left by raycse process {proc.pid}, which was killed" in nxt.stderr
-    _gone_in_time(procs, 5.0)
-    # issue 86: and its output's staging folder, which only a rerun on the same --output removed before
-    assert f"left by process {proc.pid}, which ended before it finished" in nxt.stderr
-    assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+    for stopped in (False, True):
+        proc = _start(argv, tmp_path, own_ray)
+        _read_until(proc, r"\[raycse\] step \d+/")
+        procs = descendants(proc.pid)
+        ray_start = [p for p, _ in procs if "ray.scripts.scripts" in Path(f"/proc/{p}/cmdline").read_text()]
+        assert len(ray_start) == 1, procs
+        if stopped:
+            os.kill(ray_start[0], signal.SIGSTOP)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        if not stopped:
+            _gone_in_time(procs, 15.0)  # (ray start stops its node: ~2 s)
+            continue
+        assert alive(procs), "the stopped Ray ended by itself (the test needs it left)"
+        nxt = subprocess.run([sys.executable, "-m", "raycse", "objectives"], env=own_ray, capture_output=True,
+                             text=True, timeout=120)
+        assert nxt.returncode == 0
+        assert f"left by raycse process {proc.pid}, which was killed" in nxt.stderr
+        _gone_in_time(procs, 5.0)
+        # issue 86: and its output's staging folder, which only a rerun on the same --output removed before
+        assert f"left by process {proc.pid}, which ended before it finished" in nxt.stderr
+        assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="process checks read /proc (Linux)")

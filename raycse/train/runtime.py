@@ -24,6 +24,7 @@ def ensure_ray(num_cpus: Optional[int] = None) -> bool:
     # logging_level WARNING: Ray's "Connecting to existing Ray cluster" / "Started a local Ray
     # instance" are not lines a raycse user needs (an error must stay the one line that names it)
     from raycse import interrupts, processes
+    from raycse.train import private_ray
 
     if os.environ.get("RAY_ADDRESS"):
         from raycse.train.joining import join_cluster
@@ -42,18 +43,15 @@ def ensure_ray(num_cpus: Optional[int] = None) -> bool:
             interrupts.reinstall()
             processes.record_own_ray(before)  # what a later command ends if this one is killed
             return True
-        except Exception as exc:
-            if "timed out during startup" not in str(exc):
-                raise
-            ray.shutdown()  # (what did start of this attempt's processes)
+        except private_ray.StartTimedOut as exc:
             if attempt == attempts:
                 from raycse.errors import ResourceError
 
-                raise ResourceError(f"Ray's local node did not start within Ray's fixed 30 s wait, {attempts} time(s): "
-                                    f"the machine is too loaded; retry when it is quieter, or set "
-                                    f"RAYCSE_RAY_START_ATTEMPTS={attempts + 2} to try more often") from None
-            print(f"[raycse] Ray's local node did not start within 30 s (attempt {attempt} of {attempts}); "
-                  f"trying again", flush=True)
+                raise ResourceError(f"{exc}, {attempts} time(s): the machine is too loaded; retry when it is "
+                                    f"quieter, or set RAYCSE_RAY_START_ATTEMPTS={attempts + 2} to try more "
+                                    f"often") from None
+            print(f"[raycse] Ray's local node did not start (attempt {attempt} of {attempts}); trying again",
+                  flush=True)
     return True
 
 
@@ -68,10 +66,19 @@ def ray_start_attempts() -> int:
     return int(value)
 
 
+# `ray.init` options that are the node's (given to `ray start`); the others are the driver's
+NODE_OPTIONS = ("object_store_memory", "num_gpus", "resources")
+
+
 def start_local_ray(num_cpus: Optional[int] = None, **init_kwargs) -> None:
-    """Start a private local Ray with raycse's settings (``ensure_ray``'s, and the test suite's);
-    ``init_kwargs`` go to ``ray.init`` and win over :func:`private_cluster_options`."""
+    """Start a private local Ray with raycse's settings (``ensure_ray``'s, and the test suite's) on
+    free ports (raycse.train.private_ray), and connect this process to it. ``init_kwargs`` are
+    ``ray.init``'s: :data:`NODE_OPTIONS` go to the node, the rest to the driver's ``ray.init``."""
+    import atexit
+
     import ray
+
+    from raycse.train import private_ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # Ray Train starts a PreemptionWatcher actor per fit to follow node drains (spot nodes of an
@@ -80,8 +87,16 @@ def start_local_ray(num_cpus: Optional[int] = None, **init_kwargs) -> None:
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     from raycse.interrupts import sigterm_as_interrupt
 
-    with sigterm_as_interrupt():
-        ray.init(address="local", num_cpus=num_cpus, **{**private_cluster_options(num_cpus), **init_kwargs})
+    node = {k: init_kwargs.pop(k) for k in NODE_OPTIONS if init_kwargs.get(k) is not None}
+    private = private_ray.start(num_cpus, {"num_workers_soft_limit": worker_soft_limit(num_cpus)}, node)
+    # registered before ray.init's own exit hook, so it runs after it: the driver leaves, then its Ray ends
+    atexit.register(private_ray.stop)
+    try:
+        with sigterm_as_interrupt():
+            ray.init(address=private.address, **{**private_driver_options(private.dashboard_port), **init_kwargs})
+    except BaseException:
+        private_ray.stop()
+        raise
 
 
 # Worker processes a Train fit brings up besides its workers' (which hold a CPU each): controller,
@@ -90,29 +105,27 @@ def start_local_ray(num_cpus: Optional[int] = None, **init_kwargs) -> None:
 FIT_HELPER_PROCESSES = 10
 
 
-def private_cluster_options(num_cpus: Optional[int] = None) -> dict:
-    """``ray.init`` options for a private local cluster whose own processes find it.
+def worker_soft_limit(num_cpus: Optional[int] = None) -> int:
+    """Ray's ``num_workers_soft_limit`` for a private cluster.
+
+    Ray keeps idle workers only while all its workers, actors included, number at most the CPUs: a
+    fit's CPU-less helper actors pushed the idle ones over, so every Ray Data task of the next fit
+    started a new Python process (~3 CPU-seconds on 2 cores), and every Tune trial's seed task
+    imported raycse again. Room for the helpers of as many fits as there are CPUs keeps them; the idle
+    workers kept are still at most as many as ran at once."""
+    return (num_cpus or os.cpu_count() or 1) * (1 + FIT_HELPER_PROCESSES)
+
+
+def private_driver_options(dashboard_port: int) -> dict:
+    """``ray.init`` options for the driver of a private cluster whose own processes find it.
 
     Why: Ray Train's PlacementGroupCleaner asks the state API whether its controller is alive, and
     the state API of a process without RAY_ADDRESS picks *a* Ray instance on the machine. With a
     second one running (another user's run, a test cluster) it asked the wrong one, found no such
-    controller, and removed the live run's placement group: its workers were killed mid-step. The
-    dashboard (the state API's server) gets a port chosen here, and every process of this job is
-    told it (RAY_API_SERVER_ADDRESS, job-wide runtime env); it listens on 127.0.0.1 only."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    # Ray keeps idle workers only while all its workers, actors included, number at most the CPUs:
-    # a fit's CPU-less helper actors pushed the idle ones over, so every Ray Data task of the next
-    # fit started a new Python process (~3 CPU-seconds on 2 cores), and every Tune trial's seed task
-    # imported raycse again. Room for the helpers of as many fits as there are CPUs keeps them; the
-    # idle workers kept are still at most as many as ran at once.
-    soft_limit = (num_cpus or os.cpu_count() or 1) * (1 + FIT_HELPER_PROCESSES)
-    return {"dashboard_host": "127.0.0.1", "dashboard_port": port,
-            "runtime_env": {"env_vars": {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}},
-            "_system_config": {"num_workers_soft_limit": soft_limit}}
+    controller, and removed the live run's placement group: its workers were killed mid-step. Every
+    process of this job is told the dashboard (the state API's server; on 127.0.0.1 only) through
+    RAY_API_SERVER_ADDRESS in the job-wide runtime env."""
+    return {"runtime_env": {"env_vars": {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{dashboard_port}"}}}
 
 
 # glibc malloc settings for the Train workers. The training loop runs in a worker thread, which
