@@ -19,7 +19,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from raycse.outputs import _abandoned_owner, _owner_tag
 
@@ -112,9 +112,12 @@ def reap_children() -> None:
 _record: dict = {}
 
 
-def record_own_ray(before: list) -> None:
+def record_own_ray(before: list, stop: Optional[Callable[[], list]] = None) -> None:
     """Write down the processes this command's freshly started Ray runs (called once it is up):
-    those below this process now that were not there ``before`` (the caller's own children stay out)."""
+    those below this process now that were not there ``before`` (the caller's own children stay out).
+    ``stop`` is how that Ray is ended in order (raycse.train.private_ray.stop), tried first."""
+    if stop is not None:
+        _record["stop"] = stop
     procs = [p for p in descendants(os.getpid()) if p not in set(before)]
     if not procs:
         return
@@ -138,6 +141,12 @@ def end_own_ray() -> list[int]:
 
     procs = list(_record.get("procs", []))
     procs += [d for p, _ in alive(procs) for d in descendants(p)]  # (its workers: below the raylet)
+    stop = _record.pop("stop", None)
+    if stop is not None:
+        try:
+            stop()  # (it leaves the driver too)
+        except Exception:  # noqa: BLE001 - what remains is ended below either way
+            pass
     if _record.pop("joined", False):
         try:
             ray.shutdown()
@@ -152,6 +161,7 @@ def end_own_ray() -> list[int]:
 def forget_own_ray() -> None:
     """The command ended normally (Ray's own exit ends its processes): drop the record."""
     _record.pop("joined", None)
+    _record.pop("stop", None)  # (at exit, raycse.train.private_ray.stop ends it)
     if _record.get("path") is not None:
         _record["path"].unlink(missing_ok=True)
 

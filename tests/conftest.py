@@ -144,19 +144,22 @@ RAY_TRAIN_POLL = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")  # (see pytest_con
 def ray_sessions() -> set[tuple[str, int]]:
     """The Ray sessions on this machine for this process's environment (RAY_TMPDIR, TMPDIR): (directory
     name, pid of the process whose Ray it is). Ray's own root names the process that started Ray; a
-    raycse private Ray's root (raycse.train.private_ray) names its `ray start`, whose start log names
-    the raycse process that ran it."""
+    raycse private Ray's root (raycse.train.private_ray) names its `ray start`, and the start log (named
+    after the raycse process) gives that pid."""
     import tempfile
 
     from raycse.train import private_ray
 
-    base = Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir())
-    ray_root, private_root = base / "ray", base / f"raycse-ray-{os.getuid()}"
+    ray_root = Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()) / "ray"
+    private_root = private_ray.root_path()
     owner = {}  # `ray start` pid -> raycse pid
     for log in private_root.glob(f"{private_ray.LOG_PREFIX}*-*.log"):
-        raycse_pid, start_pid = log.stem[len(private_ray.LOG_PREFIX):].split("-")
-        if start_pid.isdigit():
-            owner[int(start_pid)] = int(raycse_pid)
+        try:
+            first = log.read_text().split("\n", 1)[0]
+        except OSError:
+            continue
+        if first.startswith(private_ray.PID_LINE):
+            owner[int(first.split()[-1])] = int(log.stem[len(private_ray.LOG_PREFIX):].split("-")[0])
     found = set()
     for root in (ray_root, private_root):
         for p in root.glob("session_*_*"):

@@ -464,9 +464,9 @@ def _interrupt(proc, signum: int, signame: str, out: Path, started_at: int, tmp_
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="process checks read /proc (Linux)")
 def test_a_killed_commands_ray_ends_with_it_or_by_the_next_command(tmp_path, tiny_model, corpus, own_ray):
-    """SIGKILL to a train command: its private Ray (``ray start`` below it) ends with it, on the
-    parent-death signal. Where that Ray cannot act on it (its ``ray start`` stopped), the next raycse
-    command ends what is left; and removes the killed command's staging folder."""
+    """SIGKILL to a train command: its private Ray (``ray start`` under a keeper) ends with it: the
+    keeper's pipe closes. Where the keeper cannot act on it (stopped), the next raycse command ends what
+    is left; and removes the killed command's staging folder."""
     import signal
     import subprocess
     import sys
@@ -479,14 +479,15 @@ def test_a_killed_commands_ray_ends_with_it_or_by_the_next_command(tmp_path, tin
         proc = _start(argv, tmp_path, own_ray)
         _read_until(proc, r"\[raycse\] step \d+/")
         procs = descendants(proc.pid)
-        ray_start = [p for p, _ in procs if "ray.scripts.scripts" in Path(f"/proc/{p}/cmdline").read_text()]
-        assert len(ray_start) == 1, procs
+        keeper = [p for p, _ in procs if "\0start\0--head\0" in Path(f"/proc/{p}/cmdline").read_text()
+                  and int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1]) == proc.pid]
+        assert len(keeper) == 1, procs
         if stopped:
-            os.kill(ray_start[0], signal.SIGSTOP)
+            os.kill(keeper[0], signal.SIGSTOP)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         if not stopped:
-            _gone_in_time(procs, 15.0)  # (ray start stops its node: ~2 s)
+            _gone_in_time(procs, 15.0)  # (ray start stops its node in ~2 s; SIGKILL after 5)
             continue
         assert alive(procs), "the stopped Ray ended by itself (the test needs it left)"
         nxt = subprocess.run([sys.executable, "-m", "raycse", "objectives"], env=own_ray, capture_output=True,

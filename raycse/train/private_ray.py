@@ -9,10 +9,13 @@ Client), the dashboard listens on 127.0.0.1 only, and the temporary root is this
 (``ray start`` writes there the address file that ``ray.init()`` and ``RAY_ADDRESS=auto`` follow:
 a user's ``/tmp/ray`` keeps naming the user's own cluster).
 
-The child ends with the command: :func:`stop` at exit and after a signal, Linux's parent-death
-signal if the command is killed (its reaper then ends Ray's process group), and
-:func:`raycse.processes.sweep_killed_rays` as the last resort. Ports are picked free and given to
-Ray at once; one taken in between fails that start, which is tried again (``ensure_ray``).
+The ``ray start`` runs under a keeper (:data:`KEEPER`, a few lines of the standard library in a
+process of its own) that holds a pipe from the command: when the command closes it (:func:`stop`,
+at exit or after a signal) or dies (SIGKILL, the OOM killer: the pipe closes with it, from any
+thread), the keeper stops Ray's process group, SIGTERM then SIGKILL, within a bound.
+:func:`raycse.processes.sweep_killed_rays` is the last resort (the keeper itself killed). Ports are
+picked free and given to Ray at once; one taken in between fails that start, which is tried again
+(``ensure_ray``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -37,7 +39,7 @@ START_TIMEOUT_S = 120.0  # Ray's own waits inside `ray start` are 30 s each
 READY_LINE = "Ray runtime started"  # what `ray start` prints once its node is up (2.x)
 TIMED_OUT = "timed out during startup"  # Ray's error when its node did not come up in its 30 s
 PORT_TAKEN = "address already in use"
-LOG_PREFIX = "raycse-start-"  # {raycse pid}-{ray start pid}.log, beside the session directories
+LOG_PREFIX = "raycse-start-"  # {raycse pid}-{keeper pid}.log, beside the session directories
 
 # `ray start` options per port; Ray's metrics servers of the head read environment variables instead
 PORT_OPTIONS = ("--port", "--dashboard-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
@@ -80,13 +82,27 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
+# Ray's longest Unix socket path below its root ("/session_<date>_<time>_<pid>/sockets/dash_MetricsHead",
+# a 7-digit pid) with room to spare, and the longest such path Linux takes (AF_UNIX: 108 bytes with its NUL)
+RAY_SOCKET_TAIL = 72
+AF_UNIX_PATH_MAX = 107
+
+
+def root_path() -> Path:
+    """Where this user's private Rays live: ``raycse-UID`` in RAY_TMPDIR or the temporary directory (as
+    Ray's own root), or in /tmp where that one's path is too long for Ray's sockets (the dashboard did not
+    start, and `ray start` waited 60 s for it)."""
+    name = f"raycse-{os.getuid()}"
+    base = Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir())
+    return base / name if len(str(base / name)) + RAY_SOCKET_TAIL <= AF_UNIX_PATH_MAX else Path("/tmp") / name
+
+
 def temp_root() -> Path:
-    """This user's root for private Rays (RAY_TMPDIR or the temporary directory, as Ray's own; Ray
-    makes it 0777 as it does its own); refused in one line if it is a symlink or not this user's own
-    (someone else's could be read or replaced under the running Ray)."""
+    """:func:`root_path`, made 0700 (Ray makes it 0777, as it does its own); refused in one line if it
+    is a symlink or not this user's own (someone else's could be read or replaced under the running Ray)."""
     from raycse.errors import ResourceError
 
-    root = Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()) / f"raycse-ray-{os.getuid()}"
+    root = root_path()
     try:
         root.mkdir(mode=0o700, exist_ok=True)
         info = os.lstat(root)
@@ -101,8 +117,11 @@ def temp_root() -> Path:
 
 def start_command(ports: list[int], root: Path, num_cpus: Optional[int], system_config: dict,
                   node_options: dict) -> list[str]:
-    """The ``ray start`` command line (the interpreter running raycse: no PATH lookup)."""
-    command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+    """The ``ray start`` command line: Ray's console script beside the interpreter running raycse (no
+    PATH lookup: an unactivated venv's), else that interpreter running the module behind it."""
+    script = Path(sys.executable).parent / "ray"
+    ray = [str(script)] if script.is_file() else [sys.executable, "-m", "ray.scripts.scripts"]
+    command = [*ray, "start", "--head", "--block",
                "--dashboard-host=127.0.0.1", f"--temp-dir={root}",
                f"--system-config={json.dumps(system_config)}"]
     command += [f"{option}={port}" for option, port in zip(PORT_OPTIONS, ports)]
@@ -114,23 +133,40 @@ def start_command(ports: list[int], root: Path, num_cpus: Optional[int], system_
     return command
 
 
-def _die_with_parent() -> None:
-    """In the child, before ``ray start`` runs: SIGTERM it when the thread that started it ends
-    (the command killed by SIGKILL or the OOM killer); Ray's reaper then ends its process group."""
+# The keeper: starts `ray start` (argv) in a session of its own and says its pid on the log. When its
+# stdin (the pipe from the raycse command) reaches EOF: SIGTERM to `ray start` (it stops its node in
+# order, ~2 s; a SIGTERM to every process at once took 6), then SIGKILL to what is left of its process
+# group, whatever happened. The terminal's
+# signals (Ctrl-C reaches the whole foreground group) are the command's to act on: a Tune search stops
+# in order on SIGINT, with its Ray still up; the keeper ignores them.
+KEEPER = """
+import os, select, signal, subprocess, sys, time
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+    signal.signal(s, signal.SIG_IGN)
+ray = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL, start_new_session=True,
+                       preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (2, 15, 1, 3)])
+print("ray start pid:", ray.pid, flush=True)
+while ray.poll() is None:
+    if select.select([0], [], [], 1.0)[0] and not os.read(0, 4096):
+        break
+for kill, sig, wait_s in ((os.kill, signal.SIGTERM, float(sys.argv[1])), (os.killpg, signal.SIGKILL, 10.0)):
     try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
+        kill(ray.pid, sig)
+    except ProcessLookupError:
         pass
+    until = time.monotonic() + wait_s
+    while ray.poll() is None and time.monotonic() < until:
+        time.sleep(0.05)
+sys.exit(ray.returncode if ray.returncode is not None else 1)
+"""
+PID_LINE = "ray start pid:"
 
 
 def _spawn(command: list[str], env: dict, log: IO) -> subprocess.Popen:
-    # Linux ties the parent-death signal to the starting thread: set only from the main thread, whose
-    # end is the process's (a thread of a Python API caller may end while its process keeps Ray)
-    watch = threading.current_thread() is threading.main_thread() and sys.platform == "linux"
-    return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True, preexec_fn=_die_with_parent if watch else None)
+    from raycse.processes import END_GRACE_S
+
+    return subprocess.Popen([sys.executable, "-c", KEEPER, str(END_GRACE_S), *command], env=env,
+                            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT)
 
 
 def _log_tail(path: Path, lines: int = 1) -> str:
@@ -207,9 +243,10 @@ def current() -> Optional[PrivateRay]:
 
 
 def stop() -> list[int]:
-    """End this process's private Ray (``ray start`` and every process below it) within
-    :data:`raycse.processes.END_BOUND_S`; the pids still running then. The driver is disconnected
-    first, if connected. Nothing to do: []."""
+    """End this process's private Ray within :data:`raycse.processes.END_BOUND_S`: the driver
+    disconnected (if connected to it), the keeper's pipe closed (it stops Ray's process group), and
+    whatever is still running below the keeper then ended. Returns the pids still running after
+    that; nothing to stop: []."""
     from raycse import processes
 
     private = _current.pop("ray", None)
@@ -222,10 +259,10 @@ def stop() -> list[int]:
             ray.shutdown()
         except Exception:  # noqa: BLE001 - the processes are ended below either way
             pass
-    procs = [(private.process.pid, private.started)]
-    left = processes.end(procs)
+    procs = [(private.process.pid, private.started)] + processes.descendants(private.process.pid)
     try:
-        private.process.wait(timeout=1)
-    except subprocess.TimeoutExpired:
+        private.process.stdin.close()
+        private.process.wait(timeout=processes.END_BOUND_S)
+    except (OSError, subprocess.TimeoutExpired):
         pass
-    return left
+    return processes.end(procs, grace_s=0.5)

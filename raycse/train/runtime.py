@@ -41,7 +41,7 @@ def ensure_ray(num_cpus: Optional[int] = None) -> bool:
                             object_store_memory=int(os.environ.get("RAYCSE_OBJECT_STORE_BYTES", 1 << 30)))
             processes.note_ray_joined()
             interrupts.reinstall()
-            processes.record_own_ray(before)  # what a later command ends if this one is killed
+            processes.record_own_ray(before, private_ray.stop)  # (what a later command ends if this one is killed)
             return True
         except private_ray.StartTimedOut as exc:
             if attempt == attempts:
