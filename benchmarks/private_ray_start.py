@@ -1,0 +1,102 @@
+"""What a private Ray on free ports costs: raycse's (``ray start --head --block`` under a keeper,
+raycse.train.private_ray) against Ray's ``ray.init(address="local")`` (what raycse used before, which
+holds Ray's default agent port 52365), in one process, rounds alternating.
+
+Each round: start (to the first task's result), then stop (every process of that Ray gone). Figures
+are medians; the script also says which of Ray's default ports each one held while up.
+
+    python benchmarks/private_ray_start.py --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import subprocess
+import time
+
+from common import cpu
+
+DEFAULT_PORTS = (6379, 8265, 52365, 44217, 44227, 10001)
+
+
+def _held_defaults() -> list[int]:
+    out = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True).stdout
+    held = {int(line.split()[3].rsplit(":", 1)[1]) for line in out.splitlines() if line.split()}
+    return sorted(held & set(DEFAULT_PORTS))
+
+
+def _first_task() -> None:
+    import ray
+
+    ray.get(ray.remote(lambda: 1).remote())
+
+
+def _gone(before: set) -> None:
+    from raycse.processes import descendants
+
+    deadline = time.monotonic() + 30
+    while {p for p, _ in descendants(os.getpid())} - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def ray_local(num_cpus: int) -> tuple:
+    import ray
+
+    from raycse.processes import descendants
+
+    before = {p for p, _ in descendants(os.getpid())}
+    t = time.perf_counter()
+    ray.init(address="local", num_cpus=num_cpus, object_store_memory=1 << 30, logging_level=logging.WARNING,
+             include_dashboard=True, dashboard_host="127.0.0.1")
+    _first_task()
+    up = time.perf_counter() - t
+    held = _held_defaults()
+    t = time.perf_counter()
+    ray.shutdown()
+    _gone(before)
+    return up, time.perf_counter() - t, held
+
+
+def raycse_private(num_cpus: int) -> tuple:
+    from raycse.processes import descendants
+    from raycse.train import private_ray
+    from raycse.train.runtime import start_local_ray
+
+    before = {p for p, _ in descendants(os.getpid())}
+    t = time.perf_counter()
+    start_local_ray(num_cpus, object_store_memory=1 << 30, logging_level=logging.WARNING)
+    _first_task()
+    up = time.perf_counter() - t
+    held = _held_defaults()
+    t = time.perf_counter()
+    private_ray.stop()
+    _gone(before)
+    return up, time.perf_counter() - t, held
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--num-cpus", type=int, default=2)
+    args = ap.parse_args()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ways = {"Ray's ray.init(local)": ray_local, "raycse's ray start on free ports": raycse_private}
+    runs: dict = {name: [] for name in ways}
+    for r in range(args.rounds):
+        for name, way in (ways.items() if r % 2 == 0 else reversed(ways.items())):
+            runs[name].append(way(args.num_cpus))
+    print(f"machine: {cpu()}")
+    base = None
+    for name, rows in runs.items():
+        up, down = statistics.median(x[0] for x in rows), statistics.median(x[1] for x in rows)
+        held = sorted({p for x in rows for p in x[2]})
+        base = base or (up, down)
+        print(f"{name:34s} start {up:5.2f} s  stop {down:5.2f} s  (x{up / base[0]:.2f}, x{down / base[1]:.2f} "
+              f"of Ray's)  Ray default ports held: {held or 'none'}")
+
+
+if __name__ == "__main__":
+    main()
