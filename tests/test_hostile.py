@@ -4,6 +4,7 @@ alias bomb is refused at once, and the other promises of docs/security.md, each 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -344,3 +345,68 @@ def test_a_bad_connect_bound_is_one_line_naming_the_variable(monkeypatch, value)
     monkeypatch.setenv("RAYCSE_RAY_CONNECT_TIMEOUT_S", value)
     with pytest.raises(ConfigError, match=f"RAYCSE_RAY_CONNECT_TIMEOUT_S must be a number of seconds > 0, got '{value}'"):
         join_cluster("127.0.0.1:1")
+
+
+# ----------------------------------------------------------------------------- the private Ray's ports and root (item 8)
+RAY_DEFAULT_PORTS = {6379, 8265, 52365, 52366, 44217, 44227, 10001}
+
+
+def test_the_private_ray_start_line_names_every_port_free_and_none_of_rays_defaults(tmp_path):
+    from raycse.train import private_ray
+
+    ports = private_ray.free_ports(len(private_ray.PORT_OPTIONS) + len(private_ray.PORT_VARIABLES))
+    assert len(set(ports)) == len(ports) and not set(ports) & RAY_DEFAULT_PORTS
+    command = private_ray.start_command(ports, tmp_path, 2, {"num_workers_soft_limit": 22},
+                                        {"object_store_memory": 1 << 30})
+    given = dict(a.split("=", 1) for a in command if a.startswith("--") and "=" in a)
+    assert {o: int(given[o]) for o in private_ray.PORT_OPTIONS} == dict(zip(private_ray.PORT_OPTIONS, ports))
+    assert given["--dashboard-host"] == "127.0.0.1" and given["--temp-dir"] == str(tmp_path)
+    assert given["--num-cpus"] == "2" and given["--object-store-memory"] == str(1 << 30)
+    assert "start" in command and "--head" in command and "--block" in command
+
+
+def test_the_private_ray_root_leaves_room_for_rays_socket_paths(monkeypatch):
+    """Under the tests' TMPDIR (/tmp/rt-<tag>-<pid>-<random>) the root's sockets were 114 bytes: Ray's
+    dashboard did not start and `ray start` waited 60 s for it, every start."""
+    import tempfile
+
+    from raycse.train import private_ray
+
+    uid = os.getuid()
+    short = tempfile.mkdtemp(prefix="rs", dir="/tmp")
+    try:
+        monkeypatch.setenv("RAY_TMPDIR", short)
+        assert private_ray.root_path() == Path(short) / f"raycse-{uid}"
+        monkeypatch.setenv("RAY_TMPDIR", "/tmp/" + "x" * 40)
+        assert private_ray.root_path() == Path("/tmp") / f"raycse-{uid}"
+        longest = "/session_2026-12-02_02-16-28_728212_4194304/sockets/dash_MetricsHead"
+        for base in (short, "/tmp/rt-0a7c9cdf-10898-nx1dfjru", "/tmp/" + "x" * 40):
+            monkeypatch.setenv("RAY_TMPDIR", base)
+            assert len(str(private_ray.root_path()) + longest) <= 107
+    finally:
+        os.rmdir(short)
+
+
+def test_a_private_ray_root_that_is_a_symlink_or_a_bad_bound_is_refused_before_anything_starts(tmp_path, monkeypatch):
+    import tempfile
+
+    from raycse.errors import ConfigError, ResourceError
+    from raycse.processes import descendants
+    from raycse.train import private_ray
+
+    short = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))
+    try:
+        monkeypatch.setenv("RAY_TMPDIR", str(short))
+        elsewhere = tmp_path / "someone-elses"
+        elsewhere.mkdir()
+        (short / f"raycse-{os.getuid()}").symlink_to(elsewhere)
+        before = descendants(os.getpid())
+        with pytest.raises(ResourceError, match="is not a directory of this user's own"):
+            private_ray.start(1, {})
+        monkeypatch.setenv("RAYCSE_RAY_START_TIMEOUT_S", "0")
+        with pytest.raises(ConfigError, match="RAYCSE_RAY_START_TIMEOUT_S must be a number of seconds > 0"):
+            private_ray.start(1, {})
+        assert descendants(os.getpid()) == before and not list(elsewhere.iterdir())
+    finally:
+        (short / f"raycse-{os.getuid()}").unlink()
+        short.rmdir()
