@@ -92,7 +92,7 @@ class Preloaded:
             raise TimeoutError(f"the preloaded interpreter gave no answer within {bound_s:g} s")
         return json.loads(line)
 
-    def run(self, argv: list, cwd: Path, timeout: float = 120) -> SimpleNamespace:
+    def run(self, argv: list, cwd: Path, timeout: float = 300) -> SimpleNamespace:
         out, err = self.scratch / "out", self.scratch / "err"
         self.server.stdin.write(json.dumps({"argv": argv, "cwd": str(cwd), "env": self.env, "out": str(out),
                                             "err": str(err)}) + "\n")
@@ -101,8 +101,12 @@ class Preloaded:
         try:
             rc = self._answer(timeout)["rc"]
         except TimeoutError:
-            os.killpg(pid, 9)
-            raise
+            try:
+                os.killpg(pid, 9)
+            except ProcessLookupError:  # it ended just as the bound ran out: its answer is on the way
+                rc = self._answer(10)["rc"]
+            else:
+                raise
         return SimpleNamespace(args=argv, pid=pid, returncode=rc, stdout=out.read_text(), stderr=err.read_text())
 
     def close(self) -> None:
