@@ -28,53 +28,41 @@ def _held_defaults() -> list[int]:
     return sorted(held & set(DEFAULT_PORTS))
 
 
-def _first_task() -> None:
+def _round(start, stop) -> tuple:
+    """(seconds to the first task's result, seconds until every process it started is gone, Ray's
+    default ports held while up) of one start and stop."""
     import ray
 
-    ray.get(ray.remote(lambda: 1).remote())
-
-
-def _gone(before: set) -> None:
     from raycse.processes import descendants
 
+    before = {p for p, _ in descendants(os.getpid())}
+    t = time.perf_counter()
+    start()
+    ray.get(ray.remote(lambda: 1).remote())
+    up = time.perf_counter() - t
+    held = _held_defaults()
+    t = time.perf_counter()
+    stop()
     deadline = time.monotonic() + 30
     while {p for p, _ in descendants(os.getpid())} - before and time.monotonic() < deadline:
         time.sleep(0.05)
+    return up, time.perf_counter() - t, held
 
 
 def ray_local(num_cpus: int) -> tuple:
     import ray
 
-    from raycse.processes import descendants
-
-    before = {p for p, _ in descendants(os.getpid())}
-    t = time.perf_counter()
-    ray.init(address="local", num_cpus=num_cpus, object_store_memory=1 << 30, logging_level=logging.WARNING,
-             include_dashboard=True, dashboard_host="127.0.0.1")
-    _first_task()
-    up = time.perf_counter() - t
-    held = _held_defaults()
-    t = time.perf_counter()
-    ray.shutdown()
-    _gone(before)
-    return up, time.perf_counter() - t, held
+    return _round(lambda: ray.init(address="local", num_cpus=num_cpus, object_store_memory=1 << 30,
+                                   logging_level=logging.WARNING, include_dashboard=True,
+                                   dashboard_host="127.0.0.1"), ray.shutdown)
 
 
 def raycse_private(num_cpus: int) -> tuple:
-    from raycse.processes import descendants
     from raycse.train import private_ray
     from raycse.train.runtime import start_local_ray
 
-    before = {p for p, _ in descendants(os.getpid())}
-    t = time.perf_counter()
-    start_local_ray(num_cpus, object_store_memory=1 << 30, logging_level=logging.WARNING)
-    _first_task()
-    up = time.perf_counter() - t
-    held = _held_defaults()
-    t = time.perf_counter()
-    private_ray.stop()
-    _gone(before)
-    return up, time.perf_counter() - t, held
+    return _round(lambda: start_local_ray(num_cpus, object_store_memory=1 << 30, logging_level=logging.WARNING),
+                  private_ray.stop)
 
 
 def main() -> None:
