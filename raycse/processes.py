@@ -28,18 +28,28 @@ END_GRACE_S = 5.0  # SIGTERM, then this long, then SIGKILL
 END_BOUND_S = 15.0  # every process of the command's Ray is gone within this (tested)
 
 
+def _stat_fields(pid) -> Optional[list[str]]:
+    """The fields of /proc/PID/stat after the command name (state first), or None: no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split()  # (the command name may hold spaces)
+
+
+def start_time(pid: int) -> int:
+    """A process's start time in clock ticks (with its pid, what tells it from a later one); 0: gone."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields else 0
+
+
 def _table() -> dict[int, tuple[int, int]]:
     """pid -> (parent pid, start time in clock ticks) of every process, from /proc."""
     out = {}
     for entry in Path("/proc").iterdir() if Path("/proc/self/stat").exists() else ():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # (the command name may hold spaces)
-        out[int(entry.name)] = (int(fields[1]), int(fields[19]))
+        fields = _stat_fields(entry.name) if entry.name.isdigit() else None
+        if fields:
+            out[int(entry.name)] = (int(fields[1]), int(fields[19]))
     return out
 
 
@@ -64,11 +74,8 @@ def alive(procs: list[tuple[int, int]], table: Optional[dict] = None) -> list[tu
 
 
 def _zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2:].split()[0] == "Z"
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[0] == "Z"
 
 
 def end(procs: list[tuple[int, int]], grace_s: float = END_GRACE_S, bound_s: float = END_BOUND_S) -> list[int]:

@@ -98,8 +98,9 @@ def root_path() -> Path:
 
 
 def temp_root() -> Path:
-    """:func:`root_path`, made 0700 (Ray makes it 0777, as it does its own); refused in one line if it
-    is a symlink or not this user's own (someone else's could be read or replaced under the running Ray)."""
+    """:func:`root_path`, made 0700 if new (Ray then makes it 0777, as it does its own root); refused in
+    one line if it is a symlink or not this user's own (someone else's could be read or replaced under
+    the running Ray)."""
     from raycse.errors import ResourceError
 
     root = root_path()
@@ -136,9 +137,9 @@ def start_command(ports: list[int], root: Path, num_cpus: Optional[int], system_
 # The keeper: starts `ray start` (argv) in a session of its own and says its pid on the log. When its
 # stdin (the pipe from the raycse command) reaches EOF: SIGTERM to `ray start` (it stops its node in
 # order, ~2 s; a SIGTERM to every process at once took 6), then SIGKILL to what is left of its process
-# group, whatever happened. The terminal's
-# signals (Ctrl-C reaches the whole foreground group) are the command's to act on: a Tune search stops
-# in order on SIGINT, with its Ray still up; the keeper ignores them.
+# group, whatever happened. The terminal's signals (Ctrl-C reaches the whole foreground group) are the
+# command's to act on: a Tune search stops in order on SIGINT, with its Ray still up; the keeper
+# ignores them.
 KEEPER = """
 import os, select, signal, subprocess, sys, time
 for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
@@ -169,12 +170,12 @@ def _spawn(command: list[str], env: dict, log: IO) -> subprocess.Popen:
                             stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT)
 
 
-def _log_tail(path: Path, lines: int = 1) -> str:
+def _last_line(path: Path) -> str:
     try:
         text = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
         return ""
-    return " | ".join(text[-lines:])
+    return text[-1] if text else ""
 
 
 def _wait_ready(private: PrivateRay, timeout_s: float) -> None:
@@ -195,7 +196,7 @@ def _wait_ready(private: PrivateRay, timeout_s: float) -> None:
                 raise StartTimedOut(f"a port chosen for this command's private Ray was taken before Ray bound it "
                                     f"({private.log})")
             raise RuntimeError(f"`ray start` for this command's private Ray exited with {code}: "
-                               f"{_log_tail(private.log)} (whole log: {private.log})")
+                               f"{_last_line(private.log)} (whole log: {private.log})")
         if time.monotonic() > deadline:
             raise StartTimedOut(f"`ray start` did not bring this command's private Ray up within {timeout_s:g} s "
                                 f"(set by {START_TIMEOUT_VAR}; log: {private.log})")
@@ -205,6 +206,7 @@ def _wait_ready(private: PrivateRay, timeout_s: float) -> None:
 def start(num_cpus: Optional[int], system_config: dict, node_options: Optional[dict] = None) -> PrivateRay:
     """Start the private Ray and return once its node is up; what started is ended on any failure
     (an interrupt included). One already started by this process is stopped first."""
+    from raycse import processes
     from raycse.conversion import env_seconds
 
     stop()
@@ -219,7 +221,7 @@ def start(num_cpus: Optional[int], system_config: dict, node_options: Optional[d
         process = _spawn(command, env, log)
     named = root / f"{LOG_PREFIX}{os.getpid()}-{process.pid}.log"  # (tells whose each Ray session is)
     log_path.rename(named)
-    private = PrivateRay(process, _start_time(process.pid), ports[0], ports[1], named)
+    private = PrivateRay(process, processes.start_time(process.pid), ports[0], ports[1], named)
     _current["ray"] = private
     try:
         _wait_ready(private, timeout_s)
@@ -227,19 +229,6 @@ def start(num_cpus: Optional[int], system_config: dict, node_options: Optional[d
         stop()
         raise
     return private
-
-
-def _start_time(pid: int) -> int:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0
-    return int(text[text.rindex(")") + 2:].split()[19])
-
-
-def current() -> Optional[PrivateRay]:
-    """The private Ray this process started and has not stopped, if any."""
-    return _current.get("ray")
 
 
 def stop() -> list[int]:
