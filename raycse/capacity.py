@@ -154,16 +154,13 @@ def cluster_ceiling() -> Ceiling:
 
 
 def _from_ray_cluster_config() -> Optional[Ceiling]:
-    from ray._private.state import state
+    from raycse import compat
 
-    try:
-        config = state.get_cluster_config()
-    except Exception:  # noqa: BLE001 - an older GCS without the record: the other sources decide
-        return None
-    if config is None or not config.node_group_configs:
+    groups = compat.autoscaler_node_groups()
+    if groups is None:
         return None
     types = tuple(NodeType(g.name, float(g.resources.get("CPU", 0)), float(g.resources.get("GPU", 0)),
-                           math.inf if g.max_count == -1 else float(g.max_count)) for g in config.node_group_configs)
+                           math.inf if g.max_count == -1 else float(g.max_count)) for g in groups)
     return Ceiling(types, "Ray's cluster config (the autoscaler's node groups)")
 
 
@@ -206,29 +203,25 @@ def ceiling_of_config(raw, source: str) -> Optional[Ceiling]:
     return Ceiling(tuple(types), source, max_workers=cap, grows=any(t.max_count > 0 for t in types[1:]) and cap > 0)
 
 
-def autoscaler_config_path() -> Optional[str]:
-    """The ``--autoscaling-config`` file of the autoscaler (Ray's monitor process) of this cluster, where that
-    process runs on this machine; None elsewhere, or without an autoscaler."""
-    import json
-
+def autoscaler_config_path(gcs_address: Optional[str] = None) -> Optional[str]:
+    """The ``--autoscaling-config`` file of the autoscaler (Ray's monitor process) of the cluster at
+    ``gcs_address`` (default: the connected one), where that process runs on this machine; None elsewhere,
+    or without an autoscaler. The monitor is known by its command line, which names the GCS address."""
     import psutil
-    from ray._private import ray_constants
-    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_initialized
+    import ray
 
-    if not _internal_kv_initialized():
+    try:  # (the port alone: the monitor may name the head by another of this machine's addresses)
+        port = (gcs_address or ray.get_runtime_context().gcs_address).rsplit(":", 1)[1]
+    except Exception:  # noqa: BLE001 - not connected: no cluster to look for
         return None
-    status = _internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS)
-    try:
-        pid = int(json.loads(status)["monitor_pid"]) if status else None
-        monitor = psutil.Process(pid) if pid else None
-        args, cwd = (monitor.cmdline(), monitor.cwd()) if monitor else ([], "")
-    except (ValueError, KeyError, TypeError, psutil.Error):
-        return None
-    if not any(a.endswith("monitor.py") for a in args):  # a pid of another machine's process
-        return None
-    for arg in args:
-        if arg.startswith("--autoscaling-config="):  # (as `ray start` was given it: relative to its directory)
-            return os.path.join(cwd, os.path.expanduser(arg.split("=", 1)[1]))
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
+        args = proc.info.get("cmdline") or []
+        if not any(a.endswith("monitor.py") for a in args) or not any(
+                a.startswith("--gcs-address=") and a.rsplit(":", 1)[-1] == port for a in args):
+            continue
+        for arg in args:
+            if arg.startswith("--autoscaling-config="):  # (as `ray start` was given it: relative to its directory)
+                return os.path.join(proc.info.get("cwd") or "", os.path.expanduser(arg.split("=", 1)[1]))
     return None
 
 

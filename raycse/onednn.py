@@ -36,6 +36,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
+from raycse import compat
+
 
 def available() -> bool:
     return choice()["onednn"]
@@ -125,11 +127,14 @@ def _probed(key: str) -> dict:
                                   f"(median of {m['rounds']} paired rounds){note}"}
 
 
+_ONEDNN_LINEAR = compat.onednn_linear()  # None where this PyTorch has no oneDNN linear
+
+
 @functools.lru_cache(maxsize=1)
 def op_works() -> bool:
     """oneDNN's op is PyTorch-internal (inductor uses it): check once that it exists and agrees with
     ``F.linear``, so a PyTorch without it, or with another signature, just keeps its own kernels."""
-    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+    if _ONEDNN_LINEAR is None:
         return False
     try:
         # in float32 whatever the caller's context (the first call may come under autocast)
@@ -150,7 +155,7 @@ def _eligible(tensors: tuple) -> bool:
 
 def _inner(a: Tensor, b: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     """``a @ b.T (+ bias)`` on oneDNN: a (..., k), b (n, k)."""
-    return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
+    return _ONEDNN_LINEAR(a, b, bias)
 
 
 class _Linear(torch.autograd.Function):

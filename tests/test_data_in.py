@@ -79,6 +79,11 @@ def test_objects_handed_to_the_python_api(ray_cluster, tmp_path):
     from_hf = load_corpus(DataConfig(text_column="q", pair_column="a"), seed=2, source=pairs)
     assert sorted((r["text"], r["pair"]) for r in from_hf.dataset.iter_rows()) == sorted(zip(SENTENCES[:20],
                                                                                                SENTENCES[20:]))
+    # a streamed dataset is read as a stream, on Ray Data's public Datasource (issue 92: no Ray internals)
+    streamed = pairs.to_iterable_dataset(num_shards=2)
+    from_stream = load_corpus(DataConfig(text_column="q", pair_column="a"), seed=2, source=streamed)
+    assert sorted((r["text"], r["pair"]) for r in from_stream.dataset.iter_rows()) == sorted(zip(SENTENCES[:20],
+                                                                                                   SENTENCES[20:]))
     with pytest.raises(DataError, match="column 'text' not found"):
         load_corpus(DataConfig(), seed=2, source=pairs)
     with pytest.raises(DataError, match="corpus must be a path, a ray.data.Dataset or a datasets.Dataset"):

@@ -251,6 +251,66 @@ def test_a_refusal_a_worker_raises_is_its_one_line_and_the_fit_is_released(ray_c
     assert not live_groups()
 
 
+def test_a_run_on_rays_public_callbacks_alone_is_registered_and_released(ray_cluster, tmp_path):
+    """Where a Ray has no Train controller hooks (raycse.compat finds none), the registry learns of a run from
+    the public UserCallback at its first report and of its placement group from rank 0: releasing the key
+    while the run trains ends it and frees its group within the bound, and a run that starts under the
+    closed key fails at once, naming it (issue 92)."""
+    import threading
+
+    import ray
+    from ray.train import RunConfig as TrainRunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from raycse.train import release
+
+    def loop(config):
+        import time
+
+        import ray.train
+
+        from raycse.train import release
+
+        if ray.train.get_context().get_world_rank() == 0:
+            release.register_own_group(config["progress"])
+        ray.train.report({"step": 1})
+        time.sleep(120)  # (training on: only the release ends it)
+
+    registry, key = release.driver_registry(), f"public-{tmp_path.name}"
+
+    def trainer(name):
+        return TorchTrainer(loop, train_loop_config={"progress": (registry, key)},
+                            scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
+                            run_config=TrainRunConfig(storage_path=str(tmp_path), name=name, callbacks=[
+                                release.register_run(registry, key, public_only=True)]))
+
+    ended = []
+    fit = threading.Thread(target=lambda: ended.append(_outcome(trainer("public").fit)), daemon=True)
+    fit.start()
+    deadline = time.monotonic() + 120
+    while not [e for e in ray.get(registry.runs.remote(key)) if e.groups] or not [
+            e for e in ray.get(registry.runs.remote(key)) if e.controller is not None]:
+        assert time.monotonic() < deadline and fit.is_alive(), ended
+        time.sleep(0.5)
+    started = time.monotonic()
+    assert release.release(registry, key, 60, close=True) == 2  # (the controller's entry and rank 0's group)
+    fit.join(60)
+    assert not fit.is_alive() and time.monotonic() - started < 60
+    assert not live_groups()
+    late = _outcome(trainer("late").fit)
+    assert f"the Train run under {key} started after its trial ended" in late, late
+    release.release(registry, key, 60)
+    assert not live_groups()
+
+
+def _outcome(fit) -> str:
+    try:
+        fit()
+        return "returned"
+    except Exception as err:  # noqa: BLE001 - the test reads what it says
+        return repr(err)
+
+
 def json_settings(exp):
     import json
 

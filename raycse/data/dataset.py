@@ -354,9 +354,9 @@ def from_hf(hf):
     import ray.data
 
     if isinstance(hf, datasets.IterableDataset):  # streamed, as Ray's converter streams it
-        from ray.data._internal.datasource.huggingface_datasource import HuggingFaceDatasource
+        from raycse.data.hf_stream import StreamedHFDatasource
 
-        return ray.data.read_datasource(HuggingFaceDatasource(dataset=hf))
+        return ray.data.read_datasource(StreamedHFDatasource(hf))
     return local_dataset(hf.with_format("arrow")[:])  # (the view: select/shuffle applied)
 
 

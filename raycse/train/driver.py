@@ -167,7 +167,7 @@ def _fit(run: RunConfig, inputs: _Inputs, hooks: TuneHooks, source, staging: Pat
                    initial_file=initial_scores.cache_file(), eval_at=tuple(int(s) for s in hooks.eval_at),
                    score_sink=hooks.score_sink, tracking=tracking, corpus=tuple(blocks),
                    layouts=ray.put(layouts) if layouts is not None else None, progress=live)
-    trainer = build_trainer(plan, cpus, storage, inputs.run_name, release.RegisterRun(registry, run_key),
+    trainer = build_trainer(plan, cpus, storage, inputs.run_name, release.register_run(registry, run_key),
                             dev is not None)
     started = time.perf_counter()
     result = fit_and_release(trainer, run.train, registry, run_key, worker_resources(run.train, cpus))

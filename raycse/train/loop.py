@@ -12,13 +12,13 @@ checkpointing every ``train.checkpoint_steps`` and scoring every ``eval.eval_ste
 
 from __future__ import annotations
 
-import logging
 import time
 from concurrent import futures
 
 import torch
 
-from raycse.train import ahead
+from raycse import compat
+from raycse.train import ahead, release
 from raycse.train.batches import BatchSource
 from raycse.train.checkpoints.in_fit import Checkpointer, checkpoint_rank, CHECKPOINT_RANK
 from raycse.train.module import build_module, worker_device
@@ -147,15 +147,6 @@ def worker_places(world_size: int) -> list[tuple]:
     return places
 
 
-def quiet_report_lines() -> None:
-    """Drop Ray Train's per-report INFO line in this worker: it prints the whole metrics dict of every
-    checkpoint (the loss history and grouping record included, growing with the run) after raycse's
-    own line for the same step. Its logger is named by its file; Ray's warnings still show."""
-    from ray.train.v2._internal.execution import context
-
-    logging.getLogger(context.__file__).setLevel(logging.WARNING)
-
-
 def train_loop_per_worker(config: dict) -> None:
     from raycse.redact import redacted_streams
 
@@ -164,8 +155,14 @@ def train_loop_per_worker(config: dict) -> None:
 
 
 def _train_worker(plan: FitPlan) -> None:
+    import ray.train
+
     setup_ray_data(progress_bars=False)
-    quiet_report_lines()
+    # Ray Train's per-report INFO line prints the whole metrics dict of every checkpoint (the loss history
+    # and grouping record included, growing with the run) after raycse's own line for the same step
+    compat.quiet_train_report_logger()
+    if ray.train.get_context().get_world_rank() == 0:  # (where Ray Train's controller hooks could not say it)
+        release.register_own_group(plan.progress)
     worker = WorkerRun(plan)
     worker.resume()
     worker.progress.places = worker_places(worker.world_size)  # (a collective: every rank, in the same order)

@@ -16,9 +16,10 @@ trial's runs waited for those CPUs for ever (issue 18). So raycse ends its runs 
 - A key that was closed (its trial ended) refuses new runs: a controller that starts under it
   aborts itself at once.
 
-Depends on Ray Train V2's controller callbacks (``ray.train.v2._internal``), tested on Ray 2.60;
-``pyproject.toml`` therefore pins Ray to 2.60.x, and an install that bypasses the pin fails at import with
-the Ray it found and the one to install.
+On every Ray raycse supports: where Ray Train V2 has its controller and worker-group callbacks
+(raycse.compat), a run is registered as its controller starts and its group as it is created; where it
+has not, the controller at its first report (the public ``ray.train.UserCallback``). Either way rank 0
+registers its own group as the training function starts (``ray.util.get_current_placement_group``).
 """
 
 from __future__ import annotations
@@ -28,13 +29,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import ray
+from ray.train import UserCallback
 
-try:  # Ray Train V2's callback interfaces are internal: pyproject pins the Ray they were tested on
-    from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
-except ImportError as exc:  # pragma: no cover - depends on the installed Ray
-    raise ImportError(f"raycse needs Ray 2.60 (Ray Train V2 controller callbacks); this is Ray {ray.__version__}: "
-                      f"pip install 'ray[default,train,data,tune]==2.60.*'") from exc
-
+from raycse import compat
 from raycse.capacity import held_resources
 from raycse.errors import ResourceError
 
@@ -81,9 +78,12 @@ class RunRegistry:
         self._runs.setdefault(key, {})[controller_id] = RunEntry(controller_id, controller)
         return not self.is_closed(key)
 
-    def add_group(self, key: str, controller_id: str, group) -> None:
-        entry = self._runs.setdefault(key, {}).setdefault(controller_id, RunEntry(controller_id, None))
-        entry.groups.append(group)
+    def add_group(self, key: str, controller_id: str, group) -> bool:
+        """Record a run's placement group (once, whoever tells first); False when its key was closed."""
+        runs = self._runs.setdefault(key, {})
+        if not any(g.id == group.id for run in runs.values() for g in run.groups):
+            runs.setdefault(controller_id, RunEntry(controller_id, None)).groups.append(group)
+        return not self.is_closed(key)
 
     def runs(self, prefix: str, close: bool = False) -> list[RunEntry]:
         """The runs under keys starting with ``prefix``; ``close`` refuses runs started later."""
@@ -143,14 +143,15 @@ def driver_registry():
     return _DRIVER_REGISTRY[session]
 
 
-class RegisterRun(ControllerCallback, WorkerGroupCallback):
-    """Train controller callback: records the controller and each placement group it starts."""
+class _RunCallbacks:
+    """What records a Train run in a RunRegistry, on the controller: the controller itself, and each
+    placement group it starts (:func:`register_run` gives it the base classes Ray calls)."""
 
     def __init__(self, registry, key: str):
         self.registry, self.key = registry, key
         self.controller_id: Optional[str] = None
 
-    def after_controller_start(self, train_run_context) -> None:
+    def _register_controller(self) -> None:
         ctx = ray.get_runtime_context()
         self.controller_id = ctx.get_actor_id()
         me = ctx.current_actor
@@ -158,9 +159,47 @@ class RegisterRun(ControllerCallback, WorkerGroupCallback):
             # its trial already ended: do not take any CPUs (the abort runs once the loop is free)
             me.abort.remote()
 
-    def after_worker_group_start(self, worker_group) -> None:
+    def after_controller_start(self, train_run_context) -> None:  # ControllerCallback
+        self._register_controller()
+
+    def after_worker_group_start(self, worker_group) -> None:  # WorkerGroupCallback
         group = worker_group.get_worker_group_state().placement_group_handle.placement_group
         ray.get(self.registry.add_group.remote(self.key, self.controller_id, group), timeout=60)
+
+    def after_report(self, run_context, metrics, checkpoint) -> None:  # UserCallback, the public fallback
+        if self.controller_id is None:
+            self._register_controller()
+
+
+class PublicRegisterRun(_RunCallbacks, UserCallback):
+    """On the public ``UserCallback``: the controller is recorded at the run's first report."""
+
+
+_TRAIN_HOOKS = compat.train_callback_bases()
+if _TRAIN_HOOKS is not None:
+    class RegisterRun(_RunCallbacks, *_TRAIN_HOOKS):
+        """On Ray Train's controller hooks: the controller as it starts, each group as it is created."""
+else:  # pragma: no cover - depends on the installed Ray
+    RegisterRun = PublicRegisterRun
+
+
+def register_run(registry, key: str, public_only: bool = False) -> _RunCallbacks:
+    """The callback (for ``RunConfig(callbacks=...)``) that records each Train run started under ``key``
+    in ``registry``: :class:`RegisterRun`, or (``public_only``) :class:`PublicRegisterRun`."""
+    return (PublicRegisterRun if public_only else RegisterRun)(registry, key)
+
+
+def register_own_group(progress: Optional[tuple]) -> None:
+    """Rank 0's record of the placement group its Train run's workers hold, under the run's key
+    (``progress`` = (registry, key), or None outside a raycse run); fails where that key was closed."""
+    if progress is None:
+        return
+    group = ray.util.get_current_placement_group()
+    if group is None:
+        return
+    registry, key = progress
+    if not ray.get(registry.add_group.remote(key, f"group-{group.id.hex()}", group), timeout=60):
+        raise ReleaseError(f"the Train run under {key} started after its trial ended")
 
 
 def _group_state(group) -> str:
@@ -210,10 +249,8 @@ def release(registry, prefix: str, timeout_s: float, close: bool = False) -> int
 def worker_start_error(error: BaseException, num_workers: int, resources: dict, timeout_s: float,
                        attempts: int) -> Optional[WorkerStartError]:
     """A clear error when ``error`` (from ``fit``) is Ray Train giving up on starting its workers."""
-    from ray.train.v2._internal.exceptions import InsufficientClusterResourcesError, WorkerGroupStartupTimeoutError
-
     cause = getattr(error, "controller_failure", error)
-    if not isinstance(cause, (WorkerGroupStartupTimeoutError, InsufficientClusterResourcesError)):
+    if not compat.is_worker_start_failure(cause):
         return None
     need = ", ".join(f"{v:g} {k}" for k, v in resources.items())
     return WorkerStartError(

@@ -1,7 +1,7 @@
 """Ray Tune's own W&B logger callback, with logging actors that return only once W&B has written the
 trial's run to disk.
 
-Ray's ``_WandbLoggingActor.run`` ends at ``wandb.finish()``, and the callback kills the actor as soon as
+Ray's logging actor's ``run`` ends at ``wandb.finish()``, and the callback kills the actor as soon as
 ``run`` returns (at the experiment's end without any wait). ``finish`` returns before W&B's service
 process (``wandb-core``, a child of the actor's process) has closed the run's stream, and Ray ends a
 killed worker's child processes with it: a run's last records (its history, its exit) were lost when
@@ -13,23 +13,16 @@ from __future__ import annotations
 
 import sys
 
-from ray.air.integrations.wandb import WandbLoggerCallback, _WandbLoggingActor
+from ray.air.integrations.wandb import WandbLoggerCallback
 
+from raycse import compat
 
-class _FlushingLoggingActor(_WandbLoggingActor):
-    def run(self):
-        super().run()
-        try:
-            self._wandb.teardown()  # returns when W&B's service process has written everything and exited
-        except SystemExit:  # (teardown exits with the service's own error code: nothing more to wait for)
-            pass
+_RAYS_ACTOR = compat.wandb_logging_actor()  # None where Ray's callback takes no other actor class
 
 
 class FlushingWandbLoggerCallback(WandbLoggerCallback):
-    """``WandbLoggerCallback`` whose trials' runs are complete on disk (or uploaded) when their
-    logging actors end. (``_logger_actor_cls`` is the hook Ray's callback offers for its actor class.)"""
-
-    _logger_actor_cls = _FlushingLoggingActor
+    """``WandbLoggerCallback`` whose trials' runs are complete on disk (or uploaded) when their logging
+    actors end. (Where Ray's callback has no hook for its actor class, it is Ray's callback as it is.)"""
 
     def __del__(self):
         # At interpreter exit Ray's ``__del__`` reads module globals that are already gone (``ray`` is None)
@@ -37,3 +30,17 @@ class FlushingWandbLoggerCallback(WandbLoggerCallback):
         # and Ray's own shutdown ends whatever is left.
         if not sys.is_finalizing():
             super().__del__()
+
+
+if _RAYS_ACTOR is not None:
+    import wandb
+
+    class _FlushingLoggingActor(_RAYS_ACTOR):
+        def run(self):
+            super().run()
+            try:
+                wandb.teardown()  # W&B's own API: returns when W&B's service process has written everything and exited
+            except SystemExit:  # (teardown exits with the service's own error code: nothing more to wait for)
+                pass
+
+    compat.use_wandb_logging_actor(FlushingWandbLoggerCallback, _FlushingLoggingActor)

@@ -1,0 +1,103 @@
+"""The only places raycse reaches into what Ray, its W&B integration or torch mark as internal (issue 92).
+
+raycse runs on a range of Ray releases (pyproject.toml), so nothing else in it imports a private name
+(``tests/test_compat.py`` reads the source to keep it so). Each lookup here is by feature: the name is
+looked for, never the version compared, and each has a working path when it is gone:
+
+- Ray Train V2's controller and worker-group callbacks (:func:`train_callback_bases`): the run registry
+  learns of a run's controller and placement group as they start. Without them it learns of the
+  controller from the public ``ray.train.UserCallback`` at the run's first report, and of the group from
+  rank 0's ``ray.util.get_current_placement_group()`` (raycse.train.release).
+- Ray Train's names for "the workers could not start" (:func:`is_worker_start_failure`): compared by
+  class name, imported from nowhere; without them Ray's own error is shown.
+- Ray Train's per-report log line (:func:`quiet_train_report_logger`): its logger found by name.
+- Ray's record of the autoscaler's node groups (:func:`autoscaler_node_groups`): without it the
+  cluster ceiling comes from the autoscaler's config or the nodes up now (raycse.capacity).
+- Ray's W&B logging actor (:func:`wandb_logging_actor`): without it, Ray's plain callback.
+- oneDNN's linear (:func:`onednn_linear`): without it, PyTorch's own kernels.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from typing import Callable, Optional
+
+
+def _lookup(module: str, *names: str) -> Optional[tuple]:
+    """``module``'s attributes ``names``, or None where the module or any of them is missing."""
+    try:
+        found = importlib.import_module(module)
+        return tuple(getattr(found, n) for n in names)
+    except (ImportError, AttributeError):
+        return None
+
+
+def train_callback_bases() -> Optional[tuple[type, type]]:
+    """Ray Train V2's ``(ControllerCallback, WorkerGroupCallback)``: hooks on the controller as it starts
+    and as each worker group starts. None where this Ray has no such classes."""
+    return _lookup("ray.train.v2._internal.execution.callback", "ControllerCallback", "WorkerGroupCallback")
+
+
+# Ray Train's errors for a worker group that could not get its resources or start in time.
+WORKER_START_FAILURES = ("WorkerGroupStartupTimeoutError", "InsufficientClusterResourcesError")
+
+
+def is_worker_start_failure(error: BaseException) -> bool:
+    """Whether ``error`` is Ray Train giving up on starting its workers (by the class names it uses)."""
+    return any(c.__name__ in WORKER_START_FAILURES for c in type(error).__mro__)
+
+
+# The file whose module-level logger (named by its path) prints every report's whole metrics dict.
+TRAIN_REPORT_LOGGER = os.path.join("train", "v2", "_internal", "execution", "context.py")
+
+
+def quiet_train_report_logger() -> int:
+    """Raise Ray Train's report logger in this process to WARNING; how many loggers matched (0 where
+    this Ray has none by that name: its lines then stay)."""
+    matched = [name for name in list(logging.Logger.manager.loggerDict) if name.endswith(TRAIN_REPORT_LOGGER)]
+    for name in matched:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    return len(matched)
+
+
+def autoscaler_node_groups() -> Optional[list]:
+    """The node groups of Ray's record of the cluster config (what Ray Train reads for its ceiling): each
+    with ``name``, ``resources`` and ``max_count``; None where this Ray or this cluster has no record."""
+    found = _lookup("ray._private.state", "state")
+    if found is None or not hasattr(found[0], "get_cluster_config"):
+        return None
+    try:
+        config = found[0].get_cluster_config()
+    except Exception:  # noqa: BLE001 - an older GCS without the record: the other sources decide
+        return None
+    return list(config.node_group_configs) if config is not None and config.node_group_configs else None
+
+
+def wandb_logging_actor() -> Optional[type]:
+    """Ray's W&B logging actor class, where ``WandbLoggerCallback`` takes another through its
+    ``_logger_actor_cls`` hook; None otherwise."""
+    found = _lookup("ray.air.integrations.wandb", "WandbLoggerCallback", "_WandbLoggingActor")
+    if found is None or not hasattr(found[0], "_logger_actor_cls"):
+        return None
+    return found[1]
+
+
+def use_wandb_logging_actor(callback_cls: type, actor_cls: type) -> None:
+    """Make ``callback_cls`` (a ``WandbLoggerCallback``) start ``actor_cls`` (a subclass of
+    :func:`wandb_logging_actor`'s class) for each trial."""
+    callback_cls._logger_actor_cls = actor_cls
+
+
+def onednn_linear() -> Optional[Callable]:
+    """oneDNN's ``a @ b.T (+ bias)`` (what inductor calls), or None where this PyTorch has no such op;
+    raycse.onednn checks its results against ``F.linear`` before using it."""
+    import torch
+
+    if not torch.backends.mkldnn.is_available():
+        return None
+    op = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+    if op is None:
+        return None
+    return lambda a, b, bias=None: op(a, b, bias, "none", [], "")

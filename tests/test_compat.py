@@ -1,0 +1,161 @@
+"""raycse.compat: the one module that uses what Ray, its W&B integration or torch mark internal (issue 92).
+
+Nothing else in raycse imports a private name; each lookup finds this Ray's and torch's names, and each
+falls back when the name is gone."""
+
+from __future__ import annotations
+
+import ast
+import logging
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PRIVATE_TEXT = re.compile(r"\._(internal|private)\b|internal_kv|_linear_pointwise|_WandbLoggingActor|_logger_actor_cls")
+
+
+def _private_imports(path: Path) -> list[str]:
+    """The imports in ``path`` of a module path part or a name that starts with an underscore, from
+    another package than raycse."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            parts = node.module.split(".")
+            if parts[0] in ("raycse", "__future__"):
+                continue
+            if any(p.startswith("_") for p in parts) or any(
+                    a.name.startswith("_") and not a.name.startswith("__") for a in node.names):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} from {node.module} import "
+                             f"{', '.join(a.name for a in node.names)}")
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                parts = a.name.split(".")
+                if parts[0] != "raycse" and any(p.startswith("_") for p in parts):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} import {a.name}")
+    return found
+
+
+def test_no_module_but_compat_uses_a_private_name_of_another_package():
+    files = [p for p in (ROOT / "raycse").rglob("*.py") if p.name != "compat.py"]
+    assert len(files) > 50
+    assert [i for p in files for i in _private_imports(p)] == []
+    texts = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in files
+             for n, line in enumerate(p.read_text().splitlines(), 1) if PRIVATE_TEXT.search(line.split("#")[0])]
+    assert texts == []
+    # (and the check sees what it looks for)
+    assert _private_imports(ROOT / "raycse" / "compat.py") == [] and PRIVATE_TEXT.search(
+        (ROOT / "raycse" / "compat.py").read_text())
+
+
+def test_a_private_import_is_seen(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from ray._private import state\nimport torch._dynamo\nfrom ray.air import _Hidden\n"
+                   "from raycse._version import __version__\nfrom __future__ import annotations\n")
+    global ROOT
+    here, ROOT = ROOT, tmp_path
+    try:
+        assert len(_private_imports(bad)) == 3
+    finally:
+        ROOT = here
+
+
+def test_a_missing_private_name_is_none_not_an_error():
+    from raycse import compat
+
+    assert compat._lookup("ray.train.v2._internal.no_such_module", "X") is None
+    assert compat._lookup("raycse.compat", "no_such_name") is None
+    assert compat._lookup("raycse.compat", "train_callback_bases") == (compat.train_callback_bases,)
+
+
+def test_this_rays_train_hooks_are_found_and_have_the_methods_raycse_overrides():
+    from raycse import compat
+    from raycse.train import release
+
+    bases = compat.train_callback_bases()
+    assert bases is not None, "this Ray has no Train V2 controller hooks: raycse.train.release uses UserCallback"
+    assert hasattr(bases[0], "after_controller_start") and hasattr(bases[1], "after_worker_group_start")
+    assert issubclass(release.RegisterRun, bases) and release.register_run(None, "k").key == "k"
+    from ray.train import UserCallback
+
+    public = release.register_run(None, "k", public_only=True)
+    assert isinstance(public, UserCallback) and not isinstance(public, bases[0])
+
+
+def test_rays_worker_start_errors_are_recognised_by_name():
+    from raycse import compat
+
+    exceptions = pytest.importorskip("ray.train.v2._internal.exceptions")
+    for name in compat.WORKER_START_FAILURES:
+        cls = getattr(exceptions, name)
+        assert compat.is_worker_start_failure(cls.__new__(cls))
+    renamed = type("WorkerGroupStartupTimeoutError", (RuntimeError,), {})  # a subclass elsewhere counts too
+    assert compat.is_worker_start_failure(type("Sub", (renamed,), {})())
+    assert not compat.is_worker_start_failure(RuntimeError("no"))
+
+
+def test_the_train_report_logger_is_quieted_by_its_name():
+    from raycse import compat
+
+    import ray.train.v2._internal.execution.context as context  # (the test may: it checks what compat finds)
+
+    ray_logger = logging.getLogger(context.__file__)
+    level = ray_logger.level
+    try:
+        ray_logger.setLevel(logging.INFO)
+        assert compat.quiet_train_report_logger() == 1 and ray_logger.level == logging.WARNING
+    finally:
+        ray_logger.setLevel(level)
+
+
+def test_the_wandb_callback_uses_a_flushing_actor_on_this_ray():
+    pytest.importorskip("wandb")
+    from raycse import compat
+    from raycse.tune.wandb_logging import FlushingWandbLoggerCallback
+
+    actor = compat.wandb_logging_actor()
+    assert actor is not None
+    chosen = FlushingWandbLoggerCallback._logger_actor_cls
+    assert issubclass(chosen, actor) and chosen is not actor and "teardown" in chosen.run.__code__.co_names
+
+
+def test_onednn_linear_agrees_with_torch():
+    import torch
+    import torch.nn.functional as F
+
+    from raycse import compat
+
+    op = compat.onednn_linear()
+    if op is None:
+        pytest.skip("this PyTorch has no oneDNN linear")
+    g = torch.Generator().manual_seed(3)
+    x, w, b = torch.randn(2, 3, 16, generator=g), torch.randn(7, 16, generator=g), torch.randn(7, generator=g)
+    assert torch.allclose(op(x, w, b), F.linear(x, w, b), atol=1e-5)
+    assert torch.allclose(op(x, w), F.linear(x, w), atol=1e-5)
+
+
+def test_the_autoscalers_config_is_found_from_its_monitors_command_line(tmp_path):
+    """(Public parts only: the monitor process's command line names the cluster's GCS port and the config,
+    relative to the directory it was started in.)"""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from raycse.capacity import autoscaler_config_path
+
+    args = ["/opt/ray/autoscaler/monitor.py", "--gcs-address=10.0.0.5:49731", "--autoscaling-config=conf/c.yaml"]
+    monitor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *args], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 20
+        while psutil.Process(monitor.pid).cmdline()[-3:] != args:  # (until it has exec'd)
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert autoscaler_config_path("127.0.0.1:49731") == os.path.join(str(tmp_path), "conf/c.yaml")
+        assert autoscaler_config_path("127.0.0.1:49732") is None  # another cluster's
+    finally:
+        monitor.kill()
+        monitor.wait(10)
