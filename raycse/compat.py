@@ -40,6 +40,14 @@ def train_callback_bases() -> Optional[tuple[type, type]]:
     return _lookup("ray.train.v2._internal.execution.callback", "ControllerCallback", "WorkerGroupCallback")
 
 
+def worker_group_placement_group(worker_group):
+    """The placement group of a worker group that Ray Train's ``after_worker_group_start`` hook is given
+    (where its state keeps it: a handle in newer Rays, the group itself in older), or None."""
+    state = worker_group.get_worker_group_state()
+    handle = getattr(state, "placement_group_handle", None)
+    return getattr(handle, "placement_group", None) or getattr(state, "placement_group", None)
+
+
 # Ray Train's errors for a worker group that could not get its resources or start in time.
 WORKER_START_FAILURES = ("WorkerGroupStartupTimeoutError", "InsufficientClusterResourcesError")
 

@@ -3,13 +3,15 @@
 # (--no-deps) into a scratch directory put before the venv on PYTHONPATH, and the tests that use that
 # package run against it. The rest of the environment stays scripts/constraints.txt's tested set.
 #
-#   bash scripts/floors.sh            # all groups (~10 min on 2 cores)
-#   bash scripts/floors.sh hf         # one group: hf | search | mlflow
+#   bash scripts/floors.sh            # all groups (~25 min on 2 cores)
+#   bash scripts/floors.sh ray        # one group: ray | hf | search | mlflow
 #
 # Needs the venv of scripts/setup.sh and the package index. Writes only under a temporary directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
+# the sample data of this project's machines (a user's own: RAYCSE_DATA=DIR), as scripts/test.sh finds it
+[ -z "${RAYCSE_DATA:-}" ] && [ -d ../shared/data ] && export RAYCSE_DATA="$(cd ../shared/data && pwd)"
 SCRATCH=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$SCRATCH"' EXIT
 
@@ -32,6 +34,36 @@ EOF
 overlay() {  # overlay DIR PKG==VER ...: those releases alone, without their dependencies
   local dir=$1; shift
   "$PY" -m pip install --quiet --target "$dir" --no-deps "$@"
+}
+
+# The full-tier tests the floor Ray runs beside the fast tier (issue 92): a 2-worker fit that resumes, a
+# search whose ASHA stops release their groups (issue 18) and a run on Ray's public callbacks alone, kNN
+# grouping, a corpus, checkpoints and model on S3 (moto), jobs submitted to a local head, and train and tune
+# jobs on the fake autoscaling cluster (its head, and so the jobs, on the floor Ray).
+RAY_FULL_TIER=(
+  tests/test_cluster.py::test_truncated_checkpoint_is_skipped_with_a_warning
+  tests/test_cluster.py::test_job_submitted_to_a_real_head_succeeds_and_its_model_loads
+  tests/test_release.py::test_asha_stops_under_cpu_load_leave_no_placement_group
+  tests/test_release.py::test_a_run_on_rays_public_callbacks_alone_is_registered_and_released
+  tests/test_grouping.py::test_exact_knn_matches_brute_force_and_shards_merge_identically
+  tests/test_storage.py::test_train_with_corpus_checkpoints_and_output_on_s3_then_eval
+  tests/test_autoscaling.py::test_a_training_job_grows_the_cluster_and_the_cluster_shrinks_after_it
+  tests/test_autoscaling.py::test_tune_runs_as_many_trials_as_the_cluster_can_grow_to
+  tests/test_data_in.py::test_objects_handed_to_the_python_api
+)
+
+group_ray() {
+  local dir=$SCRATCH/ray v
+  v=$(floor ray)
+  overlay "$dir" "ray==$v"
+  echo "== ray $v: the fast tier, then ${#RAY_FULL_TIER[@]} full-tier tests"
+  PYTHONPATH=$dir "$PY" -c "import ray, sys; from packaging.version import Version as V
+sys.exit(0 if V(ray.__version__) == V('$v') else f'ray {ray.__version__} is not $v')"
+  # (the lock test compares the venv's versions with constraints.txt: the overlay differs by design)
+  PYTHONPATH=$dir timeout 1800 "$PY" -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --fast tests \
+    --deselect tests/test_packaging.py::test_lock_writes_the_venvs_versions_without_torchs
+  PYTHONPATH=$dir timeout 2400 "$PY" -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=5 \
+    "${RAY_FULL_TIER[@]}"
 }
 
 group_hf() {
@@ -73,6 +105,6 @@ print(f"mlflow {mlflow.__version__}: {len(runs)} run(s) with metrics {sorted(run
 EOF
 }
 
-for g in "${@:-hf search mlflow}"; do
+for g in "${@:-ray hf search mlflow}"; do
   for one in $g; do "group_$one"; done
 done

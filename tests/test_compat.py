@@ -159,3 +159,19 @@ def test_the_autoscalers_config_is_found_from_its_monitors_command_line(tmp_path
     finally:
         monitor.kill()
         monitor.wait(10)
+
+
+def test_a_worker_groups_placement_group_is_found_where_each_ray_keeps_it():
+    from types import SimpleNamespace
+
+    from raycse import compat
+
+    group = object()
+
+    def worker_group(state):
+        return SimpleNamespace(get_worker_group_state=lambda: state)
+
+    newer = SimpleNamespace(placement_group_handle=SimpleNamespace(placement_group=group))
+    assert compat.worker_group_placement_group(worker_group(newer)) is group
+    assert compat.worker_group_placement_group(worker_group(SimpleNamespace(placement_group=group))) is group  # <2.55
+    assert compat.worker_group_placement_group(worker_group(SimpleNamespace())) is None

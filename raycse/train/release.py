@@ -163,8 +163,9 @@ class _RunCallbacks:
         self._register_controller()
 
     def after_worker_group_start(self, worker_group) -> None:  # WorkerGroupCallback
-        group = worker_group.get_worker_group_state().placement_group_handle.placement_group
-        ray.get(self.registry.add_group.remote(self.key, self.controller_id, group), timeout=60)
+        group = compat.worker_group_placement_group(worker_group)
+        if group is not None:  # (else rank 0 registers it)
+            ray.get(self.registry.add_group.remote(self.key, self.controller_id, group), timeout=60)
 
     def after_report(self, run_context, metrics, checkpoint) -> None:  # UserCallback, the public fallback
         if self.controller_id is None:
