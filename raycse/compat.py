@@ -48,6 +48,21 @@ def worker_group_placement_group(worker_group):
     return getattr(handle, "placement_group", None) or getattr(state, "placement_group", None)
 
 
+def train_user_callback() -> type:
+    """``ray.train.UserCallback``, public in Ray Train V2; a one-line error where this Ray runs Train V1 (Ray
+    before 2.51, or ``RAY_TRAIN_V2_ENABLED=0``), on which raycse's runs cannot start."""
+    import ray
+    import ray.train
+
+    from raycse.errors import RaycseError
+
+    found = getattr(ray.train, "UserCallback", None)
+    if found is None:
+        raise RaycseError(f"raycse runs on Ray Train V2, and this Ray ({ray.__version__}) gives Train V1: unset "
+                          f"RAY_TRAIN_V2_ENABLED, or pip install 'ray[default,train,data,tune]>=2.51,<2.61'")
+    return found
+
+
 # Ray Train's errors for a worker group that could not get its resources or start in time.
 WORKER_START_FAILURES = ("WorkerGroupStartupTimeoutError", "InsufficientClusterResourcesError")
 

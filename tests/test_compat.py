@@ -175,3 +175,20 @@ def test_a_worker_groups_placement_group_is_found_where_each_ray_keeps_it():
     assert compat.worker_group_placement_group(worker_group(newer)) is group
     assert compat.worker_group_placement_group(worker_group(SimpleNamespace(placement_group=group))) is group  # <2.55
     assert compat.worker_group_placement_group(worker_group(SimpleNamespace())) is None
+
+
+def test_a_ray_that_gives_train_v1_is_refused_in_one_line_before_anything_is_written(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a sentence about the river\\nanother about the town\\n" * 8)
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "raycse", "train", "--corpus", str(corpus), "--stsb-dev", "none",
+                           "--output", str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "RAY_TRAIN_V2_ENABLED": "0"})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("raycse: error: raycse runs on Ray Train V2") and "unset RAY_TRAIN_V2_ENABLED" in lines[0]
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import ray
-from ray.train import UserCallback
 
 from raycse import compat
 from raycse.capacity import held_resources
@@ -172,7 +171,7 @@ class _RunCallbacks:
             self._register_controller()
 
 
-class PublicRegisterRun(_RunCallbacks, UserCallback):
+class PublicRegisterRun(_RunCallbacks, compat.train_user_callback()):
     """On the public ``UserCallback``: the controller is recorded at the run's first report."""
 
 
