@@ -59,7 +59,7 @@ def train_user_callback() -> type:
     found = getattr(ray.train, "UserCallback", None)
     if found is None:
         raise RaycseError(f"raycse runs on Ray Train V2, and this Ray ({ray.__version__}) gives Train V1: unset "
-                          f"RAY_TRAIN_V2_ENABLED, or pip install 'ray[default,train,data,tune]>=2.51,<2.61'")
+                          f"RAY_TRAIN_V2_ENABLED, or pip install 'ray[default,train,data,tune]>=2.55,<2.61'")
     return found
 
 

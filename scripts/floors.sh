@@ -38,7 +38,7 @@ overlay() {  # overlay DIR PKG==VER ...: those releases alone, without their dep
 
 # The full-tier tests the floor Ray runs beside the fast tier (issue 92): a 2-worker fit that resumes, a
 # search whose ASHA stops release their groups (issue 18) and a run on Ray's public callbacks alone, kNN
-# grouping, a corpus, checkpoints and model on S3 (moto), jobs submitted to a local head, and train and tune
+# grouping, a bad corpus's one line out of Ray Data's tasks, a corpus, checkpoints and model on S3 (moto), jobs submitted to a local head, and train and tune
 # jobs on the fake autoscaling cluster (its head, and so the jobs, on the floor Ray).
 RAY_FULL_TIER=(
   tests/test_cluster.py::test_truncated_checkpoint_is_skipped_with_a_warning
@@ -46,6 +46,7 @@ RAY_FULL_TIER=(
   tests/test_release.py::test_asha_stops_under_cpu_load_leave_no_placement_group
   tests/test_release.py::test_a_run_on_rays_public_callbacks_alone_is_registered_and_released
   tests/test_grouping.py::test_exact_knn_matches_brute_force_and_shards_merge_identically
+  tests/test_grouping.py::test_bad_corpora_give_one_clear_line
   tests/test_storage.py::test_train_with_corpus_checkpoints_and_output_on_s3_then_eval
   tests/test_autoscaling.py::test_a_training_job_grows_the_cluster_and_the_cluster_shrinks_after_it
   tests/test_autoscaling.py::test_tune_runs_as_many_trials_as_the_cluster_can_grow_to

@@ -6,6 +6,7 @@ falls back when the name is gone."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import logging
 import re
 from pathlib import Path
@@ -183,7 +184,7 @@ def test_a_ray_that_gives_train_v1_is_refused_in_one_line_before_anything_is_wri
     import sys
 
     corpus = tmp_path / "c.txt"
-    corpus.write_text("a sentence about the river\\nanother about the town\\n" * 8)
+    corpus.write_text("a sentence about the river\nanother about the town\n" * 8)
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "raycse", "train", "--corpus", str(corpus), "--stsb-dev", "none",
                            "--output", str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
@@ -192,3 +193,39 @@ def test_a_ray_that_gives_train_v1_is_refused_in_one_line_before_anything_is_wri
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert lines[0].startswith("raycse: error: raycse runs on Ray Train V2") and "unset RAY_TRAIN_V2_ENABLED" in lines[0]
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]
+
+
+def _imports_of(prefixes: tuple) -> list[tuple[str, int, str, tuple]]:
+    """(file, line, module, names) of every ``from MODULE import NAMES`` in raycse (compat.py aside) whose
+    module starts with one of ``prefixes``."""
+    found = []
+    for path in sorted((ROOT / "raycse").rglob("*.py")):
+        if path.name == "compat.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                    and node.module.split(".")[0] in prefixes:
+                found.append((str(path.relative_to(ROOT)), node.lineno, node.module,
+                              tuple(a.name for a in node.names)))
+    return found
+
+
+def test_every_ray_name_raycse_imports_is_in_this_ray():
+    """Run on each Ray of the range (scripts/floors.sh runs the fast tier on the oldest): a name that only newer
+    Rays have is looked up (getattr, raycse.compat), never imported, so an older Ray gets the fallback and not
+    an ImportError in the middle of a run (Ray Data's ExecutionTimeoutError, imported in an error handler, broke
+    every corpus error's line on Ray 2.55)."""
+    import importlib
+
+    imports = _imports_of(("ray",))
+    assert len(imports) > 20
+    missing = []
+    for where, line, module, names in imports:
+        try:
+            found = importlib.import_module(module)
+        except ImportError as exc:
+            missing.append(f"{where}:{line} {module} ({exc})")
+            continue
+        missing += [f"{where}:{line} {module}.{n}" for n in names
+                    if not hasattr(found, n) and importlib.util.find_spec(f"{module}.{n}") is None]
+    assert missing == []

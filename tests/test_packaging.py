@@ -80,13 +80,13 @@ def test_lock_writes_the_venvs_versions_without_torchs(tmp_path):
 
 def test_ray_is_a_range_from_the_floor_scripts_floors_sh_runs_and_the_readme_table_says_so():
     """Issue 92: every Ray requirement admits at least the six minors 2.55-2.60 (a cluster's own Ray is kept), none
-    admits a release not tried yet nor 2.50 (Train V2 only behind a flag), and the README's table names the same
+    admits a release not tried yet nor 2.54 (below the oldest run through scripts/floors.sh), and the README's table names the same
     floor and the constraints' newest."""
     rays = [r for r in pyproject_requirements() if canonicalize_name(r.name) == "ray"]
     assert len(rays) == 2  # the core and the tune extra
     for r in rays:
         assert all(r.specifier.contains(f"2.{minor}.0") for minor in range(55, 61)), r
-        assert not r.specifier.contains("2.61.0") and not r.specifier.contains("2.50.1"), r
+        assert not r.specifier.contains("2.61.0") and not r.specifier.contains("2.54.1"), r
     floor = re.search(r">=\s*([0-9.]+)", str(rays[0].specifier))[1]
     newest = read_constraints(ROOT / "scripts" / "constraints.txt")["ray"]
     row = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| Ray ("))

@@ -580,9 +580,11 @@ class ray_data_errors:
     def __exit__(self, exc_type, exc, tb):
         if exc is None:
             return False
-        from ray.data.exceptions import ExecutionTimeoutError
+        import ray.data.exceptions
 
-        if isinstance(exc, ExecutionTimeoutError):
+        # (Ray Data's no-progress timeout and its error are newer than raycse's oldest Ray)
+        timed_out = getattr(ray.data.exceptions, "ExecutionTimeoutError", None)
+        if timed_out is not None and isinstance(exc, timed_out):
             from raycse.capacity import ClusterBusyError, held_resources
 
             raise ClusterBusyError(f"{str(exc).splitlines()[0]} ({held_resources()}); free the cluster or add a "
