@@ -460,7 +460,9 @@ def test_every_strategy_loses_and_duplicates_nothing_with_two_workers(ray_cluste
     if strategy != "random":  # rows hold whole groups in order: batch b = groups packed in sequence
         groups = eb.order.groups()
         slot = {int(i): k for k, i in enumerate(eb.packing.batches.reshape(-1))}
-        spanning = sum(len({slot[int(i)] // 16 for i in g}) > 1 for g in groups if all(int(i) in slot for i in g))
+        # a group is split when the members it keeps lie in more than one batch (one member may be left out
+        # with the short last batch: faiss 1.11-1.12's neighbours gave such a group, 1.15's did not)
+        spanning = sum(len({slot[int(i)] // 16 for i in g if int(i) in slot}) > 1 for g in groups)
         assert spanning == eb.packing.split_groups <= 1
 
 
