@@ -68,6 +68,18 @@ def test_hf_format_reads_a_saved_directory_and_local_data_files(ray_cluster, tmp
     assert not [(e, a) for e, a in seen if e.startswith("socket.") or str(workdir) in str(a[0])], seen
 
 
+def test_a_private_ray_reports_no_usage_and_polls_no_prometheus(ray_cluster):
+    """The private Ray (the fixture's is the product's own, raycse.train.runtime.start_local_ray) has usage
+    reporting off in the driver and in its tasks: with it on, Ray Data's usage collector asked a Prometheus at
+    127.0.0.1:9090 from the driver during an execution (seen by the hub audit above, in CI)."""
+    import os
+
+    import ray
+
+    assert os.environ.get("RAY_USAGE_STATS_ENABLED") == "0"
+    assert ray.get(ray.remote(lambda: os.environ.get("RAY_USAGE_STATS_ENABLED")).remote(), timeout=120) == "0"
+
+
 def test_objects_handed_to_the_python_api(ray_cluster, tmp_path):
     import ray.data
 

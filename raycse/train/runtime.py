@@ -85,6 +85,9 @@ def start_local_ray(num_cpus: Optional[int] = None, **init_kwargs) -> None:
     # autoscaling cluster). A local cluster has none to drain, and the actor's process costs ~3
     # CPU-seconds per fit (a Tune trial makes one fit per seed). Workers inherit this from here.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+    # A private Ray reports no usage: with it on, Ray Data's usage collector polls a Prometheus at
+    # localhost:9090 from the driver during every execution (on a shared machine, someone else's port).
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     from raycse.interrupts import sigterm_as_interrupt
 
     node = {k: init_kwargs.pop(k) for k in NODE_OPTIONS if init_kwargs.get(k) is not None}
