@@ -265,6 +265,7 @@ class Encoder(nn.Module):
         self.normalize = normalize
         self.st_config = dict(st_config or {})
         self.include_prompt = include_prompt
+        self.trust_remote_code = False  # saving loads the written model again: as trusted as it was loaded
         # the prefix sizes it was trained for (Matryoshka), kept in raycse.json: eval scores each one
         self.matryoshka_dims: Optional[list[int]] = None
         self.mlp_mode = mlp_head
@@ -320,6 +321,7 @@ class Encoder(nn.Module):
         if enc.mlp is not None:
             enc._load_head(path, head)
         enc.matryoshka_dims = meta.get("matryoshka_dims")
+        enc.trust_remote_code = trust
         return enc
 
     def _load_head(self, path: Path, dense_dir: Optional[str]) -> None:
@@ -489,64 +491,46 @@ class Encoder(nn.Module):
 
     # ------------------------------------------------------------------ saving
     def save(self, path: str | os.PathLike) -> Path:
-        """Write an HF + sentence-transformers directory (weights as safetensors): Transformer, Pooling,
-        the base model's Dense layers, the MLP head when it is part of inference, Normalize. A backbone
-        with LoRA adapters is saved merged, and its adapter alone under ``adapter/``."""
+        """Write an HF + sentence-transformers directory (weights as safetensors) through
+        sentence-transformers' own modules (:func:`raycse.st_format.save_modules`): Transformer,
+        Pooling, the base model's Dense layers, the MLP head when it is part of inference, Normalize. A
+        backbone with LoRA adapters is saved merged, and its adapter alone under ``adapter/``."""
+        import shutil
+        import tempfile
+
         from safetensors.torch import save_file
 
         from raycse.adapters import merged, save_adapter
-        from raycse.st_format import pooling_config, write_dense
+        from raycse.st_format import quiet_saving, save_modules
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        merged(self.backbone).save_pretrained(path, safe_serialization=True)  # LoRA: W + (alpha / r) B A
+        dense = [(layer.linear, layer.spec.activation) for layer in self.dense]
+        if self.mlp is not None and self.mlp_mode == "always":
+            dense.append((self.mlp.dense, "torch.nn.modules.activation.Tanh"))
+        # the plain HF model first (sentence-transformers' Transformer loads a directory); beside the
+        # output, so the final files are written once, by sentence-transformers
+        body = Path(tempfile.mkdtemp(prefix=".backbone-", dir=path))
+        try:
+            with quiet_saving():
+                merged(self.backbone).save_pretrained(body, safe_serialization=True)  # LoRA: W + (alpha / r) B A
+                self.tokenizer.save_pretrained(body)
+            folders = save_modules(path, body, pooling=self.pooler.kind, include_prompt=self.include_prompt,
+                                   dense=dense, normalize=self.normalize, st_config=self.st_config,
+                                   max_seq_length=self.max_seq_length, trust_remote_code=self.trust_remote_code)
+        finally:
+            shutil.rmtree(body, ignore_errors=True)
         save_adapter(self.backbone, path)
-        self.tokenizer.save_pretrained(path)
-        (path / "sentence_bert_config.json").write_text(
-            json.dumps({"max_seq_length": int(self.max_seq_length), "do_lower_case": False}, indent=2))
-        modules = [("", "Transformer"), ("1_Pooling", "Pooling")]
-        (path / "1_Pooling").mkdir(exist_ok=True)
-        (path / "1_Pooling" / "config.json").write_text(json.dumps(
-            pooling_config(self.pooler.kind, self.hidden_size, self.include_prompt), indent=2))
-        for layer in self.dense:
-            modules.append((f"{len(modules)}_Dense", "Dense"))
-            write_dense(path / modules[-1][0], layer.linear, layer.spec.activation)
         meta = {"pooling": self.pooler.kind, "mlp_head": self.mlp_mode, "max_seq_length": int(self.max_seq_length)}
         if self.matryoshka_dims:
             meta["matryoshka_dims"] = [int(d) for d in self.matryoshka_dims]
         if self.mlp is not None and self.mlp_mode == "always":
-            modules.append((f"{len(modules)}_Dense", "Dense"))
-            write_dense(path / modules[-1][0], self.mlp.dense, "torch.nn.modules.activation.Tanh")
-            meta["mlp_module"] = modules[-1][0]
+            meta["mlp_module"] = folders[1 + len(dense)]  # after the Transformer, the Pooling, the base's Dense
         elif self.mlp is not None:  # not part of inference; kept so a saved run can continue training with it
             save_file({k: v.detach().cpu().contiguous() for k, v in self.mlp.state_dict().items()},
                       str(path / "mlp_head.safetensors"))
-        if self.normalize:
-            modules.append((f"{len(modules)}_Normalize", "Normalize"))
-            (path / modules[-1][0]).mkdir(exist_ok=True)
-        (path / "modules.json").write_text(json.dumps(
-            [{"idx": i, "name": str(i), "path": rel, "type": f"sentence_transformers.models.{kind}"}
-             for i, (rel, kind) in enumerate(modules)], indent=2))
-        (path / "config_sentence_transformers.json").write_text(json.dumps(st_config(self.st_config), indent=2))
         (path / RAYCSE_META).write_text(json.dumps(meta, indent=2))
         return path
-
-
-def st_config(base: Optional[dict] = None) -> dict:
-    """``config_sentence_transformers.json``: the versions that wrote the model, and the base model's
-    prompts and similarity function (cosine by default)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    import transformers
-
-    try:
-        st_version = version("sentence-transformers")
-    except PackageNotFoundError:  # pragma: no cover - a dependency of raycse
-        st_version = None
-    return {"__version__": {"sentence_transformers": st_version, "transformers": transformers.__version__,
-                            "pytorch": torch.__version__},
-            "model_type": "SentenceTransformer", "prompts": {}, "default_prompt_name": None,
-            "similarity_fn_name": "cosine", **(base or {})}
 
 
 def _read_meta(path: Path) -> dict:

@@ -13,6 +13,7 @@ reproduce is refused in one line, never silently dropped.
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -85,11 +86,21 @@ def activation(name: str, where: Path) -> nn.Module:
     return cls()
 
 
+def _on_sentence_embedding(cfg: dict, where: Path) -> None:
+    """A Dense or Normalize must read and write the sentence embedding (ST 6 lets a module read or write
+    any feature, which raycse's pooled embedding does not hold)."""
+    for key in ("module_input_name", "module_output_name"):
+        if cfg.get(key) not in (None, "sentence_embedding"):
+            raise ModelError(f"{where} has {key} {cfg[key]!r}, not the sentence embedding; raycse cannot "
+                             f"reproduce it")
+
+
 def _dense(root: Path, rel: str) -> DenseSpec:
     cfg = _json(root / rel / "config.json")
-    if cfg.get("module_input_name", "sentence_embedding") != "sentence_embedding":
-        raise ModelError(f"{root / rel} transforms {cfg['module_input_name']!r}, not the sentence embedding; "
-                         f"raycse cannot reproduce it")
+    _on_sentence_embedding(cfg, root / rel)
+    if cfg.get("use_residual"):
+        raise ModelError(f"{root / rel} adds a residual connection (use_residual), which raycse cannot reproduce; "
+                         f"use the model without that Dense")
     if not (root / rel / "model.safetensors").is_file():
         raise ModelError(f"{root / rel} has no model.safetensors (raycse does not unpickle pytorch_model.bin): "
                          f"save the model again with safe_serialization")
@@ -148,6 +159,8 @@ def read_layout(root: Path, head_path: Optional[str] = None) -> Layout:
             layout.pooling = pooling_of(pooling, root / rel / "config.json")
             layout.include_prompt = bool(pooling.get("include_prompt", True))
         elif kind == "Normalize":
+            if (root / rel / "config.json").is_file():
+                _on_sentence_embedding(_json(root / rel / "config.json"), root / rel)
             layout.normalize = True
         elif layout.normalize:
             raise ModelError(f"{root / 'modules.json'} has a Dense after Normalize; raycse normalizes last")
@@ -177,21 +190,61 @@ class FrozenDense(nn.Module):
         return self.activation(self.linear(x))
 
 
-def write_dense(path: Path, linear: nn.Linear, activation_name: str) -> None:
-    from safetensors.torch import save_file
+def st_modules():
+    """sentence-transformers' module classes where ST 6 keeps them (``sentence_transformers.models`` is
+    its deprecated alias, which a later release may drop)."""
+    from sentence_transformers.sentence_transformer import modules
 
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps({
-        "in_features": linear.in_features, "out_features": linear.out_features, "bias": linear.bias is not None,
-        "activation_function": activation_name}, indent=2))
-    state = {"linear.weight": linear.weight.detach().cpu().contiguous()}
-    if linear.bias is not None:
-        state["linear.bias"] = linear.bias.detach().cpu().contiguous()
-    save_file(state, str(path / "model.safetensors"))
+    return modules
 
 
-def pooling_config(kind: str, dim: int, include_prompt: bool = True) -> dict:
-    """``1_Pooling/config.json`` for a raycse pooling (cls_before_pooler is [CLS] to sentence-transformers)."""
-    name = "cls" if kind == "cls_before_pooler" else kind
-    return {"word_embedding_dimension": dim, **{key: name == mode for key, mode in POOLING_KEYS.items()},
-            "include_prompt": include_prompt}
+@contextmanager
+def quiet_saving():
+    """Saving prints no progress bars or INFO lines of the libraries (a checkpoint is saved every few steps)."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    st_logger = logging.getLogger("sentence_transformers")
+    level, bars = st_logger.level, hf_logging.is_progress_bar_enabled()
+    st_logger.setLevel(max(level, logging.WARNING))
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        st_logger.setLevel(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def save_modules(path: Path, body: Path, *, pooling: str, include_prompt: bool, dense: list[tuple[nn.Linear, str]],
+                 normalize: bool, st_config: dict, max_seq_length: int, trust_remote_code: bool) -> list[str]:
+    """Write ``path`` through sentence-transformers' own classes: a Transformer loaded from ``body`` (an HF
+    model directory raycse wrote), a Pooling, each ``(linear, activation class path)`` as a Dense, a
+    Normalize, saved by ``SentenceTransformer(modules=...).save``, so modules.json and every module's
+    config carry the names and format of the installed release. Returns each module's folder."""
+    from sentence_transformers import SentenceTransformer
+
+    m = st_modules()
+    trust = {"trust_remote_code": True} if trust_remote_code else {}
+    with quiet_saving():
+        body_module = m.Transformer(str(body), max_seq_length=int(max_seq_length), model_kwargs=dict(trust),
+                                    processor_kwargs=dict(trust), config_kwargs=dict(trust))
+    dim = body_module.get_embedding_dimension()
+    modules = [body_module, m.Pooling(dim, pooling_mode="cls" if pooling == "cls_before_pooler" else pooling,
+                                      include_prompt=include_prompt)]
+    for linear, name in dense:
+        weight = linear.weight.detach().cpu().clone()
+        bias = linear.bias.detach().cpu().clone() if linear.bias is not None else None
+        modules.append(m.Dense(linear.in_features, linear.out_features, bias=bias is not None,
+                               activation_function=activation(name, path), init_weight=weight, init_bias=bias))
+    if normalize:
+        modules.append(m.Normalize())
+    model = SentenceTransformer(modules=modules, device="cpu",
+                                similarity_fn_name=st_config.get("similarity_fn_name") or "cosine")
+    # the model's own prompts, as they were (the constructor would add empty query/document ones)
+    model.prompts = dict(st_config.get("prompts") or {})
+    model.default_prompt_name = st_config.get("default_prompt_name")
+    with quiet_saving():
+        model.save(str(path), create_model_card=False)  # raycse writes the card (raycse.card)
+    return [str(entry["path"]) for entry in _json(path / "modules.json")]

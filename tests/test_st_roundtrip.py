@@ -58,6 +58,16 @@ def modules_of(path: Path) -> list[str]:
     return [m["type"].rsplit(".", 1)[-1] for m in json.loads((path / "modules.json").read_text())]
 
 
+def module_files(path: Path) -> dict:
+    """modules.json and each module's own config, as written (sentence-transformers' names and keys)."""
+    modules = json.loads((path / "modules.json").read_text())
+    configs = {m["path"]: json.loads((path / m["path"] / name).read_text())
+               for m in modules for name in ("config.json", "sentence_bert_config.json")
+               if m["path"] and (path / m["path"] / name).is_file()}
+    return {"modules": modules, "configs": configs,
+            "body": json.loads((path / "sentence_bert_config.json").read_text())}
+
+
 def nudge(enc: Encoder) -> None:
     """A few optimizer steps on a contrastive loss (every trainable weight moves)."""
     opt = torch.optim.AdamW([p for p in enc.parameters() if p.requires_grad], lr=1e-2)
@@ -86,7 +96,9 @@ def test_raycse_embeds_as_sentence_transformers_before_and_after_training(tiny_m
     assert not torch.equal(before, enc.backbone.embeddings.word_embeddings.weight)  # it did train
     assert all(torch.equal(w, layer.linear.weight) for w, layer in zip(frozen, enc.dense))  # Dense is not trained
     saved = enc.save(tmp_path / "trained")
-    assert modules_of(saved) == modules_of(base)
+    # the installed sentence-transformers' own files (class paths, config keys), as it wrote the base
+    assert module_files(saved) == module_files(base)
+    assert not [p.name for p in saved.iterdir() if p.name.startswith(".")]  # no staging left
     ours = enc.encode(SENTENCES)
     np.testing.assert_allclose(st_encode(saved), ours, atol=1e-5)
     np.testing.assert_allclose(Encoder.from_pretrained(str(saved)).encode(SENTENCES), ours, atol=1e-5)
@@ -183,6 +195,11 @@ REFUSED = {
                                    "outside the model directory"),
     "Dense after Normalize": ("modules.json", lambda m: [m[0], m[1], m[3], m[2]], "Dense after Normalize"),
     "lowercasing": ("sentence_bert_config.json", lambda c: {**c, "do_lower_case": True}, "lowercase"),
+    "a residual Dense": ("2_Dense/config.json", lambda c: {**c, "use_residual": True}, "use_residual"),
+    "a Dense writing another feature": ("2_Dense/config.json", lambda c: {**c, "module_output_name": "extra"},
+                                        "module_output_name 'extra'"),
+    "a Normalize of the tokens": ("3_Normalize/config.json", lambda c: {**c, "module_input_name": "token_embeddings"},
+                                  "module_input_name 'token_embeddings'"),
     "a Dense larger than its weights": ("2_Dense/config.json", lambda c: {**c, "in_features": 10**9},
                                         "but its weights hold [24, 32]"),
 }
@@ -198,3 +215,28 @@ def test_what_raycse_cannot_reproduce_is_refused_in_one_line(tiny_model_no_dropo
         assert main(["eval", str(model), "--stsb-dev", str(stsb_dev)]) == 2, case
         err = own_lines(capsys.readouterr().err)
         assert len(err) == 1 and expected in err[0], (case, err)
+
+
+def test_a_model_saved_in_the_older_layout_still_loads(tiny_model_no_dropout, tmp_path):
+    """What raycse wrote before it saved through sentence-transformers' classes (ST 5's module paths,
+    the legacy pooling booleans, max_seq_length in sentence_bert_config.json) still loads and embeds as
+    the sentence-transformers model it was made from."""
+    base = build_st(tiny_model_no_dropout, tmp_path / "base", "weightedmean", 1, True)
+    old = tmp_path / "old"
+    shutil.copytree(base, old)
+    modules = json.loads((old / "modules.json").read_text())
+    for m in modules:
+        m["type"] = "sentence_transformers.models." + m["type"].rsplit(".", 1)[-1]
+    (old / "modules.json").write_text(json.dumps(modules))
+    dim = json.loads((old / "1_Pooling" / "config.json").read_text())["embedding_dimension"]
+    legacy = {f"pooling_mode_{k}": k == "weightedmean_tokens" for k in
+              ("cls_token", "max_tokens", "mean_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken")}
+    (old / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": dim, **legacy,
+                                                               "include_prompt": True}))
+    (old / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 32, "do_lower_case": False}))
+    enc = Encoder.from_pretrained(str(old))
+    assert enc.max_seq_length == 32 and enc.pooler.kind == "weightedmean" and enc.normalize
+    np.testing.assert_allclose(enc.encode(SENTENCES), st_encode(base), atol=1e-5)
+    saved = enc.save(tmp_path / "again")  # and is saved again in today's layout
+    assert module_files(saved) == module_files(base)
+    np.testing.assert_allclose(st_encode(saved), st_encode(base), atol=1e-5)
