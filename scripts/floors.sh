@@ -38,11 +38,11 @@ overlay() {  # overlay DIR PKG==VER ...: those releases alone, without their dep
 
 # The full-tier tests the floor Ray runs beside the fast tier (issue 92): a 2-worker fit that resumes, a
 # search whose ASHA stops release their groups (issue 18) and a run on Ray's public callbacks alone, kNN
-# grouping, a bad corpus's one line out of Ray Data's tasks, a corpus, checkpoints and model on S3 (moto), jobs submitted to a local head, and train and tune
+# grouping, a bad corpus's one line out of Ray Data's tasks, a corpus, checkpoints and model on S3 (moto), a job that pip installs raycse beside a local head's Ray (train, then tune), and train and tune
 # jobs on the fake autoscaling cluster (its head, and so the jobs, on the floor Ray).
 RAY_FULL_TIER=(
   tests/test_cluster.py::test_truncated_checkpoint_is_skipped_with_a_warning
-  tests/test_cluster.py::test_job_submitted_to_a_real_head_succeeds_and_its_model_loads
+  tests/test_cluster.py::test_a_job_that_pip_installs_raycse_keeps_the_clusters_ray_and_trains_and_tunes
   tests/test_release.py::test_asha_stops_under_cpu_load_leave_no_placement_group
   tests/test_release.py::test_a_run_on_rays_public_callbacks_alone_is_registered_and_released
   tests/test_grouping.py::test_exact_knn_matches_brute_force_and_shards_merge_identically

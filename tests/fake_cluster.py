@@ -59,11 +59,12 @@ class LocalHead:
                 time.sleep(1)
         raise AssertionError("the local head did not answer on its dashboard within 120 s")
 
-    def submit(self, entrypoint: str, env_vars: dict, working_dir: Optional[Path] = None, excludes=()) -> str:
+    def submit(self, entrypoint: str, env_vars: dict, working_dir: Optional[Path] = None, excludes=(),
+               pip: Optional[dict] = None) -> str:
         """``ray job submit [--working-dir DIR] -- ENTRYPOINT``: the job runs in DIR's copy (less ``excludes``),
-        else in the head's directory."""
+        else in the head's directory; ``pip``: the runtime environment's pip packages and options."""
         runtime_env = {"env_vars": env_vars, **({"working_dir": str(working_dir), "excludes": list(excludes)}
-                                                if working_dir else {})}
+                                                if working_dir else {}), **({"pip": pip} if pip else {})}
         deadline = time.time() + 90
         while True:  # the job agent comes up a few seconds after the dashboard
             try:

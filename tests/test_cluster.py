@@ -2,6 +2,7 @@
 
 import json
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -105,6 +106,53 @@ def test_job_submitted_to_a_real_head_succeeds_and_its_model_loads(tiny_model, c
     from sentence_transformers import SentenceTransformer
 
     assert SentenceTransformer(str(out / "model")).encode(["a city"]).shape == (1, 32)
+
+
+def _raycse_wheel(out: Path) -> Path:
+    """raycse built as a wheel from a copy of its source (the checkout is never written), offline."""
+    src = out / "src"
+    shutil.copytree(ROOT / "raycse", src / "raycse", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--no-index", "-w", str(out / "wheels"), str(src)], check=True, timeout=300)
+    return next((out / "wheels").glob("raycse-*.whl"))
+
+
+def test_a_job_that_pip_installs_raycse_keeps_the_clusters_ray_and_trains_and_tunes(tiny_model, corpus, stsb_dev,
+                                                                                    tmp_path, own_ray):
+    """Issue 92, item 6: `ray job submit --runtime-env-json '{"pip": [raycse]}'` to a head of this Ray (the
+    floor's, under scripts/floors.sh): pip installs raycse into the job's environment beside the cluster's
+    Ray (with no index to reach for another one), and `raycse train` then a 2-trial `raycse tune` succeed
+    there."""
+    import ray
+    from fake_cluster import LocalHead
+
+    wheel = _raycse_wheel(tmp_path / "build")
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({
+        "run": {"model": {"name_or_path": str(tiny_model), "max_length": 16}, "data": {"corpus": str(corpus)},
+                "train": {"batch_size": 16, "max_steps": 2, "num_workers": 1}, "eval": {"stsb_dev": str(stsb_dev)}},
+        "search": {"lr": {"loguniform": [1e-5, 1e-4]}}}))
+    out = tmp_path / "job_out"
+    probe = "import ray, raycse; print('job ray', ray.__version__, 'raycse from', raycse.__file__)"
+    head = LocalHead(own_ray, tmp_path)
+    try:
+        job = head.submit(f"python -c \"{probe}\" && python -m raycse train --model {tiny_model} --corpus {corpus} "
+                          f"--output {out} --stsb-dev {stsb_dev} --num-workers 1 --cpus-per-worker 1 --batch-size 16 "
+                          f"--max-length 16 --max-steps 2 && python -m raycse tune --space {space} --num-samples 2 "
+                          f"--seeds 1 --rungs 1 --storage-path {tmp_path / 'exp'} --name job",
+                          {"HF_HUB_OFFLINE": "1"}, pip={"packages": [str(wheel)], "pip_install_options": ["--no-index"]})
+        status = head.wait_job(job, 600)
+        logs = head.client.get_job_logs(job)
+    finally:
+        head.stop()
+    assert status == "SUCCEEDED", logs[-3000:]
+    line = next(x for x in logs.splitlines() if x.startswith("job ray "))
+    assert line.split()[2] == ray.__version__, line  # the cluster's Ray, not one pip chose
+    assert str(ROOT) not in line and "raycse from" in line  # the installed wheel, not this checkout
+    assert "STS-B dev Spearman" in logs
+    assert len(list((tmp_path / "exp" / "job").glob("trial_*/result.json"))) == 2
 
 
 README_HEAD_PORTS = (6379, 8265, 52365)  # cluster/README.md's head: GCS, dashboard, and Ray's default agent port
