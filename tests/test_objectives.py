@@ -88,3 +88,11 @@ def test_a_renamed_knob_names_its_new_name():
     with pytest.raises(ConfigError) as err:
         registry.build("simcse", {"temperature": 0.05})
     assert "has no knob 'temperature' ('temperature' is now 'tau')" in str(err.value)
+
+
+def test_each_objective_holds_its_own_prompts():
+    """An objective's column prompts are its own: one run's prompts never reach another objective (a
+    class-level dict was shared by every instance)."""
+    a, b = registry.build("simcse", {"tau": 0.05}), registry.build("hicl", {})
+    a.prompts["text"] = "query: "
+    assert b.prompts == {} and registry.build("simcse", {"tau": 0.05}).prompts == {}

@@ -56,13 +56,12 @@ class Objective(nn.Module):
     derives_widths: ClassVar[bool] = False
     # Token widths are padded up to a multiple of this (train.pad_to_multiple_of; set by the train loop).
     pad_multiple: int = 1
-    # Text put before each sentence of a column, "text" and "pair" (data.prompts or the model's
-    # default prompt; set by the train loop). Objectives that derive widths never get one.
-    prompts: dict = {}
-
     def __init__(self, params: Params):
         super().__init__()
         self.params = params
+        # Text put before each sentence of a column, "text" and "pair" (data.prompts or the model's
+        # default prompt; set by the train loop). Objectives that derive widths never get one.
+        self.prompts: dict[str, str] = {}
 
     @classmethod
     def row_expander(cls, params: Params) -> Optional[Callable]:
