@@ -326,9 +326,3 @@ def model_card(run: dict, summary: dict, model_dir, search: Optional[dict] = Non
     lines += _usage(name, run["model"]["pooling"]) + _prompts(run) + _matryoshka(run) + _adapter(run)
     lines += _versions() + _citation(run)
     return "\n".join(lines)
-
-
-def write_model_card(model_dir: Path, run: dict, summary: dict, search: Optional[dict] = None) -> Path:
-    path = Path(model_dir) / "README.md"
-    path.write_text(model_card(run, summary, Path(model_dir), search, files=Path(model_dir)))
-    return path

@@ -167,12 +167,5 @@ def embed_documents(data: BeirData, embed: Callable[[Sequence[str]], np.ndarray]
                         prompt_name=DOCUMENT, trust_remote_code=trust_remote_code)
 
 
-def evaluate_beir(directory: str | Path, embed: Callable[[Sequence[str]], np.ndarray], split: str = "test",
-                  model_path: Optional[str] = None, max_length: int = 256) -> dict[str, float]:
-    data = read_beir(directory, split)
-    run = search(embed_documents(data, embed, model_path, max_length), embed(data.queries, prompt_name=QUERY), data)
-    return retrieval_metrics(data.qrels, run)
-
-
 def format_metrics(scores: dict[str, float]) -> str:
     return "\n".join(f"{m} {scores[m]:.4f}" for m in METRICS)
