@@ -272,8 +272,7 @@ class Encoder(nn.Module):
         self.mlp = MLPHead(self.embedding_size) if mlp_head in ("train_only", "always") else None
         self.max_seq_length = max_seq_length or _default_max_length(backbone, tokenizer)
         # Padding savers. unpad: BERT-family layers run on real tokens only (raycse.unpad), in
-        # training and inference (fp32 STS evaluation 1.37x faster even on length-sorted batches,
-        # BENCHMARKS.md). Other models in training: length_buckets > 1 encodes a batch as that
+        # training and inference (faster even on length-sorted batches: BENCHMARKS.md). Other models in training: length_buckets > 1 encodes a batch as that
         # many length-sorted sub-batches (``encode`` sorts whole lists by length instead).
         self.unpad = True
         self.length_buckets = 1

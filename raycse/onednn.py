@@ -1,11 +1,10 @@
 """Float32 linear layers on oneDNN on the CPU, where MKL's sgemm is the slow path.
 
-PyTorch sends a float32 ``F.linear`` (and its backward matmuls) on the CPU to MKL's sgemm. On this
-project's 2-core AMD EPYC VM (AVX-512; MKL is known to pick generic code paths on non-Intel CPUs) it
-reaches 140-190 GFLOP/s on BERT's shapes, while oneDNN's inner product (bundled with PyTorch, and
-what bf16 autocast uses anyway) reaches 320-420 GFLOP/s on the same float32 inputs, agreeing to
-float32 rounding (relative difference ~1e-6); the two backward products are 2.2x and 1.5x faster
-(BENCHMARKS.md).
+PyTorch sends a float32 ``F.linear`` (and its backward matmuls) on the CPU to MKL's sgemm, which
+is known to pick generic code paths on non-Intel CPUs; oneDNN's inner product (bundled with PyTorch,
+and what bf16 autocast uses anyway) agrees with it to float32 rounding and was about twice as fast
+on BERT's shapes on AMD EPYC (figures: BENCHMARKS.md). Which is faster depends on the CPU, hence the
+probe below.
 
 :func:`onednn_linear` is a ``TorchFunctionMode`` that reroutes ``F.linear`` to oneDNN when every
 tensor is float32 on the CPU and autocast is off (under autocast the usual path already runs bf16 on
@@ -59,7 +58,7 @@ def _probe_key() -> str:
 PROBE_SHAPES = ((384, 384), (384, 1536), (1536, 384))
 PROBE_ROUNDS = 7
 # a verdict whose rounds disagree this much (max - min over the median ratio) was taken under load:
-# used by this process, never cached (the first probe on a busy machine used to stay for good)
+# used by this process, never cached (a probe taken under load must not decide for later runs)
 UNSTEADY_SPREAD = 0.35
 
 

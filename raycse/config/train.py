@@ -125,7 +125,7 @@ class PrecisionSettings:
     # Encode each training batch as this many length-sorted sub-batches, each padded only to its own
     # longest row: the same loss with ~25% fewer padded tokens (BENCHMARKS.md). 1 = one padded call.
     # None: 2 on CPUs, 1 on GPUs, where a small encoder's step waits on the host's kernel launches,
-    # which sub-batches multiply (benchmarks/results/2026-11-30-session48-gpu.json).
+    # which sub-batches multiply (BENCHMARKS.md, "On a GPU").
     length_buckets: Optional[int] = knob(None, '--length-buckets',
                                          'encode each batch as N length-sorted sub-batches to skip padding (same '
                                          'loss; default 2 on CPUs, 1 on GPUs; BERT-family models on CPUs unpad '

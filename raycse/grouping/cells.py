@@ -115,7 +115,7 @@ def partition(x: np.ndarray, cell_size: int, neighbour_cells: int, seed: int = 0
         centroids = []
         if len(rows):
             # one copy of the cluster; the cuts index it locally. numpy's cast, not torch's: torch's
-            # threads would then spin against numpy's BLAS in the cuts (benchmarks/results/2026-11-29-session47.json)
+            # threads would then spin against numpy's BLAS in the cuts
             v = x[rows].astype(np.float32)
             for local in _halve(v, max(1, round(len(rows) / cell_size)), rng):
                 pieces.append(rows[local])

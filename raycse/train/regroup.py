@@ -6,8 +6,8 @@ without gradients, rank 0 gathers the vectors, builds the epoch's group order an
 same :func:`raycse.grouping.strategies.group_order` and :func:`raycse.grouping.batches.pack_epoch` the
 driver uses for epoch layouts) and broadcasts the batches, and every rank reads its own batches
 (``b % world == rank``) from its copy of the corpus (the one route of :mod:`raycse.grouping.layout`). No fit ends, no checkpoint is reloaded and no
-separate embedding pool starts (each regroup used to cost a new ``TorchTrainer.fit``: ~29 s of
-start-up on 2 cores, BENCHMARKS.md).
+separate embedding pool starts (a new ``TorchTrainer.fit`` per regroup would pay a run's whole
+start-up each epoch).
 
 Restarts stay exact: the current epoch's batches travel in every checkpoint (``state/layout.npz``,
 covered by its manifest), so a run resumed mid-epoch reads the batches it was training on instead

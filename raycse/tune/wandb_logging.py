@@ -5,7 +5,7 @@ Ray's logging actor's ``run`` ends at ``wandb.finish()``, and the callback kills
 ``run`` returns (at the experiment's end without any wait). ``finish`` returns before W&B's service
 process (``wandb-core``, a child of the actor's process) has closed the run's stream, and Ray ends a
 killed worker's child processes with it: a run's last records (its history, its exit) were lost when
-the service was slower than the kill, as under load (session 51, the tune test's last trial).
+the service was slower than the kill, as happens under load.
 ``wandb.teardown()`` waits for the service process to exit, which closes every stream first.
 """
 
