@@ -144,8 +144,20 @@ def _output_dim(files: Path) -> Optional[int]:
     dim = None
     for m in _read_json(files / "modules.json") or []:
         cfg = _read_json(files / m.get("path", "") / "config.json") if m.get("path") else {}
-        dim = cfg.get("out_features", cfg.get("word_embedding_dimension", dim))
+        # (a Pooling's width: ``embedding_dimension`` in sentence-transformers 6, ``word_embedding_dimension`` before)
+        dim = cfg.get("out_features", cfg.get("embedding_dimension", cfg.get("word_embedding_dimension", dim)))
     return dim
+
+
+def _max_length(files: Path) -> Optional[int]:
+    """The longest input the model reads: raycse's own record, else the Transformer module's config
+    (sentence-transformers 5), else the tokenizer's ``model_max_length`` (where 6 keeps it)."""
+    for name, key in (("raycse.json", "max_seq_length"), ("sentence_bert_config.json", "max_seq_length"),
+                      ("tokenizer_config.json", "model_max_length")):
+        value = _read_json(files / name).get(key)
+        if value:
+            return value
+    return None
 
 
 def _model(files: Optional[Path]) -> list[str]:
@@ -154,7 +166,7 @@ def _model(files: Optional[Path]) -> list[str]:
         return []
     st = _read_json(files / "config_sentence_transformers.json")
     rows = [("Modules", " -> ".join(_modules(files))), ("Output dimension", _output_dim(files)),
-            ("Maximum sequence length", _read_json(files / "sentence_bert_config.json").get("max_seq_length")),
+            ("Maximum sequence length", _max_length(files)),
             ("Similarity function", st.get("similarity_fn_name") or "cosine")]
     return ["## Model", "", "| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows], ""]
 

@@ -141,11 +141,12 @@ def check_card_parses(card: str, model_dir) -> None:
                 if line.startswith("| ") and line.count("|") == 3)
     rows = {k.strip(): v.strip() for k, v in rows.items()}
     st = json.loads((Path(model_dir) / "config_sentence_transformers.json").read_text())
-    hidden = json.loads((Path(model_dir) / "config.json").read_text())["hidden_size"]
-    assert rows["Output dimension"] == str(hidden)  # (no Dense here: the pooled width)
+    from sentence_transformers import SentenceTransformer
+
+    loaded = SentenceTransformer(str(model_dir), device="cpu")  # what a user loads, read by its own library
+    assert rows["Output dimension"] == str(loaded.get_embedding_dimension())
     assert rows["Similarity function"] == st["similarity_fn_name"]
-    assert rows["Maximum sequence length"] == str(
-        json.loads((Path(model_dir) / "sentence_bert_config.json").read_text())["max_seq_length"])
+    assert rows["Maximum sequence length"] == str(loaded.max_seq_length)
     assert rows["Modules"].startswith("Transformer (bert") and "-> Pooling (" in rows["Modules"]
     assert rows["learning rate"] and rows["batch size per worker x workers"] == "16 x 2"
     for section in ("## Training hyperparameters", "## Framework versions", "## Citation", "@inproceedings{gao2021simcse"):

@@ -56,9 +56,11 @@ def _top_level_modules(dist) -> set:
     return {n for n in names if n.isidentifier()}
 
 
-def outside_base_install() -> list:
+def outside_base_install(distributions: bool = False) -> list:
     """Every importable top-level module of this environment that a base install (raycse's core
-    requirements and theirs, nothing else) would not have: blocked, this venv acts as a fresh one."""
+    requirements and theirs, nothing else) would not have: blocked, this venv acts as a fresh one.
+    ``distributions``: those distributions' names instead (their metadata is hidden too: libraries ask
+    ``importlib.metadata`` whether a package is installed, as sentence-transformers does for datasets)."""
     import tomllib
     from importlib import metadata
 
@@ -66,15 +68,32 @@ def outside_base_install() -> list:
 
     core = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     base = _closure(core)
-    provided, others = set(), set()
+    provided, others, other_names = set(), set(), set()
     for dist in metadata.distributions():
         name = canonicalize_name(dist.metadata["Name"])
         if name == "raycse":
             continue
+        if name not in base:
+            other_names.add(name)
         (provided if name in base else others).update(_top_level_modules(dist))
         if name in base:  # what a distribution vendors and puts on sys.path itself (Ray: psutil, colorama)
             provided.update(f.parts[2] for f in dist.files or [] if len(f.parts) > 3 and f.parts[1] == "thirdparty_files")
+    if distributions:
+        return sorted(other_names)
     return sorted(others - provided - set(sys.stdlib_module_names))
+
+
+# what sitecustomize.py adds after blocking the modules: the blocked distributions are not installed
+# for importlib.metadata either (distribution(), metadata() and version() go through Distribution.from_name)
+HIDE_METADATA = """import importlib.metadata as _metadata, re as _re
+_HIDDEN = {hidden!r}
+_from_name = _metadata.Distribution.from_name.__func__
+def _hidden_from_name(cls, name, _from_name=_from_name):
+    if _re.sub(r"[-_.]+", "-", name).lower() in _HIDDEN:
+        raise _metadata.PackageNotFoundError(name)
+    return _from_name(cls, name)
+_metadata.Distribution.from_name = classmethod(_hidden_from_name)
+"""
 
 
 def _run(args: list, cwd: Path, env: dict, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -110,7 +129,8 @@ def test_the_wheel_alone_with_base_dependencies_trains_and_evaluates(tmp_path, t
     outside = outside_base_install()
     assert set(EXTRAS_MODULES) <= set(outside) and "pytest" in outside and "torch" not in outside
     (blocked / "sitecustomize.py").write_text(
-        "import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in outside))
+        "import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in outside)
+        + HIDE_METADATA.format(hidden=set(outside_base_install(distributions=True))))
     env = dict(own_ray)
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(blocked)])  # the wheel's raycse before the checkout's
     work = tmp_path / "work"
