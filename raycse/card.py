@@ -126,8 +126,11 @@ def _modules(files: Path) -> list[str]:
         kind = str(m.get("type", "")).rsplit(".", 1)[-1]
         cfg = _read_json(files / m.get("path", "") / "config.json") if m.get("path") else {}
         if kind == "Pooling":
-            modes = [k[len("pooling_mode_"):] for k, v in cfg.items() if k.startswith("pooling_mode_") and v]
-            kind += f" ({', '.join(modes) or '?'}, {cfg.get('word_embedding_dimension', '?')} dimensions)"
+            mode = cfg.get("pooling_mode")  # sentence-transformers 6; the legacy booleans before
+            modes = ([mode] if isinstance(mode, str) else list(mode)) if mode else \
+                [k[len("pooling_mode_"):] for k, v in cfg.items() if k.startswith("pooling_mode_") and v]
+            width = cfg.get("embedding_dimension", cfg.get("word_embedding_dimension", "?"))
+            kind += f" ({', '.join(modes) or '?'}, {width} dimensions)"
         elif kind == "Dense":
             act = str(cfg.get("activation_function", "")).rsplit(".", 1)[-1]
             kind += f" ({cfg.get('in_features', '?')} -> {cfg.get('out_features', '?')}, {act or 'identity'})"

@@ -148,6 +148,8 @@ def check_card_parses(card: str, model_dir) -> None:
     assert rows["Similarity function"] == st["similarity_fn_name"]
     assert rows["Maximum sequence length"] == str(loaded.max_seq_length)
     assert rows["Modules"].startswith("Transformer (bert") and "-> Pooling (" in rows["Modules"]
+    pooled = loaded[1].get_config_dict()  # the Pooling as sentence-transformers reads it
+    assert f"Pooling ({pooled['pooling_mode']}, {pooled['embedding_dimension']} dimensions)" in rows["Modules"]
     assert rows["learning rate"] and rows["batch size per worker x workers"] == "16 x 2"
     for section in ("## Training hyperparameters", "## Framework versions", "## Citation", "@inproceedings{gao2021simcse"):
         assert section.replace("## Training", "### Training") in parsed.text, section
