@@ -126,11 +126,14 @@ def _modules(files: Path) -> list[str]:
         kind = str(m.get("type", "")).rsplit(".", 1)[-1]
         cfg = _read_json(files / m.get("path", "") / "config.json") if m.get("path") else {}
         if kind == "Pooling":
-            mode = cfg.get("pooling_mode")  # sentence-transformers 6; the legacy booleans before
-            modes = ([mode] if isinstance(mode, str) else list(mode)) if mode else \
-                [k[len("pooling_mode_"):] for k, v in cfg.items() if k.startswith("pooling_mode_") and v]
-            width = cfg.get("embedding_dimension", cfg.get("word_embedding_dimension", "?"))
-            kind += f" ({', '.join(modes) or '?'}, {width} dimensions)"
+            from raycse.errors import ModelError
+            from raycse.st_format import pooling_of
+
+            try:  # (either config form: sentence-transformers 6's pooling_mode or the legacy booleans)
+                mode = pooling_of(cfg, files / m.get("path", ""))
+            except ModelError:
+                mode = "?"
+            kind += f" ({mode}, {_pooled_width(cfg) or '?'} dimensions)"
         elif kind == "Dense":
             act = str(cfg.get("activation_function", "")).rsplit(".", 1)[-1]
             kind += f" ({cfg.get('in_features', '?')} -> {cfg.get('out_features', '?')}, {act or 'identity'})"
@@ -147,9 +150,13 @@ def _output_dim(files: Path) -> Optional[int]:
     dim = None
     for m in _read_json(files / "modules.json") or []:
         cfg = _read_json(files / m.get("path", "") / "config.json") if m.get("path") else {}
-        # (a Pooling's width: ``embedding_dimension`` in sentence-transformers 6, ``word_embedding_dimension`` before)
-        dim = cfg.get("out_features", cfg.get("embedding_dimension", cfg.get("word_embedding_dimension", dim)))
+        dim = cfg.get("out_features", _pooled_width(cfg) or dim)
     return dim
+
+
+def _pooled_width(cfg: dict) -> Optional[int]:
+    """A Pooling config's width: ``embedding_dimension`` in sentence-transformers 6, ``word_embedding_dimension`` before."""
+    return cfg.get("embedding_dimension", cfg.get("word_embedding_dimension"))
 
 
 def _max_length(files: Path) -> Optional[int]:

@@ -272,8 +272,9 @@ class Encoder(nn.Module):
         self.mlp = MLPHead(self.embedding_size) if mlp_head in ("train_only", "always") else None
         self.max_seq_length = max_seq_length or _default_max_length(backbone, tokenizer)
         # Padding savers. unpad: BERT-family layers run on real tokens only (raycse.unpad), in
-        # training and inference (faster even on length-sorted batches: BENCHMARKS.md). Other models in training: length_buckets > 1 encodes a batch as that
-        # many length-sorted sub-batches (``encode`` sorts whole lists by length instead).
+        # training and inference (faster even on length-sorted batches: BENCHMARKS.md). Other models
+        # in training: length_buckets > 1 encodes a batch as that many length-sorted sub-batches
+        # (``encode`` sorts whole lists by length instead).
         self.unpad = True
         self.length_buckets = 1
         # float32 CPU linears (forward and backward) on oneDNN (raycse.onednn): ~2x MKL's speed on AMD CPUs.
@@ -514,9 +515,9 @@ class Encoder(nn.Module):
             with quiet_saving():
                 merged(self.backbone).save_pretrained(body, safe_serialization=True)  # LoRA: W + (alpha / r) B A
                 self.tokenizer.save_pretrained(body)
-            folders = save_modules(path, body, pooling=self.pooler.kind, include_prompt=self.include_prompt,
-                                   dense=dense, normalize=self.normalize, st_config=self.st_config,
-                                   max_seq_length=self.max_seq_length, trust_remote_code=self.trust_remote_code)
+                folders = save_modules(path, body, pooling=self.pooler.kind, include_prompt=self.include_prompt,
+                                       dense=dense, normalize=self.normalize, st_config=self.st_config,
+                                       max_seq_length=self.max_seq_length, trust_remote_code=self.trust_remote_code)
         finally:
             shutil.rmtree(body, ignore_errors=True)
         save_adapter(self.backbone, path)

@@ -222,14 +222,14 @@ def save_modules(path: Path, body: Path, *, pooling: str, include_prompt: bool, 
     """Write ``path`` through sentence-transformers' own classes: a Transformer loaded from ``body`` (an HF
     model directory raycse wrote), a Pooling, each ``(linear, activation class path)`` as a Dense, a
     Normalize, saved by ``SentenceTransformer(modules=...).save``, so modules.json and every module's
-    config carry the names and format of the installed release. Returns each module's folder."""
+    config carry the names and format of the installed release. Returns each module's folder. (Callers
+    wrap it in :func:`quiet_saving`.)"""
     from sentence_transformers import SentenceTransformer
 
     m = st_modules()
     trust = {"trust_remote_code": True} if trust_remote_code else {}
-    with quiet_saving():
-        body_module = m.Transformer(str(body), max_seq_length=int(max_seq_length), model_kwargs=dict(trust),
-                                    processor_kwargs=dict(trust), config_kwargs=dict(trust))
+    body_module = m.Transformer(str(body), max_seq_length=int(max_seq_length), model_kwargs=dict(trust),
+                                processor_kwargs=dict(trust), config_kwargs=dict(trust))
     dim = body_module.get_embedding_dimension()
     modules = [body_module, m.Pooling(dim, pooling_mode="cls" if pooling == "cls_before_pooler" else pooling,
                                       include_prompt=include_prompt)]
@@ -245,6 +245,5 @@ def save_modules(path: Path, body: Path, *, pooling: str, include_prompt: bool, 
     # the model's own prompts, as they were (the constructor would add empty query/document ones)
     model.prompts = dict(st_config.get("prompts") or {})
     model.default_prompt_name = st_config.get("default_prompt_name")
-    with quiet_saving():
-        model.save(str(path), create_model_card=False)  # raycse writes the card (raycse.card)
+    model.save(str(path), create_model_card=False)  # raycse writes the card (raycse.card)
     return [str(entry["path"]) for entry in _json(path / "modules.json")]

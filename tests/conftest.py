@@ -295,6 +295,23 @@ def run_registries(alive_only: bool = False) -> list[str]:
 RAY_FORWARDED = re.compile(r"^(\x1b\[\d+m)?\((\S.*? pid=\d+|raylet(, ip=\S+)?\))")
 
 
+def build_raycse_wheel(out: Path) -> Path:
+    """raycse built as a wheel, offline, from a copy of the checkout (setuptools writes build/ beside
+    the sources, which must stay as they are)."""
+    import shutil
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    src = out / "src"
+    shutil.copytree(root, src, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", "outputs", "runs"))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                            str(out / "wheels"), str(src)], cwd=out, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = (out / "wheels").glob("raycse-*.whl")
+    return wheel
+
+
 def own_lines(stderr: str) -> list[str]:
     """A command's own stderr lines: without the lines Ray forwards from workers of earlier runs in this
     session, which can arrive late, while a later command runs. Split on newlines only: a forwarded

@@ -2,7 +2,6 @@
 
 import json
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -10,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from conftest import build_raycse_wheel
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,17 +109,6 @@ def test_job_submitted_to_a_real_head_succeeds_and_its_model_loads(tiny_model, c
     assert SentenceTransformer(str(out / "model")).encode(["a city"]).shape == (1, 32)
 
 
-def _raycse_wheel(out: Path) -> Path:
-    """raycse built as a wheel from a copy of its source (the checkout is never written), offline."""
-    src = out / "src"
-    shutil.copytree(ROOT / "raycse", src / "raycse", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--no-index", "-w", str(out / "wheels"), str(src)], check=True, timeout=300)
-    return next((out / "wheels").glob("raycse-*.whl"))
-
-
 def test_a_job_that_pip_installs_raycse_keeps_the_clusters_ray_and_trains_and_tunes(tiny_model, corpus, stsb_dev,
                                                                                     tmp_path, own_ray):
     """Issue 92, item 6: `ray job submit --runtime-env-json '{"pip": [raycse]}'` to a head of this Ray (the
@@ -128,7 +118,7 @@ def test_a_job_that_pip_installs_raycse_keeps_the_clusters_ray_and_trains_and_tu
     import ray
     from fake_cluster import LocalHead
 
-    wheel = _raycse_wheel(tmp_path / "build")
+    wheel = build_raycse_wheel(tmp_path / "build")
     space = tmp_path / "space.yaml"
     space.write_text(yaml.safe_dump({
         "run": {"model": {"name_or_path": str(tiny_model), "max_length": 16}, "data": {"corpus": str(corpus)},

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+
+from conftest import build_raycse_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 # what the extras bring (tensorboardX is not among them: Ray Train, a core requirement, brings it)
@@ -102,15 +103,7 @@ def _run(args: list, cwd: Path, env: dict, timeout: int = 300) -> subprocess.Com
 
 def test_the_wheel_alone_with_base_dependencies_trains_and_evaluates(tmp_path, tiny_model, corpus, stsb_dev,
                                                                      own_ray):
-    # built from a copy: setuptools writes build/ beside the sources, which must stay as they are
-    src = tmp_path / "src"
-    shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", "outputs", "runs"))
-    wheels = tmp_path / "wheels"
-    built = _run(["-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(src)],
-                 tmp_path, dict(os.environ))
-    assert built.returncode == 0, built.stderr[-2000:]
-    (wheel,) = wheels.glob("raycse-*.whl")
+    wheel = build_raycse_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     for recipe in ("raycse/configs/simcse.yaml", "raycse/configs/bsc_paper.yaml", "raycse/search_spaces/hicl.yaml"):
         assert recipe in names

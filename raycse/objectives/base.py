@@ -56,6 +56,7 @@ class Objective(nn.Module):
     derives_widths: ClassVar[bool] = False
     # Token widths are padded up to a multiple of this (train.pad_to_multiple_of; set by the train loop).
     pad_multiple: int = 1
+
     def __init__(self, params: Params):
         super().__init__()
         self.params = params
