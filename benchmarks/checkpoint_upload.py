@@ -72,7 +72,7 @@ def main() -> None:
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="raycse-bench-ckpt-")
     storage = start_s3() if args.storage == "s3" else os.path.join(tmp, "store")
-    from raycse.train.runtime import ensure_ray
+    from raycse.platform.ray_session import ensure_ray
 
     ensure_ray()  # after the endpoint is in the environment: the workers inherit it
     print(f"# {machine()}")

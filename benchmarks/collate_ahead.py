@@ -34,7 +34,7 @@ from benchmarks.common import WIKI, first_sentences, machine, train_run  # noqa:
 def cheap_model(directory: Path) -> str:
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from raycse.encoder import embedded_model_path
+    from raycse.model.encoder import embedded_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(str(embedded_model_path()))
     tokenizer.save_pretrained(directory)
@@ -63,7 +63,7 @@ def in_ray(model: str, rounds: int, epochs: int, tmp: str) -> dict:
 def plain(model: str, steps: int = 30) -> dict:
     import torch
 
-    from raycse.encoder import Encoder
+    from raycse.model.encoder import Encoder
     from raycse.objectives import registry
 
     enc = Encoder.from_pretrained(model).train()
@@ -103,7 +103,7 @@ def main() -> None:
         if args.model == "cheap":
             model = cheap_model(Path(tmp) / "cheap")
         else:
-            from raycse.encoder import resolve_model
+            from raycse.model.encoder import resolve_model
 
             model = resolve_model(args.model)
         rows = {"raycse train (Ray worker)": in_ray(model, args.rounds, args.epochs, tmp)}

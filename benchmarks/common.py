@@ -25,7 +25,7 @@ def refuse(message: str) -> NoReturn:
 
 def cpu() -> str:
     """The CPU model and the ISA flags that decide kernel choice (and any ISA cap in force)."""
-    from raycse.machine import describe
+    from raycse.platform.machine import describe
 
     return describe()
 

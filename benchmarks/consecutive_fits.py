@@ -30,7 +30,7 @@ def machine_cpu_seconds() -> float:
 
 
 def start_cluster(before: bool) -> None:
-    from raycse.train.runtime import start_local_ray
+    from raycse.platform.ray_session import start_local_ray
 
     # before: Ray's own system config, whose worker-pool limit is the number of CPUs (actors included)
     start_local_ray(log_to_driver=False, logging_level=logging.WARNING, **({"_system_config": {}} if before else {}))
@@ -40,7 +40,7 @@ def one_fit(out: str, before: bool, args) -> tuple[float, float]:
     import ray
 
     from raycse.config import RunConfig
-    from raycse.train import release
+    from raycse.platform import release
     from raycse.train.driver import train
     from raycse.train.plan import TuneHooks
 

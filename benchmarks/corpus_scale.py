@@ -181,8 +181,8 @@ def knn_stage(n: int, seed: int, sampler: Sampler) -> list[dict]:
 def embed_rate(sample: int) -> float:
     """Sentences a second the embedded model encodes here (max length 32), on ``sample`` sentences."""
     from benchmarks.common import first_sentences
-    from raycse.encoder import Encoder
-    from raycse.precision import resolve_precision
+    from raycse.model.encoder import Encoder
+    from raycse.model.precision import resolve_precision
 
     texts = (first_sentences(10**9) * (sample // 11000 + 1))[:sample]
     enc = Encoder.from_pretrained("default")

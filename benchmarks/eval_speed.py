@@ -18,8 +18,8 @@ import time
 import torch
 
 from common import STSB_DEV, STSB_TRAIN, machine
-from raycse.encoder import Encoder
 from raycse.evaluation.sts import evaluate_datasets, naive_evaluate, read_stsb
+from raycse.model.encoder import Encoder
 
 
 def main() -> None:

@@ -33,8 +33,8 @@ def main() -> None:
     args = ap.parse_args()
     print(f"# {machine()}")
     from raycse.config import RunConfig
+    from raycse.platform.ray_session import ensure_ray
     from raycse.train.driver import train
-    from raycse.train.runtime import ensure_ray
 
     ensure_ray()
     tmp = Path(tempfile.mkdtemp())

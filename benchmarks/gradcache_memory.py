@@ -34,7 +34,7 @@ def one(batch: int, chunk: int, steps: int) -> dict:
 
     from common import first_sentences
     from raycse.config import RunConfig
-    from raycse.precision import autocast
+    from raycse.model.precision import autocast
     from raycse.train.gradcache import cached_step
     from raycse.train.module import build_module, build_optimizer
 

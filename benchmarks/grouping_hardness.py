@@ -50,8 +50,8 @@ def main() -> None:
     ap.add_argument("--sentences", type=int, default=None)
     args = ap.parse_args()
     print(f"# {machine()}")
-    from raycse.encoder import Encoder
-    from raycse.train.runtime import resolve_precision
+    from raycse.model.encoder import Encoder
+    from raycse.model.precision import resolve_precision
 
     texts = first_sentences(args.sentences or 10**9, WIKI)
     enc = Encoder.from_pretrained("default")

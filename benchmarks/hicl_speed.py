@@ -13,7 +13,7 @@ import json
 import tempfile
 
 from common import WIKI, machine, train_run
-from raycse.encoder import Encoder
+from raycse.model.encoder import Encoder
 
 
 def make_documents(n: int, low: int = 300, high: int = 500) -> list[str]:

@@ -33,7 +33,7 @@ def build_model(path: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from raycse.encoder import embedded_model_path
+    from raycse.model.encoder import embedded_model_path
 
     torch.manual_seed(0)
     BertModel(BertConfig(**BASE)).save_pretrained(path)
@@ -43,8 +43,8 @@ def build_model(path: Path) -> Path:
 
 def module_and_optimizer(model: Path, lora: dict, batch: int):
     from raycse.config import RunConfig
+    from raycse.platform.process_state import seed_everything
     from raycse.train.module import build_module, build_optimizer
-    from raycse.train.runtime import seed_everything
 
     run = RunConfig()
     run.model.name_or_path, run.model.pooling, run.model.max_length, run.model.lora = str(model), "cls", 32, lora

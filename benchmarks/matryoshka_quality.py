@@ -27,8 +27,8 @@ import numpy as np
 from common import machine, refuse, train_run
 from objectives_quality import Store, dev_halves, protocol, settings_from
 
-from raycse.encoder import Encoder
 from raycse.evaluation.sts import embedded_once, evaluate_datasets, read_stsb
+from raycse.model.encoder import Encoder
 
 DIMS = [384, 256, 128, 64]
 ROWS = [("SimCSE", {}), ("SimCSE + Matryoshka", {"objective.matryoshka_dims": DIMS})]

@@ -42,9 +42,9 @@ def main() -> None:
     ap.add_argument("--search", default="auto")
     args = ap.parse_args()
     from raycse.config import DataConfig
-    from raycse.encoder import resolve_model
     from raycse.grouping.mine import MineSettings, mine
-    from raycse.train.runtime import ensure_ray, setup_ray_data
+    from raycse.model.encoder import resolve_model
+    from raycse.platform.ray_session import ensure_ray, setup_ray_data
 
     pairs = make_pairs(args.pairs)
     print(f"# {machine()}; {len(pairs)} pairs from {WIKI.name}; all-MiniLM-L6-v2, max length 64, "

@@ -43,10 +43,10 @@ import yaml
 from common import ROOT, STSB_DEV, STSB_TRAIN, WIKI, machine, refuse, train_run
 from verdicts import SEARCHED, print_verdicts
 
-from raycse.encoder import Encoder
 from raycse.evaluation.length_attack import length_attack
 from raycse.evaluation.sts import read_stsb
-from raycse.precision import resolve_precision
+from raycse.model.encoder import Encoder
+from raycse.model.precision import resolve_precision
 
 HALVES = Path(__file__).resolve().parent / "stsb_dev_halves.json"
 HALVES_SEED = 0

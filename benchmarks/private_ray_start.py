@@ -1,5 +1,5 @@
 """What a private Ray on free ports costs: raycse's (``ray start --head --block`` under a keeper,
-raycse.train.private_ray) against Ray's ``ray.init(address="local")`` (what raycse used before, which
+raycse.platform.private_ray) against Ray's ``ray.init(address="local")`` (what raycse used before, which
 holds Ray's default agent port 52365), in one process, rounds alternating.
 
 Each round: start (to the first task's result), then stop (every process of that Ray gone). Figures
@@ -33,7 +33,7 @@ def _round(start, stop) -> tuple:
     default ports held while up) of one start and stop."""
     import ray
 
-    from raycse.processes import descendants
+    from raycse.platform.processes import descendants
 
     before = {p for p, _ in descendants(os.getpid())}
     t = time.perf_counter()
@@ -58,8 +58,8 @@ def ray_local(num_cpus: int) -> tuple:
 
 
 def raycse_private(num_cpus: int) -> tuple:
-    from raycse.train import private_ray
-    from raycse.train.runtime import start_local_ray
+    from raycse.platform import private_ray
+    from raycse.platform.ray_session import start_local_ray
 
     return _round(lambda: start_local_ray(num_cpus, object_store_memory=1 << 30, logging_level=logging.WARNING),
                   private_ray.stop)

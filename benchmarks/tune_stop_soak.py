@@ -12,7 +12,7 @@ repetition that runs past --timeout counts as hung and is killed.
     python benchmarks/tune_stop_soak.py --repeats 1 --without-raycse-release
 
 runs the same search with raycse's own release of a stopped trial's runs switched off in the CLI's
-process (raycse.train.release.release made a no-op there, for this measurement only): whether Ray's own
+process (raycse.platform.release.release made a no-op there, for this measurement only): whether Ray's own
 PlacementGroupCleaner ends them (issue 92, item 3). The most groups held at once during the search is
 sampled every second beside it.
 """
@@ -35,7 +35,7 @@ BUSY = ("import time\nend = time.time() + {limit}\nwhile time.time() < end:\n"
         "    t = time.time() + 5\n    while time.time() < t: pass\n    time.sleep(10)\n")
 
 
-WITHOUT_RELEASE = ("import sys\nimport raycse.train.release as r\nr.release = lambda *a, **k: None\n"
+WITHOUT_RELEASE = ("import sys\nimport raycse.platform.release as r\nr.release = lambda *a, **k: None\n"
                    "from raycse.cli import main\nsys.exit(main(sys.argv[1:]))\n")
 
 
@@ -93,7 +93,7 @@ def main() -> None:
     import ray
     import yaml
 
-    from raycse.train.runtime import ensure_ray
+    from raycse.platform.ray_session import ensure_ray
 
     ensure_ray()
     address = ray.get_runtime_context().gcs_address

@@ -13,9 +13,9 @@ import tempfile
 import torch
 
 from common import STSB_DEV, WIKI, machine, train_run
-from raycse.encoder import Encoder
 from raycse.evaluation.length_attack import length_attack
 from raycse.evaluation.sts import read_stsb
+from raycse.model.encoder import Encoder
 
 RUNS = {
     "SimCSE": ("simcse", {}),

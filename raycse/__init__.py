@@ -1,8 +1,9 @@
 """raycse: contrastive sentence-embedding training and tuning on Ray.
 
-Data flow, one package per floor: ``data`` (corpus, batch orders) -> ``encoder`` ->
-``objectives`` (one module per method on a shared contrastive core) -> ``train`` (Ray Train
-driver and per-worker loop) -> ``evaluation`` (STS) -> ``cli``.
+One package per floor of the data flow, over the ground floor's ``platform`` (the Ray session,
+outputs, storage, processes) and ``model`` (the encoder and its saved format): ``objectives`` ->
+``config`` -> ``data`` -> ``grouping`` -> ``evaluation`` -> ``train`` -> ``tune`` -> ``analysis`` ->
+``cli`` (docs/layout.md).
 
 ``raycse.train(run, corpus=...)`` trains a :class:`raycse.config.RunConfig` (see
 :func:`raycse.train.train`; the ``train`` package is callable, so the name means the same before and

@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 from raycse.config import flag_fields, shipped, unflagged_fields
 from raycse.errors import RaycseError
-from raycse.outputs import check_not_inside, check_writable_file, write_text_atomic
+from raycse.platform.staging import check_not_inside, check_writable_file, write_text_atomic
 
 # Train flags are the config's knobs (raycse.config.flag_fields: each field's flag, help text, type and
 # default, one source); ``--help`` appends each default once, unless the help text states it itself.
@@ -373,9 +373,9 @@ def _mteb_inputs(args):
 
 
 def cmd_eval(args) -> int:
-    from raycse.encoder import Encoder
     from raycse.evaluation.sts import embedded_once, evaluate_datasets, format_table, format_widths
-    from raycse.precision import resolve_precision
+    from raycse.model.encoder import Encoder
+    from raycse.model.precision import resolve_precision
 
     json_out = check_writable_file(args.json_out) if args.json_out else None  # before the work, not after
     datasets, beir = _eval_inputs(args)
@@ -422,8 +422,8 @@ def cmd_eval(args) -> int:
 
 def _eval_dims(text: Optional[str], model: str, trust_remote_code: bool) -> list[int]:
     """--dims: the prefix sizes to score besides the whole embedding, widest first."""
-    from raycse.conversion import coerce
-    from raycse.encoder import embedding_width_of, resolve_model
+    from raycse.model.encoder import embedding_width_of, resolve_model
+    from raycse.platform.conversion import coerce
 
     if not text:
         return []
@@ -440,13 +440,13 @@ def _eval_beir(args, beir, embed, encoder) -> dict:
 
     print(f"[raycse] {args.model}: BEIR {args.beir_dir} ({args.split}): {len(beir.docs)} documents, "
           f"{len(beir.queries)} queries with relevant documents", file=sys.stderr)
-    from raycse.encoder import resolve_model
     from raycse.evaluation.beir import RAY_THRESHOLD
+    from raycse.model.encoder import resolve_model
 
     # what the Ray actors load for big corpora
     model_path = None if args.pooling else resolve_model(args.model, args.trust_remote_code)
     if model_path and len(beir.docs) > RAY_THRESHOLD:
-        from raycse.train.runtime import ensure_ray
+        from raycse.platform.ray_session import ensure_ray
 
         ensure_ray()
     docs = embed_documents(beir, lambda xs, prompt_name: embed(xs, prompt_name, progress=True), model_path,
@@ -507,9 +507,9 @@ def cmd_mine(args) -> int:
 
     from raycse.config import DataConfig
     from raycse.data.dataset import resolve_sources
-    from raycse.encoder import resolve_model
     from raycse.grouping.mine import MineSettings, mine, triplet_format
-    from raycse.train.runtime import ensure_ray, setup_ray_data
+    from raycse.model.encoder import resolve_model
+    from raycse.platform.ray_session import ensure_ray, setup_ray_data
 
     settings = settings_from_args(MineSettings, args)
     missing = [f for f, v in (("--corpus", args.corpus), ("--pair-column", args.pair_column),
@@ -535,13 +535,13 @@ def cmd_mine(args) -> int:
     model = resolve_model(args.model, settings.trust_remote_code)  # everything checked before Ray starts
     ensure_ray()
     setup_ray_data()
-    from raycse.train.runtime import cluster_cpus
+    from raycse.platform.ray_session import cluster_cpus
 
     if settings.embed_actors is None:  # default: one per CPU of the cluster (0 was refused above)
         settings.embed_actors = cluster_cpus()
     from raycse.data.dataset import ray_data_errors
 
-    from raycse.interrupts import interrupted
+    from raycse.platform.interrupts import interrupted
 
     try:
         with ray_data_errors():
@@ -568,15 +568,15 @@ def expand_home(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from raycse.redact import redacted_streams
+    from raycse.platform.redact import redacted_streams
 
     with redacted_streams():  # a credential in a URI argument is printed nowhere, tracebacks included
         args = expand_home(build_parser().parse_args(argv))
         handler = {"train": cmd_train, "eval": cmd_eval, "objectives": cmd_objectives, "tune": cmd_tune,
                    "analyze": cmd_analyze, "mine": cmd_mine}[args.command]
-        from raycse import interrupts, processes
+        from raycse.platform import interrupts, processes
 
-        from raycse.outputs import forget_stagings, sweep_killed_stagings
+        from raycse.platform.staging import forget_stagings, sweep_killed_stagings
 
         interrupts.install()  # SIGINT / SIGTERM / SIGHUP / SIGQUIT: one line, 128 + N, this command's Ray ended
         processes.sweep_killed_rays()  # what a killed command's private Ray left running

@@ -87,7 +87,7 @@ bundle_ray() {
   # the embedded model's config and tokenizer without its weights (with Ray they do not fit in one
   # transfer): gpu_check gives this shape random weights when the fp16 weights did not travel
   rm -rf "$OUT/model-shape"
-  "$PY" -c "import shutil, sys; from raycse.encoder import embedded_model_path as p; shutil.copytree(p(), sys.argv[1], ignore=shutil.ignore_patterns('*.safetensors', '*.bin', 'onnx', 'openvino', '*.h5'))" "$OUT/model-shape"
+  "$PY" -c "import shutil, sys; from raycse.model.encoder import embedded_model_path as p; shutil.copytree(p(), sys.argv[1], ignore=shutil.ignore_patterns('*.safetensors', '*.bin', 'onnx', 'openvino', '*.h5'))" "$OUT/model-shape"
 }
 
 bundle_model() {
@@ -100,7 +100,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from raycse.encoder import embedded_model_path
+from raycse.model.encoder import embedded_model_path
 
 src, dst = Path(embedded_model_path()), Path(sys.argv[1])
 shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.safetensors", "*.bin", "onnx", "openvino", "*.h5"))

@@ -35,7 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the working tree's raycse, installed or not
 
-from raycse.encoder import Encoder  # noqa: E402
+from raycse.model.encoder import Encoder  # noqa: E402
 from raycse.objectives import registry  # noqa: E402
 
 WORDS = ("the city river music film game team school church war king queen party state north south east west year "
@@ -74,8 +74,8 @@ def default_model() -> str:
     or, where only its shape travelled, random weights: the timings hold, dev scores do not)."""
     if (ROOT / BUNDLED_MODEL).is_dir():
         return str(widen_bundled_model(ROOT / BUNDLED_MODEL, scratch_dir() / "model"))
-    from raycse.encoder import embedded_model_path
     from raycse.errors import ModelError
+    from raycse.model.encoder import embedded_model_path
 
     try:
         return str(embedded_model_path())

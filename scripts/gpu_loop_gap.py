@@ -42,7 +42,7 @@ def process_facts() -> dict:
 
 
 def plain_step(model: str, device: torch.device, batch: int, steps: int) -> float:
-    from raycse.encoder import Encoder
+    from raycse.model.encoder import Encoder
     from raycse.objectives import registry
 
     texts = gpu_check.sentences(batch * (steps + 2), 40, seed=1, min_words=4)

@@ -144,11 +144,11 @@ RAY_TRAIN_POLL = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")  # (see pytest_con
 def ray_sessions() -> set[tuple[str, int]]:
     """The Ray sessions on this machine for this process's environment (RAY_TMPDIR, TMPDIR): (directory
     name, pid of the process whose Ray it is). Ray's own root names the process that started Ray; a
-    raycse private Ray's root (raycse.train.private_ray) names its `ray start`, and the start log (named
+    raycse private Ray's root (raycse.platform.private_ray) names its `ray start`, and the start log (named
     after the raycse process) gives that pid."""
     import tempfile
 
-    from raycse.train import private_ray
+    from raycse.platform import private_ray
 
     ray_root = Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()) / "ray"
     private_root = private_ray.root_path()
@@ -193,7 +193,7 @@ def pytest_configure(config):
     so no run of the tests reads what an earlier one left in the home directory. A hook, not module
     code: Ray workers import this module (test functions refer to its helpers) and made one each.
     Named like raycse's own scratch directories, so a killed session's is removed by the next one."""
-    from raycse.outputs import private_tempdir
+    from raycse.platform.staging import private_tempdir
 
     config.addinivalue_line("markers", "full_tier: starts Ray or a server (set by conftest from the fixtures), or "
                                        "runs a long table of interpreters (marked by hand)")
@@ -364,9 +364,9 @@ def ray_cluster():
     import ray
 
     if not ray.is_initialized():
-        from raycse.train.runtime import start_local_ray
+        from raycse.platform.ray_session import start_local_ray
 
-        # the product's own local cluster (raycse.train.runtime.ensure_ray), with a smaller object store
+        # the product's own local cluster (raycse.platform.ray_session.ensure_ray), with a smaller object store
         start_local_ray(4, object_store_memory=512 * 2**20, log_to_driver=True, configure_logging=False)
     yield ray
     ray.shutdown()

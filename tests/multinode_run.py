@@ -22,7 +22,7 @@ def whole_checkpoints(s3, bucket: str, prefix: str) -> list:
 
 def private_ray_address() -> str:
     """What `ensure_ray` connects to without RAY_ADDRESS while this cluster runs (it must not join it)."""
-    code = ("from raycse.train.runtime import ensure_ray\nensure_ray(1)\nimport ray\n"
+    code = ("from raycse.platform.ray_session import ensure_ray\nensure_ray(1)\nimport ray\n"
             "print(ray.get_runtime_context().gcs_address)")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
@@ -79,7 +79,7 @@ def tune_two_trials(tiny_model: str, stsb_dev: str, tmp: str) -> dict:
     import yaml
 
     from raycse.analysis import load_trials
-    from raycse.storage import read_text
+    from raycse.platform.object_store import read_text
     from raycse.tune import TuneSettings, tune_search
 
     space = os.path.join(tmp, "space.yaml")

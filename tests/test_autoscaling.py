@@ -47,7 +47,7 @@ def test_local_yaml_mirrors_the_cloud_node_types(cloud):
 def test_the_ceiling_of_a_cluster_config_counts_each_type_at_its_maximum():
     """What raycse tune plans with where an autoscaler can add nodes: the head once, each worker type at its
     max_workers, within the config's cap on all workers."""
-    from raycse.capacity import ceiling_of_config
+    from raycse.platform.capacity import ceiling_of_config
 
     local = ceiling_of_config(yaml.safe_load(LOCAL.read_text()), "local.yaml")
     assert local.grows and (local.total("CPU"), local.total("GPU")) == (2 + 2 * 2, 2)
@@ -73,7 +73,7 @@ def test_a_workers_default_cpus_fit_a_node_the_cluster_can_have():
     """train.cpus_per_worker unset: the CPUs up now shared between the workers, but never more than a node
     holds. On local.yaml's head with both 2-CPU GPU nodes up (6 CPUs), 2 GPU workers were asked for 3 CPUs
     each (6 // 2, the old rule), which no node type has: the run waited out its worker start timeout."""
-    from raycse.capacity import Ceiling, NodeType, ceiling_of_config, default_cpus_per_worker
+    from raycse.platform.capacity import Ceiling, NodeType, ceiling_of_config, default_cpus_per_worker
 
     local = ceiling_of_config(yaml.safe_load(LOCAL.read_text()), "local.yaml")
     assert default_cpus_per_worker(2, 1.0, local, 6) == 2  # a whole GPU node's CPUs (the old rule: 3)
@@ -220,7 +220,7 @@ def test_the_ceiling_comes_first_from_rays_own_record_of_the_node_groups(ray_clu
     from ray.core.generated import autoscaler_pb2
     from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_put
 
-    from raycse.capacity import cluster_ceiling
+    from raycse.platform.capacity import cluster_ceiling
 
     config = autoscaler_pb2.ClusterConfig()
     for name, cpus, gpus, most in (("head", 8, 0, 1), ("gpu", 8, 1, 4)):

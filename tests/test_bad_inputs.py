@@ -27,7 +27,7 @@ from conftest import make_remote_code_model, make_sentences, make_tiny_model, ow
 
 def _damaged_models(root: Path, base: Path) -> dict:
     """name -> a copy of ``base`` with one file damaged (as a copy cut short or edited by hand)."""
-    from raycse.encoder import Encoder
+    from raycse.model.encoder import Encoder
 
     saved = root / "saved"
     enc = Encoder.from_pretrained(str(base), pooling="cls", mlp_head="train_only")
@@ -303,11 +303,11 @@ class _Runner:
 
 
 def _ray_records_of(pids: set) -> list[str]:
-    """The records of a private Ray (raycse.processes) that the processes ``pids`` left in the temporary directory."""
+    """The records of a private Ray (raycse.platform.processes) that the processes ``pids`` left in the temporary directory."""
     import re
     import tempfile
 
-    from raycse.processes import RECORD_PREFIX
+    from raycse.platform.processes import RECORD_PREFIX
 
     names = [p.name for p in Path(tempfile.gettempdir()).glob(f"{RECORD_PREFIX}*")]
     return [n for n in names if (m := re.search(r"-(\d+)-[0-9a-f]{8}\.json$", n)) and int(m.group(1)) in pids]
@@ -382,7 +382,7 @@ def test_hub_probe_asks_once_a_minute(monkeypatch):
 
     from huggingface_hub import constants
 
-    from raycse import hub
+    from raycse.platform import hub
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))

@@ -76,8 +76,8 @@ def test_eval_beir_end_to_end(tiny_model, tmp_path, capsys):
     assert {k: f"{v:.4f}" for k, v in saved.items()} == printed
     assert saved["Recall@100"] == 1.0  # 7 documents: every relevant one is in the top 100
 
-    from raycse.encoder import Encoder
     from raycse.evaluation.beir import search
+    from raycse.model.encoder import Encoder
 
     enc = Encoder.from_pretrained(str(tiny_model))
     run = search(enc.encode(data.docs), enc.encode(data.queries), data)
@@ -97,8 +97,8 @@ def test_beir_bad_layouts_fail_in_one_line(tmp_path, tiny_model, capsys):
 
 
 def test_large_corpora_embed_on_the_ray_actor_pool_alike(ray_cluster, tiny_model, tmp_path):
-    from raycse.encoder import Encoder
     from raycse.evaluation.beir import embed_documents
+    from raycse.model.encoder import Encoder
 
     data = read_beir(_beir_dir(tmp_path))
     enc = Encoder.from_pretrained(str(tiny_model))

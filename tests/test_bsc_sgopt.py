@@ -144,7 +144,7 @@ def plain_opt3(fc, fh, tau):
 
 @pytest.fixture
 def sgopt(tiny_model_no_dropout):
-    from raycse.encoder import Encoder
+    from raycse.model.encoder import Encoder
 
     enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="cls_before_pooler")
     obj = registry.build("sgopt", {"tau": 0.1, "lam": 0.1, "proj_hidden": 16})
@@ -164,7 +164,7 @@ def test_sgopt_loss_matches_plain_loop(sgopt):
 
 def test_sgopt_without_projection_head_compares_the_raw_vectors(tiny_model_no_dropout):
     """proj_hidden 0 (the ablation without a head): L_opt3 by loops on c and h themselves."""
-    from raycse.encoder import Encoder
+    from raycse.model.encoder import Encoder
 
     enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="cls_before_pooler")
     obj = registry.build("sgopt", {"tau": 0.1, "proj_hidden": 0})
@@ -223,7 +223,7 @@ def plain_sampled(fc, fh, pick, tau, variant):
 
 @pytest.mark.parametrize("variant", ["opt2", "opt1", "base"])
 def test_sgopt_ablation_objectives_match_their_formulas(tiny_model_no_dropout, variant):
-    from raycse.encoder import Encoder
+    from raycse.model.encoder import Encoder
 
     enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="cls_before_pooler")
     obj = registry.build("sgopt", {"tau": 0.1, "proj_hidden": 16, "variant": variant})
@@ -288,7 +288,7 @@ def test_sgopt_regularizer_zero_at_start_frozen_copy_never_changes(sgopt):
 
 
 def test_sgopt_knob_validation(tiny_model_no_dropout):
-    from raycse.encoder import Encoder
+    from raycse.model.encoder import Encoder
 
     with pytest.raises(ConfigError, match="layer_pooling"):
         registry.build("sgopt", {"layer_pooling": "sum"})

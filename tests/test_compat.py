@@ -1,4 +1,4 @@
-"""raycse.compat: the one module that uses what Ray, its W&B integration or torch mark internal (issue 92).
+"""raycse.platform.compat: the one module that uses what Ray, its W&B integration or torch mark internal (issue 92).
 
 Nothing else in raycse imports a private name; each lookup finds this Ray's and torch's names, and each
 falls back when the name is gone."""
@@ -46,8 +46,8 @@ def test_no_module_but_compat_uses_a_private_name_of_another_package():
              for n, line in enumerate(p.read_text().splitlines(), 1) if PRIVATE_TEXT.search(line.split("#")[0])]
     assert texts == []
     # (and the check sees what it looks for)
-    assert _private_imports(ROOT / "raycse" / "compat.py") == [] and PRIVATE_TEXT.search(
-        (ROOT / "raycse" / "compat.py").read_text())
+    assert _private_imports(ROOT / "raycse" / "platform" / "compat.py") == [] and PRIVATE_TEXT.search(
+        (ROOT / "raycse" / "platform" / "compat.py").read_text())
 
 
 def test_a_private_import_is_seen(tmp_path):
@@ -63,19 +63,19 @@ def test_a_private_import_is_seen(tmp_path):
 
 
 def test_a_missing_private_name_is_none_not_an_error():
-    from raycse import compat
+    from raycse.platform import compat
 
     assert compat._lookup("ray.train.v2._internal.no_such_module", "X") is None
-    assert compat._lookup("raycse.compat", "no_such_name") is None
-    assert compat._lookup("raycse.compat", "train_callback_bases") == (compat.train_callback_bases,)
+    assert compat._lookup("raycse.platform.compat", "no_such_name") is None
+    assert compat._lookup("raycse.platform.compat", "train_callback_bases") == (compat.train_callback_bases,)
 
 
 def test_this_rays_train_hooks_are_found_and_have_the_methods_raycse_overrides():
-    from raycse import compat
-    from raycse.train import release
+    from raycse.platform import compat
+    from raycse.platform import release
 
     bases = compat.train_callback_bases()
-    assert bases is not None, "this Ray has no Train V2 controller hooks: raycse.train.release uses UserCallback"
+    assert bases is not None, "this Ray has no Train V2 controller hooks: raycse.platform.release uses UserCallback"
     assert hasattr(bases[0], "after_controller_start") and hasattr(bases[1], "after_worker_group_start")
     assert issubclass(release.RegisterRun, bases) and release.register_run(None, "k").key == "k"
     from ray.train import UserCallback
@@ -85,7 +85,7 @@ def test_this_rays_train_hooks_are_found_and_have_the_methods_raycse_overrides()
 
 
 def test_rays_worker_start_errors_are_recognised_by_name():
-    from raycse import compat
+    from raycse.platform import compat
 
     exceptions = pytest.importorskip("ray.train.v2._internal.exceptions")
     for name in compat.WORKER_START_FAILURES:
@@ -97,7 +97,7 @@ def test_rays_worker_start_errors_are_recognised_by_name():
 
 
 def test_the_train_report_logger_is_quieted_by_its_name():
-    from raycse import compat
+    from raycse.platform import compat
 
     import ray.train.v2._internal.execution.context as context  # (the test may: it checks what compat finds)
 
@@ -112,7 +112,7 @@ def test_the_train_report_logger_is_quieted_by_its_name():
 
 def test_the_wandb_callback_uses_a_flushing_actor_on_this_ray():
     pytest.importorskip("wandb")
-    from raycse import compat
+    from raycse.platform import compat
     from raycse.tune.wandb_logging import FlushingWandbLoggerCallback
 
     actor = compat.wandb_logging_actor()
@@ -125,7 +125,7 @@ def test_onednn_linear_agrees_with_torch():
     import torch
     import torch.nn.functional as F
 
-    from raycse import compat
+    from raycse.platform import compat
 
     op = compat.onednn_linear()
     if op is None:
@@ -146,7 +146,7 @@ def test_the_autoscalers_config_is_found_from_its_monitors_command_line(tmp_path
 
     import psutil
 
-    from raycse.capacity import autoscaler_config_path
+    from raycse.platform.capacity import autoscaler_config_path
 
     args = ["/opt/ray/autoscaler/monitor.py", "--gcs-address=10.0.0.5:49731", "--autoscaling-config=conf/c.yaml"]
     monitor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *args], cwd=tmp_path)
@@ -165,7 +165,7 @@ def test_the_autoscalers_config_is_found_from_its_monitors_command_line(tmp_path
 def test_a_worker_groups_placement_group_is_found_where_each_ray_keeps_it():
     from types import SimpleNamespace
 
-    from raycse import compat
+    from raycse.platform import compat
 
     group = object()
 
@@ -212,7 +212,7 @@ def _imports_of(prefixes: tuple) -> list[tuple[str, int, str, tuple]]:
 
 def test_every_ray_name_raycse_imports_is_in_this_ray():
     """Run on each Ray of the range (scripts/floors.sh runs the fast tier on the oldest): a name that only newer
-    Rays have is looked up (getattr, raycse.compat), never imported, so an older Ray gets the fallback and not
+    Rays have is looked up (getattr, raycse.platform.compat), never imported, so an older Ray gets the fallback and not
     an ImportError in the middle of a run (Ray Data's ExecutionTimeoutError, imported in an error handler, broke
     every corpus error's line on Ray 2.55)."""
     import importlib

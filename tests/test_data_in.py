@@ -69,7 +69,7 @@ def test_hf_format_reads_a_saved_directory_and_local_data_files(ray_cluster, tmp
 
 
 def test_a_private_ray_reports_no_usage_and_polls_no_prometheus(ray_cluster):
-    """The private Ray (the fixture's is the product's own, raycse.train.runtime.start_local_ray) has usage
+    """The private Ray (the fixture's is the product's own, raycse.platform.ray_session.start_local_ray) has usage
     reporting off in the driver and in its tasks: with it on, Ray Data's usage collector asked a Prometheus at
     127.0.0.1:9090 from the driver during an execution (seen by the hub audit above, in CI)."""
     import os

@@ -35,7 +35,7 @@ def probe_loop(config):
     import ray.train.torch
     import torch.distributed as dist
 
-    from raycse.train.runtime import seed_everything
+    from raycse.platform.process_state import seed_everything
 
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
@@ -54,7 +54,7 @@ def test_two_workers_match_one_worker_with_double_batch(ray_cluster, tiny_model_
     from ray.train import RunConfig as TrainRunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from raycse.train.runtime import seed_everything
+    from raycse.platform.process_state import seed_everything
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     run = _run_config(str(tiny_model_no_dropout))

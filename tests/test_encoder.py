@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from raycse.encoder import Encoder, resolve_model
 from raycse.errors import ModelError
+from raycse.model.encoder import Encoder, resolve_model
 
 
 def test_mean_pooling_by_hand(tiny_model):

@@ -9,10 +9,10 @@ import torch
 
 from conftest import make_sentences, own_lines
 from raycse.config import RunConfig
-from raycse.precision import autocast
+from raycse.model.precision import autocast
+from raycse.platform.process_state import seed_everything
 from raycse.train.gradcache import ChunkedEncoder, cached_step, replay
 from raycse.train.module import build_module
-from raycse.train.runtime import seed_everything
 
 TEXTS = make_sentences(8, seed=5, min_len=6)
 PAIRS = [(a, b, s) for a, b, s in zip(TEXTS, make_sentences(8, seed=6), [0.9, 0.1, 0.8, 0.3, 1.0, 0.0, 0.6, 0.4])]
@@ -115,7 +115,7 @@ def test_same_seed_same_model_with_and_without_the_cache(ray_cluster, tiny_model
     """Through `raycse train` on 2 Ray Train workers: a few steps with cache_chunk_size a quarter of
     the batch give the model the uncached run gives; a chunk larger than the batch is refused."""
     from raycse.cli import main
-    from raycse.encoder import Encoder
+    from raycse.model.encoder import Encoder
 
     def train(out, *extra):
         return main(["train", "--model", str(tiny_model_no_dropout), "--corpus", str(corpus), "--output", str(out),

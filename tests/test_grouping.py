@@ -217,7 +217,7 @@ def test_grouping_tasks_left_by_a_timeout_or_an_interrupt_are_cancelled(ray_clus
     monkeypatch.setenv(tasks.TASK_WAIT_ENV, "60")  # (bounds this test if the interrupt never came)
     refs = [sleeper.remote(600), sleeper.remote(600)]
     # raycse's handler, as every command installs it: Ray's waits end at once only for a KeyboardInterrupt
-    from raycse import interrupts
+    from raycse.platform import interrupts
 
     inherited = {sig: signal.getsignal(sig) for sig in interrupts.SIGNALS}
     monkeypatch.setitem(interrupts._state, "installed", False)
@@ -629,7 +629,7 @@ def test_pairs_are_keyed_by_their_second_text_when_asked(ray_cluster, tiny_model
     keys = shingle_keys(corpus, 3, 0, size=2, by="second")
     assert keys.tolist() == [shingle_key(r["pair"], 3, 0, r["_id"], 2) for r in rows]
     second = embed_corpus(corpus, str(tiny_model), 16, precision="fp32", by="second")
-    from raycse.encoder import Encoder
+    from raycse.model.encoder import Encoder
 
     want = Encoder.from_pretrained(str(tiny_model)).encode([r["pair"] for r in rows], max_length=16)
     assert np.allclose(second, want, atol=1e-4)

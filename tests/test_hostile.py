@@ -113,11 +113,11 @@ def test_yaml_anchors_a_config_really_uses_still_load(tmp_path):
 
 
 def test_the_bomb_s_expanded_size_is_counted_by_a_second_walk():
-    """raycse.safe_yaml counts each shared node once; here a plain walk of the composed graph that follows
+    """raycse.platform.safe_yaml counts each shared node once; here a plain walk of the composed graph that follows
     every alias (as whatever reads the config would) gives the same count on a small bomb."""
     import yaml
 
-    from raycse.safe_yaml import expanded_size
+    from raycse.platform.safe_yaml import expanded_size
 
     node = yaml.compose(yaml_bomb(levels=4, width=3), Loader=yaml.SafeLoader)
 
@@ -170,7 +170,7 @@ def test_an_unreachable_cluster_is_given_up_within_the_bound_in_one_line(tmp_pat
 ])
 def test_a_malformed_ray_address_is_refused_with_its_secret_masked(address, says):
     from raycse.errors import ConfigError
-    from raycse.train.joining import join_cluster
+    from raycse.platform.joining import join_cluster
 
     with pytest.raises(ConfigError) as refused:
         join_cluster(address)  # (before any connection: the address alone decides)
@@ -208,11 +208,11 @@ def test_a_killed_command_s_staging_folder_is_removed_by_the_next_command(tmp_pa
     it, and a record naming a folder that is not that process's staging removes nothing."""
     import signal
 
-    from raycse.outputs import STAGING_RECORD_PREFIX, _host, sweep_killed_stagings
+    from raycse.platform.staging import STAGING_RECORD_PREFIX, _host, sweep_killed_stagings
 
     dest = tmp_path / "out"
-    code = (f"import os, signal; from pathlib import Path; from raycse import interrupts; "
-            f"from raycse.outputs import staging_dir; interrupts.install(); s = staging_dir(Path({str(dest)!r})); (s / 'model.safetensors').write_text('x'); print(s, flush=True); "
+    code = (f"import os, signal; from pathlib import Path; from raycse.platform import interrupts; "
+            f"from raycse.platform.staging import staging_dir; interrupts.install(); s = staging_dir(Path({str(dest)!r})); (s / 'model.safetensors').write_text('x'); print(s, flush=True); "
             f"os.kill(os.getpid(), signal.SIGKILL)")
     killed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                             env=private_env())
@@ -325,8 +325,8 @@ def test_a_corpus_path_that_is_not_utf8_is_one_line_naming_it(tmp_path, capsys):
 def test_a_trusted_run_s_card_says_its_model_runs_code_of_its_own():
     import dataclasses
 
-    from raycse.card import model_card
     from raycse.config import RunConfig
+    from raycse.model.card import model_card
 
     run = RunConfig()
     run.model.trust_remote_code = True
@@ -340,7 +340,7 @@ def test_a_trusted_run_s_card_says_its_model_runs_code_of_its_own():
 @pytest.mark.parametrize("value", ["soon", "0", "-5", "inf", "nan"])
 def test_a_bad_connect_bound_is_one_line_naming_the_variable(monkeypatch, value):
     from raycse.errors import ConfigError
-    from raycse.train.joining import join_cluster
+    from raycse.platform.joining import join_cluster
 
     monkeypatch.setenv("RAYCSE_RAY_CONNECT_TIMEOUT_S", value)
     with pytest.raises(ConfigError, match=f"RAYCSE_RAY_CONNECT_TIMEOUT_S must be a number of seconds > 0, got '{value}'"):
@@ -352,7 +352,7 @@ RAY_DEFAULT_PORTS = {6379, 8265, 52365, 52366, 44217, 44227, 10001}
 
 
 def test_the_private_ray_start_line_names_every_port_free_and_none_of_rays_defaults(tmp_path):
-    from raycse.train import private_ray
+    from raycse.platform import private_ray
 
     ports = private_ray.free_ports(len(private_ray.PORT_OPTIONS) + len(private_ray.PORT_VARIABLES))
     assert len(set(ports)) == len(ports) and not set(ports) & RAY_DEFAULT_PORTS
@@ -370,7 +370,7 @@ def test_the_private_ray_root_leaves_room_for_rays_socket_paths(monkeypatch):
     dashboard did not start and `ray start` waited 60 s for it, every start."""
     import tempfile
 
-    from raycse.train import private_ray
+    from raycse.platform import private_ray
 
     uid = os.getuid()
     short = tempfile.mkdtemp(prefix="rs", dir="/tmp")
@@ -391,8 +391,8 @@ def test_a_private_ray_root_that_is_a_symlink_or_a_bad_bound_is_refused_before_a
     import tempfile
 
     from raycse.errors import ConfigError, ResourceError
-    from raycse.processes import descendants
-    from raycse.train import private_ray
+    from raycse.platform import private_ray
+    from raycse.platform.processes import descendants
 
     short = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))
     try:

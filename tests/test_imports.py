@@ -100,7 +100,8 @@ def test_the_workers_read_the_corpus_from_its_blocks_not_a_ray_data_dataset(tmp_
     """Issue 46 item 5: the trainer is handed no Ray Data dataset (a dataset there cost each fit a
     pipeline per worker); the plan carries the numbered corpus's blocks, which the workers fetch."""
     from raycse.config import RunConfig
-    from raycse.train import driver, release
+    from raycse.platform import release
+    from raycse.train import driver
     from raycse.train.plan import FitPlan
 
     plan = FitPlan(run=RunConfig(), total_steps=10, stop_at=10, steps_per_epoch=10, regroup_in_fit=False,

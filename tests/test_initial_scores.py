@@ -25,7 +25,7 @@ def test_starting_score_is_remembered_and_keyed_by_what_it_depends_on(ray_cluste
     from raycse.config import RunConfig
     from raycse.evaluation import initial_scores
     from raycse.evaluation.selection import load_selection
-    from raycse.train.release import driver_registry
+    from raycse.platform.release import driver_registry
 
     monkeypatch.setenv("RAYCSE_CACHE", str(tmp_path / "cache"))
     dev = write_stsb(tmp_path / "dev.csv")

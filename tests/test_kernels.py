@@ -8,7 +8,7 @@ import sys
 
 def _choice(tmp_path, **env):
     # the first use is often inside an evaluation: inference mode, no grad, autocast
-    code = ("import json, torch\nfrom raycse import onednn\n"
+    code = ("import json, torch\nfrom raycse.model import onednn\n"
             "with torch.inference_mode(), torch.autocast('cpu', dtype=torch.bfloat16):\n    c = onednn.choice()\n"
             "print(json.dumps(c))")
     full = {**os.environ, "RAYCSE_CACHE": str(tmp_path), **env}
@@ -45,7 +45,7 @@ def test_probe_is_cached_per_machine_and_isa_cap(tmp_path):
 def test_an_unsteady_probe_is_used_but_not_kept(tmp_path):
     """A verdict whose paired rounds disagree was measured under load: this process uses it, the next
     one measures again (the first verdict on a busy machine used to stay for good)."""
-    code = ("import json\nfrom raycse import onednn\nonednn.UNSTEADY_SPREAD = -1.0\n"
+    code = ("import json\nfrom raycse.model import onednn\nonednn.UNSTEADY_SPREAD = -1.0\n"
             "print(json.dumps(onednn.choice()))")
     env = {**os.environ, "RAYCSE_CACHE": str(tmp_path)}
     env.pop("RAYCSE_ONEDNN", None)

@@ -16,8 +16,8 @@ from conftest import make_sentences
 from raycse.cli import main
 from raycse.config import RunConfig
 from raycse.errors import ConfigError
+from raycse.platform.process_state import seed_everything
 from raycse.train.module import build_module, build_optimizer
-from raycse.train.runtime import seed_everything
 
 TEXTS = make_sentences(8, seed=11, min_len=6)
 LORA = {"r": 4, "alpha": 8, "target_modules": ["query", "value", "dense"]}
@@ -48,7 +48,7 @@ def _frozen(module) -> dict:
 
 
 def test_only_the_adapters_train_and_the_frozen_weights_stay_bit_for_bit(tiny_model):
-    from raycse.adapters import trainable_line
+    from raycse.model.adapters import trainable_line
 
     run = _run(tiny_model)
     seed_everything(0)
@@ -113,8 +113,8 @@ def test_saved_model_is_merged_for_sentence_transformers_and_the_adapter_loads_w
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel
 
-    from raycse.adapters import ADAPTER_DIR
-    from raycse.encoder import Encoder
+    from raycse.model.adapters import ADAPTER_DIR
+    from raycse.model.encoder import Encoder
 
     run = _run(tiny_model)
     seed_everything(0)

@@ -16,10 +16,10 @@ from conftest import make_sentences, own_lines
 from raycse.cli import main
 from raycse.config import RunConfig
 from raycse.errors import ConfigError
-from raycse.precision import autocast
+from raycse.model.precision import autocast
+from raycse.platform.process_state import seed_everything
 from raycse.train.gradcache import cached_step
 from raycse.train.module import build_module
-from raycse.train.runtime import seed_everything
 
 TEXTS = make_sentences(8, seed=7, min_len=6)
 PAIRS = [(a, b, s) for a, b, s in zip(TEXTS, make_sentences(8, seed=8), [0.9, 0.1, 0.8, 0.3, 1.0, 0.0, 0.6, 0.4])]

@@ -37,7 +37,7 @@ def planted_model(tiny_model, tmp_path_factory):
     pass the embeddings through (attention and FFN outputs zeroed), mean pooling. A real HF model."""
     import torch
 
-    from raycse.encoder import Encoder
+    from raycse.model.encoder import Encoder
 
     enc = Encoder.from_pretrained(str(tiny_model), pooling="mean", mlp_head="none")
     bert = enc.backbone
@@ -61,7 +61,7 @@ def planted_model(tiny_model, tmp_path_factory):
 
 
 def test_mined_negatives_are_hard_and_safe(ray_cluster, planted_model, tmp_path, capsys):
-    from raycse.encoder import Encoder
+    from raycse.model.encoder import Encoder
 
     tiny_model = planted_model
 

@@ -119,8 +119,8 @@ def test_a_selection_by_mteb_scores_as_raycse_eval_does(tiny_model, tmp_path):
     import pickle
 
     from raycse.config import EvalConfig
-    from raycse.encoder import Encoder
     from raycse.evaluation.selection import load_selection
+    from raycse.model.encoder import Encoder
 
     beir = write_beir(tmp_path / "beir")
     cfg = EvalConfig(metric=f"mteb:beir:{beir}")
@@ -142,7 +142,7 @@ def test_a_selection_by_mteb_scores_as_raycse_eval_does(tiny_model, tmp_path):
 
 
 def test_the_model_card_names_an_mteb_selection():
-    from raycse.card import _scores
+    from raycse.model.card import _scores
 
     lines = _scores({"score_key": "mteb_local_stsb", "best": {"step": 4, "mteb_local_stsb": 81.5},
                      "last": {"step": 8, "mteb_local_stsb": 80.0}})

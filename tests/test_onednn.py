@@ -1,12 +1,12 @@
-"""Float32 CPU linears on oneDNN (raycse.onednn): same values and gradients as F.linear, autocast left
+"""Float32 CPU linears on oneDNN (raycse.model.onednn): same values and gradients as F.linear, autocast left
 alone, and the encoder's embeddings and training gradients unchanged."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from raycse import onednn
-from raycse.encoder import Encoder
+from raycse.model import onednn
+from raycse.model.encoder import Encoder
 
 # Whether a machine *uses* oneDNN is its probe's verdict (noisy on a busy 2-core box); what is tested here
 # is that the path, when used, is right: forced on, skipped only where PyTorch lacks the op.

@@ -10,12 +10,12 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from raycse.outputs import private_tempdir, staging_dir
+from raycse.platform.staging import private_tempdir, staging_dir
 
 MAKE = textwrap.dedent("""
     import os, signal, sys, time
     from pathlib import Path
-    from raycse.outputs import private_tempdir, staging_dir
+    from raycse.platform.staging import private_tempdir, staging_dir
     staging = staging_dir(Path(sys.argv[1]))
     (staging / "weights.bin").write_bytes(b"x" * 1024)
     scratch = private_tempdir(sys.argv[2])
@@ -53,7 +53,7 @@ def test_a_killed_runs_staging_is_removed_by_the_next_run_and_a_live_ones_kept(t
     finally:
         alive.kill()
         alive.wait()
-        from raycse.outputs import sweep_killed_stagings
+        from raycse.platform.staging import sweep_killed_stagings
 
         sweep_killed_stagings()  # (the killed helper's record: not a later test's command's to report)
         for path in Path(tempfile.gettempdir()).glob(f"{prefix}*"):

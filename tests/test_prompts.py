@@ -16,8 +16,8 @@ import pytest
 from conftest import make_sentences, own_lines
 from raycse.cli import main
 from raycse.config import RunConfig, set_dotted
-from raycse.encoder import Encoder
 from raycse.errors import ConfigError
+from raycse.model.encoder import Encoder
 from test_st_roundtrip import SENTENCES, build_st, nudge
 
 # words of the tiny model's vocabulary ("query: " and "passage: " would both be [UNK]s to it)

@@ -69,7 +69,7 @@ def _agreeing_dev_files(tiny_model, tmp_path) -> tuple[str, str]:
     import numpy as np
 
     from conftest import write_stsb
-    from raycse.encoder import Encoder
+    from raycse.model.encoder import Encoder
 
     encoder = Encoder.from_pretrained(str(tiny_model), pooling="mean")  # (its CLS vectors barely differ)
 
@@ -163,7 +163,7 @@ def test_a_corpus_read_on_a_full_cluster_fails_within_its_bound(ray_cluster, tin
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    from raycse.capacity import ClusterBusyError
+    from raycse.platform.capacity import ClusterBusyError
     from raycse.train.driver import train
 
     holder = placement_group([{"CPU": 4}])
@@ -226,7 +226,7 @@ def test_a_refusal_a_worker_raises_is_its_one_line_and_the_fit_is_released(ray_c
 
     from raycse.config import TrainConfig
     from raycse.errors import ResourceError
-    from raycse.train import release
+    from raycse.platform import release
     from raycse.train.fit import fit_and_release
 
     line = ("kNN grouping of 12,000,000 examples (384-d, 64 neighbours) needs ~3.0 GiB more memory on this node "
@@ -252,7 +252,7 @@ def test_a_refusal_a_worker_raises_is_its_one_line_and_the_fit_is_released(ray_c
 
 
 def test_a_run_on_rays_public_callbacks_alone_is_registered_and_released(ray_cluster, tmp_path):
-    """Where a Ray has no Train controller hooks (raycse.compat finds none), the registry learns of a run from
+    """Where a Ray has no Train controller hooks (raycse.platform.compat finds none), the registry learns of a run from
     the public UserCallback at its first report and of its placement group from rank 0: releasing the key
     while the run trains ends it and frees its group within the bound, and a run that starts under the
     closed key fails at once, naming it (issue 92)."""
@@ -262,14 +262,14 @@ def test_a_run_on_rays_public_callbacks_alone_is_registered_and_released(ray_clu
     from ray.train import RunConfig as TrainRunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from raycse.train import release
+    from raycse.platform import release
 
     def loop(config):
         import time
 
         import ray.train
 
-        from raycse.train import release
+        from raycse.platform import release
 
         if ray.train.get_context().get_world_rank() == 0:
             release.register_own_group(config["progress"])
@@ -320,7 +320,7 @@ def json_settings(exp):
 def test_a_worker_waits_for_the_drivers_objects_within_its_bound(ray_cluster, monkeypatch):
     """The fit's objects the driver put (scoring data, batch layouts) are fetched with a bound: an
     object that never comes ends in one line naming it, not a hang."""
-    from raycse.train import runtime
+    from raycse.platform import ray_session
 
     @ray_cluster.remote(num_cpus=0)
     def never():
@@ -330,10 +330,10 @@ def test_a_worker_waits_for_the_drivers_objects_within_its_bound(ray_cluster, mo
     ref = never.remote()
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match="waited 0.5 s for the batch layouts from the driver"):
-        runtime.fetch(ref, "the batch layouts")
+        ray_session.fetch(ref, "the batch layouts")
     assert time.monotonic() - t0 < 10
     ray_cluster.cancel(ref, force=True)
-    assert runtime.fetch(ray_cluster.put([1, 2]), "the scoring data") == [1, 2]
+    assert ray_session.fetch(ray_cluster.put([1, 2]), "the scoring data") == [1, 2]
 
 
 def test_embedding_texts_on_a_cluster_whose_cpus_another_job_holds_fails_in_one_line(ray_cluster, tiny_model):
@@ -347,8 +347,8 @@ def test_embedding_texts_on_a_cluster_whose_cpus_another_job_holds_fails_in_one_
     from ray.data.context import DataContext
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    from raycse.capacity import ClusterBusyError
     from raycse.grouping.embed import embed_corpus, texts_corpus
+    from raycse.platform.capacity import ClusterBusyError
 
     holder = placement_group([{"CPU": 4}])
     ray.get(holder.ready(), timeout=60)

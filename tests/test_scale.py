@@ -51,7 +51,7 @@ def measure(small: str, large: str) -> None:
 
     import ray
 
-    from raycse.train.runtime import start_local_ray
+    from raycse.platform.ray_session import start_local_ray
 
     start_local_ray(2, object_store_memory=512 * 2**20, log_to_driver=False, configure_logging=False)
     _driver_peak(small)  # imports and Ray Data's first start, out of the figures

@@ -16,7 +16,7 @@ import torch
 
 from conftest import make_sentences, own_lines
 from raycse.cli import main
-from raycse.encoder import Encoder
+from raycse.model.encoder import Encoder
 
 SENTENCES = ["the city river was built", "a small village", "king", "the old stone bridge over the river",
              "north", "summer music festival in the large city of the south"]

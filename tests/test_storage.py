@@ -10,7 +10,7 @@ import pytest
 
 from raycse.cli import main
 from raycse.errors import DataError, RaycseError
-from raycse.storage import MANIFEST, fetch, publish
+from raycse.platform.object_store import MANIFEST, fetch, publish
 
 from conftest import joining, own_lines
 

@@ -129,8 +129,8 @@ def test_each_unique_sentence_is_embedded_once(senteval):
 
 
 def test_fast_path_equals_naive_loop_on_a_real_encoder(senteval, tiny_model):
-    from raycse.encoder import Encoder
     from raycse.evaluation.sts import cosine_rows, embed_unique, similarities
+    from raycse.model.encoder import Encoder
 
     root, _ = senteval
     enc = Encoder.from_pretrained(str(tiny_model))
@@ -167,9 +167,9 @@ def test_eval_cli_prints_the_seven_tasks_and_mean(senteval, tiny_model, capsys, 
 
 
 def test_length_attack_cli_reports_spearman_and_shift(tiny_model, stsb_dev, capsys, tmp_path):
-    from raycse.encoder import Encoder
     from raycse.evaluation.length_attack import length_attack, repeat_within
     from raycse.evaluation.sts import read_stsb
+    from raycse.model.encoder import Encoder
 
     enc = Encoder.from_pretrained(str(tiny_model))
     dev = read_stsb(stsb_dev, "dev")

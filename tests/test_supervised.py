@@ -46,7 +46,7 @@ def test_supervised_loss_matches_the_formula(k, alpha):
 
 
 def test_collate_and_forward_use_the_row_negatives(tiny_model_no_dropout):
-    from raycse.encoder import Encoder
+    from raycse.model.encoder import Encoder
 
     enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="cls", mlp_head="none").train()
     obj = registry.build("simcse", {"tau": 0.1, "hard_negative_weight": 0.5})

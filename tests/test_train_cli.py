@@ -49,7 +49,7 @@ def test_train_two_workers_loss_goes_down_and_model_reloads(ray_cluster, mlflow_
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel
 
-    from raycse.encoder import Encoder
+    from raycse.model.encoder import Encoder
 
     out = tmp_path / "run"
     # paths relative to the user's directory, which Ray's workers do not share (a GPU run failed so)
@@ -60,7 +60,7 @@ def test_train_two_workers_loss_goes_down_and_model_reloads(ray_cluster, mlflow_
     assert main(_train_args(rel_model, rel_corpus, Path("run"), stsb_dev, "--pooling", "cls",
                             "--score-before", "true", "--set", "train.profile_steps=5:7",
                             "--tracking", trackers)) == 0
-    from raycse.machine import describe
+    from raycse.platform.machine import describe
 
     printed = capsys.readouterr()
     assert printed.out.startswith(f"[raycse] driver on {describe()}")  # the log names its machine
@@ -413,8 +413,8 @@ def test_sgopt_trains_end_to_end_selected_by_a_beir_metric(ray_cluster, tiny_mod
     assert "BEIR ndcg@10" in capsys.readouterr().out
     assert "BEIR ndcg@10 x100 (model selection)" in (out / "model" / "README.md").read_text()
     # the score is the one raycse eval computes for the saved model (same retrieval and metric)
-    from raycse.encoder import Encoder
     from raycse.evaluation.beir import read_beir, retrieval_metrics, search
+    from raycse.model.encoder import Encoder
 
     enc = Encoder.from_pretrained(str(out / "model"))  # the best checkpoint's model
     data = read_beir(beir)

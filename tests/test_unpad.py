@@ -4,8 +4,8 @@ and gradients), the cheaper CPU dropout, and the Train workers' malloc settings.
 import pytest
 import torch
 
-from raycse.encoder import Encoder
-from raycse.unpad import supports_unpadding, unpadded_forward
+from raycse.model.encoder import Encoder
+from raycse.model.unpad import supports_unpadding, unpadded_forward
 
 SENTENCES = ["the city", "a small village was built on the river", "king", "the old stone bridge",
              "north", "summer music festival in the large city"]
@@ -95,7 +95,7 @@ def test_objectives_train_the_same_with_unpadding(tiny_model_no_dropout, objecti
 
 
 def test_fast_dropout_keeps_each_value_with_probability_1_minus_p_and_scales_it():
-    from raycse.unpad import dropout
+    from raycse.model.unpad import dropout
 
     torch.manual_seed(0)
     x = torch.full((400, 500), 2.0, requires_grad=True)
@@ -119,7 +119,7 @@ def test_fast_dropout_swaps_every_dropout_module_and_saved_models_stay_plain(tin
     from torch import nn
     from transformers import AutoModel
 
-    from raycse.unpad import FastDropout, use_fast_dropout
+    from raycse.model.unpad import FastDropout, use_fast_dropout
 
     enc = Encoder.from_pretrained(str(tiny_model), pooling="mean")
     plain = sum(type(m) is nn.Dropout for m in enc.backbone.modules())
@@ -132,7 +132,7 @@ def test_fast_dropout_swaps_every_dropout_module_and_saved_models_stay_plain(tin
 
 
 def test_train_workers_get_the_malloc_settings_unless_already_set(monkeypatch):
-    from raycse.train.runtime import TRAIN_WORKER_MALLOC, train_worker_env
+    from raycse.platform.process_state import TRAIN_WORKER_MALLOC, train_worker_env
 
     for key in TRAIN_WORKER_MALLOC:
         monkeypatch.delenv(key, raising=False)

@@ -13,7 +13,7 @@ import pytest
 
 from raycse.cli import main
 from raycse.errors import DataError
-from raycse.storage import MANIFEST, fetch
+from raycse.platform.object_store import MANIFEST, fetch
 
 from conftest import joining, own_lines, write_stsb
 
@@ -49,7 +49,7 @@ def test_fetch_refuses_manifest_names_outside_the_model_from_a_local_source(tmp_
 def test_fetch_never_follows_a_link_out_of_its_staging_directory(tmp_path, monkeypatch):
     """Names are plain, but a directory of the staging area turned into a link (by another process
     racing the fetch) must not carry a write out of the cache."""
-    import raycse.storage as storage
+    import raycse.platform.object_store as storage
 
     src = tmp_path / "model"
     (src / "sub").mkdir(parents=True)
@@ -99,7 +99,7 @@ def test_eval_of_a_crafted_model_on_s3_writes_nothing_outside_the_cache(s3_serve
 def test_redact_masks_user_info_and_secret_parameters_and_nothing_else():
     import io
 
-    from raycse.redact import RedactingStream, redact, redact_obj
+    from raycse.platform.redact import RedactingStream, redact, redact_obj
 
     cases = {
         "s3://AKID:SECRET@bucket/x": "s3://***@bucket/x",
@@ -140,7 +140,7 @@ def test_overwrite_refuses_what_raycse_did_not_write(tmp_path, capsys, tiny_mode
     runs that overwrite their own outputs (test_train_cli, test_tune's seed runs)."""
     import boto3
 
-    from raycse.outputs import is_raycse_output
+    from raycse.platform.staging import is_raycse_output
 
     users = tmp_path / "my-corpus"
     (users / "sub").mkdir(parents=True)
@@ -246,7 +246,7 @@ def _staged(claim) -> None:
 
 
 def test_publish_keeps_what_appeared_or_changed_at_the_output_during_the_run(tmp_path):
-    from raycse.outputs import OutputConflict, claim_output, publish_claimed
+    from raycse.platform.staging import OutputConflict, claim_output, publish_claimed
 
     # another run published into an output that was absent at this run's start
     dest = tmp_path / "out"
@@ -281,11 +281,11 @@ def test_a_second_run_on_an_output_being_written_is_refused_naming_the_first(tmp
     import sys
 
     from raycse.errors import ConfigError
-    from raycse.outputs import claim_output
+    from raycse.platform.staging import claim_output
 
     dest = tmp_path / "out"
     first = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                              "from raycse.outputs import claim_output; claim_output(Path(sys.argv[1]), False); "
+                              "from raycse.platform.staging import claim_output; claim_output(Path(sys.argv[1]), False); "
                               "print('claimed', flush=True); time.sleep(120)", str(dest)],
                              stdout=subprocess.PIPE, text=True)
     try:
@@ -374,7 +374,7 @@ def _rest(proc, bound_s: float) -> list[str]:
 def _gone_in_time(procs: list, bound_s: float) -> None:
     import time
 
-    from raycse.processes import alive
+    from raycse.platform.processes import alive
 
     deadline = time.monotonic() + bound_s
     while alive(procs) and time.monotonic() < deadline:
@@ -442,7 +442,7 @@ def _interrupt(proc, signum: int, signame: str, out: Path, started_at: int, tmp_
     """Send ``signum`` to the train command ``proc``, check how it ended: (its step, the step to resume from)."""
     import re
 
-    from raycse.processes import descendants
+    from raycse.platform.processes import descendants
 
     procs = descendants(proc.pid)
     assert procs, "the command started no Ray processes"
@@ -471,7 +471,7 @@ def test_a_killed_commands_ray_ends_with_it_or_by_the_next_command(tmp_path, tin
     import subprocess
     import sys
 
-    from raycse.processes import alive, descendants
+    from raycse.platform.processes import alive, descendants
 
     argv = ["train", "--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", "none", "--batch-size", "8",
             "--max-length", "16", "--epochs", "50", "--log-steps", "5", "--output", str(tmp_path / "out")]
@@ -508,7 +508,7 @@ def test_sigint_ends_a_tune_search_in_one_line_naming_resume(tmp_path, tiny_mode
     import yaml
     from ray import tune
 
-    from raycse.processes import descendants
+    from raycse.platform.processes import descendants
 
     space = tmp_path / "space.yaml"
     space.write_text(yaml.safe_dump({
@@ -705,7 +705,7 @@ def test_a_credential_in_a_search_space_is_refused_in_one_line():
     """`raycse tune --set run.data.corpus=s3://KEY:SECRET@...` (or such a corpus in the space file): the refusal
     names the line that carries it, masked, in one line; it printed the whole space file before."""
     from raycse.errors import ConfigError
-    from raycse.redact import refuse_credentials
+    from raycse.platform.redact import refuse_credentials
 
     text = "run:\n  data:\n    corpus: s3://AKIAXX:SECRETXX@bkt/c.txt\n  train: {lr: 1e-5}\nsearch: {}\n"
     with pytest.raises(ConfigError) as refused:

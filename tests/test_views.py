@@ -2,7 +2,7 @@
 
 import torch
 
-from raycse.views import elongate, halves, random_repeats, segment_mean, slice_pieces
+from raycse.objectives.views import elongate, halves, random_repeats, segment_mean, slice_pieces
 
 IDS = (101, 102, 0)  # [CLS], [SEP], [PAD]
 

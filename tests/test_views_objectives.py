@@ -41,7 +41,7 @@ def test_hicl_entailment_loss_targets_own_sequence():
 
 
 def test_hicl_alpha_zero_equals_base_when_every_sequence_fits_one_segment(tiny_model_no_dropout):
-    from raycse.encoder import Encoder
+    from raycse.model.encoder import Encoder
 
     enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="mean").train()
     texts = ["the city river was built", "a king", "summer music festival in the large old city", "north"]
@@ -53,9 +53,9 @@ def test_hicl_alpha_zero_equals_base_when_every_sequence_fits_one_segment(tiny_m
 
 
 def test_hicl_slices_long_sequences_and_pools_weighted(tiny_model_no_dropout):
-    from raycse.encoder import Encoder
+    from raycse.model.encoder import Encoder
     from raycse.objectives.hicl import SegmentedEncoder
-    from raycse.views import special_ids
+    from raycse.objectives.views import special_ids
 
     enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="mean").eval()
     long_text = " ".join(["river city music"] * 10)  # 30 tokens -> segments of 8: 8, 8, 8, 6
@@ -86,7 +86,7 @@ def test_hicl_entailment_pairs_each_segment_with_its_sequence_from_the_same_view
     """HiCLv2 (appendix eq. 3): -log exp(sim(h_ij, h_i)/tau) / sum_k exp(sim(h_ij, h_k)/tau) with h_i
     pooled from the same forward pass (dropout view) as h_ij. Rebuilt by loops from the segments
     the encoder returned: queue-rule segments of L tokens, length-weighted mean per sequence."""
-    from raycse.encoder import Encoder
+    from raycse.model.encoder import Encoder
 
     enc = Encoder.from_pretrained(str(tiny_model), pooling="mean").train()  # dropout on: the views differ
     texts = ["the city river was built in the north", "a king", "summer music festival in the large old city"]
@@ -187,7 +187,7 @@ def test_compcse_positive_aggregates_projected_halves(tiny_model_no_dropout, how
     their projected vectors are aggregated (Table 3's variants); Fig. 1 and the authors' code
     (compose_at encoder): the encoder's vectors of the halves are aggregated, then projected. d0 0.5
     is half the 32 coordinates. Plain computation: each text encoded on its own."""
-    from raycse.encoder import Encoder
+    from raycse.model.encoder import Encoder
 
     enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="cls", mlp_head="train_only").train()
     obj = registry.build("compcse", {"compose": how, "d0": d0, "tau": 0.1, "compose_at": at})
@@ -222,7 +222,7 @@ def test_compcse_positive_aggregates_projected_halves(tiny_model_no_dropout, how
 
 
 def test_compcse_knobs(tiny_model_no_dropout):
-    from raycse.encoder import Encoder
+    from raycse.model.encoder import Encoder
 
     enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="cls", mlp_head="train_only")
     with pytest.raises(ConfigError, match="exceeds the embedding size"):
@@ -245,7 +245,7 @@ def test_compcse_knobs(tiny_model_no_dropout):
     ("laser", {"m_mode": "fixed", "m": 2}, ["the city river was built", "a king", "summer music festival"]),
 ])
 def test_hicl_wraps_other_bases_without_a_new_class(tiny_model, base, params, examples):
-    from raycse.encoder import Encoder
+    from raycse.model.encoder import Encoder
 
     enc = Encoder.from_pretrained(str(tiny_model), pooling="mean").train()
     obj = registry.build("hicl", {"base": base, "base_params": params, "alpha": 0.1, "beta": 0.01, "slice_length": 2})
@@ -383,7 +383,7 @@ def test_compcse_subsample_rows_follow_the_ablation(how):
 def test_compcse_subsampled_row_composes_its_own_parts(tiny_model_no_dropout):
     """An extra row's positive is the composition of its two parts, each through encoder and projector
     on its own; a plain sentence in the same batch keeps its token halves."""
-    from raycse.encoder import Encoder
+    from raycse.model.encoder import Encoder
     from raycse.objectives.compcse import FIELD
 
     enc = Encoder.from_pretrained(str(tiny_model_no_dropout), pooling="cls", mlp_head="train_only").train()

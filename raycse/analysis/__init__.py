@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from raycse import storage
 from raycse.errors import ConfigError
-from raycse.outputs import claim_output, private_tempdir, publish_claimed, temporary_dir
-from raycse.redact import redact, redact_obj
+from raycse.platform import object_store
+from raycse.platform.redact import redact, redact_obj
+from raycse.platform.staging import claim_output, private_tempdir, publish_claimed, temporary_dir
 
 # what analysis reads of an experiment: Tune's records, not the models and checkpoints beside them
 RECORDS = ("params.json", "result.json", "error.txt", "space.yaml", "raycse_tune.json")
@@ -101,7 +101,7 @@ def local_records(exp_dir: str) -> Path:
     wanted = lambda name: name in RECORDS or name.startswith("experiment_state")  # noqa: E731
     local = private_tempdir("raycse-exp-")
     atexit.register(shutil.rmtree, local, True)
-    return storage.mirror(exp_dir, local, wanted)
+    return object_store.mirror(exp_dir, local, wanted)
 
 
 def read_results(path: Path) -> list[dict]:
@@ -132,10 +132,10 @@ def read_results(path: Path) -> list[dict]:
 
 def load_trials(exp_dir) -> list[TrialRecord]:
     """The trials of an experiment directory or URI, oldest first."""
-    if storage.is_uri(exp_dir):
+    if object_store.is_uri(exp_dir):
         trials = load_trials(local_records(str(exp_dir)))
         for t in trials:
-            t.location = storage.join(str(exp_dir), t.name)
+            t.location = object_store.join(str(exp_dir), t.name)
         return trials
     exp_dir = Path(exp_dir)
     statuses = tune_statuses(exp_dir)
@@ -196,7 +196,7 @@ def check_table_path(dest: str) -> None:
     suffix = Path(dest).suffix.lower()
     if suffix not in TABLE_FORMATS:
         raise ConfigError(f"--table {dest}: give a file ending in {', '.join(TABLE_FORMATS)}")
-    if storage.is_uri(dest):
+    if object_store.is_uri(dest):
         return
     if not Path(dest).parent.is_dir():
         raise ConfigError(f"--table {dest}: its directory {Path(dest).parent} does not exist")
@@ -218,8 +218,8 @@ def write_table(rows: list[dict], dest: str) -> str:
             frame.to_parquet(local, index=False)
         else:
             frame.to_json(local, orient="records", indent=1)
-        if storage.is_uri(dest):
-            storage.upload_file(local, dest)
+        if object_store.is_uri(dest):
+            object_store.upload_file(local, dest)
         else:  # copied beside the destination, then renamed: a reader never sees half a table
             beside = Path(dest).with_name(f".{Path(dest).name}.partial-{os.getpid()}")
             try:
@@ -236,7 +236,7 @@ def analyze(exp_dir: str, plots: bool = True, plot_dir: Optional[str] = None, ex
     and, with ``table``, every trial's every rung and seed as a CSV/Parquet/JSON file."""
     from raycse.tune.search import load_settings
 
-    remote = storage.is_uri(exp_dir)
+    remote = object_store.is_uri(exp_dir)
     exp = str(exp_dir).rstrip("/") if remote else Path(exp_dir).resolve()
     if not remote and not exp.is_dir():
         raise ConfigError(f"experiment directory not found: {exp}")
@@ -265,7 +265,7 @@ def analyze(exp_dir: str, plots: bool = True, plot_dir: Optional[str] = None, ex
     if table:
         report.table_file = write_table(seed_rows(trials, finished), table)
     if plots:
-        report.plots = _write_plots(trials, knobs, plot_dir or storage.join(str(exp), "plots"), settings.target, top)
+        report.plots = _write_plots(trials, knobs, plot_dir or object_store.join(str(exp), "plots"), settings.target, top)
     if export_best:
         report.exported = export_model(best, export_best, str(exp).rstrip("/").rsplit("/", 1)[-1], settings.target)
     return report
@@ -284,8 +284,8 @@ def ray_analysis(exp_dir, trusted: bool = False):
                           f"author can put there; pass trusted=True for an experiment you trust, or use analyze()")
     from ray.tune import ExperimentAnalysis
 
-    if storage.is_uri(exp_dir):
-        fs, path = storage.filesystem(str(exp_dir).rstrip("/"))
+    if object_store.is_uri(exp_dir):
+        fs, path = object_store.filesystem(str(exp_dir).rstrip("/"))
         return ExperimentAnalysis(path, storage_filesystem=fs, default_metric="target", default_mode="max")
     return ExperimentAnalysis(str(Path(exp_dir).resolve()), default_metric="target", default_mode="max")
 
@@ -294,21 +294,21 @@ def _write_plots(trials, knobs, out: str, target: str, top: int) -> list:
     """PNGs into ``out``; on object storage each is drawn locally, then uploaded (one PUT: whole)."""
     from raycse.analysis.plots import write_plots
 
-    if not storage.is_uri(out):
+    if not object_store.is_uri(out):
         Path(out).mkdir(parents=True, exist_ok=True)
         return write_plots(trials, knobs, Path(out), target, top)
     with temporary_dir("raycse-plots-") as tmp:
         uploaded = []
         for png in write_plots(trials, knobs, tmp, target, top):
-            storage.upload_file(png, storage.join(out, png.name))
-            uploaded.append(storage.join(out, png.name))
+            object_store.upload_file(png, object_store.join(out, png.name))
+            uploaded.append(object_store.join(out, png.name))
         return uploaded
 
 
 def _export_card(staging: Path, run_dir: Path, dest: Path, best: TrialRecord, seed: int, experiment: str,
                  target: str) -> None:
-    from raycse import safe_yaml
-    from raycse.card import model_card
+    from raycse.model.card import model_card
+    from raycse.platform import safe_yaml
 
     m = best.last
     search = {"experiment": experiment, "target": target, "config": best.params, "seeds": m["seeds"],
@@ -320,8 +320,8 @@ def _export_card(staging: Path, run_dir: Path, dest: Path, best: TrialRecord, se
 
 
 def check_export_path(dest) -> None:
-    if storage.is_uri(dest):
-        if storage.prefix_exists(str(dest)):
+    if object_store.is_uri(dest):
+        if object_store.prefix_exists(str(dest)):
             raise ConfigError(f"--export-best {dest} is not empty; choose another URI")
         return
     dest = Path(os.path.expanduser(dest))
@@ -334,7 +334,7 @@ def check_export_path(dest) -> None:
 def export_model(best: Optional[TrialRecord], dest, experiment: str = "", target: str = "mean"):
     """Copy the best trial's best seed's model, with a model card naming the search's best
     configuration and its seeds: staged beside ``dest`` and renamed, or, for a URI, published with
-    its manifest last (raycse.storage), so it appears whole or not at all. Returns ``dest``."""
+    its manifest last (raycse.platform.object_store), so it appears whole or not at all. Returns ``dest``."""
     from raycse.tune.trial import SEED_MODEL
 
     if best is None:
@@ -346,12 +346,12 @@ def export_model(best: Optional[TrialRecord], dest, experiment: str = "", target
     if not (src / "config.json").is_file():
         raise ConfigError(f"the best trial's model is missing ({src}); was the experiment directory moved or pruned?")
     check_export_path(dest)
-    if storage.is_uri(dest):
+    if object_store.is_uri(dest):
         with temporary_dir("raycse-export-") as tmp:
             staging = tmp / "model"
             shutil.copytree(src, staging)
             _export_card(staging, run_dir, str(dest), best, seed, experiment, target)
-            storage.publish(staging, str(dest))
+            object_store.publish(staging, str(dest))
         return str(dest)
     dest = Path(os.path.expanduser(dest)).resolve()
     claim = claim_output(dest, overwrite=False, flag="--export-best")
@@ -368,13 +368,13 @@ def export_model(best: Optional[TrialRecord], dest, experiment: str = "", target
 def _seed_output(best: TrialRecord, seed: int, seed_model: str) -> Path:
     """The local directory of a seed's saved output (model, metrics.json, config.yaml); one on
     object storage is fetched (checked against its manifest) into the local cache first."""
-    location = storage.join(best.location or str(best.path), f"seed{seed}", seed_model)
-    if not storage.is_uri(location):
+    location = object_store.join(best.location or str(best.path), f"seed{seed}", seed_model)
+    if not object_store.is_uri(location):
         return Path(location)
     from raycse.errors import DataError
 
     try:
-        return storage.fetch(location)
+        return object_store.fetch(location)
     except DataError as err:
         raise ConfigError(f"the best trial's model cannot be read: {err}") from None
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from raycse.config.fields import Section, at_least, detail, knob, one_of
-from raycse.conversion import shown
 from raycse.errors import ConfigError
+from raycse.platform.conversion import shown
 
 CORPUS_FORMATS = ("auto", "text", "jsonl", "parquet", "csv", "tsv", "stsb", "hf")
 

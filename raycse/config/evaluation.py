@@ -72,8 +72,8 @@ class EvalConfig(Section):
         return "beir", directory, names[name.lower()]
 
     def mteb_task(self):
-        """The MTEB task of eval.metric mteb:... (raycse.evaluation.mteb_eval.TaskSpec)."""
-        from raycse.evaluation.mteb_eval import parse_selection
+        """The MTEB task of eval.metric mteb:... (raycse.config.eval_tasks.TaskSpec)."""
+        from raycse.config.eval_tasks import parse_selection
 
         return parse_selection(self.metric)
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import yaml
 
-from raycse import safe_yaml
 from raycse.errors import ConfigError
-from raycse.safe_yaml import YamlLoader, YamlTooLarge  # noqa: F401 - YamlLoader: raycse.config's name for it
+from raycse.platform import safe_yaml
+from raycse.platform.safe_yaml import YamlLoader, YamlTooLarge  # noqa: F401 - YamlLoader: raycse.config's name for it
 
 # the package's folder: raycse/configs/*.yaml and raycse/search_spaces/*.yaml, shipped in the wheel
 RECIPES = Path(__file__).resolve().parent.parent

@@ -38,7 +38,7 @@ class ModelConfig(Section):
     trust_remote_code: bool = detail(False, TRUST_REMOTE_CODE + " (recorded in the run's config and model card)")
 
     def validate(self) -> None:
-        from raycse.adapters import lora_settings
+        from raycse.model.adapters import lora_settings
 
         one_of("model.pooling", self.pooling, POOLINGS)
         one_of("model.mlp_head", self.mlp_head, MLP_MODES)

@@ -16,8 +16,8 @@ from raycse.config.grouping import GroupingConfig
 from raycse.config.model import ModelConfig
 from raycse.config.objective import ObjectiveConfig
 from raycse.config.train import TrainConfig
-from raycse.conversion import coerce
 from raycse.errors import ConfigError
+from raycse.platform.conversion import coerce
 
 
 @dataclass

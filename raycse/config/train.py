@@ -131,14 +131,14 @@ class PrecisionSettings:
                                          'loss; default 2 on CPUs, 1 on GPUs; BERT-family models on CPUs unpad '
                                          'instead unless --unpad false)')
     # BERT-family encoders (BERT, RoBERTa, XLM-R): run every position-wise layer on the real tokens
-    # only, padding just inside attention (raycse.unpad; same loss, BENCHMARKS.md). Replaces
+    # only, padding just inside attention (raycse.model.unpad; same loss, BENCHMARKS.md). Replaces
     # length_buckets for those models; other architectures keep the buckets. Also applies to the
     # workers' STS-B dev scoring (`raycse eval` and grouping embeddings always unpad these models).
     unpad: bool = knob(True, '--unpad',
                        'BERT-family encoders run their layers on real tokens only (padding only inside attention; '
                        'same loss, faster)')
     # On CPU, draw dropout masks four to a 64-bit random word instead of with bernoulli_ (~4x
-    # cheaper; p rounded to 1/32768; raycse.unpad.dropout). GPUs always use PyTorch's dropout.
+    # cheaper; p rounded to 1/32768; raycse.model.unpad.dropout). GPUs always use PyTorch's dropout.
     fast_dropout: bool = detail(True,
                                 'on CPUs, dropout masks drawn four to a 64-bit random word (~4x cheaper, p rounded to'
                                 " 1/32768); GPUs use PyTorch's")

@@ -31,10 +31,15 @@ from typing import Optional
 
 import numpy as np
 
-from raycse import storage
-from raycse.capacity import CpuWait
+from raycse.config.train import TrainConfig
 from raycse.data.corpus import CorpusStats, ExampleColumns, detect_format, file_examples, text_key
 from raycse.errors import DataError
+from raycse.platform import object_store
+from raycse.platform.capacity import CpuWait
+
+# How long a corpus read waits for a CPU unless its caller says: the workers' default wait for their
+# start (train.worker_start_timeout_s x train.worker_start_attempts); a training run passes its own.
+DEFAULT_CPU_WAIT = CpuWait(TrainConfig.worker_start_timeout_s * TrainConfig.worker_start_attempts)
 
 STAT_COLUMNS = {f.name: "_n_" + f.name for f in fields(CorpusStats)}
 
@@ -60,7 +65,7 @@ def resolve_sources(spec: str) -> list[str]:
     out: list[str] = []
     for part in [s.strip() for s in str(spec).split(",") if s.strip()]:
         if "://" in part:
-            storage.check_exists(part, "corpus")
+            object_store.check_exists(part, "corpus")
             out.append(part)
             continue
         # absolute: Ray's read tasks do not run in the driver's working directory
@@ -145,7 +150,7 @@ def _uri_files(uri: str) -> list[tuple]:
     """(filesystem, path) of every file at ``uri``: the object, or the objects under the prefix."""
     import pyarrow.fs as pafs
 
-    fs, path = storage.filesystem(uri)
+    fs, path = object_store.filesystem(uri)
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.File:
         return [(fs, path)]
@@ -162,7 +167,7 @@ def check_not_empty(sources: list) -> None:
     (a prefix of countless blank objects is then left to the read, which fails on it in one line)."""
     checked = 0
     for src in sources:
-        if storage.is_uri(src):
+        if object_store.is_uri(src):
             try:
                 files = _uri_files(src)
             except OSError:
@@ -191,7 +196,7 @@ def check_hub_dataset(d) -> None:
     A saved directory and a builder over local files (data.data_files) need no hub."""
     from huggingface_hub import constants
 
-    from raycse import hub
+    from raycse.platform import hub
 
     if d.data_files or saved_to_disk(str(d.corpus).partition(":")[0]):
         return
@@ -486,7 +491,7 @@ def _select_and_number(table, keep: Optional[np.ndarray], first_id: int):
 
 
 def load_corpus(d, seed: int, dedup: Optional[bool] = None, expand=None, shuffle: bool = True, source=None,
-                paths: Optional[list] = None, cpu_wait: CpuWait = CpuWait()) -> Corpus:
+                paths: Optional[list] = None, cpu_wait: CpuWait = DEFAULT_CPU_WAIT) -> Corpus:
     """Read, clean, pre-shuffle and number a corpus as a distributed Ray Dataset (see the module doc).
 
     ``expand(text, rng) -> list[str]``: extra rows made from each text (an objective's
@@ -585,7 +590,7 @@ class ray_data_errors:
         # (Ray Data's no-progress timeout and its error are newer than raycse's oldest Ray)
         timed_out = getattr(ray.data.exceptions, "ExecutionTimeoutError", None)
         if timed_out is not None and isinstance(exc, timed_out):
-            from raycse.capacity import ClusterBusyError, held_resources
+            from raycse.platform.capacity import ClusterBusyError, held_resources
 
             raise ClusterBusyError(f"{str(exc).splitlines()[0]} ({held_resources()}); free the cluster or add a "
                                    "node, or raise RAY_DATA_EXECUTION_NO_PROGRESS_TIMEOUT_S") from None

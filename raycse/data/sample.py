@@ -43,7 +43,7 @@ def from_hub() -> Optional[str]:
         return None
     from huggingface_hub import hf_hub_download
 
-    from raycse import hub
+    from raycse.platform import hub
 
     with hub.cache_only_if_unreachable() as unreachable:
         try:

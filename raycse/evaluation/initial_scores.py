@@ -25,7 +25,7 @@ def cache_file() -> str:
 
 
 def _cache_file() -> Path:
-    from raycse.machine import cache_dir
+    from raycse.platform.caches import cache_dir
 
     return cache_dir() / "initial_scores.json"
 
@@ -59,7 +59,7 @@ def key(model_path: str, run, selection) -> Optional[str]:
     (an MLP head used at evaluation is freshly initialised)."""
     import torch
 
-    from raycse.machine import describe
+    from raycse.platform.machine import describe
 
     if run.model.resolved_mlp_head == "always":
         return None
@@ -72,14 +72,14 @@ def key(model_path: str, run, selection) -> Optional[str]:
 
 
 def lookup(cache_key: Optional[str], path: str) -> Optional[float]:
-    from raycse.machine import read_json_cache
+    from raycse.platform.caches import read_json_cache
 
     value = read_json_cache(Path(path)).get(cache_key) if cache_key is not None else None
     return float(value) if isinstance(value, (int, float)) else None
 
 
 def store(cache_key: Optional[str], score: float, path: str) -> None:
-    from raycse.machine import read_json_cache, write_json_cache
+    from raycse.platform.caches import read_json_cache, write_json_cache
 
     if cache_key is None:
         return

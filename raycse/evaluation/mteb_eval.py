@@ -25,76 +25,13 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from raycse.config.eval_tasks import LOCAL_KINDS, TaskSpec, parse_local, parse_registered, parse_selection  # noqa: F401 - re-exported
 from raycse.errors import ConfigError, DataError, RaycseError
 
 EmbedFn = Callable[..., np.ndarray]  # embed(texts, prompt_name=None) -> (n, d) float32
-LOCAL_KINDS = ("senteval", "stsb", "beir")
 OFFLINE_FIX = ("copy a Hugging Face cache that holds it (HF_HOME) from a machine that ran the task online, "
                "or score local files with mteb's task classes: raycse eval --mteb-local senteval:DIR | stsb:FILE | "
                "beir:DIR, or in training --eval-metric mteb:stsb:FILE | mteb:senteval:DIR:TASK | mteb:beir:DIR")
-
-
-# ------------------------------------------------------------------------------------------ specs
-@dataclass(frozen=True)
-class TaskSpec:
-    """One MTEB task to run: a registered name, or local data of a SentEval/BEIR directory."""
-
-    name: str  # registered task name, or the SentEval task (STS12, STSBenchmark, ...) / "BEIR"
-    kind: str = "registered"  # registered | senteval | stsb | beir
-    directory: Optional[str] = None  # (stsb: the file)
-
-    @property
-    def key(self) -> str:
-        """The metrics key (JSON, Tune, MLflow): mteb_STS12, mteb_local_STSBenchmark, mteb_local_stsb,
-        mteb_local_beir."""
-        if self.kind == "registered":
-            return f"mteb_{self.name}"
-        return f"mteb_local_{self.name if self.kind == 'senteval' else self.kind}"
-
-    @property
-    def label(self) -> str:
-        """As logs and model cards print it (no local path: a card travels with the model)."""
-        return f"MTEB {self.name}" if self.kind == "registered" else f"MTEB {self.name} (local {self.kind} data)"
-
-
-def parse_registered(text: str) -> list[TaskSpec]:
-    """--mteb STS12,SciFact: registered task names (checked against mteb's registry)."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if not names:
-        raise RaycseError(f"--mteb needs task names, e.g. --mteb STS12,STSBenchmark; got {text!r}")
-    return [TaskSpec(name) for name in names]
-
-
-def parse_local(text: str, sts_tasks: Optional[Sequence[str]] = None) -> list[TaskSpec]:
-    """--mteb-local senteval:DIR (one task per STS task, --tasks filters), stsb:FILE or beir:DIR."""
-    from raycse.evaluation.sts import TASKS, canonical_task
-
-    kind, sep, directory = text.partition(":")
-    if not sep or kind not in LOCAL_KINDS or not directory:
-        raise RaycseError(f"--mteb-local must be senteval:DIR, stsb:FILE or beir:DIR; got {text!r}")
-    if kind in ("beir", "stsb"):
-        return [TaskSpec(kind.upper(), kind, directory)]
-    return [TaskSpec(canonical_task(t), "senteval", directory) for t in (sts_tasks or TASKS)]
-
-
-def parse_selection(text: str) -> TaskSpec:
-    """eval.metric mteb:TASK | mteb:senteval:DIR:TASK | mteb:stsb:FILE | mteb:beir:DIR -> the one task that
-    selects."""
-    from raycse.evaluation.sts import canonical_task
-
-    rest = text.partition(":")[2]
-    kind, _, tail = rest.partition(":")
-    if kind in ("beir", "stsb") and tail:
-        return TaskSpec(kind.upper(), kind, tail)
-    if kind == "senteval":
-        directory, _, task = tail.rpartition(":")
-        if not directory or not task:
-            raise ConfigError(f"eval.metric mteb:senteval:DIR:TASK needs a directory and a task; got {text!r}")
-        return TaskSpec(canonical_task(task), "senteval", directory)
-    if not rest or ":" in rest:
-        raise ConfigError(f"eval.metric must be mteb:TASK (a registered MTEB task), mteb:senteval:DIR:TASK, "
-                          f"mteb:stsb:FILE or mteb:beir:DIR; got {text!r}")
-    return TaskSpec(rest)
 
 
 # ------------------------------------------------------------------------------------------ model
@@ -296,7 +233,7 @@ def load_suite(specs: Sequence[TaskSpec], split: str = "test") -> Suite:
 
 def _load_cached(task) -> None:
     """Load a registered task's data, from the cache only when the hub cannot be reached."""
-    from raycse import hub
+    from raycse.platform import hub
 
     reason = None
     try:

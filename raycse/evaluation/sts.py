@@ -17,6 +17,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
+from raycse.config.eval_tasks import ALIASES, STS_YEAR_TASKS, TASKS, canonical_task  # noqa: F401 - re-exported
 from raycse.errors import DataError
 
 # Task -> (directory or file under the SentEval data root, subsets for the STS years).
@@ -29,9 +30,6 @@ STS_YEARS = {
 }
 STSB_TEST = "STS/STSBenchmark/sts-test.csv"
 SICK_TEST = "SICK/SICK_test_annotated.txt"
-TASKS = list(STS_YEARS) + ["STSBenchmark", "SICKRelatedness"]
-ALIASES = {"STSB": "STSBenchmark", "STS-B": "STSBenchmark", "SICK-R": "SICKRelatedness", "SICKR": "SICKRelatedness",
-           "SICK": "SICKRelatedness"}
 SENTEVAL_HINT = ("get the data with SentEval's data/downstream/get_transfer_data.bash "
                  "(github.com/facebookresearch/SentEval) and pass its data/downstream directory")
 
@@ -50,14 +48,6 @@ class STSData:
 
     def __len__(self) -> int:
         return len(self.gold)
-
-
-def canonical_task(name: str) -> str:
-    name = ALIASES.get(name.upper(), ALIASES.get(name, name))
-    for task in TASKS:
-        if task.lower() == name.lower():
-            return task
-    raise DataError(f"unknown STS task '{name}'; choose from {', '.join(TASKS)} (aliases: STSB, SICK-R)")
 
 
 def gold_score(text: str, where: str, low: float = 0.0, high: float = 5.0) -> float:
@@ -131,7 +121,7 @@ def read_hub_stsb(name: str = "stsb_dev") -> Optional[STSData]:
     are x5, to STS-B's 0-5 (Spearman does not change)."""
     import importlib.util
 
-    from raycse import hub
+    from raycse.platform import hub
 
     if importlib.util.find_spec("datasets") is None:
         return None

@@ -22,8 +22,8 @@ class Embedder:
                  prompt_name: Optional[str] = None, prompts: Optional[dict] = None, trust_remote_code: bool = False):
         import torch
 
-        from raycse.encoder import Encoder
-        from raycse.precision import resolve_precision
+        from raycse.model.encoder import Encoder
+        from raycse.model.precision import resolve_precision
 
         self.encoder = Encoder.from_pretrained(model_path, trust_remote_code=trust_remote_code)
         self.encoder.add_prompts(prompts or {})  # a training run's data.prompts, as its workers hold them
@@ -60,7 +60,7 @@ def grouping_prompt_name(prompts: Optional[dict], by: str) -> Optional[str]:
     """The prompt a grouping embeds its key column with, so that it groups the text training sees:
     the column's own ``data.prompts`` entry (named as :meth:`Encoder.add_prompts` keeps it) where the
     run gives one, else the model's default prompt (None)."""
-    from raycse.encoder import PROMPT_NAMES
+    from raycse.model.encoder import PROMPT_NAMES
 
     role = column(by)
     return PROMPT_NAMES[role] if role in (prompts or {}) else None

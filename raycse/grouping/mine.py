@@ -189,7 +189,7 @@ def write_table(columns: dict, output: Path, fmt: str) -> None:
 
     import pandas as pd
 
-    from raycse.outputs import staging_prefix
+    from raycse.platform.staging import staging_prefix
 
     df = pd.DataFrame(columns)
     tmp = output.parent / f"{staging_prefix(output.name)}{uuid.uuid4().hex[:8]}"

@@ -11,7 +11,7 @@ TASK_WAIT_S = 3600.0
 
 def wait_limit() -> float:
     """Seconds to wait for the grouping's Ray tasks: ``RAYCSE_GROUPING_TASK_TIMEOUT_S`` or 3600."""
-    from raycse.conversion import env_seconds
+    from raycse.platform.conversion import env_seconds
 
     return env_seconds(TASK_WAIT_ENV, TASK_WAIT_S)
 

@@ -81,7 +81,7 @@ class Objective(nn.Module):
 
     def lora_refusal(self) -> Optional[str]:
         """Why this objective, with these knobs, cannot train LoRA adapters in place of the backbone's
-        weights (raycse.adapters), or None."""
+        weights (raycse.model.adapters), or None."""
         return None
 
     def custom_lr(self) -> dict[str, float]:

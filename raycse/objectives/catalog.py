@@ -9,13 +9,13 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from raycse.conversion import coerce
 from raycse.errors import ConfigError
 from raycse.objectives.bsc import BSC
 from raycse.objectives.compcse import CompCSE
 from raycse.objectives.laser import Laser
 from raycse.objectives.sgopt import SGOPT
 from raycse.objectives.simcse import SimCSE
+from raycse.platform.conversion import coerce
 
 # Knob names that changed (one name per knob everywhere: flags, YAML, search spaces, code)
 RENAMED = {"temperature": "tau", "trainable_temperature": "trainable_tau", "temperature_lr": "tau_lr"}

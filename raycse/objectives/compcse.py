@@ -1,6 +1,6 @@
 """CompCSE: composition of phrase halves as the positive (Chanchani & Huang, 2023, Sec. 3).
 
-The token sequence of each sentence is split into a left and a right half (``raycse.views.halves``,
+The token sequence of each sentence is split into a left and a right half (``raycse.objectives.views.halves``,
 each half with its own special tokens; the left one takes the extra token of an odd length); the
 sentence and both halves go through the encoder *and the linear projector g* (the MLP head) in one
 call, "in independent forward passes through the encoder and linear projector", and the projected
@@ -55,7 +55,7 @@ from torch import Tensor, nn
 from raycse.errors import ConfigError
 from raycse.objectives.base import LossOutput, Objective, Params, positive
 from raycse.objectives.contrastive import info_nce
-from raycse.views import halves, special_ids
+from raycse.objectives.views import halves, special_ids
 
 
 COMPOSE = ("mean", "sum", "concat", "sbert")

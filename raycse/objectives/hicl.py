@@ -1,7 +1,7 @@
 """HiCL: hierarchical contrastive learning (Wu et al., 2023), wrapping any base objective.
 
 Each sequence (truncated to ``model.max_length`` first) is sliced by the queue rule into segments
-of ``slice_length`` tokens (``raycse.views.slice_pieces``); all segments of the batch go through
+of ``slice_length`` tokens (``raycse.objectives.views.slice_pieces``); all segments of the batch go through
 the encoder in one call; a sequence's vector is the length-weighted mean of its segments
 
     h_i = sum_j h_ij |seg_ij| / sum_k |seg_ik|     (``weighted: false`` for the plain mean)
@@ -39,7 +39,7 @@ from raycse.errors import ConfigError
 from raycse.objectives.base import LossOutput, Objective, Params, positive
 from raycse.objectives.catalog import BASES
 from raycse.objectives.contrastive import info_nce
-from raycse.views import Pieces, segment_mean, slice_pieces, special_ids
+from raycse.objectives.views import Pieces, segment_mean, slice_pieces, special_ids
 
 
 @dataclass

@@ -26,7 +26,7 @@ import torch
 from raycse.errors import ConfigError
 from raycse.objectives.base import LossOutput, Objective, Params, positive
 from raycse.objectives.contrastive import info_nce
-from raycse.views import elongate, random_repeats, special_ids
+from raycse.objectives.views import elongate, random_repeats, special_ids
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 

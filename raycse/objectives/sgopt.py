@@ -43,9 +43,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from raycse.errors import ConfigError
+from raycse.model.unpad import backbone_forward
 from raycse.objectives.base import LossOutput, Objective, Params, positive
 from raycse.objectives.contrastive import cosine_logits, gather, local_offset
-from raycse.unpad import backbone_forward
 
 LAYER_POOLINGS = ("max", "mean")
 VARIANTS = ("opt3", "opt2", "opt1", "base")

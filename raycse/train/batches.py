@@ -17,9 +17,9 @@ from typing import Iterator
 import torch
 
 from raycse.grouping.layout import CorpusTable, epoch_rows
+from raycse.platform.ray_session import fetch
 from raycse.train import ahead, regroup
 from raycse.train.plan import FitPlan
-from raycse.train.runtime import fetch
 
 
 def row_examples(row: dict) -> list:

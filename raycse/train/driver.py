@@ -25,23 +25,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from raycse import storage as objstore  # "storage" is Ray Train's checkpoint path below
-from raycse.capacity import cluster_ceiling, default_cpus_per_worker
 from raycse.config import RunConfig
 from raycse.evaluation import initial_scores
-from raycse.interrupts import interrupted
-from raycse.outputs import claim_output, private_tempdir
-from raycse.redact import redact_obj
-from raycse.train.checkpoints import files as ckpt
+from raycse.platform import object_store
+from raycse.platform import release
+from raycse.platform.capacity import cluster_ceiling, default_cpus_per_worker
+from raycse.platform.interrupts import interrupted
+from raycse.platform.ray_session import ensure_ray, setup_ray_data
+from raycse.platform.redact import redact_obj
+from raycse.platform.staging import claim_output, private_tempdir
 from raycse.train import identity
-from raycse.train import release
 from raycse.train import tracking as tracking_mod
+from raycse.train.checkpoints import files as ckpt
 from raycse.train.fit import build_trainer, fit_and_release, report_resume, say_devices, worker_resources
 from raycse.train.plan import FitPlan, TuneHooks, plan_steps
 from raycse.train.preflight import check_inputs, check_local_gpus, resolve_storage_path
 from raycse.train.prepare import data_key, fit_data, objective_knobs, read_corpus
 from raycse.train.publishing import best_checkpoint, close_tracking, log_model, publish, write_output
-from raycse.train.runtime import ensure_ray, setup_ray_data
 
 
 @dataclass
@@ -62,7 +62,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     removed on success); a fixed path plus ``run_name`` lets a restarted driver resume from the
     latest whole checkpoint there. ``hooks``: a Tune trial's needs (:class:`raycse.train.plan.TuneHooks`:
     a rung's last step, extra scored steps, the score sink, the experiment's prepared data, and the
-    registry of live runs, by default this driver process's, :func:`raycse.train.release.driver_registry`).
+    registry of live runs, by default this driver process's, :func:`raycse.platform.release.driver_registry`).
     Every fit's workers and placement group are released before this returns or raises.
     """
     hooks = hooks or TuneHooks()
@@ -132,7 +132,7 @@ def _start_ray(run: RunConfig, hooks: TuneHooks, staging: Path) -> tuple:
     this run's key in it)."""
     import ray
 
-    from raycse.machine import describe
+    from raycse.platform.machine import describe
 
     print(f"[raycse] driver on {describe()}", flush=True)  # the first line of the log names the machine
     if ensure_ray():
@@ -161,7 +161,7 @@ def _fit(run: RunConfig, inputs: _Inputs, hooks: TuneHooks, source, staging: Pat
     if inputs.storage_path:
         identity.record(inputs.storage_path, inputs.run_name, inputs.definition)
     plan = FitPlan(run=run, total_steps=total, stop_at=min(total, hooks.stop_at or total), steps_per_epoch=spe,
-                   regroup_in_fit=run.grouping.regroups_in_fit, checkpoint_dir=objstore.join(storage, inputs.run_name),
+                   regroup_in_fit=run.grouping.regroups_in_fit, checkpoint_dir=object_store.join(storage, inputs.run_name),
                    threads=max(1, round(cpus)), dev=ray.put(dev) if dev is not None else None,
                    initial_key=initial_scores.key(inputs.model_path, run, dev) if dev is not None else None,
                    initial_file=initial_scores.cache_file(), eval_at=tuple(int(s) for s in hooks.eval_at),
@@ -199,7 +199,7 @@ def interrupted_detail(run: RunConfig, storage_path: Optional[str], run_name: st
                 f"an interruption")
     found = None
     try:
-        found = ckpt.latest_valid(objstore.join(storage_path, run_name))
+        found = ckpt.latest_valid(object_store.join(storage_path, run_name))
     except Exception:  # noqa: BLE001 - unreadable storage: no step to name
         found = None
     resume = f"resume from step {found[0]}" if found else "start again (no whole checkpoint was saved yet)"

@@ -8,12 +8,12 @@ import os
 from typing import Optional
 
 from raycse.errors import RaycseError
-from raycse.redact import redact
-from raycse.train import release
+from raycse.platform import release
+from raycse.platform.process_state import train_worker_env
+from raycse.platform.redact import redact
 from raycse.train.checkpoints.in_fit import CHECKPOINT_RANK
 from raycse.train.loop import train_loop_per_worker
 from raycse.train.plan import FitPlan
-from raycse.train.runtime import train_worker_env
 
 
 def collective_backend(t) -> str:

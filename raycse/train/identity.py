@@ -7,7 +7,7 @@ run (its resolved config, less the settings that change how it is carried out ra
 trains, and the corpus's identity: each source file with its size and modification time) is
 compared with the record beside the checkpoints, ``raycse_run.json``. A different run is refused
 before Ray starts, naming the keys that differ; the same one resumes. The record is written before
-the first checkpoint and holds no credential (:mod:`raycse.redact`).
+the first checkpoint and holds no credential (:mod:`raycse.platform.redact`).
 
 Torch-free.
 """
@@ -19,9 +19,9 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from raycse import storage
 from raycse.errors import ConfigError
-from raycse.redact import redact, redact_obj
+from raycse.platform import object_store
+from raycse.platform.redact import redact, redact_obj
 
 RECORD = "raycse_run.json"
 # Keys a rerun may change and still resume: where results go, logging, resources and waits, how
@@ -48,10 +48,10 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 def _file_identity(path: str) -> list:
-    if storage.is_uri(path):
+    if object_store.is_uri(path):
         import pyarrow.fs as pafs
 
-        fs, root = storage._fs(path)
+        fs, root = object_store._fs(path)
         info = fs.get_file_info(root)
         infos = ([info] if info.type == pafs.FileType.File
                  else fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)))
@@ -70,27 +70,27 @@ def definition(run, sources: Optional[list]) -> dict:
 
 
 def _has_checkpoints(run_dir: str) -> bool:
-    if storage.is_uri(run_dir):
-        return any(is_dir and name.startswith("checkpoint_") for name, is_dir in storage.list_dir(run_dir))
+    if object_store.is_uri(run_dir):
+        return any(is_dir and name.startswith("checkpoint_") for name, is_dir in object_store.list_dir(run_dir))
     return any(p.is_dir() for p in Path(run_dir).glob("checkpoint_*"))
 
 
 def _read(run_dir: str) -> Optional[dict]:
     try:
-        text = storage.read_text(storage.join(run_dir, RECORD))
+        text = object_store.read_text(object_store.join(run_dir, RECORD))
     except FileNotFoundError:
         return None
     try:
         return json.loads(text)["definition"]
     except (ValueError, KeyError, TypeError):
-        raise ConfigError(f"{redact(storage.join(run_dir, RECORD))} is damaged; start this run under a new "
+        raise ConfigError(f"{redact(object_store.join(run_dir, RECORD))} is damaged; start this run under a new "
                           f"--storage-path or --run-name NAME") from None
 
 
 def check(storage_path: str, run_name: str, current: dict) -> None:
     """Refuse, before Ray starts, to resume checkpoints under ``storage_path/run_name`` that another
     run wrote (or a run that did not record itself)."""
-    run_dir = storage.join(storage_path, run_name)
+    run_dir = object_store.join(storage_path, run_name)
     if not _has_checkpoints(run_dir):
         return  # nothing to take over: this run starts afresh (and records itself)
     saved = _read(run_dir)
@@ -108,7 +108,7 @@ def check(storage_path: str, run_name: str, current: dict) -> None:
 
 def record(storage_path: str, run_name: str, current: dict) -> None:
     """Write the run's definition beside its checkpoints (before the first one)."""
-    run_dir = storage.join(storage_path, run_name)
-    if not storage.is_uri(run_dir):
+    run_dir = object_store.join(storage_path, run_name)
+    if not object_store.is_uri(run_dir):
         Path(run_dir).mkdir(parents=True, exist_ok=True)
-    storage.write_text(storage.join(run_dir, RECORD), json.dumps({"definition": current}, indent=1, sort_keys=True))
+    object_store.write_text(object_store.join(run_dir, RECORD), json.dumps({"definition": current}, indent=1, sort_keys=True))

@@ -17,8 +17,11 @@ from concurrent import futures
 
 import torch
 
-from raycse import compat
-from raycse.train import ahead, release
+from raycse.platform import compat
+from raycse.platform import release
+from raycse.platform.process_state import seed_everything
+from raycse.platform.ray_session import setup_ray_data
+from raycse.train import ahead
 from raycse.train.batches import BatchSource
 from raycse.train.checkpoints.in_fit import Checkpointer, checkpoint_rank, CHECKPOINT_RANK
 from raycse.train.module import build_module, worker_device
@@ -26,7 +29,6 @@ from raycse.train.plan import FitPlan
 from raycse.train.profile import StepProfiler, fit_window, span
 from raycse.train.progress import Progress
 from raycse.train.reporter import Reporter
-from raycse.train.runtime import seed_everything, setup_ray_data
 from raycse.train.steps import StepEngine, move
 
 
@@ -148,7 +150,7 @@ def worker_places(world_size: int) -> list[tuple]:
 
 
 def train_loop_per_worker(config: dict) -> None:
-    from raycse.redact import redacted_streams
+    from raycse.platform.redact import redacted_streams
 
     with redacted_streams():  # the worker's log (and the driver's copy of it) holds no credential of a URI
         _train_worker(config["plan"])

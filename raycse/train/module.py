@@ -8,13 +8,13 @@ import os
 import torch
 from torch import nn
 
-from raycse.adapters import add_lora, trainable_line
 from raycse.config import RunConfig
-from raycse.encoder import PROMPT_LEFT_OUT, Encoder, default_prompt_of, embedding_width_of, empty_backbone_of
 from raycse.errors import ConfigError, ModelError
+from raycse.model.adapters import add_lora, trainable_line
+from raycse.model.encoder import PROMPT_LEFT_OUT, Encoder, default_prompt_of, embedding_width_of, empty_backbone_of
+from raycse.model.unpad import use_fast_dropout
 from raycse.objectives.base import LossOutput, Objective
 from raycse.objectives.matryoshka import check_fits
-from raycse.unpad import use_fast_dropout
 
 GPU_STAND_IN = "RAYCSE_GPU_STAND_IN"  # =cpu: workers holding declared GPUs train on the CPU (tests)
 

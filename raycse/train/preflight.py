@@ -19,13 +19,13 @@ from typing import Optional
 
 import torch
 
-from raycse import storage as objstore
 from raycse.config import RunConfig
-from raycse.encoder import probe_tokenizer, resolve_model
 from raycse.errors import ConfigError
 from raycse.evaluation.selection import load_selection
-from raycse.outputs import check_not_inside
-from raycse.redact import refuse_credentials
+from raycse.model.encoder import probe_tokenizer, resolve_model
+from raycse.platform import object_store
+from raycse.platform.redact import refuse_credentials
+from raycse.platform.staging import check_not_inside
 from raycse.train import tracking as tracking_mod
 from raycse.train.module import check_model_fits_objective
 
@@ -172,8 +172,8 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
         check_hub_dataset(run.data)
     refuse_credentials("--storage-path", storage_path)
     check_apart_from_output(run, storage_path)
-    if storage_path and objstore.is_uri(storage_path):
-        objstore.check_usable(storage_path)  # else Train's controller fails on it, with a traceback
+    if storage_path and object_store.is_uri(storage_path):
+        object_store.check_usable(storage_path)  # else Train's controller fails on it, with a traceback
     model_path = resolve_model(run.model.name_or_path, run.model.trust_remote_code)
     local_model = Path(os.path.expanduser(run.model.name_or_path)).exists()
     # a relative path means nothing in a worker's directory
@@ -183,15 +183,15 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     if sources:
         check_one_global_batch(run, sources)
     check_model_fits_objective(run, model_path)
-    remote = run.output_dir if objstore.is_uri(run.output_dir) else None
+    remote = run.output_dir if object_store.is_uri(run.output_dir) else None
     # (an output on object storage is built in the system's temporary directory first)
     local_out = Path(tempfile.gettempdir()) if remote else Path(os.path.expanduser(run.output_dir)).resolve()
     check_free_space(model_path, local_out, storage_path, run.train.keep_checkpoints)
-    if remote and objstore.prefix_exists(remote):
+    if remote and object_store.prefix_exists(remote):
         if not overwrite:
             raise ConfigError(f"output {remote} already exists and is not empty; choose another --output or pass "
                               f"--overwrite")
-        objstore.check_replaceable_prefix(remote)
+        object_store.check_replaceable_prefix(remote)
     return run, model_path, dev, remote, sources
 
 
@@ -242,7 +242,7 @@ def text_sample(run: RunConfig, sources: Optional[list], dev) -> list[str]:
 def resolve_storage_path(storage_path: Optional[str]) -> Optional[str]:
     """``--storage-path`` as Ray Train takes it: a URI as given, a local path absolute (resolved against
     the working directory, as ``--output`` is) and refused now, before Ray starts, if it is a file."""
-    if not storage_path or objstore.is_uri(storage_path):
+    if not storage_path or object_store.is_uri(storage_path):
         return storage_path
     path = Path(os.path.expanduser(storage_path)).resolve()
     if path.exists() and not path.is_dir():
@@ -252,7 +252,7 @@ def resolve_storage_path(storage_path: Optional[str]) -> Optional[str]:
 
 def check_apart_from_output(run: RunConfig, storage_path: Optional[str]) -> None:
     """Nothing the run reads, and not its checkpoints, inside the local output directory it publishes."""
-    if objstore.is_uri(run.output_dir):
+    if object_store.is_uri(run.output_dir):
         return
     kind, directory, _ = run.eval.selection()
     if kind == "mteb":

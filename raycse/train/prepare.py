@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from raycse.config import RunConfig
-from raycse.encoder import resolve_model
+from raycse.model.encoder import resolve_model
 from raycse.objectives import registry
+from raycse.platform.ray_session import ensure_ray, setup_ray_data
 from raycse.train.plan import planned_epochs, plan_steps
-from raycse.train.runtime import ensure_ray, setup_ray_data
 
 
 def row_expander(run: RunConfig):
@@ -33,8 +33,8 @@ def load_run_corpus(run: RunConfig, source=None, paths: Optional[list] = None):
     """``run``'s corpus as the train loop sees it: read, cleaned, expanded by the objective, numbered.
     The read waits for a free CPU as long as the run's workers would wait to start. ``source``: a
     dataset object read instead of ``run.data.corpus``; ``paths``: its files, resolved by check_inputs."""
-    from raycse.capacity import CpuWait
     from raycse.data.dataset import load_corpus
+    from raycse.platform.capacity import CpuWait
 
     t = run.train
     wait = CpuWait(t.worker_start_timeout_s * t.worker_start_attempts, knob="train.worker_start_timeout_s")
@@ -101,9 +101,9 @@ def read_corpus(run: RunConfig, prepared: Optional[PreparedData], source=None, p
 def lay_out_epochs(run: RunConfig, corpus, spe: int, total: int, embed_from: str) -> tuple[list, list]:
     """The fit's epochs as layouts of row ids (raycse.grouping.layout) and each epoch's grouping log.
     Strategies that group by embeddings embed the corpus once, with ``embed_from``."""
-    from raycse.encoder import embedding_width_of
     from raycse.grouping import layouts, plan_epoch
     from raycse.grouping.embed import check_room_to_group, embed_corpus, grouping_prompt_name
+    from raycse.model.encoder import embedding_width_of
 
     t, prompts = run.train, run.data.prompts
     check_room_to_group(corpus.num_examples, embedding_width_of(embed_from), run.grouping)  # this driver keeps them

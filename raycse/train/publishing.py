@@ -11,13 +11,13 @@ from typing import Optional
 
 import yaml
 
-from raycse import storage as objstore  # "storage" is Ray Train's checkpoint path elsewhere
-from raycse.card import model_card
 from raycse.config import RunConfig
-from raycse.outputs import OutputClaim, publish_claimed
-from raycse.redact import redact, redact_obj
-from raycse.train.checkpoints import files as ckpt
+from raycse.model.card import model_card
+from raycse.platform import object_store
+from raycse.platform.redact import redact, redact_obj
+from raycse.platform.staging import OutputClaim, publish_claimed
 from raycse.train import tracking as tracking_mod
+from raycse.train.checkpoints import files as ckpt
 from raycse.train.reporter import SCORE_METRIC
 
 
@@ -50,11 +50,11 @@ def write_output(staging: Path, run: RunConfig, best, summary: dict, final: str)
 
 def publish(claim: OutputClaim, remote: Optional[str], overwrite: bool) -> None:
     """The staging directory becomes the output by renames that remove nothing this run did not check
-    (raycse.outputs.publish_claimed); then, for an output on object storage, it is uploaded (objects
+    (raycse.platform.staging.publish_claimed); then, for an output on object storage, it is uploaded (objects
     under a staging prefix, the manifest last)."""
     publish_claimed(claim)
     if remote:
-        objstore.publish(claim.dest, remote, overwrite, parts=("model",))
+        object_store.publish(claim.dest, remote, overwrite, parts=("model",))
 
 
 def log_model(tracking: tuple, model_dir: Path) -> None:

@@ -9,13 +9,17 @@ from typing import Optional
 import torch
 
 from raycse.evaluation import initial_scores
+from raycse.model import onednn
+from raycse.model.precision import resolve_precision
 from raycse.objectives.base import LossOutput
+from raycse.platform import machine
+from raycse.platform.process_state import release_freed_memory
+from raycse.platform.ray_session import fetch
 from raycse.train import tracking
 from raycse.train.module import shape_bound, what_trains
 from raycse.train.plan import FitPlan
-from raycse.train.progress import Progress, run_line
 from raycse.train.profile import describe
-from raycse.train.runtime import fetch, release_freed_memory, resolve_precision
+from raycse.train.progress import Progress, run_line
 
 SCORE_METRIC = "stsb_dev_spearman"  # the default model-selection key (eval.metric: stsb_dev)
 # Workers log instead of print: Ray Train V2 patches print() into its logger and would echo each line twice.
@@ -28,7 +32,6 @@ class Reporter:
     def __init__(self, plan: FitPlan, rank: int, world_size: int, engine, progress: Progress):
         self.plan, self.run, self.rank, self.world_size = plan, plan.run, rank, world_size
         self.engine, self.progress = engine, progress
-        # only rank 0 scores
         self.dev = fetch(plan.dev, "the scoring data") if plan.dev is not None and rank == 0 else None
         self.key = self.run.eval.score_key()
         self.eval_dtype = (engine.dtype if self.run.eval.precision == "train"
@@ -64,14 +67,11 @@ class Reporter:
         log.setLevel(logging.INFO)
         if self.rank != 0:
             return
-        from raycse import machine, onednn
-
-        run, dev, p, e = self.run, self.dev, self.progress, self.engine
         kernels = onednn.choice()
         log.info(f"[raycse] rank 0 on {machine.describe()}, torch {torch.__version__}; fp32 CPU linears on "
                  f"{'oneDNN' if kernels['onednn'] else 'PyTorch default kernels'} ({kernels['why']})")
-        log.info(run_line(self.plan, self.world_size, p, e.dtype, dev, remembered))
-        for line in (shape_bound(run, e.core.objective), what_trains(e.core)):
+        log.info(run_line(self.plan, self.world_size, self.progress, self.engine.dtype, self.dev, remembered))
+        for line in (shape_bound(self.run, self.engine.core.objective), what_trains(self.engine.core)):
             log.info(f"[raycse] {line}")
 
     def note_warmup(self, started: float) -> None:

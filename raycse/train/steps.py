@@ -14,10 +14,10 @@ import torch
 from torch import nn
 
 from raycse.config import RunConfig
+from raycse.model.precision import autocast, resolve_precision
 from raycse.objectives.base import LossOutput
 from raycse.train import gradcache
 from raycse.train.module import build_optimizer, unwrap
-from raycse.train.runtime import autocast, resolve_precision
 
 
 def move(batch: dict, device: torch.device) -> dict:

@@ -27,7 +27,7 @@ from typing import Optional
 
 from raycse.config import parse_tracking as parse
 from raycse.errors import RaycseError
-from raycse.redact import redact, redact_obj
+from raycse.platform.redact import redact, redact_obj
 
 EXPERIMENT = "raycse"
 # MLflow client settings (a value already in the environment wins):
@@ -78,7 +78,7 @@ class Tracking:
 
 def wandb_dir() -> str:
     """Where W&B keeps a run's local files: WANDB_DIR, else raycse's cache (never the output directory)."""
-    from raycse.machine import cache_dir
+    from raycse.platform.caches import cache_dir
 
     where = os.environ.get("WANDB_DIR") or str(cache_dir() / "wandb")
     try:

@@ -19,14 +19,14 @@ from typing import Optional
 from ray.tune import Callback
 from ray.tune.logger import LoggerCallback
 
-from raycse import storage
 from raycse.config import parse_tracking
 from raycse.errors import ConfigError, require
-from raycse.redact import refuse_credentials
+from raycse.platform import object_store
+from raycse.platform.redact import refuse_credentials
 from raycse.train import tracking as trackers
 from raycse.tune import study
-from raycse.tune.space import SearchSpace, load_space, space_text
 from raycse.tune.settings import TuneSettings
+from raycse.tune.space import SearchSpace, load_space, space_text
 from raycse.tune.trial import SEED_MODEL, SEED_RUN, TARGET, TrialSetup, is_final, run_trial
 
 SETTINGS = "raycse_tune.json"
@@ -97,7 +97,7 @@ def preflight(space: SearchSpace, settings: TuneSettings, run=None) -> tuple[int
     fits what the cluster can grow to, before any data is read; returns (concurrent trials, CPUs per Train
     worker, seeds side by side), said in one line with why. Fails with the numbers instead of letting
     trials wait in PENDING forever. ``run``: the space's run, where the caller checked it already."""
-    from raycse.capacity import cluster_ceiling
+    from raycse.platform.capacity import cluster_ceiling
 
     run = run if run is not None else _checked_run(space)
     ceiling = cluster_ceiling()
@@ -131,7 +131,7 @@ def preflight(space: SearchSpace, settings: TuneSettings, run=None) -> tuple[int
 def _checked_run(space: SearchSpace):
     """The space's run without knobs, checked as a training run is (corpus named, data fits the objective,
     model found)."""
-    from raycse.encoder import resolve_model
+    from raycse.model.encoder import resolve_model
     from raycse.train.preflight import check_data_fits_objective
 
     run = space.run_config({})
@@ -178,7 +178,7 @@ def _cpus_per_worker(ceiling, cpus: float, concurrent: int, workers_a_trial: int
     """CPUs each Train worker reserves where the run does not say: the cluster's CPUs (less the trials' own)
     shared between every worker going at once, no more than a node holds, and for a GPU share no more than
     the GPU nodes have per share (0.5 GPU on a node of 2 CPUs and 1 GPU: 1 CPU, so two such workers pack it)."""
-    from raycse.capacity import worker_cpu_cap
+    from raycse.platform.capacity import worker_cpu_cap
 
     workers_at_once = concurrent * workers_a_trial
     fair = (cpus - concurrent * TRIAL_CPU) / workers_at_once
@@ -203,12 +203,12 @@ def drop_train_checkpoints(trial_path: str, fs=None) -> None:
     storage) a path within ``fs``."""
     import pyarrow.fs as pafs
 
-    from raycse.outputs import staging_prefix
+    from raycse.platform.staging import staging_prefix
 
     if fs is not None:
         root = trial_path
     else:
-        fs, root = pafs.FileSystem.from_uri(trial_path if storage.is_uri(trial_path)
+        fs, root = pafs.FileSystem.from_uri(trial_path if object_store.is_uri(trial_path)
                                             else str(Path(trial_path).resolve()))
     try:
         seeds = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
@@ -225,7 +225,7 @@ def drop_train_checkpoints(trial_path: str, fs=None) -> None:
 class EndTrialRuns(Callback):
     """Ends every Train run of a trial's seeds as soon as Tune ends the trial (complete, stopped by
     ASHA, errored), before the trial's CPUs are offered to the next trial: Tune runs callbacks in
-    its control loop, so no trial starts while this waits (bounded; raycse.train.release)."""
+    its control loop, so no trial starts while this waits (bounded; raycse.platform.release)."""
 
     def __init__(self, registry_name: str, timeout_s: float):
         # by name: Tune pickles its callbacks with the experiment, and a resumed one has a new registry
@@ -234,7 +234,7 @@ class EndTrialRuns(Callback):
     def _end(self, trial) -> None:
         import ray
 
-        from raycse.train.release import ReleaseError, release
+        from raycse.platform.release import ReleaseError, release
 
         try:
             release(ray.get_actor(self.registry_name), f"{trial.trial_id}/", self.timeout_s, close=True)
@@ -325,10 +325,10 @@ def _trainable(settings: TuneSettings, space: SearchSpace, exp_dir: Path, num_ex
 
 @contextmanager
 def _experiment_registry(exp_dir, space: SearchSpace):
-    """The experiment's RunRegistry (raycse.train.release), named after its directory, for the
+    """The experiment's RunRegistry (raycse.platform.release), named after its directory, for the
     length of its fit: then any run still registered (an interrupted fit's) is ended and the
     registry with it, so the driver keeps nothing of the experiment."""
-    from raycse.train.release import release, start_registry, stop_registry
+    from raycse.platform.release import release, start_registry, stop_registry
 
     name = _registry_name(exp_dir)
     registry = start_registry(name)
@@ -342,7 +342,7 @@ def _experiment_registry(exp_dir, space: SearchSpace):
 
 
 def _release_timeout(space: SearchSpace) -> float:
-    from raycse.train.release import RELEASE_MARGIN_S
+    from raycse.platform.release import RELEASE_MARGIN_S
 
     return space.run_config({}).train.worker_start_timeout_s + RELEASE_MARGIN_S
 
@@ -451,7 +451,7 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
     """Run a search; returns (experiment directory, ResultGrid)."""
     from ray import tune
 
-    from raycse.train.runtime import ensure_ray, setup_ray_data
+    from raycse.platform.ray_session import ensure_ray, setup_ray_data
 
     settings.validate()
     if settings.searcher == "optuna":
@@ -467,7 +467,7 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
     check_space_extras(space)
     name = name or f"{Path(settings.space).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     exp_dir = experiment_location(storage_path, name)
-    if (storage.prefix_exists(str(exp_dir)) if storage.is_uri(exp_dir) else exp_dir.exists()):
+    if (object_store.prefix_exists(str(exp_dir)) if object_store.is_uri(exp_dir) else exp_dir.exists()):
         raise ConfigError(f"experiment directory {exp_dir} exists; continue it with --resume {exp_dir} or pick "
                           f"another --name")
     run = _checked_run(space)  # (a missing or untrusted model refused before Ray starts)
@@ -476,7 +476,7 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
     concurrent, per_worker, settings.parallel_seeds = preflight(space, settings, run)
     prepared, num_examples = prepare_seeds(space, list(settings.seeds))  # data errors before any file
     where = study.place(exp_dir, name, settings.optuna_storage)
-    settings_dict = {**asdict(settings), "space": storage.join(str(exp_dir), "space.yaml"),
+    settings_dict = {**asdict(settings), "space": object_store.join(str(exp_dir), "space.yaml"),
                      "num_examples": num_examples, "concurrent": concurrent, "cpus_per_worker": per_worker,
                      "optuna_study": {"name": where.name, "storage": where.remote or where.url}}
     write_records(exp_dir, text, settings_dict)
@@ -511,7 +511,7 @@ def _fit(tuner, exp_dir):
     as interrupted, naming ``--resume``: Tune alone ended it with exit 0."""
     import signal
 
-    from raycse import interrupts
+    from raycse.platform import interrupts
 
     if not interrupts.installed():
         return tuner.fit()
@@ -535,24 +535,24 @@ def _fit(tuner, exp_dir):
 def experiment_location(storage_path: str, name: str):
     """Where an experiment lives: a local Path (made absolute), or a URI string (``s3://...``), which
     Tune's own storage layer writes to."""
-    if storage.is_uri(storage_path):
-        return storage.join(str(storage_path), name)
+    if object_store.is_uri(storage_path):
+        return object_store.join(str(storage_path), name)
     return Path(storage_path).resolve() / name
 
 
 def _parent(exp_dir) -> str:
-    return str(exp_dir).rstrip("/").rsplit("/", 1)[0] if storage.is_uri(exp_dir) else str(Path(exp_dir).parent)
+    return str(exp_dir).rstrip("/").rsplit("/", 1)[0] if object_store.is_uri(exp_dir) else str(Path(exp_dir).parent)
 
 
 def _name(exp_dir) -> str:
-    return str(exp_dir).rstrip("/").rsplit("/", 1)[1] if storage.is_uri(exp_dir) else Path(exp_dir).name
+    return str(exp_dir).rstrip("/").rsplit("/", 1)[1] if object_store.is_uri(exp_dir) else Path(exp_dir).name
 
 
 def write_records(exp_dir, text: str, settings_dict: dict) -> None:
     """The search space's text and the settings, beside Tune's own state, before the first trial."""
-    if storage.is_uri(exp_dir):
-        storage.write_text(storage.join(exp_dir, "space.yaml"), text)
-        storage.write_text(storage.join(exp_dir, SETTINGS), json.dumps(settings_dict, indent=2))
+    if object_store.is_uri(exp_dir):
+        object_store.write_text(object_store.join(exp_dir, "space.yaml"), text)
+        object_store.write_text(object_store.join(exp_dir, SETTINGS), json.dumps(settings_dict, indent=2))
         return
     exp_dir.mkdir(parents=True)
     (exp_dir / "space.yaml").write_text(text)
@@ -562,7 +562,7 @@ def write_records(exp_dir, text: str, settings_dict: dict) -> None:
 def load_settings(exp_dir) -> tuple[TuneSettings, dict]:
     """The experiment's settings; for an experiment on object storage, ``space`` is a local copy."""
     try:
-        raw = json.loads(storage.read_text(storage.join(str(exp_dir), SETTINGS)) if storage.is_uri(exp_dir)
+        raw = json.loads(object_store.read_text(object_store.join(str(exp_dir), SETTINGS)) if object_store.is_uri(exp_dir)
                          else (Path(exp_dir) / SETTINGS).read_text())
     except FileNotFoundError:
         raise ConfigError(f"{exp_dir} is not a raycse tune experiment (no {SETTINGS}); pass the directory "
@@ -577,15 +577,15 @@ def load_settings(exp_dir) -> tuple[TuneSettings, dict]:
     except (KeyError, TypeError, AttributeError):
         raise ConfigError(f"{exp_dir}/{SETTINGS} is damaged (missing or unknown settings); the experiment cannot "
                           f"be resumed: start a new one") from None
-    if storage.is_uri(exp_dir):
+    if object_store.is_uri(exp_dir):
         import atexit
         import shutil
 
-        from raycse.outputs import private_tempdir
+        from raycse.platform.staging import private_tempdir
 
         local = private_tempdir("raycse-space-") / "space.yaml"
         atexit.register(shutil.rmtree, local.parent, True)
-        local.write_text(storage.read_text(settings.space))
+        local.write_text(object_store.read_text(settings.space))
         settings.space = str(local)
     return settings, extra
 
@@ -595,10 +595,10 @@ def resume(exp_dir: str):
     unfinished ones continue from their last reported rung."""
     from ray import tune
 
-    from raycse.train.runtime import ensure_ray, setup_ray_data
+    from raycse.platform.ray_session import ensure_ray, setup_ray_data
 
     refuse_credentials("--resume", str(exp_dir))
-    exp = str(exp_dir).rstrip("/") if storage.is_uri(exp_dir) else Path(exp_dir).resolve()
+    exp = str(exp_dir).rstrip("/") if object_store.is_uri(exp_dir) else Path(exp_dir).resolve()
     settings, extra = load_settings(exp)
     space = load_space(settings.space)
     ensure_ray()

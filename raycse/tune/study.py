@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from raycse import storage
+from raycse.platform import object_store
 
 STUDY_FILE = "optuna.db"
 
@@ -38,14 +38,14 @@ def place(exp_dir, name: str, url: Optional[str] = None) -> StudyPlace:
     """Where the study of the experiment at ``exp_dir`` (a Path or a URI) lives."""
     if url:
         return StudyPlace(url, name)
-    if not storage.is_uri(exp_dir):
+    if not object_store.is_uri(exp_dir):
         local = Path(exp_dir) / STUDY_FILE
         return StudyPlace(f"sqlite:///{local}", name, local)
-    from raycse.machine import cache_dir
+    from raycse.platform.caches import cache_dir
 
     digest = hashlib.sha256(str(exp_dir).rstrip("/").encode()).hexdigest()[:16]
     local = cache_dir() / "studies" / digest / STUDY_FILE
-    return StudyPlace(f"sqlite:///{local}", name, local, storage.join(str(exp_dir), STUDY_FILE))
+    return StudyPlace(f"sqlite:///{local}", name, local, object_store.join(str(exp_dir), STUDY_FILE))
 
 
 def fetch(where: StudyPlace) -> None:
@@ -55,7 +55,7 @@ def fetch(where: StudyPlace) -> None:
         return
     where.local.parent.mkdir(parents=True, exist_ok=True)
     try:
-        data = storage.read_bytes(where.remote)
+        data = object_store.read_bytes(where.remote)
     except FileNotFoundError:
         return  # (an experiment from before studies were kept)
     tmp = where.local.with_suffix(".partial")
@@ -66,7 +66,7 @@ def fetch(where: StudyPlace) -> None:
 def sync(where: StudyPlace) -> None:
     """After a fit: the local file beside the experiment on object storage."""
     if where.remote is not None and where.local.is_file():
-        storage.upload_file(where.local, where.remote)
+        object_store.upload_file(where.local, where.remote)
 
 
 def prepare(where: StudyPlace) -> None:

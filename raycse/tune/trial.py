@@ -26,8 +26,8 @@ from typing import Optional
 
 import numpy as np
 
-from raycse import storage
-from raycse.outputs import temporary_dir
+from raycse.platform import object_store
+from raycse.platform.staging import temporary_dir
 
 TARGET = "target"
 SEED_RUN = "train"  # Ray Train run name of each seed, under TRIAL/seed<s>/ (its checkpoints)
@@ -54,7 +54,7 @@ class TrialSetup:
     # seed -> ObjectRef of a raycse.train.prepare.PreparedData: each seed's corpus and batches, read and
     # laid out once by the experiment's driver; a trial whose knobs change the batches lays out its own
     prepared: dict = field(default_factory=dict)
-    # ActorHandle of the experiment's raycse.train.release.RunRegistry: each seed's Train runs are
+    # ActorHandle of the experiment's raycse.platform.release.RunRegistry: each seed's Train runs are
     # recorded under "TRIAL_ID/seedS", and the experiment's driver ends them when Tune ends the trial
     registry: object = None
 
@@ -108,9 +108,9 @@ def _train_outside_trial(run_dict: dict, seed_dir: str, stop: int, eval_at: list
     random search's trials went from 62 to 80 s over 23 trials), and it copied the staging
     directories of models still being written (``.model_out.partial-*`` left behind)."""
     from raycse.config import RunConfig
+    from raycse.platform.ray_session import setup_ray_data
     from raycse.train.driver import train
     from raycse.train.plan import TuneHooks
-    from raycse.train.runtime import setup_ray_data
 
     setup_ray_data(progress_bars=False)  # k runs' bars interleaved in one log are ~4,000 lines per trial
     run = RunConfig.from_dict(run_dict)
@@ -163,7 +163,7 @@ class TrialRungs:
         self.queue = Queue(actor_options=outside)
         self.ctx = tune.get_context()
         trial_dir = Path(self.ctx.get_trial_dir())
-        self.trial_root = storage.join(setup.storage_path, setup.experiment, trial_dir.name)
+        self.trial_root = object_store.join(setup.storage_path, setup.experiment, trial_dir.name)
         told = tune_progress(tune.get_checkpoint()) or no_progress(setup.seeds)
         self.reported = len(told["steps"])  # rungs Tune has (report() updates progress, which may be told)
         self.progress = max(told, saved_progress(self.trial_root) or told, key=lambda p: len(p["steps"]))
@@ -194,7 +194,7 @@ class TrialRungs:
 
     def launch(self, seed: int, stop: int):
         """Seed ``seed``'s Train run up to step ``stop``, as a task outside the trial's placement group."""
-        seed_dir = storage.join(self.trial_root, f"seed{seed}")
+        seed_dir = object_store.join(self.trial_root, f"seed{seed}")
         return self.train_task.remote(self.runs[seed].to_dict(), seed_dir, stop, self.ends,
                                       QueueSink(self.queue, seed), self.setup.prepared.get(seed), self.setup.registry,
                                       f"{self.ctx.get_trial_id()}/seed{seed}")
@@ -237,7 +237,7 @@ class TrialRungs:
         # on the experiment's storage before Tune hears of it: Tune's own record of the trial's
         # checkpoint reaches storage seconds later, and a driver lost in between would rerun the rung
         text = json.dumps(self.progress)
-        storage.write_text(storage.join(self.trial_root, RUNGS), text)
+        object_store.write_text(object_store.join(self.trial_root, RUNGS), text)
         metrics = rung_metrics([self.scores[s][rung] for s in setup.seeds], setup, self.ends[rung], rung + 1,
                                len(self.ends))
         with temporary_dir("raycse-rung-") as tmp:
@@ -264,6 +264,6 @@ def tune_progress(checkpoint) -> Optional[dict]:
 def saved_progress(trial_root: str) -> Optional[dict]:
     """The rungs a trial saved on the experiment's storage, or None."""
     try:
-        return json.loads(storage.read_text(storage.join(trial_root, RUNGS)))
+        return json.loads(object_store.read_text(object_store.join(trial_root, RUNGS)))
     except FileNotFoundError:
         return None

@@ -15,7 +15,7 @@ import sys
 
 from ray.air.integrations.wandb import WandbLoggerCallback
 
-from raycse import compat
+from raycse.platform import compat
 
 _RAYS_ACTOR = compat.wandb_logging_actor()  # None where Ray's callback takes no other actor class
 

@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from raycse import storage as objstore
+from raycse.platform import object_store
 
 MODEL_DIR, STATE_DIR, MANIFEST = "model", "state", "MANIFEST.json"
 log = logging.getLogger("raycse.train")
@@ -166,7 +166,7 @@ def whole_checkpoints(run_dir, skipped: Optional[list] = None) -> list[tuple[int
     """(step, path) of every whole checkpoint under a Ray Train run directory, local or on object
     storage (``s3://bucket/ckpt/train``); one that fails :func:`verify` is reported (and added to
     ``skipped`` as "name: problem") and skipped, never loaded."""
-    if objstore.is_uri(str(run_dir)):
+    if object_store.is_uri(str(run_dir)):
         return _whole_remote(str(run_dir), skipped)
     return _whole_local(Path(run_dir), skipped)
 

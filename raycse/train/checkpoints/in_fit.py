@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from raycse import storage as objstore
 from raycse.grouping.layout import Layout
-from raycse.outputs import private_tempdir
+from raycse.platform import object_store
+from raycse.platform.staging import private_tempdir
 from raycse.train.checkpoints import files as ckpt
-from raycse.train.plan import FitPlan
 from raycse.train.checkpoints.choice import choose_checkpoint
+from raycse.train.plan import FitPlan
 
 CHECKPOINT_RANK = "checkpoint_rank"
 log = logging.getLogger("raycse.train")
@@ -46,7 +46,7 @@ class Checkpointer:
     def __init__(self, plan: FitPlan, rank: int, world_size: int, engine):
         self.plan, self.rank, self.world_size, self.engine = plan, rank, world_size, engine
         mode = plan.run.train.checkpoint_upload  # async: copied to storage while training goes on
-        self.upload_async = mode == "async" or (mode == "auto" and objstore.is_uri(plan.checkpoint_dir))
+        self.upload_async = mode == "async" or (mode == "auto" and object_store.is_uri(plan.checkpoint_dir))
         self.seconds, self.uploading = 0.0, None  # the training thread's time in checkpoints; the copy in flight
 
     def resume(self, grouping: dict) -> Optional[tuple[dict, str, list]]:

@@ -66,7 +66,7 @@ def _mapping(key: str, value: Any) -> dict:
     if isinstance(value, str):
         import yaml
 
-        from raycse import safe_yaml
+        from raycse.platform import safe_yaml
 
         text = value.strip()
         try:
@@ -84,7 +84,7 @@ def _sequence(key: str, value: Any) -> list:
     if isinstance(value, str):
         import yaml
 
-        from raycse import safe_yaml
+        from raycse.platform import safe_yaml
 
         text = value.strip()
         try:

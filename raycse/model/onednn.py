@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-from raycse import compat
+from raycse.platform import compat
 
 
 def available() -> bool:
@@ -43,13 +43,13 @@ def available() -> bool:
 
 
 def _cache_file() -> Path:
-    from raycse.machine import cache_dir
+    from raycse.platform.caches import cache_dir
 
     return cache_dir() / "kernels.json"
 
 
 def _probe_key() -> str:
-    from raycse.machine import describe
+    from raycse.platform.machine import describe
 
     return f"{describe()} | torch {torch.__version__} | threads {torch.get_num_threads()}"
 
@@ -110,7 +110,7 @@ def choice() -> dict:
 
 @functools.lru_cache(maxsize=4)
 def _probed(key: str) -> dict:
-    from raycse.machine import read_json_cache, write_json_cache
+    from raycse.platform.caches import read_json_cache, write_json_cache
 
     path = _cache_file()
     cache = read_json_cache(path)

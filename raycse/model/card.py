@@ -127,7 +127,7 @@ def _modules(files: Path) -> list[str]:
         cfg = _read_json(files / m.get("path", "") / "config.json") if m.get("path") else {}
         if kind == "Pooling":
             from raycse.errors import ModelError
-            from raycse.st_format import pooling_of
+            from raycse.model.st_format import pooling_of
 
             try:  # (either config form: sentence-transformers 6's pooling_mode or the legacy booleans)
                 mode = pooling_of(cfg, files / m.get("path", ""))
@@ -280,7 +280,7 @@ def _adapter(run: dict) -> list[str]:
     lora = (run.get("model") or {}).get("lora")
     if not lora:
         return []
-    from raycse.adapters import ADAPTER_DIR, lora_settings
+    from raycse.model.adapters import ADAPTER_DIR, lora_settings
 
     s = lora_settings(lora)
     targets = ", ".join(s["target_modules"]) if s["target_modules"] else "peft's defaults for the model type"
@@ -289,7 +289,7 @@ def _adapter(run: dict) -> list[str]:
             f"frozen base weights. The weights here are merged (W + alpha/r BA); the adapter alone is in "
             f"`{ADAPTER_DIR}/`:", "",
             "```python", "from peft import PeftModel", "from transformers import AutoModel", "",
-            "from raycse.encoder import resolve_model", "",
+            "from raycse.model.encoder import resolve_model", "",
             f'base = AutoModel.from_pretrained(resolve_model("{run["model"]["name_or_path"]}"))  # the base model',
             f'model = PeftModel.from_pretrained(base, "{ADAPTER_DIR}")', "```", ""]
 
@@ -299,7 +299,7 @@ def _usage(name: str, pooling: str) -> list[str]:
             "(out.last_hidden_state * mask).sum(1) / mask.sum(1)")
     fetch = []
     if "://" in name:  # on object storage: raycse fetches it once into a local cache (by its manifest)
-        fetch = ["from raycse.encoder import resolve_model", "", f'path = resolve_model("{name}")', ""]
+        fetch = ["from raycse.model.encoder import resolve_model", "", f'path = resolve_model("{name}")', ""]
         name = "path"
     quoted = name if fetch else f'"{name}"'
     return [

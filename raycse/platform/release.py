@@ -17,7 +17,7 @@ trial's runs waited for those CPUs for ever (issue 18). So raycse ends its runs 
   aborts itself at once.
 
 On every Ray raycse supports: where Ray Train V2 has its controller and worker-group callbacks
-(raycse.compat), a run is registered as its controller starts and its group as it is created; where it
+(raycse.platform.compat), a run is registered as its controller starts and its group as it is created; where it
 has not, the controller at its first report (the public ``ray.train.UserCallback``). Either way rank 0
 registers its own group as the training function starts (``ray.util.get_current_placement_group``).
 """
@@ -30,9 +30,9 @@ from typing import Optional
 
 import ray
 
-from raycse import compat
-from raycse.capacity import held_resources
 from raycse.errors import ResourceError
+from raycse.platform import compat
+from raycse.platform.capacity import held_resources
 
 # How long the release waits for controllers to abort and groups to go beyond the worker start
 # timeout (a controller blocked starting its workers handles the abort only after that attempt).

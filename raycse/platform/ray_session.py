@@ -1,14 +1,11 @@
-"""Process-level runtime: connecting to Ray, threads and memory (precision: raycse.precision)."""
+"""The Ray session of a command: the cluster in RAY_ADDRESS joined, or a private local one started on free
+ports; the objects a worker waits for, with a bound; this process's Ray Data settings."""
 
 from __future__ import annotations
 
 import logging
 import os
 from typing import Optional
-
-import torch
-
-from raycse.precision import autocast, cpu_supports_bf16, resolve_precision  # noqa: F401 - re-exported
 
 
 def ensure_ray(num_cpus: Optional[int] = None) -> bool:
@@ -23,11 +20,11 @@ def ensure_ray(num_cpus: Optional[int] = None) -> bool:
         return False
     # logging_level WARNING: Ray's "Connecting to existing Ray cluster" / "Started a local Ray
     # instance" are not lines a raycse user needs (an error must stay the one line that names it)
-    from raycse import interrupts, processes
-    from raycse.train import private_ray
+    from raycse.platform import interrupts, processes
+    from raycse.platform import private_ray
 
     if os.environ.get("RAY_ADDRESS"):
-        from raycse.train.joining import join_cluster
+        from raycse.platform.joining import join_cluster
 
         join_cluster(os.environ["RAY_ADDRESS"])
         processes.note_ray_joined()
@@ -72,13 +69,13 @@ NODE_OPTIONS = ("object_store_memory", "num_gpus", "resources")
 
 def start_local_ray(num_cpus: Optional[int] = None, **init_kwargs) -> None:
     """Start a private local Ray with raycse's settings (``ensure_ray``'s, and the test suite's) on
-    free ports (raycse.train.private_ray), and connect this process to it. ``init_kwargs`` are
+    free ports (raycse.platform.private_ray), and connect this process to it. ``init_kwargs`` are
     ``ray.init``'s: :data:`NODE_OPTIONS` go to the node, the rest to the driver's ``ray.init``."""
     import atexit
 
     import ray
 
-    from raycse.train import private_ray
+    from raycse.platform import private_ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # Ray Train starts a PreemptionWatcher actor per fit to follow node drains (spot nodes of an
@@ -88,7 +85,7 @@ def start_local_ray(num_cpus: Optional[int] = None, **init_kwargs) -> None:
     # A private Ray reports no usage: with it on, Ray Data's usage collector polls a Prometheus at
     # localhost:9090 from the driver during every execution (on a shared machine, someone else's port).
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    from raycse.interrupts import sigterm_as_interrupt
+    from raycse.platform.interrupts import sigterm_as_interrupt
 
     node = {k: init_kwargs.pop(k) for k in NODE_OPTIONS if init_kwargs.get(k) is not None}
     private = private_ray.start(num_cpus, {"num_workers_soft_limit": worker_soft_limit(num_cpus)}, node)
@@ -131,24 +128,6 @@ def private_driver_options(dashboard_port: int) -> dict:
     return {"runtime_env": {"env_vars": {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{dashboard_port}"}}}
 
 
-# glibc malloc settings for the Train workers. The training loop runs in a worker thread, which
-# glibc gives its own arena of 64 MB heaps: each step's activations were mapped, page-faulted in
-# and unmapped again (~50k page faults per step). One arena, no trimming and no mmap below 32 MB
-# keep that memory mapped between steps: +12.6% steps/s in a Ray Train worker (all-MiniLM-L6-v2,
-# bf16, batch 64, 2 cores; BENCHMARKS.md). Freed memory is still returned after each evaluation
-# (release_freed_memory). A variable already set in the environment wins.
-TRAIN_WORKER_MALLOC = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
-                       "MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_TOP_PAD_": str(256 << 20)}
-
-
-def train_worker_env() -> dict:
-    """Environment variables for Ray Train worker processes (``worker_runtime_env``)."""
-    env = {k: v for k, v in TRAIN_WORKER_MALLOC.items() if k not in os.environ}
-    if os.environ.get("RAYCSE_GPU_STAND_IN"):  # (raycse.train.module.worker_device), to workers on any node
-        env["RAYCSE_GPU_STAND_IN"] = os.environ["RAYCSE_GPU_STAND_IN"]
-    return env
-
-
 # A fit's objects that the driver put before it (the scoring data, the batch layouts): a worker
 # waits for each at most this long, then the fit fails in one line instead of hanging.
 OBJECT_WAIT_S = 300.0
@@ -170,31 +149,6 @@ def cluster_cpus() -> int:
     import ray
 
     return int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
-
-
-def seed_everything(seed: int) -> None:
-    import random
-
-    import numpy as np
-
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-
-
-def release_freed_memory() -> None:
-    """Return freed heap memory to the OS (glibc ``malloc_trim``); a no-op elsewhere.
-
-    Why: after an evaluation pass (large batches up to the model's max length) glibc keeps the
-    freed memory fragmented, and the training steps that follow ran at 74.8 instead of 88.1
-    sentences/s (all-MiniLM-L6-v2, bf16, 2 cores) until it was trimmed.
-    """
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def setup_ray_data(progress_bars: bool = True) -> None:

@@ -1,11 +1,11 @@
 """The processes of a private local Ray: ended with the command, and reaped after a killed one.
 
-A command that started its own Ray (``raycse.train.runtime.ensure_ray``) records the processes Ray
+A command that started its own Ray (``raycse.platform.ray_session.ensure_ray``) records the processes Ray
 started (GCS, raylet, dashboard, ...) in a file of its own in the temporary directory. On its way
 out after a signal, :func:`end_own_ray` shuts Ray down and ends what is left of them within a bound.
 A command killed before it could (SIGKILL, the OOM killer) leaves the file behind: the next raycse
 command on the machine ends the processes it names that still run (the same processes: pid and
-start time match) and removes it, as :func:`raycse.outputs.sweep_abandoned` does for staging
+start time match) and removes it, as :func:`raycse.platform.staging.sweep_abandoned` does for staging
 directories. Linux only (``/proc``); elsewhere these are no-ops.
 """
 
@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Optional
 
-from raycse.outputs import _abandoned_owner, _owner_tag
+from raycse.platform.staging import _abandoned_owner, _owner_tag
 
 RECORD_PREFIX = "raycse-ray-procs-"
 END_GRACE_S = 5.0  # SIGTERM, then this long, then SIGKILL
@@ -122,7 +122,7 @@ _record: dict = {}
 def record_own_ray(before: list, stop: Optional[Callable[[], list]] = None) -> None:
     """Write down the processes this command's freshly started Ray runs (called once it is up):
     those below this process now that were not there ``before`` (the caller's own children stay out).
-    ``stop`` is how that Ray is ended in order (raycse.train.private_ray.stop), tried first."""
+    ``stop`` is how that Ray is ended in order (raycse.platform.private_ray.stop), tried first."""
     if stop is not None:
         _record["stop"] = stop
     procs = [p for p in descendants(os.getpid()) if p not in set(before)]
@@ -137,7 +137,7 @@ def record_own_ray(before: list, stop: Optional[Callable[[], list]] = None) -> N
 
 
 def note_ray_joined() -> None:
-    """This command started or connected to Ray (raycse.train.runtime.ensure_ray): it leaves it on a signal."""
+    """This command started or connected to Ray (raycse.platform.ray_session.ensure_ray): it leaves it on a signal."""
     _record["joined"] = True
 
 
@@ -168,7 +168,7 @@ def end_own_ray() -> list[int]:
 def forget_own_ray() -> None:
     """The command ended normally (Ray's own exit ends its processes): drop the record."""
     _record.pop("joined", None)
-    _record.pop("stop", None)  # (at exit, raycse.train.private_ray.stop ends it)
+    _record.pop("stop", None)  # (at exit, raycse.platform.private_ray.stop ends it)
     if _record.get("path") is not None:
         _record["path"].unlink(missing_ok=True)
 

@@ -2,7 +2,7 @@
 can grow to (an autoscaler's node types).
 
 Below raycse.data and raycse.train: the corpus read, the training driver and the release of runs
-all wait for, or name, the cluster's CPUs. Its default wait comes from TrainConfig's defaults."""
+all wait for, or name, the cluster's CPUs. The caller that owns a wait's setting gives its bound."""
 
 from __future__ import annotations
 
@@ -11,12 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from raycse.config.train import TrainConfig  # (the train section alone: its default wait)
 from raycse.errors import ResourceError
-
-# How long a corpus read waits for a CPU by default: the workers' default wait for their start
-# (train.worker_start_timeout_s x train.worker_start_attempts, 180 s); a training run passes its own.
-DEFAULT_CPU_WAIT_S = TrainConfig.worker_start_timeout_s * TrainConfig.worker_start_attempts
 
 
 class ClusterBusyError(ResourceError):
@@ -50,7 +45,7 @@ class CpuWait:
     error). The caller that owns the setting builds it (a training run: its workers' own wait), so the
     data layer only waits."""
 
-    seconds: float = DEFAULT_CPU_WAIT_S
+    seconds: float
     knob: Optional[str] = None
 
     def wait(self, purpose: str) -> None:
@@ -154,7 +149,7 @@ def cluster_ceiling() -> Ceiling:
 
 
 def _from_ray_cluster_config() -> Optional[Ceiling]:
-    from raycse import compat
+    from raycse.platform import compat
 
     groups = compat.autoscaler_node_groups()
     if groups is None:
@@ -170,7 +165,7 @@ def _from_autoscaler_config() -> Optional[Ceiling]:
         return None
     import yaml
 
-    from raycse import safe_yaml
+    from raycse.platform import safe_yaml
 
     try:
         with open(path, encoding="utf-8") as f:

@@ -13,7 +13,7 @@ The ``ray start`` runs under a keeper (:data:`KEEPER`, a few lines of the standa
 process of its own) that holds a pipe from the command: when the command closes it (:func:`stop`,
 at exit or after a signal) or dies (SIGKILL, the OOM killer: the pipe closes with it, from any
 thread), the keeper stops Ray's process group, SIGTERM then SIGKILL, within a bound.
-:func:`raycse.processes.sweep_killed_rays` is the last resort (the keeper itself killed). Ports are
+:func:`raycse.platform.processes.sweep_killed_rays` is the last resort (the keeper itself killed). Ports are
 picked free and given to Ray at once; one taken in between fails that start, which is tried again
 (``ensure_ray``).
 """
@@ -164,7 +164,7 @@ PID_LINE = "ray start pid:"
 
 
 def _spawn(command: list[str], env: dict, log: IO) -> subprocess.Popen:
-    from raycse.processes import END_GRACE_S
+    from raycse.platform.processes import END_GRACE_S
 
     return subprocess.Popen([sys.executable, "-c", KEEPER, str(END_GRACE_S), *command], env=env,
                             stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT)
@@ -206,8 +206,8 @@ def _wait_ready(private: PrivateRay, timeout_s: float) -> None:
 def start(num_cpus: Optional[int], system_config: dict, node_options: Optional[dict] = None) -> PrivateRay:
     """Start the private Ray and return once its node is up; what started is ended on any failure
     (an interrupt included). One already started by this process is stopped first."""
-    from raycse import processes
-    from raycse.conversion import env_seconds
+    from raycse.platform import processes
+    from raycse.platform.conversion import env_seconds
 
     stop()
     timeout_s = env_seconds(START_TIMEOUT_VAR, START_TIMEOUT_S)
@@ -232,11 +232,11 @@ def start(num_cpus: Optional[int], system_config: dict, node_options: Optional[d
 
 
 def stop() -> list[int]:
-    """End this process's private Ray within :data:`raycse.processes.END_BOUND_S`: the driver
+    """End this process's private Ray within :data:`raycse.platform.processes.END_BOUND_S`: the driver
     disconnected (if connected to it), the keeper's pipe closed (it stops Ray's process group), and
     whatever is still running below the keeper then ended. Returns the pids still running after
     that; nothing to stop: []."""
-    from raycse import processes
+    from raycse.platform import processes
 
     private = _current.pop("ray", None)
     if private is None:

@@ -1,10 +1,9 @@
 """What machine this is: the CPU model and the ISA flags that decide kernel choice. Printed in every
-benchmark and in the first line of a training log; keys the cached kernel probe (raycse.onednn)."""
+benchmark and in the first line of a training log; keys the cached kernel probe (raycse.model.onednn)."""
 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import platform
 from pathlib import Path
@@ -37,28 +36,3 @@ def describe() -> str:
     caps = isa_caps()
     capped = f", capped by {' '.join(f'{k}={v}' for k, v in caps.items())}" if caps else ""
     return f"{model} [{' '.join(flags) or 'no AVX2'}], {os.cpu_count()} CPUs{capped}"
-
-
-def cache_dir() -> Path:
-    """raycse's per-machine caches (kernel probe, starting scores, fetched models); RAYCSE_CACHE moves it."""
-    return Path(os.environ.get("RAYCSE_CACHE", Path.home() / ".cache" / "raycse"))
-
-
-def read_json_cache(path: Path) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def write_json_cache(path: Path, cache: dict) -> None:
-    """Whole or not at all (concurrent writers can only lose an entry); a read-only home is no error:
-    what was computed still serves this process."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=1))
-        tmp.replace(path)
-    except OSError:
-        pass

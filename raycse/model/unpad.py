@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from raycse.onednn import onednn_linear
+from raycse.model.onednn import onednn_linear
 
 # Architectures whose layers have BERT's structure (RoBERTa's embeddings derive position ids from
 # the padded ids, which is why the embeddings still run on the padded batch).
@@ -136,7 +136,7 @@ def backbone_forward(backbone: nn.Module, input_ids: Tensor, attention_mask: Ten
                      token_type_ids: Optional[Tensor] = None, output_hidden_states: bool = False,
                      unpad: bool = False, onednn: bool = False):
     """The HF model's output, through :func:`unpadded_forward` when ``unpad`` (same values), with float32
-    CPU linears on oneDNN when ``onednn`` (:mod:`raycse.onednn`; equal to float32 rounding)."""
+    CPU linears on oneDNN when ``onednn`` (:mod:`raycse.model.onednn`; equal to float32 rounding)."""
     with onednn_linear(onednn and input_ids.device.type == "cpu"):
         if unpad:
             return unpadded_forward(backbone, input_ids, attention_mask, token_type_ids, output_hidden_states)

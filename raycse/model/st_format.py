@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from raycse.errors import ModelError
-from raycse.storage import plain_relative
+from raycse.platform.object_store import plain_relative
 
 # sentence-transformers' Pooling config keys (its legacy form, which every version reads) and raycse's names
 POOLING_KEYS = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
@@ -245,5 +245,5 @@ def save_modules(path: Path, body: Path, *, pooling: str, include_prompt: bool, 
     # the model's own prompts, as they were (the constructor would add empty query/document ones)
     model.prompts = dict(st_config.get("prompts") or {})
     model.default_prompt_name = st_config.get("default_prompt_name")
-    model.save(str(path), create_model_card=False)  # raycse writes the card (raycse.card)
+    model.save(str(path), create_model_card=False)  # raycse writes the card (raycse.model.card)
     return [str(entry["path"]) for entry in _json(path / "modules.json")]

@@ -121,7 +121,7 @@ _noted: list[Path] = []
 
 
 def _note_staging(staging: Path, prefix: str) -> None:
-    from raycse import interrupts
+    from raycse.platform import interrupts
 
     if not interrupts.installed():  # a raycse command's own process (which forgets its records as it ends); a Tune
         return                      # trial's stagings are swept beside their output, as before
@@ -186,7 +186,7 @@ def temporary_dir(prefix: str):
 
 
 # What marks a directory as raycse's own output: the manifest of a published output
-# (raycse.storage), or a run's files (metrics.json, config.yaml and the model's raycse.json).
+# (raycse.platform.object_store), or a run's files (metrics.json, config.yaml and the model's raycse.json).
 MANIFEST = "raycse_manifest.json"
 RUN_MARKERS = ("metrics.json", "config.yaml", "model/raycse.json")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from raycse.errors import DataError, RaycseError
-from raycse.outputs import MANIFEST, write_text_atomic
+from raycse.platform.staging import MANIFEST, write_text_atomic
 
 
 def is_uri(path) -> bool:
@@ -211,7 +211,7 @@ def fetch(uri: str, cache_root: Optional[Path] = None) -> Path:
     manifest = read_manifest(uri)
     files = _checked_entries(uri, manifest)
     key = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:24]
-    from raycse.machine import cache_dir
+    from raycse.platform.caches import cache_dir
 
     cache = Path(cache_root or cache_dir()) / "fetched"
     dest = cache / key

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from raycse.errors import ModelError
-from raycse.unpad import backbone_forward, supports_unpadding
+from raycse.model.unpad import backbone_forward, supports_unpadding
 
 EMBEDDED_ALIASES = ("default", "embedded", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
 RAYCSE_META = "raycse.json"
@@ -55,10 +55,10 @@ def resolve_model(name_or_path: str, trust_remote_code: bool = False) -> str:
     """
     if name_or_path in EMBEDDED_ALIASES:
         return str(embedded_model_path())
-    from raycse import storage
+    from raycse.platform import object_store
 
-    if storage.is_uri(name_or_path):  # a published raycse model: fetched once, cached by its manifest
-        local = storage.fetch(name_or_path)
+    if object_store.is_uri(name_or_path):  # a published raycse model: fetched once, cached by its manifest
+        local = object_store.fetch(name_or_path)
         if not (local / "config.json").is_file():
             raise ModelError(f"{name_or_path} holds no config.json: give the model prefix (OUTPUT/model)")
         check_model_files(local)
@@ -85,7 +85,7 @@ def resolve_model(name_or_path: str, trust_remote_code: bool = False) -> str:
         raise
     except Exception as exc:
         _refuse_custom_code_error(exc, name_or_path)
-    from raycse import hub
+    from raycse.platform import hub
 
     unreachable = hub.unreachable()
     if unreachable:  # said at once: the hub client would retry for ~25 s before failing the same way
@@ -259,7 +259,7 @@ class Encoder(nn.Module):
             hf_pooler.requires_grad_(False)
         self.tokenizer = tokenizer
         self.pooler = Pooler(pooling)
-        # the base model's sentence-transformers modules after pooling (raycse.st_format): frozen Dense
+        # the base model's sentence-transformers modules after pooling (raycse.model.st_format): frozen Dense
         # layers (part of the embedding), Normalize (at inference), prompts and similarity (kept on save)
         self.dense = nn.ModuleList(dense)
         self.normalize = normalize
@@ -271,13 +271,13 @@ class Encoder(nn.Module):
         self.mlp_mode = mlp_head
         self.mlp = MLPHead(self.embedding_size) if mlp_head in ("train_only", "always") else None
         self.max_seq_length = max_seq_length or _default_max_length(backbone, tokenizer)
-        # Padding savers. unpad: BERT-family layers run on real tokens only (raycse.unpad), in
+        # Padding savers. unpad: BERT-family layers run on real tokens only (raycse.model.unpad), in
         # training and inference (faster even on length-sorted batches: BENCHMARKS.md). Other models
         # in training: length_buckets > 1 encodes a batch as that many length-sorted sub-batches
         # (``encode`` sorts whole lists by length instead).
         self.unpad = True
         self.length_buckets = 1
-        # float32 CPU linears (forward and backward) on oneDNN (raycse.onednn): ~2x MKL's speed on AMD CPUs.
+        # float32 CPU linears (forward and backward) on oneDNN (raycse.model.onednn): ~2x MKL's speed on AMD CPUs.
         self.onednn = True
         self.can_unpad = supports_unpadding(backbone)
 
@@ -293,7 +293,7 @@ class Encoder(nn.Module):
         >>> enc.encode(["a sentence"]).shape
         (1, 384)
         """
-        from raycse.st_format import FrozenDense
+        from raycse.model.st_format import FrozenDense
 
         trust = bool(trust_remote_code)
         path = Path(resolve_model(name_or_path, trust))
@@ -361,7 +361,7 @@ class Encoder(nn.Module):
         return self.device.type == "cpu" or os.environ.get("RAYCSE_UNPAD_GPU") == "1"
 
     def forward_options(self) -> dict:
-        """How :func:`raycse.unpad.backbone_forward` runs this encoder's backbone (and copies of it)."""
+        """How :func:`raycse.model.unpad.backbone_forward` runs this encoder's backbone (and copies of it)."""
         return {"unpad": self.unpadding(), "onednn": self.onednn}
 
     def hidden_states(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Optional[Tensor] = None,
@@ -492,7 +492,7 @@ class Encoder(nn.Module):
     # ------------------------------------------------------------------ saving
     def save(self, path: str | os.PathLike) -> Path:
         """Write an HF + sentence-transformers directory (weights as safetensors) through
-        sentence-transformers' own modules (:func:`raycse.st_format.save_modules`): Transformer,
+        sentence-transformers' own modules (:func:`raycse.model.st_format.save_modules`): Transformer,
         Pooling, the base model's Dense layers, the MLP head when it is part of inference, Normalize. A
         backbone with LoRA adapters is saved merged, and its adapter alone under ``adapter/``."""
         import shutil
@@ -500,8 +500,8 @@ class Encoder(nn.Module):
 
         from safetensors.torch import save_file
 
-        from raycse.adapters import merged, save_adapter
-        from raycse.st_format import quiet_saving, save_modules
+        from raycse.model.adapters import merged, save_adapter
+        from raycse.model.st_format import quiet_saving, save_modules
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
@@ -608,7 +608,7 @@ def probe_tokenizer(model_path: str, sample: Sequence[str]) -> None:
 
 def _layout_of(path: Path):
     """The sentence-transformers layout of a model directory (raycse's own MLP head apart)."""
-    from raycse.st_format import read_layout
+    from raycse.model.st_format import read_layout
 
     meta = _read_meta(path)
     return read_layout(path, meta.get("mlp_module", "2_Dense" if meta.get("mlp_head") == "always" else None))

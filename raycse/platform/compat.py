@@ -7,12 +7,12 @@ looked for, never the version compared, and each has a working path when it is g
 - Ray Train V2's controller and worker-group callbacks (:func:`train_callback_bases`): the run registry
   learns of a run's controller and placement group as they start. Without them it learns of the
   controller from the public ``ray.train.UserCallback`` at the run's first report, and of the group from
-  rank 0's ``ray.util.get_current_placement_group()`` (raycse.train.release).
+  rank 0's ``ray.util.get_current_placement_group()`` (raycse.platform.release).
 - Ray Train's names for "the workers could not start" (:func:`is_worker_start_failure`): compared by
   class name, imported from nowhere; without them Ray's own error is shown.
 - Ray Train's per-report log line (:func:`quiet_train_report_logger`): its logger found by name.
 - Ray's record of the autoscaler's node groups (:func:`autoscaler_node_groups`): without it the
-  cluster ceiling comes from the autoscaler's config or the nodes up now (raycse.capacity).
+  cluster ceiling comes from the autoscaler's config or the nodes up now (raycse.platform.capacity).
 - Ray's W&B logging actor (:func:`wandb_logging_actor`): without it, Ray's plain callback.
 - oneDNN's linear (:func:`onednn_linear`): without it, PyTorch's own kernels.
 """
@@ -115,7 +115,7 @@ def use_wandb_logging_actor(callback_cls: type, actor_cls: type) -> None:
 
 def onednn_linear() -> Optional[Callable]:
     """oneDNN's ``a @ b.T (+ bias)`` (what inductor calls), or None where this PyTorch has no such op;
-    raycse.onednn checks its results against ``F.linear`` before using it."""
+    raycse.model.onednn checks its results against ``F.linear`` before using it."""
     import torch
 
     if not torch.backends.mkldnn.is_available():

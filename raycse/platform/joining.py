@@ -11,7 +11,7 @@ CONNECT_TIMEOUT_S = 60.0
 
 def connect_timeout_s() -> float:
     """How long joining the cluster in RAY_ADDRESS may take (RAYCSE_RAY_CONNECT_TIMEOUT_S, default 60 s)."""
-    from raycse.conversion import env_seconds
+    from raycse.platform.conversion import env_seconds
 
     return env_seconds(CONNECT_TIMEOUT_VAR, CONNECT_TIMEOUT_S)
 
@@ -23,7 +23,7 @@ def cluster_endpoint(address: str) -> Optional[tuple[str, int]]:
     import re
 
     from raycse.errors import ConfigError
-    from raycse.redact import redact
+    from raycse.platform.redact import redact
 
     if address in ("auto", "local"):
         return None
@@ -49,9 +49,9 @@ def join_cluster(address: str) -> None:
 
     import ray
 
-    from raycse import interrupts
     from raycse.errors import ResourceError
-    from raycse.redact import redact
+    from raycse.platform import interrupts
+    from raycse.platform.redact import redact
 
     bound, endpoint = connect_timeout_s(), cluster_endpoint(address)
     deadline = time.monotonic() + bound
