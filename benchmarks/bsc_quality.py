@@ -11,7 +11,7 @@ import tempfile
 import time
 
 from common import STSB_DEV, STSB_TRAIN, machine, train_run
-from raycse.data.corpus import read_pairs
+from raycse.data.corpus import ExampleColumns, read_examples
 from raycse.evaluation.sts import evaluate_datasets, read_stsb
 
 
@@ -38,7 +38,7 @@ def run_cosent(args, dev) -> dict:
     eval_length = model.max_seq_length
     score = lambda: evaluate_datasets(lambda xs: model.encode(xs, batch_size=128), [dev])[dev.name]  # noqa: E731
     before = score()
-    pairs, _ = read_pairs(str(STSB_TRAIN), fmt="stsb")
+    pairs, _ = read_examples(str(STSB_TRAIN), "stsb", ExampleColumns(stsb=True))
     data = Dataset.from_dict({"s1": [p[0] for p in pairs], "s2": [p[1] for p in pairs],
                               "score": [p[2] for p in pairs]})
     model.max_seq_length = args.max_length

@@ -208,7 +208,8 @@ def test_a_killed_command_s_staging_folder_is_removed_by_the_next_command(tmp_pa
     it, and a record naming a folder that is not that process's staging removes nothing."""
     import signal
 
-    from raycse.platform.staging import STAGING_RECORD_PREFIX, _host, sweep_killed_stagings
+    from raycse.platform.owners import host
+    from raycse.platform.staging import STAGING_RECORD_PREFIX, sweep_killed_stagings
 
     dest = tmp_path / "out"
     code = (f"import os, signal; from pathlib import Path; from raycse.platform import interrupts; "
@@ -225,7 +226,7 @@ def test_a_killed_command_s_staging_folder_is_removed_by_the_next_command(tmp_pa
     users = tmp_path / "mine"
     users.mkdir()
     (users / "thesis.tex").write_text("keep me")
-    forged = Path(tempfile.gettempdir()) / f"{STAGING_RECORD_PREFIX}{_host()}-{killed.args and 999999}-ffffffff.json"
+    forged = Path(tempfile.gettempdir()) / f"{STAGING_RECORD_PREFIX}{host()}-{killed.args and 999999}-ffffffff.json"
     forged.write_text(json.dumps({"path": str(users), "prefix": ".mine.partial-"}))
     nxt = subprocess.run([sys.executable, "-m", "raycse", "objectives"], capture_output=True, text=True, timeout=120,
                          env=private_env())

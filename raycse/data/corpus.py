@@ -352,17 +352,9 @@ def read_corpus(path: str, fmt: str = "auto", text_column: str = "text", max_cha
     return read_examples(path, fmt, ExampleColumns(text=text_column), max_chars, on_decode_error, dedup, max_sentences)
 
 
-Pair = tuple  # (q, a, score or None[, (negative, ...)])
-
-
-def read_pairs(path: str, fmt: str = "auto", text_column: str = "text", pair_column: Optional[str] = None,
-               label_column: Optional[str] = None, score_scale: float = 1.0, max_chars: int = 20000,
-               on_decode_error: str = "replace", max_examples: Optional[int] = None) -> tuple[list[Pair], CorpusStats]:
-    """(q, a, score in [0, 1] or None) pairs; rows with an empty side are dropped and counted."""
-    columns = ExampleColumns(text_column, pair_column, label_column, score_scale, stsb=fmt == "stsb")
-    if not columns.pairs:
-        raise DataError("pairs need a second text column (data.pair_column) or format stsb")
-    return read_examples(path, fmt, columns, max_chars, on_decode_error, False, max_examples)
+# A pair row: (q, a, score or None[, (negative, ...)]), the field order of raycse.objectives.base.Pair, which
+# reads it by name (a plain tuple here: corpus reads run in Ray Data tasks that do not import torch)
+Pair = tuple
 
 
 def _stsb_rows(path: Path, on_decode_error: str, stats: CorpusStats, data: Optional[bytes] = None) -> Iterator[list]:

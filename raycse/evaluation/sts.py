@@ -207,17 +207,6 @@ def evaluate_senteval(embed: EmbedFn, senteval_dir: str | Path, tasks: Optional[
     return evaluate_datasets(embed, [load_task(senteval_dir, t) for t in names])
 
 
-def naive_evaluate(embed: EmbedFn, datasets: Sequence[STSData], batch_size: int = 128) -> dict[str, float]:
-    """The baseline the fast path is benchmarked against: every pair embedded in file order."""
-    scores = {}
-    for d in datasets:
-        sims = []
-        for s in range(0, len(d), batch_size):
-            sims.append(cosine_rows(embed(d.sent1[s:s + batch_size]), embed(d.sent2[s:s + batch_size])))
-        scores[d.name] = spearman100(np.concatenate(sims), d.gold)
-    return scores
-
-
 def embedded_once(embed: EmbedFn) -> EmbedFn:
     """``embed`` remembering its answer for each list of texts (scoring several prefix sizes of the
     same vectors embeds them once)."""

@@ -11,12 +11,23 @@ An objective owns three things:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Optional
+from typing import Callable, ClassVar, NamedTuple, Optional
 
 import torch
 from torch import Tensor, nn
 
 from raycse.errors import ConfigError
+
+
+class Pair(NamedTuple):
+    """One paired example as an objective collates it: a query, its positive, the pair's score (a label
+    scaled to [0, 1]; None: unlabelled) and its hard negatives. ``Pair(*row)`` reads a plain
+    ``(q, a[, score[, negatives]])`` tuple too, as a user of the Python API may hand one."""
+
+    query: str
+    positive: str
+    score: Optional[float] = None
+    negatives: tuple = ()
 
 
 @dataclass

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from raycse.errors import ConfigError
-from raycse.objectives.base import LossOutput, Objective, Params, positive
+from raycse.objectives.base import LossOutput, Objective, Pair, Params, positive
 from raycse.objectives.contrastive import gather, gather_no_grad, local_offset
 
 NORMALIZATIONS = ("l2", "coord_l2", "coord", "none")
@@ -103,19 +103,18 @@ class BSC(Objective):
         return {"scale": self.params.tau_lr} if self.scale is not None else {}
 
     def collate(self, examples, tokenizer, max_length):
-        if isinstance(examples[0], str):  # unsupervised: (s, s) with two dropout views
+        unsupervised = isinstance(examples[0], str)  # (both views are the text column's)
+        if unsupervised:  # (s, s) with two dropout views
             q = a = list(examples)
-            scores = [1.0] * len(examples)
-            has_score = False
+            scores, has_score, negs = [1.0] * len(examples), False, []
         else:
-            q = [e[0] for e in examples]
-            a = [e[1] for e in examples]
-            scores = [1.0 if e[2] is None else float(e[2]) for e in examples]
-            has_score = any(e[2] is not None for e in examples)
+            pairs = [Pair(*e) for e in examples]
+            q, a = [p.query for p in pairs], [p.positive for p in pairs]
+            scores = [1.0 if p.score is None else float(p.score) for p in pairs]
+            has_score = any(p.score is not None for p in pairs)
+            negs = [t for p in pairs for t in p.negatives]
         if self.params.mu < 1.0 and not has_score:
             raise ConfigError("objective.mu < 1 needs scored pairs (data.label_column); set mu: 1.0 for unscored data")
-        negs = [t for e in examples if not isinstance(e, str) for t in (e[3] if len(e) > 3 else ())]
-        unsupervised = isinstance(examples[0], str)  # (both views are the text column's)
         enc = self.tokenize(q + a + negs, tokenizer, max_length, pairs_from=None if unsupervised else len(q))
         enc["score"] = torch.tensor(scores, dtype=torch.float32)
         enc["q_key"] = torch.tensor([text_key(t) for t in q], dtype=torch.long)

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from raycse.objectives.base import LossOutput, Objective, Params, positive, stack_twice
-from raycse.objectives.contrastive import info_nce, info_nce_hard
 from raycse.errors import ConfigError
+from raycse.objectives.base import LossOutput, Objective, Pair, Params, positive, stack_twice
+from raycse.objectives.contrastive import info_nce, info_nce_hard
 
 
 @dataclass
@@ -48,8 +48,9 @@ class SimCSE(Objective):
     def collate(self, examples, tokenizer, max_length):
         if isinstance(examples[0], str):  # unsupervised
             return self.tokenize(examples, tokenizer, max_length)
-        q, a = [e[0] for e in examples], [e[1] for e in examples]
-        negs = [t for e in examples for t in (e[3] if len(e) > 3 else ())]
+        pairs = [Pair(*e) for e in examples]
+        q, a = [p.query for p in pairs], [p.positive for p in pairs]
+        negs = [t for p in pairs for t in p.negatives]
         enc = self.tokenize(q + a + negs, tokenizer, max_length, pairs_from=len(q))
         enc["pairs"] = len(q)  # anchors, then positives, then k negatives per anchor (a number: no read-back)
         return enc

@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Optional
 
-from raycse.platform.staging import _abandoned_owner, _owner_tag
+from raycse.platform import owners
 
 RECORD_PREFIX = "raycse-ray-procs-"
 END_GRACE_S = 5.0  # SIGTERM, then this long, then SIGKILL
@@ -128,7 +128,7 @@ def record_own_ray(before: list, stop: Optional[Callable[[], list]] = None) -> N
     procs = [p for p in descendants(os.getpid()) if p not in set(before)]
     if not procs:
         return
-    path = Path(tempfile.gettempdir()) / f"{RECORD_PREFIX}{_owner_tag()}{uuid.uuid4().hex[:8]}.json"
+    path = Path(tempfile.gettempdir()) / f"{RECORD_PREFIX}{owners.owner_tag()}{uuid.uuid4().hex[:8]}.json"
     try:
         path.write_text(json.dumps(procs))
     except OSError:
@@ -181,7 +181,7 @@ def sweep_killed_rays() -> None:
     except OSError:
         return
     for path in records:
-        owner = _abandoned_owner(path.name, RECORD_PREFIX)
+        owner = owners.abandoned_owner(path.name, RECORD_PREFIX)
         if owner is None:
             continue
         try:

@@ -11,11 +11,9 @@ Torch-free on purpose: ``raycse analyze --export-best`` and Tune's clean-up use 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -26,50 +24,12 @@ from pathlib import Path
 from typing import Optional
 
 from raycse.errors import RaycseError
+from raycse.platform import owners
 
 
 def staging_prefix(name: str) -> str:
     """Name prefix of the staging directories of the output ``name``."""
     return f".{name}.partial-"
-
-
-def _host() -> str:
-    # a shared filesystem sees directories of other machines' processes: their pids mean nothing here
-    return hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
-
-
-def _owner_tag() -> str:
-    return f"{_host()}-{os.getpid()}-"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
-
-
-def _owner(name: str, prefix: str) -> Optional[tuple[str, int]]:
-    """(host hash, pid) of the process that made ``name`` (``prefix`` followed by its owner tag), or
-    None for a name raycse does not make."""
-    if not name.startswith(prefix):
-        return None
-    host, _, rest = name[len(prefix):].partition("-")
-    pid = rest.partition("-")[0]
-    return (host, int(pid)) if pid.isdigit() else None
-
-
-def _abandoned_owner(name: str, prefix: str) -> Optional[int]:
-    """The pid of the ended process of this machine that made the directory ``name`` (``prefix``
-    followed by its owner tag), or None: not such a name, another machine's, or its process alive
-    (a pid reused since only keeps a directory longer, never removes a live one)."""
-    owner = _owner(name, prefix)
-    if owner is None or owner[0] != _host() or owner[1] == os.getpid():
-        return None
-    return None if _alive(owner[1]) else owner[1]
 
 
 def sweep_abandoned(parent: Path, prefix: str) -> list[Path]:
@@ -80,7 +40,7 @@ def sweep_abandoned(parent: Path, prefix: str) -> list[Path]:
         return []  # no such parent yet, or not readable: nothing of ours there
     removed = []
     for entry in entries:
-        pid = _abandoned_owner(entry.name, prefix)
+        pid = owners.abandoned_owner(entry.name, prefix)
         if pid is not None and entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
             print(f"[raycse] removed {entry}: left by process {pid}, which ended before it finished",
@@ -98,8 +58,8 @@ def live_stagings(parent: Path, prefix: str) -> list[Path]:
         return []
     live = []
     for entry in entries:
-        owner = _owner(entry.name, prefix)
-        if owner is not None and (owner[0] != _host() or _alive(owner[1])):
+        owner = owners.owner(entry.name, prefix)
+        if owner is not None and (owner[0] != owners.host() or owners.alive(owner[1])):
             live.append(entry)
     return sorted(live)
 
@@ -110,7 +70,7 @@ def staging_dir(dest: Path) -> Path:
     this process is killed before it can (:func:`sweep_killed_stagings`), whatever output it then writes
     (a raycse command's; elsewhere the next run beside it does)."""
     sweep_abandoned(dest.parent, staging_prefix(dest.name))
-    staging = dest.parent / f"{staging_prefix(dest.name)}{_owner_tag()}{uuid.uuid4().hex[:8]}"
+    staging = dest.parent / f"{staging_prefix(dest.name)}{owners.owner_tag()}{uuid.uuid4().hex[:8]}"
     staging.mkdir(parents=True)
     _note_staging(staging, staging_prefix(dest.name))
     return staging
@@ -125,7 +85,7 @@ def _note_staging(staging: Path, prefix: str) -> None:
 
     if not interrupts.installed():  # a raycse command's own process (which forgets its records as it ends); a Tune
         return                      # trial's stagings are swept beside their output, as before
-    record = Path(tempfile.gettempdir()) / f"{STAGING_RECORD_PREFIX}{_owner_tag()}{uuid.uuid4().hex[:8]}.json"
+    record = Path(tempfile.gettempdir()) / f"{STAGING_RECORD_PREFIX}{owners.owner_tag()}{uuid.uuid4().hex[:8]}.json"
     try:
         record.write_text(json.dumps({"path": str(staging.resolve()), "prefix": prefix}))
     except OSError:
@@ -149,7 +109,7 @@ def sweep_killed_stagings() -> list[Path]:
     except OSError:
         return removed
     for record in records:
-        owner = _abandoned_owner(record.name, STAGING_RECORD_PREFIX)
+        owner = owners.abandoned_owner(record.name, STAGING_RECORD_PREFIX)
         if owner is None:
             continue
         try:
@@ -159,7 +119,8 @@ def sweep_killed_stagings() -> list[Path]:
             record.unlink(missing_ok=True)
             continue
         if (prefix.startswith(".") and prefix.endswith(".partial-") and staging.name.startswith(prefix)
-                and _owner(staging.name, prefix) == (_host(), owner) and staging.is_dir() and not staging.is_symlink()):
+                and owners.owner(staging.name, prefix) == (owners.host(), owner)
+                and staging.is_dir() and not staging.is_symlink()):
             shutil.rmtree(staging, ignore_errors=True)
             print(f"[raycse] removed {staging}: left by process {owner}, which ended before it finished",
                   file=sys.stderr, flush=True)
@@ -172,7 +133,7 @@ def private_tempdir(prefix: str) -> Path:
     """A new directory of this process in the system's temporary directory (first removing those of
     ``prefix`` that killed processes left there)."""
     sweep_abandoned(Path(tempfile.gettempdir()), prefix)
-    return Path(tempfile.mkdtemp(prefix=f"{prefix}{_owner_tag()}"))
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{owners.owner_tag()}"))
 
 
 @contextmanager
@@ -263,8 +224,8 @@ def claim_output(dest: Path, overwrite: bool, flag: str = "--output") -> OutputC
 
 
 def _who(staging: Path, name: str) -> str:
-    host, pid = _owner(staging.name, staging_prefix(name))
-    where = "on this machine" if host == _host() else "on another machine; remove it if that run is gone"
+    host, pid = owners.owner(staging.name, staging_prefix(name))
+    where = "on this machine" if host == owners.host() else "on another machine; remove it if that run is gone"
     return f"process {pid} {where}: {staging}"
 
 
@@ -283,7 +244,7 @@ def publish_claimed(claim: OutputClaim) -> None:
         except OSError as err:
             _conflict(claim, f"was filled during the publish ({err.strerror})")
         return
-    aside = dest.parent / f".{dest.name}.replaced-{_owner_tag()}{uuid.uuid4().hex[:8]}"
+    aside = dest.parent / f".{dest.name}.replaced-{owners.owner_tag()}{uuid.uuid4().hex[:8]}"
     os.rename(dest, aside)
     if snapshot(aside) != claim.before:  # (changed between the check and the move)
         os.rename(aside, dest)

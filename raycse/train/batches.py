@@ -17,6 +17,7 @@ from typing import Iterator
 import torch
 
 from raycse.grouping.layout import CorpusTable, epoch_rows
+from raycse.objectives.base import Pair
 from raycse.platform.ray_session import fetch
 from raycse.train import ahead, regroup
 from raycse.train.plan import FitPlan
@@ -28,9 +29,9 @@ def row_examples(row: dict) -> list:
     if "pair" not in row:
         return texts
     scores = [None if s is None or s != s else float(s) for s in row["score"]]
-    if "negatives" in row:  # triplets: (q, a, score, (negative, ...))
-        return [(t, p, s, tuple(n)) for t, p, s, n in zip(texts, list(row["pair"]), scores, list(row["negatives"]))]
-    return list(zip(texts, list(row["pair"]), scores))
+    if "negatives" in row:  # triplets: hard negatives with each pair
+        return [Pair(t, p, s, tuple(n)) for t, p, s, n in zip(texts, list(row["pair"]), scores, list(row["negatives"]))]
+    return [Pair(t, p, s) for t, p, s in zip(texts, list(row["pair"]), scores)]
 
 
 def record_batch(directory: Path, rank: int, step: int, epoch: int, examples: list) -> None:

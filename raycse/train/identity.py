@@ -51,7 +51,7 @@ def _file_identity(path: str) -> list:
     if object_store.is_uri(path):
         import pyarrow.fs as pafs
 
-        fs, root = object_store._fs(path)
+        fs, root = object_store.filesystem(path)
         info = fs.get_file_info(root)
         infos = ([info] if info.type == pafs.FileType.File
                  else fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)))
