@@ -15,7 +15,8 @@ class ObjectiveConfig(Section):
     """The objective's name plus its own knobs, checked by the objective's params class."""
 
     name: str = knob("simcse", '--objective',
-                     "training objective (see 'raycse objectives')")
+                     "training objective: a name 'raycse objectives' lists, or a class of your own as "
+                     "my_pkg.module:MyObjective (on PYTHONPATH; examples/symmetric_simcse.py)")
     params: dict = detail({},
                           "the objective's own knobs (see 'raycse objectives'); objective.KNOB is short for "
                           'objective.params.KNOB')

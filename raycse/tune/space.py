@@ -275,9 +275,10 @@ def _check_knobs(space: SearchSpace) -> None:
         else:
             objectives = [fixed_objective]
         for obj in (objectives if knob.key != "objective.name" else knob.args):
-            if obj not in registry.names():
-                raise ConfigError(f"{space.path}: objective '{obj}' is not registered; known: "
-                                  f"{', '.join(registry.names())}")
+            try:
+                registry.get(obj)  # (raycse's own, an installed entry point's, or an import path)
+            except ConfigError as exc:
+                raise ConfigError(f"{space.path}: {exc}") from None
             if knob.key.startswith("objective.") and knob.key not in OBJECTIVE_SETTINGS:
                 field_name = knob.key.split(".", 1)[1]
                 if field_name not in registry.knobs(obj):

@@ -1,0 +1,119 @@
+"""A researcher's own objective, without editing raycse: by import path (``module:Class``) or by an
+installed package's entry point; examples/symmetric_simcse.py's loss against its formula, and that
+example trained through ``raycse train``."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from raycse.errors import ConfigError
+from raycse.objectives import registry
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLE = "symmetric_simcse:SymmetricSimCSE"
+
+
+@pytest.fixture
+def on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    yield
+    registry.OBJECTIVES.classes.pop(EXAMPLE, None)
+    registry.OBJECTIVES.classes.pop("my_method", None)
+
+
+def plain_symmetric(z1, z2, tau):
+    """The example's formula by loops: 1/2 mean_i of both directions' -log e^{s_ii/tau} / sum_j e^{s_ij/tau}."""
+    def s(a, b):
+        return sum(x * y for x, y in zip(a, b)) / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
+
+    def one_way(u, v):
+        n = len(u)
+        return sum(-math.log(math.exp(s(u[i], v[i]) / tau) / sum(math.exp(s(u[i], v[j]) / tau) for j in range(n)))
+                   for i in range(n)) / n
+
+    return (one_way(z1, z2) + one_way(z2, z1)) / 2
+
+
+class _Stacked(torch.nn.Module):
+    """An encoder stand-in that answers the stacked call with the two views given."""
+
+    def __init__(self, z1, z2):
+        super().__init__()
+        self.z = torch.cat([z1, z2])
+
+    def forward(self, input_ids, attention_mask, **_):
+        assert input_ids.shape[0] == self.z.shape[0]
+        return self.z
+
+
+def test_an_objective_named_by_import_path_loads_and_its_loss_is_its_formula(on_path):
+    cls = registry.get(EXAMPLE)
+    assert cls.__name__ == "SymmetricSimCSE" and cls.__module__ == "symmetric_simcse"
+    objective = registry.build(EXAMPLE, {"tau": 0.1})
+    torch.manual_seed(0)
+    z1, z2 = torch.randn(6, 5), torch.randn(6, 5)
+    batch = {"input_ids": torch.ones(6, 3, dtype=torch.long), "attention_mask": torch.ones(6, 3, dtype=torch.long)}
+    out = objective(_Stacked(z1, z2), batch)
+    assert out.loss.item() == pytest.approx(plain_symmetric(z1.tolist(), z2.tolist(), 0.1), rel=1e-5)
+    assert registry.knobs(EXAMPLE) == {"tau": 0.05}
+    with pytest.raises(ConfigError, match="objective.tau must be > 0"):
+        registry.build_params(EXAMPLE, {"tau": 0})
+    with pytest.raises(ConfigError, match="has no knob 'alpha'"):
+        registry.build_params(EXAMPLE, {"alpha": 1})
+
+
+def test_an_installed_packages_entry_point_names_an_objective(on_path, tmp_path, monkeypatch):
+    """A real distribution's metadata on sys.path (what pip install writes), read by importlib.metadata."""
+    dist = tmp_path / "my_methods-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-methods\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[raycse.objectives]\nmy_method = {EXAMPLE}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "my_method" in registry.names() and "simcse" in registry.names()
+    assert registry.get("my_method").__name__ == "SymmetricSimCSE"
+
+
+@pytest.mark.parametrize("name, why", [
+    ("no_such_module_xyz:Thing", "cannot be loaded .*No module named 'no_such_module_xyz'"),
+    ("symmetric_simcse:Nothing", "cannot be loaded .*has no attribute 'Nothing'"),
+    ("collections:OrderedDict", "not a subclass of raycse.objectives.base.Objective"),
+    ("symmetric_simcse:SymmetricParams", "not a subclass of raycse.objectives.base.Objective"),
+    ("not_a_name", "unknown objective 'not_a_name'; choose one of: .*simcse.*my_pkg.module:MyObjective"),
+])
+def test_a_name_that_is_no_objective_is_refused_in_one_line(on_path, name, why):
+    with pytest.raises(ConfigError, match=why) as got:
+        registry.get(name)
+    assert "\n" not in str(got.value)
+
+
+def test_a_module_in_the_working_directory_is_never_imported(tmp_path, monkeypatch):
+    """A config from someone else names a file beside it: raycse does not run it."""
+    marker = tmp_path / "ran"
+    (tmp_path / "planted.py").write_text(f"open({str(marker)!r}, 'w').close()\nclass X: pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend("")  # (as `python -m raycse` has it)
+    with pytest.raises(ConfigError, match="cannot be loaded .*No module named 'planted'"):
+        registry.get("planted:X")
+    assert not marker.exists() and "planted" not in sys.modules
+    assert "" in sys.path  # (put back)
+
+
+def test_the_example_objective_trains_through_raycse_train(own_ray, tiny_model, corpus, stsb_dev, tmp_path):
+    out = tmp_path / "out"
+    env = {**own_ray, "PYTHONPATH": os.pathsep.join(filter(None, [str(EXAMPLES), own_ray.get("PYTHONPATH")]))}
+    r = subprocess.run([sys.executable, "-m", "raycse", "train", "--objective", EXAMPLE, "--tau", "0.1",
+                        "--model", str(tiny_model), "--corpus", str(corpus), "--output", str(out), "--stsb-dev",
+                        str(stsb_dev), "--num-workers", "1", "--batch-size", "16", "--lr", "5e-4", "--max-length", "16",
+                        "--eval-steps", "4", "--log-steps", "4", "--max-steps", "12"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["last"]["step"] == 12 and all(math.isfinite(x) for x in metrics["last"]["loss_history"])
+    assert {"last_forward", "last_backward"} <= set(metrics["last"])  # the example's own diagnostics
+    assert f"name: {EXAMPLE}" in (out / "config.yaml").read_text()
