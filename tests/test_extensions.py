@@ -117,3 +117,76 @@ def test_the_example_objective_trains_through_raycse_train(own_ray, tiny_model, 
     assert metrics["last"]["step"] == 12 and all(math.isfinite(x) for x in metrics["last"]["loss_history"])
     assert {"last_forward", "last_backward"} <= set(metrics["last"])  # the example's own diagnostics
     assert f"name: {EXAMPLE}" in (out / "config.yaml").read_text()
+
+
+class Recorder:
+    """Appends each hook's call to a file (the hooks run in the training worker, not in the test)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def _note(self, hook, step, **more):
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"hook": hook, "step": step, **more}) + "\n")
+
+
+def _recorder_class():
+    from raycse.train.callbacks import Callback
+
+    class Recording(Recorder, Callback):
+        def on_step(self, step, metrics):
+            self._note("step", step, keys=sorted(metrics))
+
+        def on_eval(self, step, score, metrics):
+            self._note("eval", step, score=score)
+
+        def on_checkpoint(self, step, metrics):
+            self._note("checkpoint", step)
+
+    return Recording
+
+
+def test_user_callbacks_run_at_each_step_evaluation_and_checkpoint(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path):
+    import raycse
+    from raycse.config import RunConfig
+
+    run = RunConfig.from_dict({"model": {"name_or_path": str(tiny_model), "max_length": 16},
+                               "data": {"corpus": str(corpus)}, "output_dir": str(tmp_path / "out"),
+                               "train": {"num_workers": 2, "cpus_per_worker": 1, "batch_size": 8, "max_steps": 8,
+                                         "log_steps": 2},
+                               "eval": {"stsb_dev": str(stsb_dev), "eval_steps": 4}})
+    calls = tmp_path / "calls.jsonl"
+    result = raycse.train(run, callbacks=[_recorder_class()(calls)])
+    seen = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert [c["step"] for c in seen if c["hook"] == "step"] == [2, 4, 6, 8]  # rank 0 only: once each
+    assert all(c["keys"] == ["epoch", "examples_per_s", "loss", "lr"] for c in seen if c["hook"] == "step")
+    evals = {c["step"]: c["score"] for c in seen if c["hook"] == "eval"}
+    assert sorted(evals) == [4, 8] and evals[8] == pytest.approx(result.metrics["last"]["stsb_dev_spearman"])
+    assert [c["step"] for c in seen if c["hook"] == "checkpoint"] == [4, 8]
+    order = [(c["hook"], c["step"]) for c in seen]
+    assert order.index(("eval", 4)) < order.index(("checkpoint", 4))
+
+
+def test_a_callback_that_is_no_callback_or_does_not_pickle_is_refused_before_ray_starts(tiny_model, corpus, tmp_path):
+    import threading
+
+    import raycse
+    from raycse.config import RunConfig
+
+    run = RunConfig.from_dict({"model": {"name_or_path": str(tiny_model)}, "data": {"corpus": str(corpus)},
+                               "output_dir": str(tmp_path / "out")})
+    with pytest.raises(ConfigError, match=r"callbacks\[0\] is Recorder, not a raycse.train.callbacks.Callback"):
+        raycse.train(run, callbacks=[Recorder(tmp_path / "x")])
+    holder = _recorder_class()(tmp_path / "x")
+    holder.lock = threading.Lock()
+    with pytest.raises(ConfigError, match=r"callbacks\[0\] \(Recording\) cannot be sent to the training worker"):
+        raycse.train(run, callbacks=[holder])
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_callback_modules_example_runs():
+    import doctest
+
+    from raycse.train import callbacks
+
+    assert doctest.testmod(callbacks).failed == 0 and doctest.testmod(callbacks).attempted >= 3

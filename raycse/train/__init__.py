@@ -13,24 +13,26 @@ import sys
 import types
 
 
-def train(run, overwrite: bool = False, corpus=None):
+def train(run, overwrite: bool = False, corpus=None, callbacks=()):
     """Train a :class:`raycse.config.RunConfig` on Ray Train; returns a ``TrainResult``.
 
     ``corpus``: a path or URI (as ``run.data.corpus``), or the data itself: a ``ray.data.Dataset`` or
     a Hugging Face ``datasets.Dataset`` (a ``DatasetDict``: its ``run.data.split``) with the columns
-    ``run.data`` names (``text_column``, and ``pair_column``... for pairs)."""
+    ``run.data`` names (``text_column``, and ``pair_column``... for pairs). ``callbacks``:
+    :class:`raycse.train.callbacks.Callback` objects, called on rank 0 at each logged step, evaluation
+    and checkpoint."""
     from raycse.train.driver import train as run_training
 
     if corpus is None or isinstance(corpus, (str, os.PathLike)):
         if corpus is not None:  # (a copy: the caller's run is left as it is)
             run = run.resolved({"data.corpus": os.fspath(corpus)})
-        return run_training(run, overwrite=overwrite)
-    return run_training(run, overwrite=overwrite, source=corpus)
+        return run_training(run, overwrite=overwrite, callbacks=callbacks)
+    return run_training(run, overwrite=overwrite, source=corpus, callbacks=callbacks)
 
 
 class _CallablePackage(types.ModuleType):
-    def __call__(self, run, overwrite: bool = False, corpus=None):
-        return train(run, overwrite=overwrite, corpus=corpus)
+    def __call__(self, run, overwrite: bool = False, corpus=None, callbacks=()):
+        return train(run, overwrite=overwrite, corpus=corpus, callbacks=callbacks)
 
 
 sys.modules[__name__].__class__ = _CallablePackage

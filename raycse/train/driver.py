@@ -34,6 +34,7 @@ from raycse.platform.interrupts import interrupted
 from raycse.platform.ray_session import ensure_ray, setup_ray_data
 from raycse.platform.redact import redact_obj
 from raycse.platform.staging import claim_output, private_tempdir
+from raycse.train import callbacks as user_callbacks
 from raycse.train import identity
 from raycse.train import tracking as tracking_mod
 from raycse.train.checkpoints import files as ckpt
@@ -52,7 +53,7 @@ class TrainResult:
 
 
 def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] = None,
-          run_name: str = "train", hooks: Optional[TuneHooks] = None, source=None) -> TrainResult:
+          run_name: str = "train", hooks: Optional[TuneHooks] = None, source=None, callbacks=()) -> TrainResult:
     """Train ``run`` on Ray Train and return where the best model was saved.
 
     ``source``: the corpus as an object (a ``ray.data.Dataset`` or ``datasets.Dataset``) instead of
@@ -63,12 +64,13 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     latest whole checkpoint there. ``hooks``: a Tune trial's needs (:class:`raycse.train.plan.TuneHooks`:
     a rung's last step, extra scored steps, the score sink, the experiment's prepared data, and the
     registry of live runs, by default this driver process's, :func:`raycse.platform.release.driver_registry`).
-    Every fit's workers and placement group are released before this returns or raises.
+    ``callbacks``: :class:`raycse.train.callbacks.Callback` objects, called on rank 0 at each logged step,
+    evaluation and checkpoint. Every fit's workers and placement group are released before this returns or raises.
     """
     hooks = hooks or TuneHooks()
     if source is not None and not run.data.corpus:
         run = run.resolved({"data.corpus": f"<{type(source).__name__}>"})
-    inputs = _checked_inputs(run, overwrite, storage_path, run_name, source is not None)
+    inputs = _checked_inputs(run, overwrite, storage_path, run_name, source is not None, callbacks)
     run = inputs.run  # resolved and frozen: nothing below changes it
     # an output on object storage is built in a local directory and published at the end
     local_root = private_tempdir("raycse-output-") if inputs.remote else None
@@ -114,17 +116,19 @@ class _Inputs:
     storage_path: Optional[str]
     run_name: str
     definition: Optional[dict]  # what the checkpoints under storage_path/run_name were made by
+    callbacks: tuple  # the user's (raycse.train.callbacks), each checked to pickle
 
 
 def _checked_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str], run_name: str,
-                    in_memory: bool) -> _Inputs:
+                    in_memory: bool, callbacks=()) -> _Inputs:
+    callbacks = user_callbacks.checked(callbacks)
     storage_path = resolve_storage_path(storage_path)
     run, model_path, dev, remote, sources = check_inputs(run, overwrite, storage_path, in_memory)
     definition = None
     if storage_path:  # before Ray starts: these checkpoints are this run's, or there are none yet
         definition = identity.definition(run, sources)
         identity.check(storage_path, run_name, definition)
-    return _Inputs(run, model_path, dev, remote, sources, storage_path, run_name, definition)
+    return _Inputs(run, model_path, dev, remote, sources, storage_path, run_name, definition, callbacks)
 
 
 def _start_ray(run: RunConfig, hooks: TuneHooks, staging: Path) -> tuple:
@@ -166,7 +170,8 @@ def _fit(run: RunConfig, inputs: _Inputs, hooks: TuneHooks, source, staging: Pat
                    initial_key=initial_scores.key(inputs.model_path, run, dev) if dev is not None else None,
                    initial_file=initial_scores.cache_file(), eval_at=tuple(int(s) for s in hooks.eval_at),
                    score_sink=hooks.score_sink, tracking=tracking, corpus=tuple(blocks),
-                   layouts=ray.put(layouts) if layouts is not None else None, progress=live)
+                   layouts=ray.put(layouts) if layouts is not None else None, progress=live,
+                   callbacks=inputs.callbacks)
     trainer = build_trainer(plan, cpus, storage, inputs.run_name, release.register_run(registry, run_key),
                             dev is not None)
     started = time.perf_counter()

@@ -133,6 +133,7 @@ class WorkerRun:
         self.reporter.post(self.progress.step, score)
         metrics[CHECKPOINT_RANK] = checkpoint_rank(score, self.progress.step)
         self.checkpointer.save(metrics, self.batches.grouping["layout"], self.progress.initial)
+        self.reporter.hooks.on_checkpoint(self.progress.step, metrics)
 
 
 def worker_places(world_size: int) -> list[tuple]:

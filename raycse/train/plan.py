@@ -54,6 +54,7 @@ class FitPlan:
     # reads them whole, straight from the object store (no Ray Data pipeline or actor per fit)
     corpus: tuple = ()
     progress: Any = None  # (RunRegistry, run key): rank 0 notes each logged step there (said on an interrupt)
+    callbacks: tuple = ()  # the Python API's user callbacks (raycse.train.callbacks.Callback), run on rank 0
 
 
 @dataclass(frozen=True)

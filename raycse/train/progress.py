@@ -29,6 +29,21 @@ class Progress:
     def speed(self) -> float:
         return self.seen / max(self.train_time, 1e-9)
 
+    def checkpoint_metrics(self, epoch: int, last: dict, grouping_log: list, profile: Optional[dict],
+                           total_steps: int, memory: dict) -> dict:
+        """A checkpoint's metrics (``last``: the step's loss diagnostics; ``memory``: the device's peaks);
+        closes the loss window."""
+        if self.window:
+            self.history.append(sum(self.window) / len(self.window))
+            self.window = []
+        return {"step": self.step, "epoch": epoch, "loss": self.history[-1], "loss_history": list(self.history),
+                "worker_nodes": [node for node, _ in self.places], "worker_gpus": [gpus for _, gpus in self.places],
+                "resumed": self.resumed, **({"grouping": list(grouping_log)} if grouping_log else {}),
+                "train_examples_per_s": self.speed, "train_seconds": self.train_time,
+                "total_steps": total_steps, **memory, **({"profile": profile} if profile else {}),
+                **({"seconds_to_step_10": self.to_step_10} if self.to_step_10 is not None else {}),
+                **{f"last_{k}": float(v) for k, v in last.items()}}
+
 
 def run_line(plan: FitPlan, world_size: int, p: Progress, dtype, dev, remembered: bool) -> str:
     """Workers, steps, global batch, precision, threads, and the starting score where there is one

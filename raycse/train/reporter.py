@@ -16,6 +16,7 @@ from raycse.platform import machine
 from raycse.platform.process_state import release_freed_memory
 from raycse.platform.ray_session import fetch
 from raycse.train import tracking
+from raycse.train.callbacks import Callbacks
 from raycse.train.module import shape_bound, what_trains
 from raycse.train.plan import FitPlan
 from raycse.train.profile import describe
@@ -38,6 +39,7 @@ class Reporter:
                            else resolve_precision(self.run.eval.precision, engine.device))
         self.sink = plan.score_sink if rank == 0 else None
         self.tlog = tracking.Logger(plan.tracking, rank)  # rank 0 logs; a no-op elsewhere
+        self.hooks = Callbacks(plan.callbacks, rank)  # (the Python API's user callbacks: rank 0 only)
 
     def evaluate(self) -> Optional[float]:
         """Rank 0's model-selection score of the current weights (None elsewhere or without dev data)."""
@@ -89,7 +91,9 @@ class Reporter:
         loss, lr = sum(recent) / len(recent), self.engine.lr
         log.info(f"[raycse] step {p.step}/{total} ({100 * p.step / total:.0f}%) epoch {epoch} "
                  f"loss {loss:.4f} lr {lr:.2e} {p.speed:.1f} examples/s")
-        self.tlog.log({"loss": loss, "lr": lr, "examples_per_s": p.speed, "epoch": epoch}, p.step)
+        metrics = {"loss": loss, "lr": lr, "examples_per_s": p.speed, "epoch": epoch}
+        self.tlog.log(metrics, p.step)
+        self.hooks.on_step(p.step, metrics)
         if self.plan.progress is not None:  # (not waited for: a note, not a report)
             registry, key = self.plan.progress
             registry.note_step.remote(key, p.step)
@@ -99,18 +103,8 @@ class Reporter:
 
     def metrics(self, epoch: int, out: LossOutput, grouping_log: list, profile: Optional[dict]) -> dict:
         """A checkpoint's metrics; closes the loss window."""
-        p = self.progress
-        if p.window:
-            p.history.append(sum(p.window) / len(p.window))
-            p.window = []
-        return {"step": p.step, "epoch": epoch, "loss": p.history[-1], "loss_history": list(p.history),
-                "worker_nodes": [node for node, _ in p.places], "worker_gpus": [gpus for _, gpus in p.places],
-                "resumed": p.resumed, **({"grouping": list(grouping_log)} if grouping_log else {}),
-                "train_examples_per_s": p.speed, "train_seconds": p.train_time,
-                "total_steps": self.plan.total_steps, **self.engine.peak_memory(),
-                **({"profile": profile} if profile else {}),
-                **({"seconds_to_step_10": p.to_step_10} if p.to_step_10 is not None else {}),
-                **{f"last_{k}": float(v) for k, v in out.metrics.items()}}
+        return self.progress.checkpoint_metrics(epoch, out.metrics, grouping_log, profile, self.plan.total_steps,
+                                                self.engine.peak_memory())
 
     def scored(self, metrics: dict, score: Optional[float]) -> dict:
         """``metrics`` with the score (None: unscored) and its starting value; logged and tracked."""
@@ -118,7 +112,9 @@ class Reporter:
             return metrics
         log.info(f"[raycse] step {self.progress.step}: {self.dev.label} {score:.2f}")
         self.tlog.log({self.key: score}, self.progress.step)
-        return {**metrics, self.key: score, self.key + "_initial": self.progress.initial}
+        metrics = {**metrics, self.key: score, self.key + "_initial": self.progress.initial}
+        self.hooks.on_eval(self.progress.step, score, metrics)
+        return metrics
 
     def post(self, step: int, score: Optional[float]) -> None:
         """Give a Tune trial the score of ``step`` at once (it decides its rung on it while the
