@@ -25,7 +25,7 @@ class EvalConfig(Section):
     batch_size: int = detail(128, 'sentences per embedding call when scoring')
     # Score the starting model before training (the "before" number of the log and the model card).
     # auto: only when this machine remembers it (raycse.evaluation.initial_scores, free), so a first
-    # run does not pay a full dev scoring (~9 s for MiniLM on 2 CPUs) for a number nobody asked for;
+    # run does not pay a full dev scoring for a number nobody asked for;
     # true: always (computed once per machine, remembered after); false: never.
     before_training: str = knob("auto", '--score-before',
                                 'score the starting model before training: auto (only when this machine remembers the'

@@ -123,7 +123,7 @@ class PrecisionSettings:
                           'auto | fp32 | bf16 | fp16 (auto: bf16 autocast on GPUs and on CPUs with native bf16, '
                           'AVX512-BF16/AMX; fp32 elsewhere)')
     # Encode each training batch as this many length-sorted sub-batches, each padded only to its own
-    # longest row: the same loss with ~25% fewer padded tokens (BENCHMARKS.md). 1 = one padded call.
+    # longest row: the same loss over fewer padded tokens (benchmarks/results/speed-cpu.md). 1 = one padded call.
     # None: 2 on CPUs, 1 on GPUs, where a small encoder's step waits on the host's kernel launches,
     # which sub-batches multiply (BENCHMARKS.md, "On a GPU").
     length_buckets: Optional[int] = knob(None, '--length-buckets',

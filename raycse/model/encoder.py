@@ -277,7 +277,7 @@ class Encoder(nn.Module):
         # (``encode`` sorts whole lists by length instead).
         self.unpad = True
         self.length_buckets = 1
-        # float32 CPU linears (forward and backward) on oneDNN (raycse.model.onednn): ~2x MKL's speed on AMD CPUs.
+        # float32 CPU linears (forward and backward) on oneDNN where raycse.model.onednn's probe finds them faster
         self.onednn = True
         self.can_unpad = supports_unpadding(backbone)
 

@@ -48,8 +48,8 @@ _BITS = 15
 # The packed token count is rounded up to a multiple of this with extra rows (copies of position 0,
 # dropped at the end; see unpadded_forward).
 # Why: oneDNN caches one primitive per matmul shape (up to 1,024); a new token count every batch
-# filled that cache with ~30 MB per training step, 2.5 GB in all (all-MiniLM-L6-v2, bf16), and
-# reused none of it. A few dozen shapes are reused instead, for <= 63 extra rows per matmul.
+# filled that cache step after step and reused none of it (benchmarks/results/speed-cpu.md). A few
+# dozen shapes are reused instead, for <= 63 extra rows per matmul.
 TOKEN_MULTIPLE = 64
 
 

@@ -136,7 +136,7 @@ def start_command(ports: list[int], root: Path, num_cpus: Optional[int], system_
 
 # The keeper: starts `ray start` (argv) in a session of its own and says its pid on the log. When its
 # stdin (the pipe from the raycse command) reaches EOF: SIGTERM to `ray start` (it stops its node in
-# order, ~2 s; a SIGTERM to every process at once took 6), then SIGKILL to what is left of its process
+# order, faster than a SIGTERM to every process at once), then SIGKILL to what is left of its process
 # group, whatever happened. The terminal's signals (Ctrl-C reaches the whole foreground group) are the
 # command's to act on: a Tune search stops in order on SIGINT, with its Ray still up; the keeper
 # ignores them.

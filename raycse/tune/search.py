@@ -305,7 +305,7 @@ def prepare_seeds(space: SearchSpace, seeds: list) -> tuple[dict, int]:
         if data is None:  # batches regrouped by the model in training: every trial lays out its own
             break
         # by reference: a trial hands it to its seeds' runs unopened (unpickling it would import
-        # torch, transformers and Ray Data into the trial's process, ~2 s of each trial's time)
+        # torch, transformers and Ray Data into the trial's process, seconds of each trial's time)
         prepared[seed], num_examples = ray.put(data), data.num_examples
     if prepared:  # the example count does not depend on the seed (dedup comes before data.max_sentences)
         return prepared, num_examples
