@@ -149,3 +149,25 @@ def test_the_floor_check_sees_an_import_that_points_up(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
     with pytest.raises(AssertionError, match="platform/bad.py:2 imports raycse.train.driver"):
         test_no_import_points_to_a_floor_above_its_own()
+
+
+def test_the_public_names_load_on_first_use_and_import_raycse_costs_no_torch():
+    import subprocess
+
+    code = ("import sys, raycse\nassert 'torch' not in sys.modules, 'import raycse imported torch'\n"
+            "from raycse.config import RunConfig\nfrom raycse.train.callbacks import Callback\n"
+            "assert raycse.RunConfig is RunConfig and raycse.Callback is Callback\n"
+            "assert set(raycse.__all__) <= set(dir(raycse))\n"
+            "try:\n    raycse.nothing_here\nexcept AttributeError as e:\n    print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "module 'raycse' has no attribute 'nothing_here'"
+
+
+def test_the_packages_docstring_example_runs():
+    import doctest
+
+    import raycse
+
+    result = doctest.testmod(raycse)
+    assert result.failed == 0 and result.attempted >= 4
