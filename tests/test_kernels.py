@@ -21,7 +21,7 @@ def _choice(tmp_path, **env):
 
 def test_probe_is_cached_per_machine_and_isa_cap(tmp_path):
     first = _choice(tmp_path)
-    assert first["why"].startswith("probed: oneDNN")
+    assert first["why"].startswith("probed: ") and len(first["why"]) < 120  # (one short phrase in the log line)
     cache_file = tmp_path / "kernels.json"
     if "not cached" in first["why"]:  # rounds that disagree (a loaded machine) are never kept
         assert not cache_file.exists()
@@ -52,3 +52,21 @@ def test_an_unsteady_probe_is_used_but_not_kept(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     verdict = json.loads(out.stdout.strip().splitlines()[-1])
     assert "not cached, measured again next time" in verdict["why"] and not (tmp_path / "kernels.json").exists()
+
+
+def test_the_log_line_names_the_kernels_only_where_fp32_cpu_linears_run_and_only_then_probes(tmp_path):
+    code = ("import json, torch\nfrom raycse.model import onednn\n"
+            "notes = [onednn.kernels_note(torch.device('cuda'), None), "
+            "onednn.kernels_note(torch.device('cpu'), torch.bfloat16, torch.bfloat16)]\n"
+            "import os\nprobed_before = os.path.exists(os.path.join(os.environ['RAYCSE_CACHE'], 'kernels.json'))\n"
+            "notes.append(onednn.kernels_note(torch.device('cpu'), torch.bfloat16, None))\n"
+            "print(json.dumps([notes, probed_before]))")
+    env = {**os.environ, "RAYCSE_CACHE": str(tmp_path)}
+    env.pop("RAYCSE_ONEDNN", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    (gpu, bf16, fp32_eval), probed_before = json.loads(out.stdout.strip().splitlines()[-1])
+    assert gpu == "" and bf16 == "" and not probed_before  # no choice made: nothing said, nothing probed
+    assert fp32_eval.startswith("; fp32 CPU linears on ") and "(probed: " in fp32_eval
+    forced = subprocess.run([sys.executable, "-c", code], env={**env, "RAYCSE_ONEDNN": "1"}, capture_output=True,
+                            text=True, check=True)
+    assert json.loads(forced.stdout.strip().splitlines()[-1])[0][2] == "; fp32 CPU linears on oneDNN (RAYCSE_ONEDNN=1)"

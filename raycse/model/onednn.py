@@ -42,6 +42,17 @@ def available() -> bool:
     return choice()["onednn"]
 
 
+def kernels_note(device: torch.device, *dtypes) -> str:
+    """What a log line says of the choice: ``; fp32 CPU linears on oneDNN (probed: 2.10x PyTorch's
+    default)`` where float32 linears run on this CPU (a CPU device, and None, fp32, among the autocast
+    ``dtypes`` of training and scoring); nothing where no choice is made (a GPU, bf16 throughout), and
+    then no probe runs."""
+    if device.type != "cpu" or None not in dtypes:
+        return ""
+    kernels = choice()
+    return f"; fp32 CPU linears on {'oneDNN' if kernels['onednn'] else 'PyTorch default kernels'} ({kernels['why']})"
+
+
 def _cache_file() -> Path:
     from raycse.platform.caches import cache_dir
 
@@ -122,8 +133,7 @@ def _probed(key: str) -> dict:
         else:
             note = f"; rounds disagree by {m['spread']:.0%} (a busy machine?): not cached, measured again next time"
     use = m["ratio"] > 1.05  # only a clear win changes kernels
-    return {"onednn": use, "why": f"probed: oneDNN {m['ratio']:.2f}x PyTorch's default on BERT-shaped fp32 linears "
-                                  f"(median of {m['rounds']} paired rounds){note}"}
+    return {"onednn": use, "why": f"probed: {m['ratio']:.2f}x PyTorch's default{note}"}
 
 
 _ONEDNN_LINEAR = compat.onednn_linear()  # None where this PyTorch has no oneDNN linear

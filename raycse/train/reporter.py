@@ -69,9 +69,8 @@ class Reporter:
         log.setLevel(logging.INFO)
         if self.rank != 0:
             return
-        kernels = onednn.choice()
-        log.info(f"[raycse] rank 0 on {machine.describe()}, torch {torch.__version__}; fp32 CPU linears on "
-                 f"{'oneDNN' if kernels['onednn'] else 'PyTorch default kernels'} ({kernels['why']})")
+        kernels = onednn.kernels_note(self.engine.device, self.engine.dtype, self.eval_dtype)
+        log.info(f"[raycse] rank 0 on {machine.describe()}, torch {torch.__version__}{kernels}")
         log.info(run_line(self.plan, self.world_size, self.progress, self.engine.dtype, self.dev, remembered))
         for line in (shape_bound(self.run, self.engine.core.objective), what_trains(self.engine.core)):
             log.info(f"[raycse] {line}")
