@@ -20,8 +20,7 @@ def ensure_ray(num_cpus: Optional[int] = None) -> bool:
         return False
     # logging_level WARNING: Ray's "Connecting to existing Ray cluster" / "Started a local Ray
     # instance" are not lines a raycse user needs (an error must stay the one line that names it)
-    from raycse.platform import interrupts, processes
-    from raycse.platform import private_ray
+    from raycse.platform import interrupts, private_ray, processes
 
     if os.environ.get("RAY_ADDRESS"):
         from raycse.platform.joining import join_cluster
