@@ -2,7 +2,7 @@
 
 Ray's defaults: Train's controller polls its workers every 2 s, and Ray Data shuffles (the batch
 layout's groupby and sort) with SHUFFLE_V2, which starts aggregator actors for each. raycse's
-(train.fit, train.runtime.setup_ray_data): a 0.5 s poll and the pull-based sort shuffle.
+(train.fit, platform.ray_session.setup_ray_data): a 0.5 s poll and the pull-based sort shuffle.
 
 Everything but the two steps is the cost every run pays whatever its size (imports, Ray start-up,
 corpus read and layout, controller and worker start, model load, checkpoint, shutdown), and every

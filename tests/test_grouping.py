@@ -612,8 +612,8 @@ def test_pairs_are_grouped_by_their_first_text(ray_cluster, tiny_model, tmp_path
     pairs = [p for rs in _rows(eb).values() for r in rs for p in row_examples(r)]
     assert len(pairs) == 96 and len(set(pairs)) == 96
     source = {(r["text"], r["pair"]) for r in corpus.dataset.iter_rows()}
-    assert {(q, a) for q, a, _ in pairs} <= source
-    assert all(s is not None and 0 <= s <= 1 for _, _, s in pairs)
+    assert {(p.query, p.positive) for p in pairs} <= source
+    assert all(p.score is not None and 0 <= p.score <= 1 and p.negatives == () for p in pairs)
 
 
 def test_pairs_are_keyed_by_their_second_text_when_asked(ray_cluster, tiny_model, tmp_path):

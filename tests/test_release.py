@@ -326,7 +326,7 @@ def test_a_worker_waits_for_the_drivers_objects_within_its_bound(ray_cluster, mo
     def never():
         time.sleep(60)
 
-    monkeypatch.setattr(runtime, "OBJECT_WAIT_S", 0.5)
+    monkeypatch.setattr(ray_session, "OBJECT_WAIT_S", 0.5)
     ref = never.remote()
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match="waited 0.5 s for the batch layouts from the driver"):
