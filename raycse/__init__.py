@@ -5,10 +5,12 @@ outputs, storage, processes) and ``model`` (the encoder and its saved format): `
 ``config`` -> ``data`` -> ``grouping`` -> ``evaluation`` -> ``train`` -> ``tune`` -> ``analysis`` ->
 ``cli`` (docs/layout.md).
 
-``raycse.train(run, corpus=..., callbacks=...)`` trains a :class:`raycse.config.RunConfig` (see
-:func:`raycse.train.train`; the ``train`` package is callable, so the name means the same before and
-after its modules are imported). The public names below load on first use, so ``import raycse``
-costs no torch (Ray Data's tasks import raycse's data modules, and with them this package):
+The Python API does what the CLI does, with the same checks and errors: ``raycse.train(run, ...)``
+(a :class:`raycse.config.RunConfig`), ``raycse.evaluate(model, EvalSettings(...))``,
+``raycse.mine(DataConfig(...), output, MineSettings(...))``, ``raycse.tune(TuneSettings(...))`` and
+``raycse.analyze(exp_dir)``. ``train`` and ``tune`` are callable packages (the name means the same before
+and after their modules are imported). The public names load on first use, so ``import raycse`` costs
+no torch (Ray Data's tasks import raycse's data modules, and with them this package):
 
     >>> import raycse
     >>> run = raycse.RunConfig.from_dict({"objective": {"name": "bsc", "tau": 0.1}})
@@ -19,19 +21,25 @@ costs no torch (Ray Data's tasks import raycse's data modules, and with them thi
 """
 
 from raycse import train  # noqa: F401 - the callable Ray Train package: raycse.train(run, ...)
+from raycse import tune  # noqa: F401 - the callable search package: raycse.tune(settings, ...)
 from raycse._version import __version__  # noqa: F401 - the package's version
 
-# public name -> the module that defines it (imported when the name is first read)
-_LAZY = {"RunConfig": "raycse.config", "Callback": "raycse.train.callbacks", "Encoder": "raycse.model.encoder"}
+# public name -> "module" that defines it, or "module:name" (imported when the name is first read)
+_LAZY = {"RunConfig": "raycse.config", "DataConfig": "raycse.config", "Callback": "raycse.train.callbacks",
+         "Encoder": "raycse.model.encoder", "evaluate": "raycse.evaluation.run",
+         "EvalSettings": "raycse.evaluation.settings", "mine": "raycse.grouping.mine:mine_triplets",
+         "MineSettings": "raycse.grouping.mine", "TuneSettings": "raycse.tune.settings", "analyze": "raycse.analysis"}
 
-__all__ = ["train", "RunConfig", "Callback", "Encoder", "__version__"]
+__all__ = ["train", "evaluate", "mine", "tune", "analyze", "RunConfig", "DataConfig", "EvalSettings", "MineSettings",
+           "TuneSettings", "Callback", "Encoder", "__version__"]
 
 
 def __getattr__(name: str):
     if name in _LAZY:
         import importlib
 
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        module, _, attribute = _LAZY[name].partition(":")
+        value = getattr(importlib.import_module(module), attribute or name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'raycse' has no attribute {name!r}")

@@ -15,14 +15,12 @@ User errors print one line ``raycse: error: ...`` and exit 2.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Optional, Sequence
 
 from raycse.config import flag_fields, shipped, unflagged_fields
 from raycse.errors import RaycseError
-from raycse.platform.staging import check_not_inside, check_writable_file, write_text_atomic
 
 # Train flags are the config's knobs (raycse.config.flag_fields: each field's flag, help text, type and
 # default, one source); ``--help`` appends each default once, unless the help text states it itself.
@@ -284,26 +282,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def resolve_train_config(args: argparse.Namespace):
+    """The run the flags describe, validated and frozen (:meth:`raycse.config.RunConfig.resolved`): the
+    driver takes it as it is, without validating it again."""
     from raycse.config import RunConfig, load_yaml, recipe, set_dotted
 
     run = RunConfig.from_dict(load_yaml(recipe("configs", args.config))) if args.config else RunConfig()
     for key, value in run_overrides(args):
         set_dotted(run, key, value)
-    return run.validate()
+    return run.resolved()
 
 
 def cmd_train(args) -> int:
     import yaml
 
     run = resolve_train_config(args)  # a bad flag or config is refused before the driver's imports (torch, Ray)
-    from raycse.train.driver import train
-    from raycse.train.publishing import best_score
-
     if args.print_config:
         print(yaml.safe_dump(run.to_dict(), sort_keys=False))
         return 0
-    if not args.run_name or not all(ch.isalnum() or ch in "-_." for ch in args.run_name) or args.run_name[0] == ".":
-        raise RaycseError(f"--run-name must be letters, digits, '-', '_' or '.' (not first), got {args.run_name!r}")
+    from raycse.train import train
+    from raycse.train.publishing import best_score
+
     result = train(run, overwrite=args.overwrite, storage_path=args.storage_path, run_name=args.run_name)
     score = best_score(result.metrics)
     key = result.metrics.get("score_key", "stsb_dev_spearman")
@@ -316,145 +314,14 @@ def cmd_train(args) -> int:
     return 0
 
 
-def check_max_length(value) -> None:
-    if value is not None and value < 2:  # [CLS] and [SEP] alone take two tokens
-        raise RaycseError(f"--max-length must be >= 2 tokens, got {value}")
-
-
-def _eval_inputs(args) -> tuple[list, object]:
-    """Every evaluation file read and checked before the model loads: (STS datasets, BEIR data or None)."""
-    from raycse.evaluation.sts import TASKS, canonical_task, load_task, read_stsb
-
-    if not (args.senteval_dir or args.stsb_dev or args.beir_dir or args.mteb or args.mteb_local):
-        raise RaycseError("nothing to evaluate: pass --senteval-dir DIR (SentEval layout), --stsb-dev FILE, "
-                          "--beir-dir DIR (BEIR layout) and/or --mteb TASKS / --mteb-local KIND:PATH")
-    if args.batch_size < 1:
-        raise RaycseError(f"--batch-size must be >= 1, got {args.batch_size}")
-    check_max_length(args.max_length)
-    if args.length_attack and min(args.length_attack) < 1:
-        raise RaycseError("--length-attack values must be >= 1")
-    if args.length_attack and not (args.senteval_dir or args.stsb_dev):
-        raise RaycseError("--length-attack scores STS pairs: add --senteval-dir DIR or --stsb-dev FILE")
-    datasets = []
-    if args.senteval_dir:
-        datasets += [load_task(args.senteval_dir, canonical_task(t)) for t in (args.tasks or TASKS)]
-    if args.stsb_dev and args.stsb_dev.lower() == "auto":
-        from raycse.config import EvalConfig
-        from raycse.evaluation.selection import stsb_dev
-
-        dev = stsb_dev(EvalConfig(stsb_dev="auto"), name="STSB-dev")
-        if dev is None:
-            raise RaycseError("--stsb-dev auto found no STS-B dev set: set RAYCSE_DATA to a folder holding "
-                              "stsbenchmark/sts-dev.csv, or pass --stsb-dev FILE (the Hugging Face dataset "
-                              "sentence-transformers/stsb is neither reachable nor cached here)")
-        datasets.append(dev)
-    elif args.stsb_dev:
-        datasets.append(read_stsb(args.stsb_dev, name="STSB-dev"))
-    beir = None
-    if args.beir_dir:
-        from raycse.errors import require
-        from raycse.evaluation.beir import read_beir
-
-        require("faiss", "grouping", "raycse eval --beir-dir")
-        beir = read_beir(args.beir_dir, args.split)
-    return datasets, beir
-
-
-def _mteb_inputs(args):
-    """The MTEB tasks asked for, their data read (or refused) before the model loads; None if none."""
-    if not (args.mteb or args.mteb_local):
-        return None
-    from raycse.evaluation.mteb_eval import load_suite, parse_local, parse_registered
-
-    specs = parse_registered(args.mteb) if args.mteb else []
-    for local in args.mteb_local or []:
-        specs += parse_local(local, args.tasks)
-    return load_suite(specs, args.split)
-
-
 def cmd_eval(args) -> int:
-    from raycse.evaluation.sts import embedded_once, evaluate_datasets, format_table, format_widths
-    from raycse.model.encoder import Encoder
-    from raycse.model.precision import resolve_precision
+    from raycse.evaluation.run import evaluate
+    from raycse.evaluation.settings import EvalSettings
 
-    json_out = check_writable_file(args.json_out) if args.json_out else None  # before the work, not after
-    datasets, beir = _eval_inputs(args)
-    suite = _mteb_inputs(args)
-    asked = _eval_dims(args.dims, args.model, args.trust_remote_code)  # before the model loads: a bad size is one line
-    encoder = Encoder.from_pretrained(args.model, pooling=args.pooling, trust_remote_code=args.trust_remote_code)
-    dims = asked or sorted((d for d in encoder.matryoshka_dims or [] if d < encoder.output_size), reverse=True)
-    dtype = resolve_precision(args.precision, encoder.device)
-
-    def embed(xs, prompt_name=None, progress=False):
-        return encoder.encode(xs, batch_size=args.batch_size, max_length=args.max_length, progress=progress,
-                              autocast_dtype=dtype, prompt_name=prompt_name)
-
-    result: dict = {}
-    if datasets:
-        print(f"[raycse] {args.model}: pooling {encoder.pooler.kind}, "
-              f"{sum(len(d) for d in datasets)} pairs in {len(datasets)} task(s)", file=sys.stderr)
-        whole = embedded_once(lambda xs: embed(xs, progress=True))  # (each prefix size reuses it)
-        result["scores"] = evaluate_datasets(whole, datasets)
-    if suite is not None:
-        print(f"[raycse] {args.model}: MTEB, {len(suite.tasks)} task(s): "
-              f"{', '.join(task.metadata.name for task in suite.tasks)}", file=sys.stderr)
-        result["mteb"] = suite.run(lambda xs, prompt_name=None: embed(xs, prompt_name, progress=True), args.model,
-                                   args.batch_size)
-    if datasets or suite is not None:  # one table: raycse's scores, then mteb's main scores
-        print(format_table({**result.get("scores", {}), **{f"{row['task']} (mteb {row['main_score']})": row["score"]
-                                                            for row in result.get("mteb", {}).values()}}))
-    if datasets and dims:  # the same vectors' prefixes (cosine re-normalises them)
-        result["dims"] = {str(d): evaluate_datasets(lambda xs, d=d: whole(xs)[:, :d], datasets) for d in dims}
-        print(format_widths({encoder.output_size: result["scores"], **dict(zip(dims, result["dims"].values()))}))
-    if args.length_attack:
-        from raycse.evaluation.length_attack import format_rows, length_attack
-
-        rows = length_attack(embed, datasets, args.length_attack, encoder.tokenizer,
-                             args.max_length or encoder.max_seq_length)
-        print(format_rows(rows))
-        result["length_attack"] = rows
-    if beir is not None:
-        result["beir"] = _eval_beir(args, beir, embed, encoder)
-    if json_out:
-        write_text_atomic(json_out, json.dumps(result, indent=2))
+    report = evaluate(args.model, settings_from_args(EvalSettings, args))
+    if report.text:
+        print(report.text)
     return 0
-
-
-def _eval_dims(text: Optional[str], model: str, trust_remote_code: bool) -> list[int]:
-    """--dims: the prefix sizes to score besides the whole embedding, widest first."""
-    from raycse.model.encoder import embedding_width_of, resolve_model
-    from raycse.platform.conversion import coerce
-
-    if not text:
-        return []
-    dims = coerce("--dims", text, list)
-    width = embedding_width_of(resolve_model(model, trust_remote_code)) or float("inf")
-    if not dims or not all(isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= width for d in dims):
-        raise RaycseError(f"--dims must be sizes from 1 to the model's {width} coordinates, e.g. 256,128,64; "
-                          f"got {text}")
-    return sorted({d for d in dims if d < width}, reverse=True)
-
-
-def _eval_beir(args, beir, embed, encoder) -> dict:
-    from raycse.evaluation.beir import QUERY, embed_documents, format_metrics, retrieval_metrics, search
-
-    print(f"[raycse] {args.model}: BEIR {args.beir_dir} ({args.split}): {len(beir.docs)} documents, "
-          f"{len(beir.queries)} queries with relevant documents", file=sys.stderr)
-    from raycse.evaluation.beir import RAY_THRESHOLD
-    from raycse.model.encoder import resolve_model
-
-    # what the Ray actors load for big corpora
-    model_path = None if args.pooling else resolve_model(args.model, args.trust_remote_code)
-    if model_path and len(beir.docs) > RAY_THRESHOLD:
-        from raycse.platform.ray_session import ensure_ray
-
-        ensure_ray()
-    docs = embed_documents(beir, lambda xs, prompt_name: embed(xs, prompt_name, progress=True), model_path,
-                           args.max_length or encoder.max_seq_length, precision=args.precision,
-                           trust_remote_code=args.trust_remote_code)
-    scores = retrieval_metrics(beir.qrels, search(docs, embed(beir.queries, QUERY), beir))
-    print(format_metrics(scores))
-    return scores
 
 
 def cmd_objectives(_args) -> int:
@@ -468,17 +335,12 @@ def cmd_objectives(_args) -> int:
 
 def cmd_tune(args) -> int:
     from raycse.analysis import analyze
-    from raycse.config import recipe
-    from raycse.tune import TuneSettings, resume, tune_search
+    from raycse.tune import tune
+    from raycse.tune.settings import TuneSettings
 
-    if bool(args.space) == bool(args.resume):
-        raise RaycseError("give exactly one of --space FILE (a new search) or --resume EXP_DIR")
-    if args.resume:
-        exp, _ = resume(args.resume)
-    else:
-        settings = settings_from_args(TuneSettings, args, space=recipe("search_spaces", args.space),
-                                      run_overrides=run_overrides(args, prefix="run."))
-        exp, _ = tune_search(settings, args.storage_path, args.name)
+    settings = (settings_from_args(TuneSettings, args, space=args.space, run_overrides=run_overrides(args, prefix="run."))
+                if args.space else None)
+    exp, _ = tune(settings, args.storage_path, args.name, resume=args.resume)
     report = analyze(str(exp), plots=False)
     print(report.table)
     print(report.best_text)
@@ -503,53 +365,14 @@ def cmd_analyze(args) -> int:
 
 
 def cmd_mine(args) -> int:
-    from pathlib import Path
-
     from raycse.config import DataConfig
-    from raycse.data.dataset import resolve_sources
-    from raycse.grouping.mine import MineSettings, mine, triplet_format
-    from raycse.model.encoder import resolve_model
-    from raycse.platform.ray_session import ensure_ray, setup_ray_data
+    from raycse.grouping.mine import MineSettings, mine_triplets
 
     settings = settings_from_args(MineSettings, args)
-    missing = [f for f, v in (("--corpus", args.corpus), ("--pair-column", args.pair_column),
-                              ("--output", args.output)) if not v]
-    if missing:
-        raise RaycseError(f"raycse mine needs {', '.join(missing)} (see raycse mine --help)")
-    settings.validate()
-    check_max_length(args.max_length)
-    from raycse.errors import require
-
-    require("faiss", "grouping", "raycse mine")
-    out = check_writable_file(args.output)  # (~ expanded in main, with every argument)
-    check_not_inside(out, "--output", {"--corpus": args.corpus, "--candidates": args.candidates, "--model": args.model})
-    if out.exists() and not args.overwrite:
-        raise RaycseError(f"--output {out} exists; pass --overwrite to replace it")
     data = DataConfig(corpus=args.corpus, format=args.format, text_column=args.text_column,
                       pair_column=args.pair_column)
-    data.validate()
-    resolve_sources(args.corpus)
-    triplet_format(data, out)
-    if args.candidates:
-        resolve_sources(args.candidates)
-    model = resolve_model(args.model, settings.trust_remote_code)  # everything checked before Ray starts
-    ensure_ray()
-    setup_ray_data()
-    from raycse.platform.ray_session import cluster_cpus
-
-    if settings.embed_actors is None:  # default: one per CPU of the cluster (0 was refused above)
-        settings.embed_actors = cluster_cpus()
-    from raycse.data.dataset import ray_data_errors
-
-    from raycse.platform.interrupts import interrupted
-
-    try:
-        with ray_data_errors():
-            result = mine(data, model, Path(out), settings, args.candidates, args.seed)
-    except KeyboardInterrupt as caught:
-        stop = interrupted(caught)
-        stop.detail = f"nothing was written to {out}; rerun the same command to mine again"
-        raise stop from None
+    result = mine_triplets(data, args.output, settings, model=args.model, candidates=args.candidates, seed=args.seed,
+                         overwrite=args.overwrite)
     print(f"[raycse] {result.triplets} triplets written to {result.path} ({result.dropped} queries dropped with "
           f"fewer than {args.num_negatives} usable negatives; {result.candidates} candidates; seconds {result.seconds})")
     print(f"[raycse] train on them: raycse train --corpus {result.path} --text-column {args.text_column} "

@@ -6,9 +6,10 @@ falls back when the name is gone."""
 from __future__ import annotations
 
 import ast
-import importlib.util
 import logging
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -229,3 +230,31 @@ def test_every_ray_name_raycse_imports_is_in_this_ray():
         missing += [f"{where}:{line} {module}.{n}" for n in names
                     if not hasattr(found, n) and importlib.util.find_spec(f"{module}.{n}") is None]
     assert missing == []
+
+
+def test_ray_autoscaler_is_imported_whole_before_ray_init_starts_the_log_thread():
+    """A bug fix (CI on Ray 2.55: a `ray job submit` of raycse train failed with ``ImportError: cannot
+    import name 'DictCount' from partially initialized module 'ray.autoscaler._private.util'``): Ray's log
+    thread imports ray.autoscaler.v2.utils at the first log line while the main thread imported
+    ray.autoscaler for Ray Data, and the circular package half-made in one thread is the other's error.
+    Now both are whole before ``ray.init`` (here replaced by a recorder, reached through a port that
+    answers) can start that thread."""
+    code = """
+import socket, sys, ray
+listener = socket.socket(); listener.bind(("127.0.0.1", 0)); listener.listen()
+seen = {}
+def init(*args, **kwargs):
+    seen.update({m: m in sys.modules for m in ("ray.autoscaler", "ray.autoscaler.sdk", "ray.autoscaler.v2.utils")})
+    raise RuntimeError("recorded")
+ray.init = init
+from raycse.platform.joining import join_cluster
+try:
+    join_cluster("127.0.0.1:%d" % listener.getsockname()[1])
+except RuntimeError:
+    pass
+print(sorted(seen.items()))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str([("ray.autoscaler", True), ("ray.autoscaler.sdk", True),
+                                    ("ray.autoscaler.v2.utils", True)])

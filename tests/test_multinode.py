@@ -7,7 +7,6 @@ experiment on S3. A raycse process started beside it without RAY_ADDRESS starts 
 instead of joining it."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

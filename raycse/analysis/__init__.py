@@ -233,7 +233,15 @@ def write_table(rows: list[dict], dest: str) -> str:
 def analyze(exp_dir: str, plots: bool = True, plot_dir: Optional[str] = None, export_best: Optional[str] = None,
             top: int = 5, table: Optional[str] = None) -> Report:
     """Table, best configuration, PNG plots (in ``plot_dir``, default EXP_DIR/plots), optional export
-    and, with ``table``, every trial's every rung and seed as a CSV/Parquet/JSON file."""
+    and, with ``table``, every trial's every rung and seed as a CSV/Parquet/JSON file, as ``raycse
+    analyze`` does (``raycse.analyze``): a :class:`Report` (``.table``, ``.best_text``, ``.plots``...).
+
+    >>> import raycse
+    >>> raycse.analyze("no-such-experiment")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    raycse.errors.ConfigError: experiment directory not found: ...no-such-experiment
+    """
     from raycse.tune.search import load_settings
 
     remote = object_store.is_uri(exp_dir)

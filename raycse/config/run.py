@@ -51,8 +51,16 @@ class RunConfig(Section):
 
     def resolved(self, changes: Optional[dict] = None) -> "RunConfig":
         """A validated, frozen copy of this run with ``changes`` (dotted key -> value) applied: the run a fit
-        trains. This one is left as it is (frozen or not)."""
+        trains. This one is left as it is (frozen or not); one already resolved, with no changes, is its own.
+
+        >>> run = RunConfig().resolved()
+        >>> run.resolved() is run, run.resolved({"train.lr": 1e-4}).train.lr
+        (True, 0.0001)
+        """
         import copy
+
+        if not changes and self.__dict__.get("_frozen"):
+            return self
 
         run = copy.deepcopy(self)
         for part in (run, *run.sections()):

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from raycse.config import POOLINGS, TRUST_REMOTE_CODE, setting
+from raycse.config.fields import at_least
 
 
 @dataclass
@@ -48,3 +49,10 @@ class EvalSettings:
                                   "with objective.matryoshka_dims)", metavar="LIST")
     trust_remote_code: bool = setting(False, "--trust-remote-code", TRUST_REMOTE_CODE, action="store_true")
     json_out: Optional[str] = setting(None, "--json", "also write the scores to this JSON file", metavar="FILE")
+
+    def validate(self) -> None:
+        at_least("--batch-size", self.batch_size, 1)
+        if self.max_length is not None:
+            at_least("--max-length", self.max_length, 2)  # [CLS] and [SEP] alone take two tokens
+        if self.length_attack:
+            at_least("--length-attack values", min(self.length_attack), 1)

@@ -18,7 +18,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -26,6 +28,7 @@ from typing import Optional
 import numpy as np
 
 from raycse.config import TRUST_REMOTE_CODE, setting
+from raycse.config.fields import at_least
 from raycse.errors import ConfigError, DataError
 
 
@@ -68,6 +71,7 @@ class MineSettings:
             raise ConfigError(f"--shards must be >= 1, got {self.shards}")
         if self.embed_actors is not None and self.embed_actors < 1:
             raise ConfigError(f"--embed-actors must be >= 1, got {self.embed_actors}")
+        at_least("--max-length", self.max_length, 2)  # [CLS] and [SEP] alone take two tokens
 
 
 @dataclass
@@ -128,6 +132,56 @@ def select(scores: np.ndarray, ids: np.ndarray, pos_score: np.ndarray, query: li
                 break
         out.append(kept if len(kept) == s.num_negatives else None)
     return out
+
+
+def mine_triplets(data, output, settings: Optional[MineSettings] = None, model: str = "default",
+                  candidates: Optional[str] = None, seed: int = 0, overwrite: bool = False) -> MineResult:
+    """``raycse mine`` as a function (``raycse.mine``): every input checked before Ray starts, then :func:`mine`.
+
+    ``data``: a :class:`raycse.config.DataConfig` of the pairs (``corpus`` and ``pair_column`` set);
+    ``output``: the triplets file, in the pairs' format family, replaced only with ``overwrite``.
+
+        >>> from raycse.config import DataConfig
+        >>> mine_triplets(DataConfig(corpus="pairs.jsonl"), "triplets.jsonl")
+        Traceback (most recent call last):
+        ...
+        raycse.errors.ConfigError: raycse mine needs --pair-column (see raycse mine --help)
+    """
+    from raycse.data.dataset import ray_data_errors, resolve_sources
+    from raycse.errors import require
+    from raycse.model.encoder import resolve_model
+    from raycse.platform.interrupts import interrupted
+    from raycse.platform.ray_session import cluster_cpus, ensure_ray, setup_ray_data
+    from raycse.platform.staging import check_not_inside, check_writable_file
+
+    s = dataclasses.replace(settings or MineSettings())  # (a copy: the caller's settings are left as they are)
+    missing = [f for f, v in (("--corpus", data.corpus), ("--pair-column", data.pair_column), ("--output", output))
+               if not v]
+    if missing:
+        raise ConfigError(f"raycse mine needs {', '.join(missing)} (see raycse mine --help)")
+    s.validate()
+    require("faiss", "grouping", "raycse mine")
+    out = check_writable_file(os.path.expanduser(os.fspath(output)))
+    check_not_inside(out, "--output", {"--corpus": data.corpus, "--candidates": candidates, "--model": model})
+    if out.exists() and not overwrite:
+        raise ConfigError(f"--output {out} exists; pass --overwrite to replace it")
+    data.validate()
+    resolve_sources(data.corpus)
+    triplet_format(data, out)
+    if candidates:
+        resolve_sources(candidates)
+    model_path = resolve_model(model, s.trust_remote_code)  # everything checked before Ray starts
+    ensure_ray()
+    setup_ray_data()
+    if s.embed_actors is None:  # default: one per CPU of the cluster (0 was refused above)
+        s.embed_actors = cluster_cpus()
+    try:
+        with ray_data_errors():
+            return mine(data, model_path, Path(out), s, candidates, seed)
+    except KeyboardInterrupt as caught:
+        stop = interrupted(caught)
+        stop.detail = f"nothing was written to {out}; rerun the same command to mine again"
+        raise stop from None
 
 
 def mine(data, model_path: str, output: Path, s: MineSettings, candidates_file: Optional[str] = None,

@@ -15,6 +15,7 @@ looked for, never the version compared, and each has a working path when it is g
   cluster ceiling comes from the autoscaler's config or the nodes up now (raycse.platform.capacity).
 - Ray's W&B logging actor (:func:`wandb_logging_actor`): without it, Ray's plain callback.
 - oneDNN's linear (:func:`onednn_linear`): without it, PyTorch's own kernels.
+- the module Ray's log thread imports (:func:`import_before_log_thread`): without it, nothing to do.
 """
 
 from __future__ import annotations
@@ -32,6 +33,22 @@ def _lookup(module: str, *names: str) -> Optional[tuple]:
         return tuple(getattr(found, n) for n in names)
     except (ImportError, AttributeError):
         return None
+
+
+# what ray._private.worker's log thread imports at the driver's first log line (filter_autoscaler_events)
+LOG_THREAD_IMPORT = "ray.autoscaler.v2.utils"
+
+
+def import_before_log_thread() -> None:
+    """Import ``ray.autoscaler`` whole, and the module Ray's log thread imports, before ``ray.init`` starts
+    that thread. ``ray.autoscaler`` imports itself in a circle (its ``_private.util`` imports the package,
+    whose ``sdk`` imports ``_private.util`` again); when the log thread and this thread (Ray Data's executor
+    imports ``ray.autoscaler._private``) import it at once, one of them gets the half-made module:
+    ``ImportError: cannot import name 'DictCount'``, which failed a job on Ray 2.55. Imported once here,
+    before any other thread runs Ray, neither import is a race."""
+    import ray.autoscaler.sdk  # noqa: F401 - the package whole (public)
+
+    _lookup(LOG_THREAD_IMPORT, "is_autoscaler_v2")
 
 
 def train_callback_bases() -> Optional[tuple[type, type]]:

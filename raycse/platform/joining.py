@@ -50,7 +50,7 @@ def join_cluster(address: str) -> None:
     import ray
 
     from raycse.errors import ResourceError
-    from raycse.platform import interrupts
+    from raycse.platform import compat, interrupts
     from raycse.platform.redact import redact
 
     bound, endpoint = connect_timeout_s(), cluster_endpoint(address)
@@ -60,6 +60,7 @@ def join_cluster(address: str) -> None:
                                 f"raise {CONNECT_TIMEOUT_VAR}")
     if endpoint is not None:
         _wait_for_port(*endpoint, deadline, unreachable)
+    compat.import_before_log_thread()
     main = threading.current_thread() is threading.main_thread()
 
     def _timed_out(_signum, _frame):

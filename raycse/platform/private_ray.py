@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import stat
 import subprocess

@@ -74,7 +74,7 @@ def start_local_ray(num_cpus: Optional[int] = None, **init_kwargs) -> None:
 
     import ray
 
-    from raycse.platform import private_ray
+    from raycse.platform import compat, private_ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # Ray Train starts a PreemptionWatcher actor per fit to follow node drains (spot nodes of an
@@ -87,6 +87,7 @@ def start_local_ray(num_cpus: Optional[int] = None, **init_kwargs) -> None:
     from raycse.platform.interrupts import sigterm_as_interrupt
 
     node = {k: init_kwargs.pop(k) for k in NODE_OPTIONS if init_kwargs.get(k) is not None}
+    compat.import_before_log_thread()
     private = private_ray.start(num_cpus, {"num_workers_soft_limit": worker_soft_limit(num_cpus)}, node)
     # registered before ray.init's own exit hook, so it runs after it: the driver leaves, then its Ray ends
     atexit.register(private_ray.stop)

@@ -5,34 +5,42 @@ which one a fit resumes from: ``checkpoints/files.py``, ``checkpoints/choice.py`
 
 The package is also the Python API's entry point, ``raycse.train(run, corpus=...)``: a package
 named like a function shadows the function once it is imported (``raycse.train`` becomes the
-package), so the package itself is callable (a module whose class defines ``__call__``).
+package), so the package itself is callable (raycse.platform.callable_package).
 """
 
 import os
 import sys
-import types
+
+from raycse.platform.callable_package import make_callable
 
 
-def train(run, overwrite: bool = False, corpus=None, callbacks=()):
-    """Train a :class:`raycse.config.RunConfig` on Ray Train; returns a ``TrainResult``.
+def train(run, overwrite: bool = False, corpus=None, callbacks=(), storage_path=None, run_name: str = "train"):
+    """Train a :class:`raycse.config.RunConfig` on Ray Train, as ``raycse train`` does; returns a
+    ``TrainResult`` (``.path``: the saved model, ``.metrics``: its scores).
 
     ``corpus``: a path or URI (as ``run.data.corpus``), or the data itself: a ``ray.data.Dataset`` or
     a Hugging Face ``datasets.Dataset`` (a ``DatasetDict``: its ``run.data.split``) with the columns
     ``run.data`` names (``text_column``, and ``pair_column``... for pairs). ``callbacks``:
     :class:`raycse.train.callbacks.Callback` objects, called on rank 0 at each logged step, evaluation
-    and checkpoint."""
+    and checkpoint. ``storage_path`` and ``run_name`` (``--storage-path``, ``--run-name``): where Ray
+    Train keeps checkpoints, so that the same call resumes after a crash.
+
+    Bad settings are refused before Ray starts:
+
+    >>> import raycse
+    >>> raycse.train(raycse.RunConfig(), run_name="../elsewhere")
+    Traceback (most recent call last):
+    ...
+    raycse.errors.ConfigError: --run-name must be letters, digits, '-', '_' or '.' (not first), got '../elsewhere'
+    """
     from raycse.train.driver import train as run_training
 
     if corpus is None or isinstance(corpus, (str, os.PathLike)):
         if corpus is not None:  # (a copy: the caller's run is left as it is)
             run = run.resolved({"data.corpus": os.fspath(corpus)})
-        return run_training(run, overwrite=overwrite, callbacks=callbacks)
-    return run_training(run, overwrite=overwrite, source=corpus, callbacks=callbacks)
+        corpus = None
+    return run_training(run, overwrite=overwrite, storage_path=storage_path, run_name=run_name, source=corpus,
+                        callbacks=callbacks)
 
 
-class _CallablePackage(types.ModuleType):
-    def __call__(self, run, overwrite: bool = False, corpus=None, callbacks=()):
-        return train(run, overwrite=overwrite, corpus=corpus, callbacks=callbacks)
-
-
-sys.modules[__name__].__class__ = _CallablePackage
+make_callable(sys.modules[__name__], train)

@@ -40,7 +40,7 @@ from raycse.train import tracking as tracking_mod
 from raycse.train.checkpoints import files as ckpt
 from raycse.train.fit import build_trainer, fit_and_release, report_resume, say_devices, worker_resources
 from raycse.train.plan import FitPlan, TuneHooks, plan_steps
-from raycse.train.preflight import check_inputs, check_local_gpus, resolve_storage_path
+from raycse.train.preflight import check_inputs, check_local_gpus, check_run_name, resolve_storage_path
 from raycse.train.prepare import data_key, fit_data, objective_knobs, read_corpus
 from raycse.train.publishing import best_checkpoint, close_tracking, log_model, publish, write_output
 
@@ -122,6 +122,7 @@ class _Inputs:
 def _checked_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str], run_name: str,
                     in_memory: bool, callbacks=()) -> _Inputs:
     callbacks = user_callbacks.checked(callbacks)
+    check_run_name(run_name)
     storage_path = resolve_storage_path(storage_path)
     run, model_path, dev, remote, sources = check_inputs(run, overwrite, storage_path, in_memory)
     definition = None

@@ -157,7 +157,7 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     ``in_memory``)."""
     from raycse.data.dataset import check_hub_dataset, check_not_empty, resolve_sources
 
-    run.validate()
+    run = run.resolved()  # (validated once: the CLI's run comes resolved)
     check_extras(run)
     if starts_private_ray():  # what torch sees here is all a private Ray could get: say so before starting it
         check_local_gpus(run.train, torch.cuda.device_count())
@@ -237,6 +237,12 @@ def text_sample(run: RunConfig, sources: Optional[list], dev) -> list[str]:
     if dev is not None and dev.sts is not None:
         sample += list(dev.sts.sent1[:TOKENIZER_SAMPLE])
     return sample
+
+
+def check_run_name(run_name: str) -> None:
+    """``--run-name`` names a folder under ``--storage-path``: one plain name, never a path out of it."""
+    if not run_name or not all(ch.isalnum() or ch in "-_." for ch in run_name) or run_name[0] == ".":
+        raise ConfigError(f"--run-name must be letters, digits, '-', '_' or '.' (not first), got {run_name!r}")
 
 
 def resolve_storage_path(storage_path: Optional[str]) -> Optional[str]:
