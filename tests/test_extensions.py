@@ -190,3 +190,120 @@ def test_the_callback_modules_example_runs():
     from raycse.train import callbacks
 
     assert doctest.testmod(callbacks).failed == 0 and doctest.testmod(callbacks).attempted >= 3
+
+
+# A grouping strategy of one's own (issue 87, item 2): examples/projection_groups.py by import path and by
+# entry point, checked against its words, refused in one line when it is no strategy, trained through
+# `raycse train` (each worker regroups with it before every epoch).
+
+STRATEGY = "projection_groups:ProjectionGroups"
+
+
+def plain_projection_groups(x, group_size):
+    """The example's steps 1-4 from its docstring, by loops: unit rows, centred; the top eigenvector of
+    sum_i x_i x_i^T by power iteration; rows sorted by their projection; cut into runs of group_size."""
+    rows = [[v / math.sqrt(sum(w * w for w in r)) for v in r] for r in x]
+    d, n = len(rows[0]), len(rows)
+    mean = [sum(r[k] for r in rows) / n for k in range(d)]
+    rows = [[r[k] - mean[k] for k in range(d)] for r in rows]
+    c = [[sum(r[a] * r[b] for r in rows) for b in range(d)] for a in range(d)]
+    u = [1.0] * d
+    for _ in range(500):
+        u = [sum(c[a][b] * u[b] for b in range(d)) for a in range(d)]
+        norm = math.sqrt(sum(v * v for v in u))
+        u = [v / norm for v in u]
+    p = [sum(r[k] * u[k] for k in range(d)) for r in rows]
+    ranked = sorted(range(n), key=lambda i: p[i])
+    return {frozenset(ranked[s:s + group_size]) for s in range(0, n, group_size)}
+
+
+def test_a_strategy_named_by_import_path_groups_as_its_docstring_says(on_path):
+    import numpy as np
+
+    from raycse.config import GroupingConfig, RunConfig
+    from raycse.grouping import registry as groupings
+    from raycse.grouping.strategies import GroupOrder
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(24, 5)) * np.array([4.0, 1.0, 1.0, 0.5, 0.5])  # one clear main axis
+    cfg = GroupingConfig(strategy=STRATEGY, group_size=4)
+    cfg.validate()
+    order = groupings.group_order(cfg, 24, seed=3, epoch=1, vectors=lambda: x)
+    assert isinstance(order, GroupOrder) and order.sizes.tolist() == [4] * 6
+    assert {frozenset(g.tolist()) for g in order.groups()} == plain_projection_groups(x.tolist(), 4)
+    again = groupings.group_order(cfg, 24, seed=3, epoch=1, vectors=lambda: x)
+    other = groupings.group_order(cfg, 24, seed=3, epoch=2, vectors=lambda: x)
+    assert again.order.tolist() == order.order.tolist() and other.order.tolist() != order.order.tolist()
+    run = RunConfig.from_dict({"grouping": {"strategy": STRATEGY, "group_size": 4}, "train": {"batch_size": 8}})
+    assert run.grouping.needs_embeddings and run.grouping.regroups_in_fit
+
+
+def test_an_installed_packages_entry_point_names_a_strategy(on_path, tmp_path, monkeypatch):
+    from raycse.config import GroupingConfig
+    from raycse.grouping import registry as groupings
+
+    dist = tmp_path / "my_groupings-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-groupings\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[raycse.groupings]\nprojection = {STRATEGY}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    GroupingConfig(strategy="projection").validate()
+    assert type(groupings.get("projection")).__name__ == "ProjectionGroups"
+
+
+class _Repeats:
+    """A strategy that returns row 0 twice (and leaves row 1 out)."""
+    features = "none"
+
+    def order(self, cfg, n, seed, epoch, features):
+        from raycse.grouping.strategies import GroupOrder
+        import numpy as np
+
+        return GroupOrder(np.r_[0, 0, np.arange(2, n)], np.ones(n, dtype=np.int64))
+
+
+@pytest.mark.parametrize("name, why", [
+    ("no_such_module_xyz:Thing", "grouping strategy 'no_such_module_xyz:Thing' cannot be loaded .*No module named"),
+    ("collections:OrderedDict", "is <class 'collections.OrderedDict'>, not a grouping strategy"),
+    ("not_a_strategy", "grouping.strategy must be one of random, knn, shingle, cluster, none, or your own as "
+                       "my_pkg.module:MyStrategy"),
+])
+def test_a_name_that_is_no_strategy_is_refused_in_one_line(on_path, name, why):
+    from raycse.config import GroupingConfig
+
+    with pytest.raises(ConfigError, match=why) as got:
+        GroupingConfig(strategy=name).validate()
+    assert "\n" not in str(got.value)
+
+
+def test_a_strategy_whose_order_loses_rows_is_refused(monkeypatch):
+    import types
+
+    from raycse.config import GroupingConfig
+    from raycse.grouping import registry as groupings
+
+    module = types.ModuleType("bad_groupings_for_test")
+    module.Repeats = type("Repeats", (groupings.Strategy,), {"order": _Repeats.order})
+    monkeypatch.setitem(sys.modules, "bad_groupings_for_test", module)
+    cfg = GroupingConfig(strategy="bad_groupings_for_test:Repeats")
+    cfg.validate()
+    with pytest.raises(ConfigError, match="does not hold each of the 6 rows once"):
+        groupings.group_order(cfg, 6, 0, 0)
+    with pytest.raises(ConfigError, match="not a raycse.grouping.registry.Strategy"):
+        module.Plain = _Repeats
+        groupings.get("bad_groupings_for_test:Plain")
+
+
+def test_the_example_strategy_trains_through_raycse_train(own_ray, tiny_model, corpus, stsb_dev, tmp_path):
+    out = tmp_path / "out"
+    env = {**own_ray, "PYTHONPATH": os.pathsep.join(filter(None, [str(EXAMPLES), own_ray.get("PYTHONPATH")]))}
+    r = subprocess.run([sys.executable, "-m", "raycse", "train", "--grouping", STRATEGY, "--group-size", "4",
+                        "--model", str(tiny_model), "--corpus", str(corpus), "--output", str(out), "--stsb-dev",
+                        str(stsb_dev), "--num-workers", "1", "--batch-size", "16", "--max-length", "16",
+                        "--max-steps", "6"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    epochs = [g for g in metrics["grouping"] if g.get("in_fit")]
+    assert epochs and all(g["mean_group_size"] == pytest.approx(4.0) for g in epochs), metrics["grouping"]
+    assert f"strategy: {STRATEGY}" in (out / "config.yaml").read_text()

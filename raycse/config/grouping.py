@@ -6,11 +6,34 @@ from dataclasses import dataclass
 from typing import Optional
 
 from raycse.config.fields import Section, at_least, detail, knob, one_of
+from raycse.errors import ConfigError
+from raycse.platform import plugins
 
-GROUPINGS = ("random", "knn", "shingle", "cluster", "none")
-
+# raycse's own strategies (raycse.grouping.registry), each with what its order is given (its features)
+GROUPINGS = {"random": "none", "knn": "embeddings", "shingle": "shingles", "cluster": "embeddings", "none": "none"}
+FEATURES = ("none", "embeddings", "shingles")
+STRATEGY_GROUP = "raycse.groupings"  # the entry-point group of installed packages' strategies
 
 KNN_SEARCH = ("auto", "exact", "cells", "ivf")
+
+
+def strategy_features(name: str) -> str:
+    """What strategy ``name`` groups by (:data:`FEATURES`): raycse's own from :data:`GROUPINGS`, a user's
+    from its ``features`` (its module imported, as raycse.platform.plugins imports)."""
+    if name in GROUPINGS:
+        return GROUPINGS[name]
+    found = plugins.load(STRATEGY_GROUP, name, "grouping strategy")
+    if found is None:
+        raise ConfigError(f"grouping.strategy must be one of {', '.join(GROUPINGS)}, or your own as "
+                          f"my_pkg.module:MyStrategy (raycse.grouping.registry.Strategy); got {name!r}")
+    if not callable(getattr(found, "order", None)):
+        raise ConfigError(f"grouping strategy '{name}' is {found!r}, not a grouping strategy; name a subclass of "
+                          f"raycse.grouping.registry.Strategy (or an instance of one)")
+    features = getattr(found, "features", None)
+    if features not in FEATURES:
+        raise ConfigError(f"grouping strategy '{name}' has features {features!r}; a Strategy's features are one "
+                          f"of {', '.join(FEATURES)}")
+    return features
 
 
 
@@ -22,7 +45,8 @@ class GroupingConfig(Section):
                          'batch order: random (a seeded permutation) | knn (groups of nearest neighbours, BSC; '
                          'regrouped each epoch) | shingle (groups sharing a random content word) | cluster (groups of'
                          " one k-means cluster) | none (file order every epoch, not even pre-shuffled: BSC's 'w/o "
-                         "shuffle')")
+                         "shuffle') | MODULE:CLASS (your own raycse.grouping.registry.Strategy, or an installed "
+                         "package's by its entry-point name)")
     group_size: int = knob(8, '--group-size',
                            'examples per group for knn/shingle/cluster')  # s (the BSC authors use 7-10)
     neighbours: int = detail(64, 'knn: candidates searched per example')
@@ -52,7 +76,7 @@ class GroupingConfig(Section):
                                   ' group')
 
     def validate(self) -> None:
-        one_of("grouping.strategy", self.strategy, GROUPINGS)
+        strategy_features(self.strategy)
         one_of("grouping.search", self.search, KNN_SEARCH)
         at_least("grouping.group_size", self.group_size, 2)
         at_least("grouping.neighbours", self.neighbours, 1)
@@ -73,7 +97,7 @@ class GroupingConfig(Section):
 
     @property
     def needs_embeddings(self) -> bool:
-        return self.strategy in ("knn", "cluster")
+        return strategy_features(self.strategy) == "embeddings"
 
     @property
     def regroups_in_fit(self) -> bool:

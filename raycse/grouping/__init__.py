@@ -16,7 +16,8 @@ import numpy as np
 
 from raycse.grouping.batches import Packing, pack_epoch
 from raycse.grouping.layout import CorpusTable, Layout, epoch_rows
-from raycse.grouping.strategies import GroupOrder, group_order
+from raycse.grouping.registry import group_order
+from raycse.grouping.strategies import GroupOrder
 
 log = logging.getLogger("raycse.grouping")
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 
@@ -102,20 +102,3 @@ def cluster_keys(vectors: np.ndarray, k: Optional[int], group_size: int, seed: i
     km.train(x)
     _, assign = km.index.search(x, 1)
     return assign[:, 0].astype(np.int64)
-
-
-def group_order(cfg, n: int, seed: int, epoch: int, vectors: Optional[Callable[[], np.ndarray]] = None,
-                shingles: Optional[Callable[[], np.ndarray]] = None) -> GroupOrder:
-    """The group order of one epoch for ``cfg.strategy``; embeddings/keys are computed on demand."""
-    if cfg.strategy == "random":
-        return random_order(n, seed, epoch)
-    if cfg.strategy == "none":  # the corpus's own order (it was read without its pre-shuffle)
-        return GroupOrder(np.arange(n), np.ones(n, dtype=np.int64))
-    if cfg.strategy == "knn":
-        return knn_order(vectors(), cfg, seed, epoch)
-    if cfg.strategy == "cluster":
-        return keyed_order(cluster_keys(vectors(), cfg.clusters, cfg.group_size, seed + epoch), cfg.group_size,
-                           epoch_rng(seed, epoch, 2))
-    if cfg.strategy == "shingle":
-        return keyed_order(shingles(), cfg.group_size, epoch_rng(seed, epoch, 3))
-    raise ValueError(f"unknown grouping strategy {cfg.strategy}")

@@ -3,7 +3,7 @@ training workers themselves, with the weights they hold (grouping.regroup_every_
 
 Before epoch e each worker embeds its share of the corpus (rows ``rank::world``) in eval mode
 without gradients, rank 0 gathers the vectors, builds the epoch's group order and packing (the
-same :func:`raycse.grouping.strategies.group_order` and :func:`raycse.grouping.batches.pack_epoch` the
+same :func:`raycse.grouping.registry.group_order` and :func:`raycse.grouping.batches.pack_epoch` the
 driver uses for epoch layouts) and broadcasts the batches, and every rank reads its own batches
 (``b % world == rank``) from its copy of the corpus (the one route of :mod:`raycse.grouping.layout`). No fit ends, no checkpoint is reloaded and no
 separate embedding pool starts (a new ``TorchTrainer.fit`` per regroup would pay a run's whole
@@ -27,7 +27,7 @@ import torch
 from raycse.grouping.batches import pack_epoch
 from raycse.grouping.embed import check_room_to_group, column, grouping_prompt_name, vector_dtype
 from raycse.grouping.layout import CorpusTable, Layout, epoch_rows
-from raycse.grouping.strategies import group_order
+from raycse.grouping.registry import group_order
 from raycse.grouping.vectors import normalize
 
 

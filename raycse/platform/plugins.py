@@ -1,0 +1,65 @@
+"""A user's own extension, found by name without editing raycse (issue 87, item 2): an installed
+package's entry point in one of raycse's groups (``[project.entry-points."raycse.objectives"]
+my_method = "my_pkg.module:MyObjective"``), or an import path ``my_pkg.module:Name``.
+
+Modules load from the installed packages and PYTHONPATH only, never from the working directory: a
+config from someone else cannot make raycse run a file that happens to sit where the command runs. On a
+cluster the module must be importable on every node (installed there, or shipped with the job's runtime
+env: ``py_modules`` / ``working_dir``).
+
+    >>> load("raycse.objectives", "collections:OrderedDict", "objective").__name__
+    'OrderedDict'
+    >>> load("raycse.objectives", "no_such_module_xyz:Thing", "objective")
+    Traceback (most recent call last):
+    ...
+    raycse.errors.ConfigError: objective 'no_such_module_xyz:Thing' cannot be loaded (no_such_module_xyz:Thing): No module named 'no_such_module_xyz'; check the name, and that its module is installed or on PYTHONPATH
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from importlib.metadata import entry_points
+from typing import Optional
+
+from raycse.errors import ConfigError
+
+
+def entry_point_names(group: str) -> list[str]:
+    """The names installed packages register in ``group``."""
+    return sorted({ep.name for ep in entry_points(group=group)})
+
+
+def is_named(group: str, name: str) -> bool:
+    """``name`` could be an extension: an entry point of ``group``, or an import path ``module:Name``."""
+    return ":" in name or name in entry_point_names(group)
+
+
+def load(group: str, name: str, kind: str) -> Optional[object]:
+    """The object ``name`` means in ``group`` (an entry point's, else an import path's); None where it is
+    neither. A name that cannot be loaded is one line naming ``kind`` (objective, grouping strategy...)."""
+    found = [ep for ep in entry_points(group=group) if ep.name == name]
+    if found:
+        where, loader = f"entry point {found[0].value}", found[0].load
+    elif ":" in name:
+        module, _, attr = name.partition(":")
+        where, loader = name, lambda: getattr(import_outside_cwd(module), attr)
+    else:
+        return None
+    try:
+        return loader()
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"{kind} '{name}' cannot be loaded ({where}): {str(exc).splitlines()[0]}; check the "
+                          f"name, and that its module is installed or on PYTHONPATH") from None
+
+
+def import_outside_cwd(module: str):
+    """``importlib.import_module`` with the working directory off the search path for the import."""
+    here = {"", ".", os.getcwd()}
+    kept = sys.path[:]
+    sys.path[:] = [p for p in sys.path if p not in here and os.path.abspath(p) != os.getcwd()]
+    try:
+        return importlib.import_module(module)
+    finally:
+        sys.path[:] = kept + [p for p in sys.path if p not in kept]
