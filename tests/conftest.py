@@ -50,7 +50,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAYCSE_DATA", str(Path(__file__).resolve().parents[2] / "shared" / "data"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The tests import mlflow themselves (to read runs back): set before that import what raycse sets before
-# its own (raycse.train.tracking.mlflow_env: no telemetry thread racing the environment)
+# its own (raycse.train.trackers.mlflow_env: no telemetry thread racing the environment)
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 

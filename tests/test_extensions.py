@@ -307,3 +307,62 @@ def test_the_example_strategy_trains_through_raycse_train(own_ray, tiny_model, c
     epochs = [g for g in metrics["grouping"] if g.get("in_fit")]
     assert epochs and all(g["mean_group_size"] == pytest.approx(4.0) for g in epochs), metrics["grouping"]
     assert f"strategy: {STRATEGY}" in (out / "config.yaml").read_text()
+
+
+# A tracker of one's own (issue 87, item 2): examples/jsonl_tracker.py registered by an installed package's
+# entry point (a tracking spec is KIND:TARGET, so a kind is a name, not an import path), refused in one line
+# when unknown or no Tracker, and followed through a whole `raycse train`.
+
+TRACKER = "jsonl_tracker:JsonlTracker"
+
+
+def _register_tracker(root: Path, value: str = TRACKER) -> None:
+    dist = root / "my_trackers-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-trackers\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[raycse.trackers]\njsonl = {value}\nplain = collections:OrderedDict\n")
+
+
+def test_an_installed_packages_tracker_is_a_tracking_kind(on_path, tmp_path, monkeypatch):
+    from raycse.config import parse_tracking
+    from raycse.train import tracking
+
+    with pytest.raises(ConfigError, match="tracking must be mlflow:URI .*KIND:TARGET of a tracker an installed"):
+        parse_tracking("jsonl:runs")
+    _register_tracker(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert parse_tracking("jsonl:runs,tensorboard:tb") == [("jsonl", "runs"), ("tensorboard", "tb")]
+    assert type(tracking.get("jsonl")).__name__ == "JsonlTracker"
+    with pytest.raises(ConfigError, match="tracker 'plain' is <class 'collections.OrderedDict'>, not a "
+                                          "raycse.train.tracking.Tracker") as got:
+        tracking.get("plain")
+    assert "\n" not in str(got.value)
+    from raycse.tune.search import _tracking_callback
+
+    with pytest.raises(ConfigError, match="the tracker 'jsonl' gives no Ray Tune callback"):
+        _tracking_callback("jsonl", "runs", "exp")
+    # a tracker of someone else's is never handed a credential
+    (t,) = tracking.open_runs(f"jsonl:{tmp_path / 'logs'}", "run", {"data": {"corpus": "s3://u:SECRET@b/c"}})
+    tracking.close_run(t, ok=False)
+    written = (tmp_path / "logs" / "run.jsonl").read_text()
+    assert "SECRET" not in written and '"ok": false' in written
+
+
+def test_the_example_tracker_follows_a_run_through_raycse_train(own_ray, tiny_model, corpus, stsb_dev, tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    _register_tracker(site)
+    out, logs = tmp_path / "out", tmp_path / "metrics"
+    path = os.pathsep.join(filter(None, [str(EXAMPLES), str(site), own_ray.get("PYTHONPATH")]))
+    r = subprocess.run([sys.executable, "-m", "raycse", "train", "--tracking", f"jsonl:{logs}",
+                        "--model", str(tiny_model), "--corpus", str(corpus), "--output", str(out), "--stsb-dev",
+                        str(stsb_dev), "--num-workers", "1", "--batch-size", "16", "--max-length", "16",
+                        "--eval-steps", "3", "--log-steps", "3", "--max-steps", "6"],
+                       capture_output=True, text=True, env={**own_ray, "PYTHONPATH": path}, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    events = [json.loads(line) for line in (logs / "out.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events][0] == "open" and events[-1]["event"] == "close" and events[-1]["ok"]
+    assert events[0]["params"]["model"]["name_or_path"] == str(tiny_model)
+    steps = sorted({e["step"] for e in events if e["event"] == "log" and "loss" in e})
+    assert steps == [3, 6], events
+    assert any(k.startswith("best_") for k in events[-1]["final"])

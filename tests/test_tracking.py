@@ -80,13 +80,13 @@ def test_mlflow_takes_metric_names_it_would_refuse(tmp_path):
     (beir_ndcg@10) with --tracking mlflow:URI failed at its first log. The sink writes MLflow's form."""
     from mlflow.tracking import MlflowClient
 
-    from raycse.train.tracking import Tracking, _Sink, close_run
+    from raycse.train.tracking import Tracking, close_run, get
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
     run_id = client.create_run(client.create_experiment("names")).info.run_id
     tracking = Tracking(kind="mlflow", target=uri, run_id=run_id)
-    _Sink(tracking).log({"beir_ndcg@10": 0.5, "loss": 1.0}, step=1)
+    get("mlflow").sink(tracking).log({"beir_ndcg@10": 0.5, "loss": 1.0}, step=1)
     close_run(tracking, ok=True, final={"best_beir_mrr@10": 0.25})
     assert client.get_run(run_id).data.metrics == {"beir_ndcg_at_10": 0.5, "loss": 1.0, "best_beir_mrr_at_10": 0.25}
 

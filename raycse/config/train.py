@@ -13,6 +13,7 @@ from typing import Optional
 
 from raycse.config.fields import PRECISIONS, Section, at_least, detail, knob, one_of
 from raycse.errors import ConfigError
+from raycse.platform import plugins
 
 
 @dataclass
@@ -272,8 +273,11 @@ class TrainConfig(TrackingSettings, FailureSettings, CheckpointSettings, Precisi
             concern.validate(self)
 
 
-TRACKING_FORMS = ("mlflow:URI (e.g. mlflow:http://127.0.0.1:5000), tensorboard:DIR or wandb:[ENTITY/]PROJECT, "
-                  "or several of them separated by commas")
+TRACKING_FORMS = ("mlflow:URI (e.g. mlflow:http://127.0.0.1:5000), tensorboard:DIR or wandb:[ENTITY/]PROJECT "
+                  "(or KIND:TARGET of a tracker an installed package registers), or several of them separated by "
+                  "commas")
+TRACKERS = ("mlflow", "tensorboard", "wandb")  # raycse's own (raycse.train.trackers)
+TRACKER_GROUP = "raycse.trackers"  # the entry-point group of installed packages' trackers
 
 
 def parse_tracking(spec: Optional[str]) -> list[tuple[str, str]]:
@@ -284,7 +288,7 @@ def parse_tracking(spec: Optional[str]) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for part in str(spec).split(","):
         kind, _, target = part.strip().partition(":")
-        if kind not in ("mlflow", "tensorboard", "wandb") or not target:
+        if not target or (kind not in TRACKERS and kind not in plugins.entry_point_names(TRACKER_GROUP)):
             raise ConfigError(f"tracking must be {TRACKING_FORMS}; got {spec!r}")
         if kind == "wandb" and not re.fullmatch(r"([\w.-]+/)?[\w.-]+", target):
             raise ConfigError(f"--tracking wandb:{target} is not a W&B project: use wandb:PROJECT or "

@@ -23,7 +23,8 @@ from raycse.config import parse_tracking
 from raycse.errors import ConfigError, require
 from raycse.platform import object_store
 from raycse.platform.redact import refuse_credentials
-from raycse.train import tracking as trackers
+from raycse.train import trackers
+from raycse.train import tracking as train_tracking
 from raycse.tune import study
 from raycse.tune.settings import TuneSettings
 from raycse.tune.space import SearchSpace, load_space, space_text
@@ -364,21 +365,35 @@ def _tracking_callbacks(tracking: Optional[str], experiment: str) -> list:
 
 
 def _tracking_callback(kind: str, target: str, experiment: str):
-    if kind == "mlflow":
-        trackers.mlflow_env()  # before mlflow is first imported
-        from ray.air.integrations.mlflow import MLflowLoggerCallback
+    """raycse's own trackers through Ray Tune's integrations; a user's tracker through its ``tune_callback``."""
+    own = {"mlflow": _mlflow_callback, "wandb": _wandb_callback, "tensorboard": _tensorboard_callback}.get(kind)
+    callback = own(target, experiment) if own else train_tracking.get(kind).tune_callback(target, experiment)
+    if callback is None:
+        raise ConfigError(f"the tracker '{kind}' gives no Ray Tune callback (Tracker.tune_callback), so raycse tune "
+                          f"cannot log trials to it; drop it from --tracking")
+    return callback
 
-        return MLflowLoggerCallback(tracking_uri=target, experiment_name=experiment, save_artifact=False,
-                                    tags={"raycse.experiment": experiment})
-    if kind == "wandb":
-        from raycse.tune.wandb_logging import FlushingWandbLoggerCallback
 
-        entity, project = trackers.wandb_project(target)
-        # (mode and dir passed on: the logging actors need not share the driver's environment; a bound
-        # on the wait for their last upload at the end of the experiment)
-        mode = {"mode": os.environ["WANDB_MODE"]} if os.environ.get("WANDB_MODE") else {}
-        return FlushingWandbLoggerCallback(project=project, entity=entity, group=experiment,
-                                           dir=trackers.wandb_dir(), upload_timeout=120, **mode)
+def _mlflow_callback(target: str, experiment: str):
+    trackers.mlflow_env()  # before mlflow is first imported
+    from ray.air.integrations.mlflow import MLflowLoggerCallback
+
+    return MLflowLoggerCallback(tracking_uri=target, experiment_name=experiment, save_artifact=False,
+                                tags={"raycse.experiment": experiment})
+
+
+def _wandb_callback(target: str, experiment: str):
+    from raycse.tune.wandb_logging import FlushingWandbLoggerCallback
+
+    entity, project = trackers.wandb_project(target)
+    # (mode and dir passed on: the logging actors need not share the driver's environment; a bound
+    # on the wait for their last upload at the end of the experiment)
+    mode = {"mode": os.environ["WANDB_MODE"]} if os.environ.get("WANDB_MODE") else {}
+    return FlushingWandbLoggerCallback(project=project, entity=entity, group=experiment,
+                                       dir=trackers.wandb_dir(), upload_timeout=120, **mode)
+
+
+def _tensorboard_callback(target: str, experiment: str):
     return TensorBoardTo(str(Path(target) / experiment))
 
 
@@ -458,7 +473,7 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
         require("optuna", "tune", "raycse tune --searcher optuna")
     refuse_credentials("--storage-path", str(storage_path))
     refuse_credentials("--tracking", settings.tracking)
-    trackers.check(settings.tracking)
+    train_tracking.check(settings.tracking)
     refuse_credentials("--optuna-storage", settings.optuna_storage)  # (Tune pickles the searcher with it)
     text = (space_text(settings.space, settings.corpus, settings.run_overrides) if Path(settings.space).is_file()
             else "")
