@@ -1,4 +1,4 @@
-"""raycse's own trackers (raycse.train.tracking.Tracker): MLflow, TensorBoard and W&B.
+"""raycse's own trackers (raycse.train.tracker.Tracker): MLflow, TensorBoard and W&B.
 
 - MLflow: the driver opens one MLflow run per ``train()`` call (experiment ``raycse``, run named after
   the output directory) and logs the resolved config as parameters; rank 0 of every fit logs its
@@ -24,7 +24,7 @@ from typing import Optional
 
 from raycse.errors import RaycseError
 from raycse.platform.redact import redact
-from raycse.train.tracking import Tracker, Tracking
+from raycse.train.tracker import Tracker, Tracking
 
 EXPERIMENT = "raycse"
 # MLflow client settings (a value already in the environment wins):

@@ -28,7 +28,6 @@ each trial through Ray Tune's callback the tracker gives (:meth:`~Tracker.tune_c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Optional
 
 from raycse.config import parse_tracking as parse
@@ -36,55 +35,14 @@ from raycse.config.train import TRACKER_GROUP
 from raycse.errors import ConfigError
 from raycse.platform import plugins
 from raycse.platform.redact import redact_obj
+from raycse.train.tracker import Tracker, Tracking
+from raycse.train.trackers import BUILT_IN
 
-
-@dataclass
-class Tracking:
-    """What a run's workers need to log: picklable, travels in the train loop's config."""
-
-    kind: str
-    target: str
-    run_id: Optional[str] = None  # the tracker's own id of the run (MLflow's, W&B's)
-    name: str = "run"  # the run's name (a TensorBoard sub-directory, a W&B run name)
-    config: Optional[dict] = None  # the resolved config (credentials masked), where the tracker sets it on the run
-    extra: dict = field(default_factory=dict)  # the tracker's own settings a worker's environment need not have
-
-
-class Tracker:
-    """One kind of experiment tracker (``kind``: the name before the colon of ``--tracking KIND:TARGET``)."""
-
-    kind: str = ""
-
-    def check(self, target: str) -> None:
-        """The driver, before anything starts: what the tracker needs (its package, credentials) is here."""
-
-    def open(self, target: str, name: str, params: dict) -> Tracking:
-        """The driver, before the first fit: the run's :class:`Tracking` (``params``: the resolved config, its
-        credentials masked)."""
-        return Tracking(self.kind, target, name=name)
-
-    def abandon(self, tracking: Tracking) -> None:
-        """The run :meth:`open` made, left because another tracker failed to open (default: nothing)."""
-
-    def sink(self, tracking: Tracking):
-        """Rank 0 of every fit: an object with ``log(scalars: dict, step: int)`` and ``close()``."""
-        raise NotImplementedError
-
-    def log_model(self, tracking: Tracking, model_dir) -> None:
-        """The driver, once the model is saved (default: nothing)."""
-
-    def close(self, tracking: Tracking, ok: bool, final: Optional[dict] = None) -> None:
-        """The driver, after the last fit: the final scores and the run's status (default: nothing)."""
-
-    def tune_callback(self, target: str, experiment: str):
-        """Ray Tune's callback logging each trial of ``raycse tune`` (None: this tracker is not for tune)."""
-        return None
+__all__ = ["Tracker", "Tracking", "get", "check", "open_runs", "log_model", "close_run", "Logger"]
 
 
 def get(kind: str) -> Tracker:
     """The tracker of ``kind``: raycse's own, or an installed package's entry point."""
-    from raycse.train.trackers import BUILT_IN
-
     if kind in BUILT_IN:
         return BUILT_IN[kind]
     found = plugins.load(TRACKER_GROUP, kind, "tracker")
