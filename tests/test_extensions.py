@@ -68,12 +68,17 @@ def test_an_objective_named_by_import_path_loads_and_its_loss_is_its_formula(on_
         registry.build_params(EXAMPLE, {"alpha": 1})
 
 
-def test_an_installed_packages_entry_point_names_an_objective(on_path, tmp_path, monkeypatch):
-    """A real distribution's metadata on sys.path (what pip install writes), read by importlib.metadata."""
-    dist = tmp_path / "my_methods-0.1.dist-info"
+def install_entry_points(root: Path, name: str, entry_points: str) -> None:
+    """A real distribution's metadata in ``root`` (what pip install writes), which importlib.metadata reads
+    once ``root`` is on sys.path."""
+    dist = root / f"{name}-0.1.dist-info"
     dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-methods\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text(f"[raycse.objectives]\nmy_method = {EXAMPLE}\n")
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(entry_points)
+
+
+def test_an_installed_packages_entry_point_names_an_objective(on_path, tmp_path, monkeypatch):
+    install_entry_points(tmp_path, "my_methods", f"[raycse.objectives]\nmy_method = {EXAMPLE}\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert "my_method" in registry.names() and "simcse" in registry.names()
     assert registry.get("my_method").__name__ == "SymmetricSimCSE"
@@ -242,10 +247,7 @@ def test_an_installed_packages_entry_point_names_a_strategy(on_path, tmp_path, m
     from raycse.config import GroupingConfig
     from raycse.grouping import registry as groupings
 
-    dist = tmp_path / "my_groupings-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-groupings\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text(f"[raycse.groupings]\nprojection = {STRATEGY}\n")
+    install_entry_points(tmp_path, "my_groupings", f"[raycse.groupings]\nprojection = {STRATEGY}\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     GroupingConfig(strategy="projection").validate()
     assert type(groupings.get("projection")).__name__ == "ProjectionGroups"
@@ -316,11 +318,8 @@ def test_the_example_strategy_trains_through_raycse_train(own_ray, tiny_model, c
 TRACKER = "jsonl_tracker:JsonlTracker"
 
 
-def _register_tracker(root: Path, value: str = TRACKER) -> None:
-    dist = root / "my_trackers-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-trackers\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text(f"[raycse.trackers]\njsonl = {value}\nplain = collections:OrderedDict\n")
+def _register_tracker(root: Path) -> None:
+    install_entry_points(root, "my_trackers", f"[raycse.trackers]\njsonl = {TRACKER}\nplain = collections:OrderedDict\n")
 
 
 def test_an_installed_packages_tracker_is_a_tracking_kind(on_path, tmp_path, monkeypatch):
@@ -334,7 +333,7 @@ def test_an_installed_packages_tracker_is_a_tracking_kind(on_path, tmp_path, mon
     assert parse_tracking("jsonl:runs,tensorboard:tb") == [("jsonl", "runs"), ("tensorboard", "tb")]
     assert type(tracking.get("jsonl")).__name__ == "JsonlTracker"
     with pytest.raises(ConfigError, match="tracker 'plain' is <class 'collections.OrderedDict'>, not a "
-                                          "raycse.train.tracking.Tracker") as got:
+                                          "raycse.train.tracker.Tracker") as got:
         tracking.get("plain")
     assert "\n" not in str(got.value)
     from raycse.tune.search import _tracking_callback

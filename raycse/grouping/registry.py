@@ -80,12 +80,9 @@ def get(name: str) -> Strategy:
     """The strategy ``name`` means; one line (ConfigError) for a name that means none."""
     if name in BUILT_IN:
         return BUILT_IN[name]
-    found = plugins.load(STRATEGY_GROUP, name, "grouping strategy")
-    if isinstance(found, type) and issubclass(found, Strategy):
-        found = found()
-    if not isinstance(found, Strategy):
-        raise ConfigError(f"grouping strategy '{name}' is {found!r}, not a raycse.grouping.registry.Strategy; "
-                          f"name a Strategy subclass (or an instance of one)")
+    found = plugins.load_instance(STRATEGY_GROUP, name, "grouping strategy", Strategy)
+    if found is None:  # (GroupingConfig.validate refuses such a name first)
+        raise ConfigError(f"unknown grouping strategy {name!r}")
     return found
 
 

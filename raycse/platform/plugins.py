@@ -54,6 +54,20 @@ def load(group: str, name: str, kind: str) -> Optional[object]:
                           f"name, and that its module is installed or on PYTHONPATH") from None
 
 
+def load_instance(group: str, name: str, kind: str, base: type) -> Optional[object]:
+    """:func:`load`, as an instance of ``base`` (a subclass of it is made with no arguments); None where
+    ``name`` is no extension's; one line where it is something else."""
+    found = load(group, name, kind)
+    if found is None:
+        return None
+    if isinstance(found, type) and issubclass(found, base):
+        found = found()
+    if not isinstance(found, base):
+        raise ConfigError(f"{kind} '{name}' is {found!r}, not a {base.__module__}.{base.__qualname__}; name a "
+                          f"{base.__name__} subclass (or an instance of one)")
+    return found
+
+
 def import_outside_cwd(module: str):
     """``importlib.import_module`` with the working directory off the search path for the import."""
     here = {"", ".", os.getcwd()}

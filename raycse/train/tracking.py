@@ -45,12 +45,9 @@ def get(kind: str) -> Tracker:
     """The tracker of ``kind``: raycse's own, or an installed package's entry point."""
     if kind in BUILT_IN:
         return BUILT_IN[kind]
-    found = plugins.load(TRACKER_GROUP, kind, "tracker")
-    if isinstance(found, type) and issubclass(found, Tracker):
-        found = found()
-    if not isinstance(found, Tracker):
-        raise ConfigError(f"tracker '{kind}' is {found!r}, not a raycse.train.tracking.Tracker; register a Tracker "
-                          f"subclass (or an instance of one)")
+    found = plugins.load_instance(TRACKER_GROUP, kind, "tracker", Tracker)
+    if found is None:  # (parse_tracking refuses such a kind first)
+        raise ConfigError(f"unknown tracker {kind!r}")
     return found
 
 
