@@ -165,6 +165,9 @@ def _train_parser(sub) -> None:
                    help="the run's name under --storage-path: a run resumes only checkpoints of its own name and "
                         "definition (config and corpus); another run there is refused, naming what differs")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    p.add_argument("--verbose", action="store_true",
+                   help="print every line here: Ray's own INFO lines and the workers' loading bars too (without it "
+                        "they go to the log file whose path is printed first, and a terminal shows one progress bar)")
 
 
 def _eval_parser(sub) -> None:
@@ -299,10 +302,12 @@ def cmd_train(args) -> int:
     if args.print_config:
         print(yaml.safe_dump(run.to_dict(), sort_keys=False))
         return 0
+    from raycse.platform.console import console
     from raycse.train import train
     from raycse.train.publishing import best_score
 
-    result = train(run, overwrite=args.overwrite, storage_path=args.storage_path, run_name=args.run_name)
+    with console("train", verbose=args.verbose):
+        result = train(run, overwrite=args.overwrite, storage_path=args.storage_path, run_name=args.run_name)
     score = best_score(result.metrics)
     key = result.metrics.get("score_key", "stsb_dev_spearman")
     initial = (result.metrics.get("best") or {}).get(f"{key}_initial")

@@ -172,7 +172,9 @@ def ray_sessions() -> set[tuple[str, int]]:
 def bare_env(**variables) -> dict:
     """A script's environment built from nothing (the Python under test, the system's PATH, the tests'
     Ray Train poll) plus ``variables``."""
-    return {"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", RAY_TRAIN_POLL[0]: RAY_TRAIN_POLL[1], **variables}
+    logs = {"RAYCSE_LOG_DIR": os.environ["RAYCSE_LOG_DIR"]} if "RAYCSE_LOG_DIR" in os.environ else {}
+    return {"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", RAY_TRAIN_POLL[0]: RAY_TRAIN_POLL[1], **logs,
+            **variables}
 
 
 @pytest.fixture(scope="session")
@@ -207,6 +209,8 @@ def pytest_configure(config):
         os.environ["TMPDIR"], tempfile.tempdir = config._raycse_tmp, None
     config._raycse_cache = str(private_tempdir("raycse-test-cache-"))
     os.environ["RAYCSE_CACHE"] = config._raycse_cache
+    config._raycse_logs = str(private_tempdir("raycse-test-logs-"))  # the commands' log files (platform.console)
+    os.environ["RAYCSE_LOG_DIR"] = config._raycse_logs
     # Ray Train's controller polls its workers every 2 s (Ray's default), so it sees a fit's end late;
     # every Ray started from here inherits 0.2 s (benchmarks/results/2026-11-30-session48.json)
     os.environ.setdefault(RAY_TRAIN_POLL[0], RAY_TRAIN_POLL[1])
@@ -215,7 +219,8 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     import shutil
 
-    for path in (getattr(config, "_raycse_cache", ""), getattr(config, "_raycse_tmp", "")):
+    for path in (getattr(config, "_raycse_cache", ""), getattr(config, "_raycse_tmp", ""),
+                 getattr(config, "_raycse_logs", "")):
         if path:
             shutil.rmtree(path, ignore_errors=True)
 

@@ -70,9 +70,22 @@ class LocalHead:
             try:
                 return self.client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env)
             except RuntimeError as exc:
-                if "No available agent" not in str(exc) or time.time() > deadline:
+                if "No available agent" not in str(exc):
                     raise
+                if time.time() > deadline:
+                    raise AssertionError(f"the head's job agent did not come up within 90 s: {exc}\n"
+                                         f"{self.log_tails()}") from exc
                 time.sleep(1)
+
+    def log_tails(self, names=("dashboard_agent.log", "raylet.out", "dashboard.log"), chars: int = 2500) -> str:
+        """The ends of the head's own logs (its session directory), for a failure's message."""
+        logs = Path(self.temp_dir) / "session_latest" / "logs"
+        tails = []
+        for name in names:
+            path = logs / name
+            text = path.read_text(errors="replace")[-chars:] if path.exists() else "(absent)"
+            tails.append(f"--- {name}:\n{text}")
+        return "\n".join(tails)
 
     def wait_job(self, job: str, bound_s: float, on_poll=None) -> str:
         from ray.job_submission import JobStatus

@@ -122,6 +122,20 @@ def test_the_example_objective_trains_through_raycse_train(own_ray, tiny_model, 
     assert metrics["last"]["step"] == 12 and all(math.isfinite(x) for x in metrics["last"]["loss_history"])
     assert {"last_forward", "last_backward"} <= set(metrics["last"])  # the example's own diagnostics
     assert f"name: {EXAMPLE}" in (out / "config.yaml").read_text()
+    console_of_a_run(r.stderr, last_step="12/12")
+
+
+def console_of_a_run(stderr: str, last_step: str) -> None:
+    """raycse train's console (issue 87, item 4; this run serves as its end-to-end check): raycse's lines
+    (plain ones off a terminal), Ray's and the libraries' in the log file whose path is said once."""
+    said = [line for line in stderr.splitlines() if line.startswith("[raycse] log: ")]
+    assert len(said) == 1, stderr[-3000:]
+    log = Path(said[0].split()[2])
+    assert log.parent == Path(os.environ["RAYCSE_LOG_DIR"]) and log.is_file()
+    logged = log.read_text()
+    for noise in ("(TrainController pid=", "Loading weights", "Setting up process group"):
+        assert noise not in stderr and noise in logged, noise
+    assert f"[raycse] step {last_step} " in stderr and f"[raycse] step {last_step} " in logged
 
 
 class Recorder:

@@ -60,13 +60,16 @@ def test_the_log_line_names_the_kernels_only_where_fp32_cpu_linears_run_and_only
             "onednn.kernels_note(torch.device('cpu'), torch.bfloat16, torch.bfloat16)]\n"
             "import os\nprobed_before = os.path.exists(os.path.join(os.environ['RAYCSE_CACHE'], 'kernels.json'))\n"
             "notes.append(onednn.kernels_note(torch.device('cpu'), torch.bfloat16, None))\n"
-            "print(json.dumps([notes, probed_before]))")
+            "chosen = onednn.choice()\n"
+            "print(json.dumps([notes, probed_before, chosen, onednn.kernels_detail(torch.device('cpu'), None)]))")
     env = {**os.environ, "RAYCSE_CACHE": str(tmp_path)}
     env.pop("RAYCSE_ONEDNN", None)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    (gpu, bf16, fp32_eval), probed_before = json.loads(out.stdout.strip().splitlines()[-1])
+    (gpu, bf16, fp32_eval), probed_before, chosen, detail = json.loads(out.stdout.strip().splitlines()[-1])
     assert gpu == "" and bf16 == "" and not probed_before  # no choice made: nothing said, nothing probed
-    assert fp32_eval.startswith("; fp32 CPU linears on ") and "(probed: " in fp32_eval
+    # the console's line names oneDNN only where it was chosen; the log's line says the probe either way
+    assert fp32_eval == (f"; fp32 CPU linears on oneDNN ({chosen['why']})" if chosen["onednn"] else "")
+    assert detail.startswith("kernel probe: fp32 CPU linears on ") and "(probed: " in detail
     forced = subprocess.run([sys.executable, "-c", code], env={**env, "RAYCSE_ONEDNN": "1"}, capture_output=True,
                             text=True, check=True)
     assert json.loads(forced.stdout.strip().splitlines()[-1])[0][2] == "; fp32 CPU linears on oneDNN (RAYCSE_ONEDNN=1)"

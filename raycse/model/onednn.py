@@ -43,14 +43,23 @@ def available() -> bool:
 
 
 def kernels_note(device: torch.device, *dtypes) -> str:
-    """What a log line says of the choice: ``; fp32 CPU linears on oneDNN (probed: 2.10x PyTorch's
+    """What rank 0's first line says of the choice: ``; fp32 CPU linears on oneDNN (probed: 2.10x PyTorch's
     default)`` where float32 linears run on this CPU (a CPU device, and None, fp32, among the autocast
-    ``dtypes`` of training and scoring); nothing where no choice is made (a GPU, bf16 throughout), and
-    then no probe runs."""
+    ``dtypes`` of training and scoring) and oneDNN was chosen; nothing where PyTorch's default kernels stay
+    (:func:`kernels_detail` says why, for the log file) or no choice is made (a GPU, bf16 throughout: no
+    probe runs)."""
     if device.type != "cpu" or None not in dtypes:
         return ""
     kernels = choice()
-    return f"; fp32 CPU linears on {'oneDNN' if kernels['onednn'] else 'PyTorch default kernels'} ({kernels['why']})"
+    return f"; fp32 CPU linears on oneDNN ({kernels['why']})" if kernels["onednn"] else ""
+
+
+def kernels_detail(device: torch.device, *dtypes) -> str:
+    """The kernel choice and its reason in full, or "" where no choice is made (as :func:`kernels_note`)."""
+    if device.type != "cpu" or None not in dtypes:
+        return ""
+    kernels = choice()
+    return f"kernel probe: fp32 CPU linears on {'oneDNN' if kernels['onednn'] else 'PyTorch default kernels'} ({kernels['why']})"
 
 
 def _cache_file() -> Path:

@@ -13,6 +13,7 @@ from raycse.model import onednn
 from raycse.model.precision import resolve_precision
 from raycse.objectives.base import LossOutput
 from raycse.platform import machine
+from raycse.platform.console import step_line
 from raycse.platform.process_state import release_freed_memory
 from raycse.platform.ray_session import fetch
 from raycse.train import tracking
@@ -71,6 +72,9 @@ class Reporter:
             return
         kernels = onednn.kernels_note(self.engine.device, self.engine.dtype, self.eval_dtype)
         log.info(f"[raycse] rank 0 on {machine.describe()}, torch {torch.__version__}{kernels}")
+        detail = onednn.kernels_detail(self.engine.device, self.engine.dtype, self.eval_dtype)
+        if detail:  # (not raycse-marked: the console keeps it for the log file)
+            log.info(detail)
         log.info(run_line(self.plan, self.world_size, self.progress, self.engine.dtype, self.dev, remembered))
         for line in (shape_bound(self.run, self.engine.core.objective), what_trains(self.engine.core)):
             log.info(f"[raycse] {line}")
@@ -88,8 +92,7 @@ class Reporter:
             return
         recent = p.window[-every:]
         loss, lr = sum(recent) / len(recent), self.engine.lr
-        log.info(f"[raycse] step {p.step}/{total} ({100 * p.step / total:.0f}%) epoch {epoch} "
-                 f"loss {loss:.4f} lr {lr:.2e} {p.speed:.1f} examples/s")
+        log.info(step_line(p.step, total, epoch, loss, lr, p.speed))  # (the console's bar reads it back)
         metrics = {"loss": loss, "lr": lr, "examples_per_s": p.speed, "epoch": epoch}
         self.tlog.log(metrics, p.step)
         self.hooks.on_step(p.step, metrics)
