@@ -167,7 +167,7 @@ def _train_parser(sub) -> None:
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     p.add_argument("--verbose", action="store_true",
                    help="print every line here: Ray's own INFO lines and the workers' loading bars too (without it "
-                        "they go to the log file whose path is printed first, and a terminal shows one progress bar)")
+                        "they go to a log file whose path is printed once, and a terminal shows one progress bar)")
 
 
 def _eval_parser(sub) -> None:
