@@ -144,3 +144,29 @@ def test_each_command_gets_a_log_file_of_its_own_where_raycse_log_dir_says(tmp_p
 def test_the_step_line_reads_back_as_it_was_written():
     m = con.STEP_PATTERN.search(step(7, 9, 0.25))
     assert (m["step"], m["total"], m["loss"], m["speed"]) == ("7", "9", "0.2500", "30.0")
+
+
+def test_lines_written_from_two_threads_at_once_stay_whole(tmp_path, monkeypatch):
+    """Ray forwards the workers' lines from a thread of its own while the command writes its own."""
+    import threading
+
+    def writer(name, n):
+        for i in range(n):
+            sys.stderr.write(f"{WORKER}[raycse] {name} line {i}\n")
+            sys.stderr.write(f"{WORKER}noise {i}\n")
+
+    out, err = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    with con.console("train", log_path=tmp_path / "train.log"):
+        threads = [threading.Thread(target=writer, args=(name, 2000)) for name in ("a", "b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    shown = err.getvalue().splitlines()
+    assert len([line for line in shown if line.startswith("[raycse] log: ")]) == 1
+    for name in ("a", "b"):
+        assert [line for line in shown if f" {name} line " in line] == \
+            [f"{WORKER}[raycse] {name} line {i}" for i in range(2000)]
+    assert len(shown) == 4001 and len((tmp_path / "train.log").read_text().splitlines()) == 8000

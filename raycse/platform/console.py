@@ -12,6 +12,7 @@ import io
 import os
 import re
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -94,6 +95,9 @@ class Console:
     def __init__(self, bar_stream, log: LogFile, bar: bool):
         self.bar_stream, self.log, self.use_bar = bar_stream, log, bar
         self.bar = None
+        # Ray forwards the workers' lines from a thread of its own while the main thread writes: one at a
+        # time (reentrant: a signal's handler may write from inside a write)
+        self.lock = threading.RLock()
         self.in_traceback: set = set()  # the senders whose traceback is being shown
 
     def line(self, text: str, out, results: bool = False, transient: bool = False) -> None:
@@ -161,23 +165,25 @@ class ConsoleStream(io.TextIOBase):
         self._stream, self._console, self._pending, self._results = stream, console, "", results
 
     def write(self, text: str) -> int:
-        data = self._pending + text
-        while True:
-            cut = min((i for i in (data.find("\n"), data.find("\r")) if i >= 0), default=-1)
-            if cut < 0:
-                break
-            self._console.line(data[:cut], self._stream, self._results, transient=data[cut] == "\r")
-            data = data[cut + 1:]
-        self._pending = data
+        with self._console.lock:
+            data, self._pending = self._pending + text, ""
+            while True:
+                cut = min((i for i in (data.find("\n"), data.find("\r")) if i >= 0), default=-1)
+                if cut < 0:
+                    break
+                line, ending, data = data[:cut], data[cut], data[cut + 1:]
+                self._console.line(line, self._stream, self._results, transient=ending == "\r")
+            self._pending = data
         return len(text)
 
     def flush(self) -> None:
         self._stream.flush()  # (a part line waits for its end: tqdm flushes after each redraw)
 
     def close_line(self) -> None:
-        if self._pending:
-            self._console.line(self._pending, self._stream, self._results)
-            self._pending = ""
+        with self._console.lock:
+            if self._pending:
+                line, self._pending = self._pending, ""
+                self._console.line(line, self._stream, self._results)
 
     def isatty(self) -> bool:
         try:
