@@ -8,7 +8,6 @@ It works on the text of the driver's streams, as Ray forwards the workers' lines
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import sys
@@ -18,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
-from raycse.platform.redact import redact
+from raycse.platform.redact import StreamWrapper, redact
 
 # Rank 0's step line, written by the training loop and read back here for the bar: one definition.
 STEP_FORMAT = "[raycse] step {step}/{total} ({pct:.0f}%) epoch {epoch} loss {loss:.4f} lr {lr:.2e} {speed:.1f} examples/s"
@@ -158,7 +157,7 @@ class Console:
             self.bar = None
 
 
-class ConsoleStream(io.TextIOBase):
+class ConsoleStream(StreamWrapper):
     """``sys.stdout`` / ``sys.stderr`` cut into lines for a :class:`Console`."""
 
     def __init__(self, stream, console: Console, results: bool = False):
@@ -184,22 +183,6 @@ class ConsoleStream(io.TextIOBase):
             if self._pending:
                 line, self._pending = self._pending, ""
                 self._console.line(line, self._stream, self._results)
-
-    def isatty(self) -> bool:
-        try:
-            return self._stream.isatty()
-        except ValueError:
-            return False
-
-    def fileno(self) -> int:
-        return self._stream.fileno()
-
-    @property
-    def encoding(self):
-        return getattr(self._stream, "encoding", "utf-8")
-
-    def writable(self) -> bool:
-        return True
 
 
 @contextmanager

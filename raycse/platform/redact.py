@@ -72,7 +72,29 @@ def refuse_credentials(what: str, value) -> None:
                           f"MLFLOW_TRACKING_PASSWORD, ...) and drop them from the URI")
 
 
-class RedactingStream(io.TextIOBase):
+class StreamWrapper(io.TextIOBase):
+    """A text stream in front of ``_stream`` that answers for it what libraries ask a console stream."""
+
+    _stream = None
+
+    def isatty(self) -> bool:
+        try:
+            return self._stream.isatty()
+        except ValueError:  # closed (e.g. asked by Ray's colorama at exit, after the stream it wraps is gone)
+            return False
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    @property
+    def encoding(self):
+        return getattr(self._stream, "encoding", "utf-8")
+
+    def writable(self) -> bool:
+        return True
+
+
+class RedactingStream(StreamWrapper):
     """A text stream that redacts every write before passing it on (a line may arrive in pieces:
     text is held back only while the last line is incomplete and could still hold a URI)."""
 
@@ -96,21 +118,6 @@ class RedactingStream(io.TextIOBase):
             self._pending = ""
         self._stream.flush()
 
-    def isatty(self) -> bool:
-        try:
-            return self._stream.isatty()
-        except ValueError:  # closed (e.g. asked by Ray's colorama at exit, after the stream it wraps is gone)
-            return False
-
-    def fileno(self) -> int:
-        return self._stream.fileno()
-
-    @property
-    def encoding(self):
-        return getattr(self._stream, "encoding", "utf-8")
-
-    def writable(self) -> bool:
-        return True
 
 
 @contextmanager
