@@ -170,3 +170,31 @@ def test_lines_written_from_two_threads_at_once_stay_whole(tmp_path, monkeypatch
         assert [line for line in shown if f" {name} line " in line] == \
             [f"{WORKER}[raycse] {name} line {i}" for i in range(2000)]
     assert len(shown) == 4001 and len((tmp_path / "train.log").read_text().splitlines()) == 8000
+
+
+def _ended_by(tmp_path, monkeypatch, exc):
+    """What stderr showed and whether the log stays, when the command ends in ``exc`` after Ray's lines."""
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    path = tmp_path / "logs" / "train.log"
+    try:
+        with con.console("train", log_path=path):
+            sys.stderr.write(RAY_NOISE[0] + "\n")  # Ray started, no worker has spoken yet
+            raise exc
+    except BaseException as caught:  # noqa: BLE001 - what the block raised, handed on
+        assert caught is exc
+    return err.getvalue(), path.exists()
+
+
+def test_a_refusal_or_an_interrupt_before_the_workers_speak_stays_one_line_and_leaves_no_log(tmp_path, monkeypatch):
+    from raycse.errors import ConfigError
+    from raycse.platform.interrupts import Interrupted
+
+    for exc in (ConfigError("--corpus x: no rows"), Interrupted(15)):
+        assert _ended_by(tmp_path, monkeypatch, exc) == ("", False)  # (the CLI prints the one line after)
+
+
+def test_a_crash_names_the_log_that_holds_what_led_to_it(tmp_path, monkeypatch):
+    shown, kept = _ended_by(tmp_path, monkeypatch, RuntimeError("a bug"))
+    logged = (tmp_path / "logs" / "train.log").read_text()
+    assert kept and shown.startswith("[raycse] log: ") and con.ANSI.sub("", RAY_NOISE[0]) in logged

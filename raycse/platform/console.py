@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
+from raycse.errors import RaycseError
 from raycse.platform.redact import StreamWrapper, redact
 
 # Rank 0's step line, written by the training loop and read back here for the bar: one definition.
@@ -50,11 +51,12 @@ def new_log_path(command: str) -> Path:
 
 
 class LogFile:
-    """The command's log, opened at the first line the terminal does not show (so a command refused
-    before anything is hidden writes no file and says no path); the lines before it are kept for it."""
+    """The command's log, opened at the first line the terminal does not show (the lines before it kept
+    for it). Its path is said once the workers speak (:meth:`say_path`): a command refused or
+    interrupted before that stays one line, and its file is removed (:meth:`discard`)."""
 
     def __init__(self, path: Path, say):
-        self.path, self._say, self._file, self._early, self.failed = path, say, None, [], False
+        self.path, self._say, self._file, self._early, self.failed, self.said = path, say, None, [], False, False
 
     def write(self, line: str) -> None:
         if self._file is not None:
@@ -74,11 +76,22 @@ class LogFile:
                 self._say(f"[raycse] no log file ({exc.strerror}: {self.path.parent}); every line shows here "
                           f"(RAYCSE_LOG_DIR=DIR moves it)")
                 return False
-            self._say(f"[raycse] log: {self.path} (Ray's and the workers' other lines; --verbose shows them here)")
             for line in self._early:
                 self.write(line)
             self._early = []
         return self._file is not None
+
+    def say_path(self) -> None:
+        if self._file is not None and not self.said:
+            self.said = True
+            self._say(f"[raycse] log: {self.path} (Ray's and the workers' other lines; --verbose shows them here)")
+
+    def discard(self) -> None:
+        """This command's own file, never named to the user, removed."""
+        if self._file is not None and not self.said:
+            self._file.close()
+            self._file = None
+            self.path.unlink(missing_ok=True)
 
     def close(self) -> None:
         if self._file is not None:
@@ -110,8 +123,11 @@ class Console:
         step = STEP_PATTERN.search(message) if self.use_bar else None
         if step:
             self.log.open()
+            self.log.say_path()
             self._advance(step)
         elif (results and not prefix) or not transient and self._for_people(who, message):
+            if prefix:  # the workers speak: the run is under way
+                self.log.say_path()
             self._show(text, out, transient)
         elif not self.log.open():  # hidden, where no file can hold it: shown, as without a console
             self._show(text, out, transient)
@@ -204,6 +220,14 @@ def console(command: str, verbose: bool = False, log_path: Optional[Path] = None
     sys.stdout, sys.stderr = ConsoleStream(saved[0], routing, results=True), ConsoleStream(out, routing)
     try:
         yield log
+    except (RaycseError, KeyboardInterrupt):  # a refusal or an interrupt: its one line, and no file unnamed
+        log.discard()
+        raise
+    except Exception:  # a crash: its traceback follows, and the log holds what led to it
+        log.say_path()
+        raise
+    else:
+        log.say_path()
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
