@@ -48,18 +48,23 @@ def kernels_note(device: torch.device, *dtypes) -> str:
     ``dtypes`` of training and scoring) and oneDNN was chosen; nothing where PyTorch's default kernels stay
     (:func:`kernels_detail` says why, for the log file) or no choice is made (a GPU, bf16 throughout: no
     probe runs)."""
-    if device.type != "cpu" or None not in dtypes:
-        return ""
-    kernels = choice()
-    return f"; fp32 CPU linears on oneDNN ({kernels['why']})" if kernels["onednn"] else ""
+    kernels = _choice_for(device, dtypes)
+    return f"; fp32 CPU linears on oneDNN ({kernels['why']})" if kernels and kernels["onednn"] else ""
 
 
 def kernels_detail(device: torch.device, *dtypes) -> str:
     """The kernel choice and its reason in full, or "" where no choice is made (as :func:`kernels_note`)."""
-    if device.type != "cpu" or None not in dtypes:
+    kernels = _choice_for(device, dtypes)
+    if kernels is None:
         return ""
-    kernels = choice()
     return f"kernel probe: fp32 CPU linears on {'oneDNN' if kernels['onednn'] else 'PyTorch default kernels'} ({kernels['why']})"
+
+
+def _choice_for(device: torch.device, dtypes) -> Optional[dict]:
+    """:func:`choice` where float32 linears run on this CPU; None where no choice is made (no probe)."""
+    if device.type != "cpu" or None not in dtypes:
+        return None
+    return choice()
 
 
 def _cache_file() -> Path:

@@ -223,12 +223,8 @@ def console(command: str, verbose: bool = False, log_path: Optional[Path] = None
     except (RaycseError, KeyboardInterrupt):  # a refusal or an interrupt: its one line, and no file unnamed
         log.discard()
         raise
-    except Exception:  # a crash: its traceback follows, and the log holds what led to it
-        log.say_path()
-        raise
-    else:
-        log.say_path()
     finally:
+        log.say_path()  # (a success, or a crash whose traceback follows: the log holds what led to it)
         for stream in (sys.stdout, sys.stderr):
             try:
                 if isinstance(stream, ConsoleStream):

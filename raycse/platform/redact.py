@@ -119,7 +119,6 @@ class RedactingStream(StreamWrapper):
         self._stream.flush()
 
 
-
 @contextmanager
 def redacted_streams():
     """``sys.stdout`` and ``sys.stderr`` redacted inside the block (a CLI command, a Train worker's
