@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -41,12 +42,14 @@ def process_facts() -> dict:
             "nice": os.nice(0), **{k: os.environ.get(k) for k in ENV}}
 
 
-def plain_step(model: str, device: torch.device, batch: int, steps: int) -> float:
+def plain_step(model: str, device: torch.device, batch: int, steps: int, compiled: bool = False) -> float:
     from raycse.model.encoder import Encoder
     from raycse.objectives import registry
 
     texts = gpu_check.sentences(batch * (steps + 2), 40, seed=1, min_words=4)
     enc = Encoder.from_pretrained(model).to(device).train()
+    if compiled:  # torch.compile's default mode (inductor) on the encoder's forward, in place
+        enc.compile()
     opt = torch.optim.AdamW(enc.parameters(), lr=1e-5)
     med = gpu_check.median_step_s(enc, registry.build("simcse", {}), opt, device, torch.bfloat16,
                                   lambda s: texts[s * batch:(s + 1) * batch], steps)
@@ -54,7 +57,7 @@ def plain_step(model: str, device: torch.device, batch: int, steps: int) -> floa
 
 
 ENGINES = {"engine": {}, "engine, 2 length buckets": {"length_buckets": 2},
-           "engine, no clipping": {"max_grad_norm": 0.0}}
+           "engine, no clipping": {"max_grad_norm": 0.0}, "engine, compiled": {"compile": True}}
 
 
 def engine_step(model: str, device: torch.device, batch: int, steps: int, train: dict) -> float:
@@ -65,9 +68,13 @@ def engine_step(model: str, device: torch.device, batch: int, steps: int, train:
     run = RunConfig()
     run.model.name_or_path, run.model.max_length = model, 32
     run.train.use_gpu = device.type == "cuda"  # the settings raycse train resolves for this device
+    compiled = train.pop("compile", False)
     for key, value in train.items():
         setattr(run.train, key, value)
-    engine = StepEngine(run, build_module(run).to(device), device, steps + 2)
+    module = build_module(run).to(device)
+    if compiled:  # the module's forward through torch.compile's default mode, in place
+        module.compile()
+    engine = StepEngine(run, module, device, steps + 2)
     engine.module.train()
     texts = gpu_check.sentences(batch * (steps + 2), 40, seed=1, min_words=4)
     collate, tokenizer = engine.core.objective.collate, engine.core.encoder.tokenizer
@@ -75,13 +82,20 @@ def engine_step(model: str, device: torch.device, batch: int, steps: int, train:
         device, lambda s: engine.step(move(collate(texts[s * batch:(s + 1) * batch], tokenizer, 32), device), s), steps)
 
 
-def rows_here(where: str, model: str, device: torch.device, batch: int, steps: int, kinds=("plain", *ENGINES)
-              ) -> list:
+def rows_here(where: str, model: str, device: torch.device, batch: int, steps: int,
+              kinds=("plain", *ENGINES, "plain, compiled")) -> list:
     out = []
     for kind in kinds:
-        speed = (plain_step(model, device, batch, steps) if kind == "plain"
-                 else engine_step(model, device, batch, steps, ENGINES[kind]))
-        out.append({"where": where, "kind": kind, "sent_per_s": speed, **process_facts()})
+        t0 = time.perf_counter()
+        try:
+            speed = (plain_step(model, device, batch, steps, compiled=kind == "plain, compiled")
+                     if kind.startswith("plain") else engine_step(model, device, batch, steps, dict(ENGINES[kind])))
+        except Exception as exc:  # noqa: BLE001 - one row's failure (a compile on an odd box) is a row
+            print(f"[gpu-gap] {where:18s} {kind:26s} FAILED: {type(exc).__name__}: {exc}"[:600], flush=True)
+            out.append({"where": where, "kind": kind, "error": f"{type(exc).__name__}: {exc}"[:2000]})
+            continue
+        out.append({"where": where, "kind": kind, "sent_per_s": speed, "row_wall_s": time.perf_counter() - t0,
+                    **process_facts()})
         print(f"[gpu-gap] {where:18s} {kind:26s} {speed:7.0f} sentences/s  threads {torch.get_num_threads()} "
               f"affinity {out[-1]['affinity']} nice {out[-1]['nice']} OMP {out[-1]['OMP_NUM_THREADS']} "
               f"alloc {out[-1]['PYTORCH_CUDA_ALLOC_CONF']}", flush=True)
@@ -129,6 +143,8 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--here-only", action="store_true",
+                    help="only this process's rows (the actor's and the Train worker's were measured equal)")
     args = ap.parse_args()
     model = {"tiny": lambda: str(gpu_check.tiny_bert(gpu_check.scratch_dir() / "tiny")),
              "default": gpu_check.default_model}.get(args.model, lambda: args.model)()
@@ -136,6 +152,10 @@ def main() -> int:
     gpu = device.type == "cuda"
     report = {"device": torch.cuda.get_device_name(0) if gpu else "CPU", "torch": torch.__version__,
               "rows": rows_here("this process", model, device, args.batch, args.steps)}
+    if args.here_only:
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=2))
+        return 0
 
     import ray
     from ray.train import RunConfig, ScalingConfig
