@@ -61,9 +61,9 @@ group_ray() {
   PYTHONPATH=$dir "$PY" -c "import ray, sys; from packaging.version import Version as V
 sys.exit(0 if V(ray.__version__) == V('$v') else f'ray {ray.__version__} is not $v')"
   # (the lock test compares the venv's versions with constraints.txt: the overlay differs by design)
-  PYTHONPATH=$dir timeout 1800 "$PY" -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --fast tests \
+  PYTHONPATH=$dir timeout 1800 "$PY" -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --no-loadscope-reorder --fast tests \
     --deselect tests/test_packaging.py::test_lock_writes_the_venvs_versions_without_torchs
-  PYTHONPATH=$dir timeout 2400 "$PY" -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=5 \
+  PYTHONPATH=$dir timeout 2400 "$PY" -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --no-loadscope-reorder --durations=5 \
     "${RAY_FULL_TIER[@]}"
 }
 

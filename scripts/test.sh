@@ -19,12 +19,13 @@ for arg in "$@"; do
     *) if [[ -e "${arg%%::*}" ]]; then where=(); break; fi ;;
   esac
 done
-# The suite, or its fast tier, on 2 processes (a test file's tests in one): its Ray fits and servers wait
-# on process starts a good part of the time (RAYCSE_TEST_WORKERS=1: one process). Named tests run in this one.
-# The files go out costliest first, in the order tests/conftest.py gives them from tests/durations.json
+# The suite, or its fast tier, on 2 processes (a test file's tests in one; the tests marked heavy, which start
+# several Rays or a cluster, one after another in one): its Ray fits and servers wait on process starts a
+# good part of the time (RAYCSE_TEST_WORKERS=1: one process). Named tests run in this one.
+# The groups go out costliest first, in the order tests/conftest.py gives them from tests/durations.json
 # (RAYCSE_TEST_DURATIONS=tests/durations.json bash scripts/test.sh writes it anew).
 parallel=()
 if (( ${#where[@]} )) && (( ${RAYCSE_TEST_WORKERS:-2} > 1 )); then
-  parallel=(-n "${RAYCSE_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder)
+  parallel=(-n "${RAYCSE_TEST_WORKERS:-2}" --dist loadgroup --no-loadscope-reorder)
 fi
 exec .venv/bin/python -m pytest -q --durations=15 "${parallel[@]}" "${where[@]}" "$@"  # the 15 slowest tests at the end

@@ -67,6 +67,7 @@ def pytest_addoption(parser):
                           f"{', '.join(sorted(FULL_TIER_FIXTURES))})")
 
 
+@pytest.hookimpl(tryfirst=True)  # (before xdist's own, which reads the groups given here)
 def pytest_collection_modifyitems(config, items):
     full = pytest.mark.full_tier
     for item in items:
@@ -77,14 +78,19 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=[i for i in items if i.get_closest_marker("full_tier")])
         items[:] = keep
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        items[:] = costliest_files_first(items, recorded_durations())
+        items[:] = costliest_groups_first(items, recorded_durations())
+        for item in items:  # (--dist loadgroup: a test without a group of its own goes with its file)
+            if not item.get_closest_marker("xdist_group"):
+                item.add_marker(pytest.mark.xdist_group(group_of(item)))
 
 
-# Under scripts/test.sh's processes (xdist, --dist loadfile --no-loadscope-reorder) a test file runs in one
-# process, and the files are handed out in the order collected: the costliest first, so the run does not
-# end with one process on a long file while the other has nothing left. A test's cost is its seconds in
-# tests/durations.json, written by a run with RAYCSE_TEST_DURATIONS=tests/durations.json; a test not
-# there yet is guessed from its tier.
+# Under scripts/test.sh's processes (xdist, --dist loadgroup --no-loadscope-reorder) a test file runs in one
+# process, and so do the tests marked xdist_group("heavy"): those that start several Rays, a cluster or a search, one
+# after another, never beside each other (two of them at once on 2 cores starved each other's Ray:
+# 3-4x their time alone, and timeouts, in the CI run of stop 97). The groups are handed out in the order
+# collected: the costliest first, so the run does not end with one process on a long group while the
+# other has nothing left. A test's cost is its seconds in tests/durations.json, written by a run with
+# RAYCSE_TEST_DURATIONS=tests/durations.json; a test not there yet is guessed from its tier.
 DURATIONS_ENV = "RAYCSE_TEST_DURATIONS"
 GUESS_S = {"full": 15.0, "fast": 0.3}  # (roughly the tiers' mean seconds a test)
 
@@ -94,15 +100,26 @@ def recorded_durations() -> dict[str, float]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def costliest_files_first(items: list, durations: dict[str, float]) -> list:
-    """``items`` with their files ordered by total cost, highest first (ties by name); a file's tests in
-    their own order. Deterministic, so every process collects the same list, as xdist requires."""
+def group_of(item) -> str:
+    """The test's xdist group: the one it is marked with, else its file."""
+    mark = item.get_closest_marker("xdist_group")
+    return str(mark.args[0]) if mark is not None else item.nodeid.split("::")[0]
+
+
+def plain_nodeid(nodeid: str) -> str:
+    """``nodeid`` without the ``@group`` xdist adds to it under --dist loadgroup (xdist's own rule)."""
+    return nodeid.rsplit("@", 1)[0] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
+
+
+def costliest_groups_first(items: list, durations: dict[str, float]) -> list:
+    """``items`` with their groups (:func:`group_of`) ordered by total cost, highest first (ties by name);
+    a group's tests in their own order. Deterministic, so every process collects the same list, as xdist
+    requires."""
     cost: dict[str, float] = {}
     for item in items:
         guess = GUESS_S["full" if item.get_closest_marker("full_tier") else "fast"]
-        name = item.nodeid.split("::")[0]
-        cost[name] = cost.get(name, 0.0) + durations.get(item.nodeid, guess)
-    return sorted(items, key=lambda item: (-cost[item.nodeid.split("::")[0]], item.nodeid.split("::")[0]))
+        cost[group_of(item)] = cost.get(group_of(item), 0.0) + durations.get(item.nodeid, guess)
+    return sorted(items, key=lambda item: (-cost[group_of(item)], group_of(item)))
 
 
 def pytest_runtest_logreport(report):
@@ -110,7 +127,8 @@ def pytest_runtest_logreport(report):
     fixture's start counts for the file's first test); under xdist this runs in the controlling process
     too, for every process's reports."""
     if os.environ.get(DURATIONS_ENV):
-        _seconds[report.nodeid] = _seconds.get(report.nodeid, 0.0) + report.duration
+        nodeid = plain_nodeid(report.nodeid)
+        _seconds[nodeid] = _seconds.get(nodeid, 0.0) + report.duration
 
 
 _seconds: dict[str, float] = {}

@@ -132,6 +132,7 @@ def _job_id(cluster: FakeCluster, submission: str) -> str:
     return cluster.client.get_job_info(submission).job_id or ""
 
 
+@pytest.mark.xdist_group("heavy")  # (tests/conftest.py: never beside another heavy test)
 def test_a_training_job_grows_the_cluster_and_the_cluster_shrinks_after_it(fake_cluster, tiny_model, corpus,
                                                                             stsb_dev, tmp_path):
     """`ray job submit -- raycse train --use-gpu --num-workers 2` on a head alone: the autoscaler launches
@@ -153,6 +154,7 @@ def test_a_training_job_grows_the_cluster_and_the_cluster_shrinks_after_it(fake_
     assert SentenceTransformer(str(out / "model")).encode(["a city"]).shape == (1, 32)
 
 
+@pytest.mark.xdist_group("heavy")  # (tests/conftest.py: never beside another heavy test)
 def test_a_search_the_cluster_can_never_hold_is_refused_before_anything_starts(fake_cluster, tiny_model, corpus,
                                                                               tmp_path):
     """3 GPU workers a trial where the autoscaler can add 2 one-GPU nodes at most: one line naming what the
@@ -183,6 +185,7 @@ def _max_overlap(intervals: list) -> int:
     return best
 
 
+@pytest.mark.xdist_group("heavy")  # (tests/conftest.py: never beside another heavy test)
 def test_tune_runs_as_many_trials_as_the_cluster_can_grow_to(fake_cluster, tiny_model, corpus, stsb_dev, tmp_path):
     """A 3-trial search at 1 GPU a trial on the head alone, whose autoscaler may add 2 one-GPU nodes:
     raycse plans 2 trials at once from the autoscaler's node types (not from the head's 0 GPUs, and with no

@@ -109,6 +109,7 @@ def test_job_submitted_to_a_real_head_succeeds_and_its_model_loads(tiny_model, c
     assert SentenceTransformer(str(out / "model")).encode(["a city"]).shape == (1, 32)
 
 
+@pytest.mark.xdist_group("heavy")  # (tests/conftest.py: never beside another heavy test)
 def test_a_job_that_pip_installs_raycse_keeps_the_clusters_ray_and_trains_and_tunes(tiny_model, corpus, stsb_dev,
                                                                                     tmp_path, own_ray):
     """Issue 92, item 6: `ray job submit --runtime-env-json '{"pip": [raycse]}'` to a head of this Ray (the

@@ -57,6 +57,7 @@ def stand_in(tmp_path_factory, own_ray):  # (its trials run on a private Ray of 
     return json.loads(out.read_text())
 
 
+@pytest.mark.xdist_group("heavy")  # (tests/conftest.py: never beside another heavy test)
 def test_two_workers_share_one_gpu_and_train_like_one_with_double_batch(stand_in):
     probe = stand_in["two_workers_one_gpu"]
     assert [p["gpus"] for p in probe["places"]] == [["0"], ["0"]]  # both ranks on the one GPU
@@ -66,6 +67,7 @@ def test_two_workers_share_one_gpu_and_train_like_one_with_double_batch(stand_in
     assert probe["losses_one_worker"][0] != probe["losses_one_worker"][-1]  # it trained
 
 
+@pytest.mark.xdist_group("heavy")  # (tests/conftest.py: never beside another heavy test)
 def test_half_gpu_trials_run_two_at_once_never_more(stand_in):
     search = stand_in["fractions"]["0.5"]
     assert search["trials"] == 3 and not search["errors"]
@@ -75,6 +77,7 @@ def test_half_gpu_trials_run_two_at_once_never_more(stand_in):
     assert stand_in["placement_groups_left"] == [] and stand_in["available_gpus_after"] == 1.0
 
 
+@pytest.mark.xdist_group("heavy")  # (tests/conftest.py: never beside another heavy test)
 def test_knn_grouping_of_a_gpu_run_embeds_on_its_share_of_the_gpu(stand_in):
     """Issue 67: with --use-gpu, the embedding actors that group the corpus before the fit hold the run's
     GPU fraction each while they embed (Ray's count of the GPU free fell by it), and give it back; on a real

@@ -1,20 +1,28 @@
-"""The suite's own machinery in conftest.py: the order its processes take the test files in."""
+"""The suite's own machinery in conftest.py: the groups its processes take the tests in, and their order."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import costliest_files_first, recorded_durations
+from conftest import costliest_groups_first, plain_nodeid, recorded_durations
 
 
 class Item:
-    """What costliest_files_first reads of a pytest item: its node id and whether it is in the full tier."""
+    """What costliest_groups_first reads of a pytest item: its node id, whether it is in the full tier, and
+    its xdist group."""
 
-    def __init__(self, nodeid: str, full: bool = False):
-        self.nodeid, self.full = nodeid, full
+    def __init__(self, nodeid: str, full: bool = False, group: str | None = None):
+        self.nodeid, self.full, self.group = nodeid, full, group
 
     def get_closest_marker(self, name: str):
+        if name == "xdist_group" and self.group:
+            return Mark(self.group)
         return name if name == "full_tier" and self.full else None
+
+
+class Mark:
+    def __init__(self, *args):
+        self.args = args
 
 
 def test_files_go_costliest_first_by_their_recorded_seconds_else_by_their_tiers():
@@ -23,12 +31,28 @@ def test_files_go_costliest_first_by_their_recorded_seconds_else_by_their_tiers(
              Item("tests/test_c.py::x", full=True), Item("tests/test_c.py::y"),  # 1 s + 15 s guessed = 16 s
              Item("tests/test_d.py::z")]                                  # recorded: 16 s, ties c
     recorded = {"tests/test_b.py::only": 100.0, "tests/test_c.py::y": 1.0, "tests/test_d.py::z": 16.0}
-    order = [i.nodeid for i in costliest_files_first(items, recorded)]
+    order = [i.nodeid for i in costliest_groups_first(items, recorded)]
     assert order == ["tests/test_b.py::only", "tests/test_c.py::x", "tests/test_c.py::y", "tests/test_d.py::z",
                      "tests/test_a.py::one", "tests/test_a.py::two"]
     # a file's own tests keep their order whatever their cost
-    assert [i.nodeid for i in costliest_files_first(items[:2], {"tests/test_a.py::two": 9.0})] == [
+    assert [i.nodeid for i in costliest_groups_first(items[:2], {"tests/test_a.py::two": 9.0})] == [
         "tests/test_a.py::one", "tests/test_a.py::two"]
+
+
+def test_a_group_goes_as_one_whatever_files_its_tests_are_in():
+    items = [Item("tests/test_a.py::light", full=True),                    # 15 s guessed
+             Item("tests/test_a.py::heavy", full=True, group="heavy"),     # recorded: 10 s
+             Item("tests/test_b.py::heavy", full=True, group="heavy"),     # recorded: 10 s: the group 20 s
+             Item("tests/test_c.py::z")]
+    recorded = {"tests/test_a.py::heavy": 10.0, "tests/test_b.py::heavy": 10.0}
+    order = [i.nodeid for i in costliest_groups_first(items, recorded)]
+    assert order == ["tests/test_a.py::heavy", "tests/test_b.py::heavy", "tests/test_a.py::light", "tests/test_c.py::z"]
+
+
+def test_the_group_suffix_xdist_adds_is_taken_off_the_recorded_node_id():
+    assert plain_nodeid("tests/test_a.py::t@heavy") == "tests/test_a.py::t"
+    assert plain_nodeid("tests/test_a.py::t[x@y]") == "tests/test_a.py::t[x@y]"  # (a parameter's own @)
+    assert plain_nodeid("tests/test_a.py::t[x@y]@tests/test_a.py") == "tests/test_a.py::t[x@y]"
 
 
 def test_the_recorded_durations_name_collected_tests_with_seconds():

@@ -21,6 +21,7 @@ def real_cluster_env(env: dict) -> dict:
     return {k: v for k, v in env.items() if k != "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"}
 
 
+@pytest.mark.xdist_group("heavy")  # (tests/conftest.py: never beside another heavy test)
 def test_two_workers_on_two_nodes_with_everything_on_s3(tiny_model, corpus, stsb_dev, tmp_path, own_ray):
     pytest.importorskip("moto.server")
     from conftest import _free_port, make_sentences

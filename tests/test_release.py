@@ -83,6 +83,7 @@ def _agreeing_dev_files(tiny_model, tmp_path) -> tuple[str, str]:
     return str(agree), str(disagree)
 
 
+@pytest.mark.xdist_group("heavy")  # (tests/conftest.py: never beside another heavy test)
 def test_asha_stops_under_cpu_load_leave_no_placement_group(ray_cluster, tiny_model, corpus, tmp_path):
     """2 trials of 2 seeds, grace period 1: ASHA stops the second trial after its first rung while
     its seeds' runs are still going, with CPU load beside them. Every trial ends and no placement

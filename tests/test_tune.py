@@ -383,6 +383,7 @@ def _tracked_in_mlflow(server: str, experiment: str, results) -> None:
     assert sorted(r.data.metrics["mean"] for r in runs) == pytest.approx(sorted(t.metrics["mean"] for t in results))
 
 
+@pytest.mark.xdist_group("heavy")  # (tests/conftest.py: never beside another heavy test)
 def test_two_trials_two_seeds_analysis_plots_and_export(ray_cluster, mlflow_server, tiny_model, corpus, stsb_dev,
                                                        tmp_path, monkeypatch):
     """Two trials of two seeds and two rungs, read back by `analyze`, Optuna, optuna-dashboard and Ray;
