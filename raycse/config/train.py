@@ -116,6 +116,11 @@ class OptimizerSettings:
             raise ConfigError(f"train.seed must be in [0, 2**32), got {self.seed}")
 
 
+COMPILE_OFF = ("false", "off", "no", "0")
+COMPILE_ON = ("true", "on", "yes", "1", "default")
+COMPILE_MODES = ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's other modes
+
+
 @dataclass
 class PrecisionSettings:
     """How a step is computed, not what it computes: number formats, padding, dropout masks, collation ahead."""
@@ -156,8 +161,29 @@ class PrecisionSettings:
                                                "pad each batch's token width to a multiple of N, so that few batch "
                                                'shapes appear (default: 8 on GPUs, 1 on CPUs)')
 
+    # torch.compile (inductor) of the module's forward: on an H200 the engine's step ran 1.57x the
+    # plain eager one with it (benchmarks/results/gpu.md, 2026-12-04), after ~30 s of compiling; off
+    # by default until `raycse train` itself is measured with it on a GPU.
+    compile: str = knob("false", '--compile',
+                        "compile the step's forward with torch.compile: false | true (inductor's default mode) | "
+                        'reduce-overhead (CUDA graphs; GPUs) | max-autotune | max-autotune-no-cudagraphs; '
+                        'the first steps then take the compile time (tens of seconds); a compiled step '
+                        'runs the padded forward with PyTorch\'s dropout (no --unpad, no fast_dropout) and 1 '
+                        'length bucket unless set')
+
+    @property
+    def compile_mode(self) -> Optional[str]:
+        """torch.compile's mode for ``compile`` (``true`` -> ``default``), or None when off."""
+        value = str(self.compile).strip().lower()
+        if value in COMPILE_OFF:
+            return None
+        return "default" if value in COMPILE_ON else value
+
     def validate(self) -> None:
         one_of("train.precision", self.precision, PRECISIONS)
+        if str(self.compile).strip().lower() not in COMPILE_OFF + COMPILE_ON + COMPILE_MODES:
+            raise ConfigError(f"train.compile must be one of false, true, {', '.join(COMPILE_MODES)}; got "
+                              f"{self.compile!r}")
         if self.length_buckets is not None:
             at_least("train.length_buckets", self.length_buckets, 1)
         if self.pad_to_multiple_of is not None:
@@ -271,6 +297,19 @@ class TrainConfig(TrackingSettings, FailureSettings, CheckpointSettings, Precisi
     def validate(self) -> None:
         for concern in self.CONCERNS:
             concern.validate(self)
+        self.validate_compile()
+
+    def validate_compile(self) -> None:
+        """What train.compile cannot do with the other concerns' settings."""
+        mode = self.compile_mode
+        if mode is None:
+            return
+        if self.cache_chunk_size:
+            raise ConfigError("train.compile does not apply with GradCache (train.cache_chunk_size), which encodes "
+                              "outside the compiled forward; drop one of them")
+        if mode == "reduce-overhead" and not self.use_gpu:
+            raise ConfigError(f"train.compile {mode} captures CUDA graphs, which need GPUs; add --use-gpu, or use "
+                              f"--compile true on CPUs")
 
 
 TRACKING_FORMS = ("mlflow:URI (e.g. mlflow:http://127.0.0.1:5000), tensorboard:DIR or wandb:[ENTITY/]PROJECT "

@@ -24,7 +24,7 @@ from raycse.platform.ray_session import setup_ray_data
 from raycse.train import ahead
 from raycse.train.batches import BatchSource
 from raycse.train.checkpoints.in_fit import Checkpointer, checkpoint_rank, CHECKPOINT_RANK
-from raycse.train.module import build_module, worker_device
+from raycse.train.module import build_module, compile_module, worker_device
 from raycse.train.plan import FitPlan
 from raycse.train.profile import StepProfiler, fit_window, span
 from raycse.train.progress import Progress
@@ -45,7 +45,7 @@ class WorkerRun:
         torch.set_num_threads(max(1, plan.threads))
         # Same init everywhere (DDP also broadcasts rank 0's weights); different dropout masks per rank.
         seed_everything(run.train.seed)
-        module = build_module(run)
+        module = compile_module(build_module(run), run.train.compile_mode)
         seed_everything(run.train.seed + 1000 * self.rank)
         device = worker_device(run.train)
         module = ray.train.torch.prepare_model(module, move_to_device=device)

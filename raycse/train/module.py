@@ -4,6 +4,7 @@ its optimizer and learning-rate schedule."""
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import torch
 from torch import nn
@@ -36,8 +37,11 @@ def build_module(run: RunConfig) -> TrainModule:
                                       mlp_head=run.model.resolved_mlp_head,
                                       trust_remote_code=run.model.trust_remote_code)
     encoder.length_buckets = length_buckets(run)
-    encoder.unpad = run.train.unpad
-    if run.train.fast_dropout:
+    # compiled: the padded forward and PyTorch's dropout, which inductor fuses; raycse's unpadding
+    # (data-dependent row counts) and drawn masks (dtype views) would break its graph in every layer
+    eager = run.train.compile_mode is None
+    encoder.unpad = run.train.unpad and eager
+    if run.train.fast_dropout and eager:
         use_fast_dropout(encoder.backbone)
     encoder.add_prompts(run.data.prompts)
     objective = run.objective.build()
@@ -51,6 +55,30 @@ def build_module(run: RunConfig) -> TrainModule:
         if isinstance(part, Objective):
             part.pad_multiple, part.prompts = multiple, prompts
     return TrainModule(encoder, objective)
+
+
+def compile_module(module: nn.Module, mode: Optional[str]) -> nn.Module:
+    """``module``'s forward through ``torch.compile(mode=mode)`` (inductor), in place, so its state dict's
+    keys, and so checkpoints and the saved model, stay as they are; ``mode`` None: unchanged. Shapes
+    seen a second time are compiled as dynamic ones (torch's default), so a new batch width does not
+    build a graph of its own each step."""
+    if mode is not None:
+        encoder = getattr(module, "encoder", None)
+        if isinstance(encoder, Encoder):  # inductor picks its own CPU kernels, and the oneDNN probe's
+            encoder.onednn = False        # file reads and Python mode would break its graph at every linear
+        module.compile(mode=mode)
+    return module
+
+
+def compiled_graphs() -> Optional[int]:
+    """How many graphs torch.compile has built in this process so far (dynamo's own count; None where
+    this torch does not keep it)."""
+    try:
+        from torch._dynamo.utils import counters  # (no public API counts them)
+
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:  # noqa: BLE001 - a count for the log, never the run's failure
+        return None
 
 
 def column_prompts(run: RunConfig, default: str, objective: Objective, include_prompt: bool = True
@@ -114,9 +142,10 @@ def worker_device(t) -> torch.device:
 
 
 def length_buckets(run: RunConfig) -> int:
-    """train.length_buckets, resolved: 2 on CPUs, 1 on GPUs (where sub-batches multiply the launches)."""
+    """train.length_buckets, resolved: 2 on CPUs, 1 on GPUs (where sub-batches multiply the launches) and
+    in a compiled step (one graph for the batch)."""
     t = run.train
-    return t.length_buckets if t.length_buckets is not None else (1 if t.use_gpu else 2)
+    return t.length_buckets if t.length_buckets is not None else (1 if t.use_gpu or t.compile_mode else 2)
 
 
 def pad_multiple(run: RunConfig) -> int:
