@@ -424,7 +424,11 @@ def part_two(model: str, steps: int, batch: int, stsb_dev: str | None) -> dict:
         if row["rc"]:
             print(row["tail"], flush=True)
     if out["1_workers"]["rc"]:
-        return out  # nothing to compare the inline-collate and profiled runs with
+        return out  # nothing to compare the compiled, inline-collate and profiled runs with
+    # the same run with the step's forward compiled (train.compile; issue 91: >= 1.0x the plain eager step)
+    compiled = out["1_worker_compiled"] = train_on_gpus(model, 1, steps, batch, stsb_dev, shared, ("--compile", "true"))
+    print(f"[gpu-check] raycse train --use-gpu --compile true, 1 worker: rc {compiled['rc']}, {compiled['seconds']:.0f} s "
+          f"whole command, {compiled['train_examples_per_s']} sentences/s in the loop", flush=True)
     # the 1-worker run again, steps 41..60 profiled (train.profile_steps; read against part one's)
     profiled = out["1_worker_profiled"] = train_on_gpus(model, 1, 60, batch, stsb_dev, shared,
                                                         ("--set", "train.profile_steps=40:60", "--eval-steps", "1000"))

@@ -57,23 +57,21 @@ def plain_step(model: str, device: torch.device, batch: int, steps: int, compile
 
 
 ENGINES = {"engine": {}, "engine, 2 length buckets": {"length_buckets": 2},
-           "engine, no clipping": {"max_grad_norm": 0.0}, "engine, compiled": {"compile": True}}
+           "engine, no clipping": {"max_grad_norm": 0.0}, "engine, compiled": {"compile": "true"}}
 
 
 def engine_step(model: str, device: torch.device, batch: int, steps: int, train: dict) -> float:
     from raycse.config import RunConfig
-    from raycse.train.module import build_module
+    from raycse.train.module import build_module, compile_module
     from raycse.train.steps import StepEngine, move
 
     run = RunConfig()
     run.model.name_or_path, run.model.max_length = model, 32
     run.train.use_gpu = device.type == "cuda"  # the settings raycse train resolves for this device
-    compiled = train.pop("compile", False)
     for key, value in train.items():
         setattr(run.train, key, value)
-    module = build_module(run).to(device)
-    if compiled:  # the module's forward through torch.compile's default mode, in place
-        module.compile()
+    # train.compile as raycse train applies it (raycse.train.module.compile_module)
+    module = compile_module(build_module(run), run.train.compile_mode).to(device)
     engine = StepEngine(run, module, device, steps + 2)
     engine.module.train()
     texts = gpu_check.sentences(batch * (steps + 2), 40, seed=1, min_words=4)

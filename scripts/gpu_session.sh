@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 91 item 3 in one device call: the sharing search, the step's parts (gap, with compiled rows) and
-# part two, each bounded, their JSON and logs under $OUT. Carry .gpu_bundle/{whl,shared,model-shape}.
+# part two (eager and --compile true), each bounded, their JSON and logs under $OUT. Carry .gpu_bundle/{whl,shared,model-shape}.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
@@ -16,6 +16,17 @@ part() {  # part NAME SECONDS ARGS...
   echo "== $name: rc $? in $((SECONDS - t0)) s"
   grep -E '^\[gpu|FAIL|Error|error:' "$OUT/$name.log" | grep -v Warning | tail -25
 }
-part share "${SHARE_S:-230}" share --fractions 1.0 0.25 --trials 4 --sentences 1024 --probe-steps 10
-part gap "${GAP_S:-170}" gap --here-only --steps 30
-part part2 "${PART2_S:-150}" --part 2 --train-steps 80
+# Which parts, in order (default: all three). On the H200 (2026-12-04): share with both fractions needs
+# ~360 s (4 trials at 1 GPU ~54-78 s each, then ~80 s at 0.25), gap ~100 s, part two ~100 s a run of 400
+# steps (eager, then compiled, then the profiled and inline-collate runs). A drawn task has 15 minutes
+# of device time, a machine's start included: e.g. `bash scripts/gpu_session.sh part2 share`.
+parts=("$@")
+[ ${#parts[@]} -gt 0 ] || parts=(share gap part2)
+for what in "${parts[@]}"; do
+  case "$what" in
+    share) part share "${SHARE_S:-400}" share --fractions 1.0 0.25 --trials 4 --sentences 1024 --probe-steps 10 ;;
+    gap) part gap "${GAP_S:-170}" gap --here-only --steps 30 ;;
+    part2) part part2 "${PART2_S:-300}" --part 2 --train-steps 400 ;;
+    *) echo "gpu_session: unknown part $what (share, gap, part2)" >&2; exit 2 ;;
+  esac
+done
