@@ -59,7 +59,7 @@ def timed_steps(eng, batches: list, dropout: bool = True) -> tuple[list, list]:
 def one_objective(model: str, objective: str, batches: list, warmup: int, precision: str) -> dict:
     import torch._dynamo
 
-    from raycse.train.module import compiled_graphs
+    from raycse.platform.compat import compiled_graph_count as compiled_graphs
 
     row = {}
     for compiled in (False, True):

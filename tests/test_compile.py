@@ -32,7 +32,7 @@ def test_a_compiled_step_gives_the_eager_losses_and_weights_and_few_graphs(tiny_
     four later widths reuse: no graph a step)."""
     import torch._dynamo
 
-    from raycse.train.module import compiled_graphs
+    from raycse.platform.compat import compiled_graph_count as compiled_graphs
 
     torch._dynamo.reset()
     before = compiled_graphs()  # (dynamo's count is the process's: this test's graphs are the difference)

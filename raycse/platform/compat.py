@@ -16,6 +16,8 @@ looked for, never the version compared, and each has a working path when it is g
 - Ray's W&B logging actor (:func:`wandb_logging_actor`): without it, Ray's plain callback.
 - oneDNN's linear (:func:`onednn_linear`): without it, PyTorch's own kernels.
 - the module Ray's log thread imports (:func:`import_before_log_thread`): without it, nothing to do.
+- torch.compile's count of the graphs it built (:func:`compiled_graph_count`): without it, None (the
+  log says "?").
 """
 
 from __future__ import annotations
@@ -141,3 +143,13 @@ def onednn_linear() -> Optional[Callable]:
     if op is None:
         return None
     return lambda a, b, bias=None: op(a, b, bias, "none", [], "")
+
+
+def compiled_graph_count() -> Optional[int]:
+    """How many graphs torch.compile has built in this process (dynamo's own counter; no public API
+    counts them), or None where this torch does not keep it."""
+    found = _lookup("torch._dynamo.utils", "counters")
+    try:
+        return int(found[0]["stats"]["unique_graphs"]) if found else None
+    except (KeyError, TypeError, ValueError):
+        return None

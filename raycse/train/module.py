@@ -16,6 +16,7 @@ from raycse.model.encoder import PROMPT_LEFT_OUT, Encoder, default_prompt_of, em
 from raycse.model.unpad import use_fast_dropout
 from raycse.objectives.base import LossOutput, Objective
 from raycse.objectives.matryoshka import check_fits
+from raycse.platform import compat
 
 GPU_STAND_IN = "RAYCSE_GPU_STAND_IN"  # =cpu: workers holding declared GPUs train on the CPU (tests)
 
@@ -70,15 +71,13 @@ def compile_module(module: nn.Module, mode: Optional[str]) -> nn.Module:
     return module
 
 
-def compiled_graphs() -> Optional[int]:
-    """How many graphs torch.compile has built in this process so far (dynamo's own count; None where
-    this torch does not keep it)."""
-    try:
-        from torch._dynamo.utils import counters  # (no public API counts them)
-
-        return int(counters["stats"]["unique_graphs"])
-    except Exception:  # noqa: BLE001 - a count for the log, never the run's failure
-        return None
+def compiled_note(run: RunConfig) -> str:
+    """``, N graph(s) compiled (torch.compile mode M)`` where train.compile is on, else '' (for the log)."""
+    mode = run.train.compile_mode
+    if mode is None:
+        return ""
+    graphs = compat.compiled_graph_count()
+    return f", {'?' if graphs is None else graphs} graph(s) compiled (torch.compile mode {mode})"
 
 
 def column_prompts(run: RunConfig, default: str, objective: Objective, include_prompt: bool = True

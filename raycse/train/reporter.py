@@ -18,7 +18,7 @@ from raycse.platform.process_state import release_freed_memory
 from raycse.platform.ray_session import fetch
 from raycse.train import tracking
 from raycse.train.callbacks import Callbacks
-from raycse.train.module import compiled_graphs, shape_bound, what_trains
+from raycse.train.module import compiled_note, shape_bound, what_trains
 from raycse.train.plan import FitPlan
 from raycse.train.profile import describe
 from raycse.train.progress import Progress, run_line
@@ -84,15 +84,7 @@ class Reporter:
         self.progress.to_step_10 = self.engine.synchronize() - started
         if self.rank == 0:
             log.info(f"[raycse] 10 steps in {self.progress.to_step_10:.2f} s from the fit's first step"
-                     f"{self.compiled_note()}")
-
-    def compiled_note(self) -> str:
-        """``, N graph(s) compiled (torch.compile mode M)`` where train.compile is on, else ''."""
-        mode = self.run.train.compile_mode
-        if mode is None:
-            return ""
-        graphs = compiled_graphs()
-        return f", {'?' if graphs is None else graphs} graph(s) compiled (torch.compile mode {mode})"
+                     f"{compiled_note(self.run)}")
 
     def log_progress(self, epoch: int) -> None:
         """Rank 0, every train.log_steps: the recent mean loss, learning rate and examples/s."""
@@ -134,6 +126,4 @@ class Reporter:
             self.sink.post(step, float(score))
 
     def close(self) -> None:
-        if self.rank == 0 and self.run.train.compile_mode is not None:  # (later widths may have added graphs)
-            log.info(f"[raycse] fit ended at step {self.progress.step}{self.compiled_note()}")
         self.tlog.close()
