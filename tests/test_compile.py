@@ -88,3 +88,15 @@ def test_yaml_booleans_and_mode_names_give_torch_compile_s_mode(value, mode):
     run = RunConfig()
     run.train.compile = value
     assert run.train.compile_mode == mode
+
+
+def test_the_log_note_names_the_graphs_built_only_where_compile_is_on():
+    from raycse.config import RunConfig
+    from raycse.platform.compat import compiled_graph_count
+    from raycse.train.module import compiled_note
+
+    run = RunConfig()
+    assert compiled_note(run) == ""
+    run.train.compile = "max-autotune"
+    assert compiled_note(run) == f", {compiled_graph_count()} graph(s) compiled (torch.compile mode max-autotune)"
+    assert isinstance(compiled_graph_count(), int)  # (this torch keeps the count: the note is no "?")
