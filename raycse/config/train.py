@@ -174,14 +174,18 @@ class PrecisionSettings:
     @property
     def compile_mode(self) -> Optional[str]:
         """torch.compile's mode for ``compile`` (``true`` -> ``default``), or None when off."""
-        value = str(self.compile).strip().lower()
+        value = self._compile_word()
         if value in COMPILE_OFF:
             return None
         return "default" if value in COMPILE_ON else value
 
+    def _compile_word(self) -> str:
+        """``compile`` as a lower-case word (YAML's ``true`` arrives as a bool)."""
+        return str(self.compile).strip().lower()
+
     def validate(self) -> None:
         one_of("train.precision", self.precision, PRECISIONS)
-        if str(self.compile).strip().lower() not in COMPILE_OFF + COMPILE_ON + COMPILE_MODES:
+        if self._compile_word() not in COMPILE_OFF + COMPILE_ON + COMPILE_MODES:
             raise ConfigError(f"train.compile must be one of false, true, {', '.join(COMPILE_MODES)}; got "
                               f"{self.compile!r}")
         if self.length_buckets is not None:

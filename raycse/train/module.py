@@ -38,10 +38,12 @@ def build_module(run: RunConfig) -> TrainModule:
                                       mlp_head=run.model.resolved_mlp_head,
                                       trust_remote_code=run.model.trust_remote_code)
     encoder.length_buckets = length_buckets(run)
-    # compiled: the padded forward and PyTorch's dropout, which inductor fuses; raycse's unpadding
-    # (data-dependent row counts) and drawn masks (dtype views) would break its graph in every layer
+    # compiled: the padded forward, PyTorch's dropout and inductor's own CPU kernels; raycse's unpadding
+    # (data-dependent row counts), drawn masks (dtype views) and the oneDNN probe (file reads, a Python
+    # mode) would break its graph in every layer
     eager = run.train.compile_mode is None
     encoder.unpad = run.train.unpad and eager
+    encoder.onednn = encoder.onednn and eager
     if run.train.fast_dropout and eager:
         use_fast_dropout(encoder.backbone)
     encoder.add_prompts(run.data.prompts)
@@ -63,10 +65,7 @@ def compile_module(module: nn.Module, mode: Optional[str]) -> nn.Module:
     keys, and so checkpoints and the saved model, stay as they are; ``mode`` None: unchanged. Shapes
     seen a second time are compiled as dynamic ones (torch's default), so a new batch width does not
     build a graph of its own each step."""
-    if mode is not None:
-        encoder = getattr(module, "encoder", None)
-        if isinstance(encoder, Encoder):  # inductor picks its own CPU kernels, and the oneDNN probe's
-            encoder.onednn = False        # file reads and Python mode would break its graph at every linear
+    if mode is not None:  # (build_module has set the encoder's eager-only paths off for it)
         module.compile(mode=mode)
     return module
 
