@@ -134,6 +134,34 @@ def bounded(call, bound_s: float, what: str) -> None:
         raise failed[0]
 
 
+def ray_rows(model: str, device: torch.device, args) -> list:
+    """The plain step in a Ray actor that holds the GPU, and plain and engine in a Ray Train worker."""
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    gpu, rows = device.type == "cuda", []
+    cpus = os.cpu_count() or 2
+    path = os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "scripts"), os.environ.get("PYTHONPATH")]))
+    ray.init(num_cpus=cpus, num_gpus=1 if gpu else 0, include_dashboard=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    try:
+        actor = ray.remote(num_gpus=1 if gpu else 0, num_cpus=max(1, cpus - 1))(rows_here)
+        rows += ray.get(actor.remote("ray actor", model, device, args.batch, args.steps, ("plain",)), timeout=600)
+        with tempfile.TemporaryDirectory(prefix="raycse-gpu-gap-") as tmp:
+            config = {"model": model, "device": device.type, "batch": args.batch, "steps": args.steps,
+                      "threads": max(1, cpus - 1), "out": f"{tmp}/rows.json"}
+            trainer = TorchTrainer(in_train_worker, train_loop_config=config,
+                                   scaling_config=ScalingConfig(num_workers=1, use_gpu=gpu,
+                                                                resources_per_worker={"CPU": max(1, cpus - 1)}),
+                                   run_config=RunConfig(storage_path=f"{tmp}/runs", name="gap"))
+            bounded(trainer.fit, FIT_BOUND_S, "the Ray Train worker's rows")
+            rows += json.loads(Path(config["out"]).read_text())
+    finally:
+        ray.shutdown()
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
@@ -150,34 +178,8 @@ def main() -> int:
     gpu = device.type == "cuda"
     report = {"device": torch.cuda.get_device_name(0) if gpu else "CPU", "torch": torch.__version__,
               "rows": rows_here("this process", model, device, args.batch, args.steps)}
-    if args.here_only:
-        if args.json:
-            Path(args.json).write_text(json.dumps(report, indent=2))
-        return 0
-
-    import ray
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
-    cpus = os.cpu_count() or 2
-    path = os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "scripts"), os.environ.get("PYTHONPATH")]))
-    ray.init(num_cpus=cpus, num_gpus=1 if gpu else 0, include_dashboard=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
-    try:
-        actor = ray.remote(num_gpus=1 if gpu else 0, num_cpus=max(1, cpus - 1))(rows_here)
-        report["rows"] += ray.get(actor.remote("ray actor", model, device, args.batch, args.steps, ("plain",)),
-                                  timeout=600)
-        with tempfile.TemporaryDirectory(prefix="raycse-gpu-gap-") as tmp:
-            config = {"model": model, "device": device.type, "batch": args.batch, "steps": args.steps,
-                      "threads": max(1, cpus - 1), "out": f"{tmp}/rows.json"}
-            trainer = TorchTrainer(in_train_worker, train_loop_config=config,
-                                   scaling_config=ScalingConfig(num_workers=1, use_gpu=gpu,
-                                                                resources_per_worker={"CPU": max(1, cpus - 1)}),
-                                   run_config=RunConfig(storage_path=f"{tmp}/runs", name="gap"))
-            bounded(trainer.fit, FIT_BOUND_S, "the Ray Train worker's rows")
-            report["rows"] += json.loads(Path(config["out"]).read_text())
-    finally:
-        ray.shutdown()
+    if not args.here_only:
+        report["rows"] += ray_rows(model, device, args)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0
