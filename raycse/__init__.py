@@ -2,11 +2,12 @@
 
 One package per floor of the data flow, over the ground floor's ``platform`` (the Ray session,
 outputs, storage, processes) and ``model`` (the encoder and its saved format): ``objectives`` ->
-``config`` -> ``data`` -> ``grouping`` -> ``evaluation`` -> ``train`` -> ``tune`` -> ``analysis`` ->
+``config`` -> ``data`` -> ``grouping`` -> ``evaluation`` -> ``shipping`` -> ``train`` -> ``tune`` -> ``analysis`` ->
 ``cli`` (docs/layout.md).
 
 The Python API does what the CLI does, with the same checks and errors: ``raycse.train(run, ...)``
 (a :class:`raycse.config.RunConfig`), ``raycse.evaluate(model, EvalSettings(...))``,
+``raycse.export(model, ExportSettings(...))``,
 ``raycse.mine(DataConfig(...), output, MineSettings(...))``, ``raycse.tune(TuneSettings(...))`` and
 ``raycse.analyze(exp_dir)``. ``train`` and ``tune`` are callable packages (the name means the same before
 and after their modules are imported). The public names load on first use, so ``import raycse`` costs
@@ -28,10 +29,11 @@ from raycse._version import __version__  # noqa: F401 - the package's version
 _LAZY = {"RunConfig": "raycse.config", "DataConfig": "raycse.config", "Callback": "raycse.train.callbacks",
          "Encoder": "raycse.model.encoder", "evaluate": "raycse.evaluation.run",
          "EvalSettings": "raycse.evaluation.settings", "mine": "raycse.grouping.mine:mine_triplets",
-         "MineSettings": "raycse.grouping.mine", "TuneSettings": "raycse.tune.settings", "analyze": "raycse.analysis"}
+         "MineSettings": "raycse.grouping.mine", "TuneSettings": "raycse.tune.settings", "analyze": "raycse.analysis",
+         "export": "raycse.shipping.run", "ExportSettings": "raycse.shipping.settings"}
 
-__all__ = ["train", "evaluate", "mine", "tune", "analyze", "RunConfig", "DataConfig", "EvalSettings", "MineSettings",
-           "TuneSettings", "Callback", "Encoder", "__version__"]
+__all__ = ["train", "evaluate", "export", "mine", "tune", "analyze", "RunConfig", "DataConfig", "EvalSettings",
+           "ExportSettings", "MineSettings", "TuneSettings", "Callback", "Encoder", "__version__"]
 
 
 def __getattr__(name: str):

@@ -187,6 +187,21 @@ def _eval_parser(sub) -> None:
     add_setting_flags(p, EvalSettings)
 
 
+def _export_parser(sub) -> None:
+    p = _command(
+        sub, "export", help="write a model as ONNX (int8 too) and OpenVINO files, checked against it",
+        description="Copy MODEL into --onnx OUT and add its transformer as onnx/model.onnx through PyTorch's own "
+                    "exporter (torch.onnx.export, dynamo), optionally onnx/model_qint8.onnx (int8 weights) and "
+                    "openvino/openvino_model.xml. Each file's embeddings are checked against the PyTorch model's "
+                    "(float32 files within 1e-4, or nothing is written); the card and raycse_export.json say what was "
+                    "found. Score a file with raycse eval OUT --backend onnx|openvino. MODEL may be a local directory, "
+                    "'default', a hub name, or a raycse output on object storage.")
+    p.add_argument("model", help="model directory (raycse output, sentence-transformers or HF) or 'default'")
+    from raycse.shipping.settings import ExportSettings
+
+    add_setting_flags(p, ExportSettings)
+
+
 def _tune_parser(sub) -> None:
     p = _command(
         sub, "tune", help="search hyperparameters with Ray Tune + Optuna, each configuration over k seeds",
@@ -276,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _train_parser(sub)
     _eval_parser(sub)
+    _export_parser(sub)
     sub.add_parser("objectives", help="list the objectives and their knobs with defaults")
     _tune_parser(sub)
     _analyze_parser(sub)
@@ -326,6 +342,21 @@ def cmd_eval(args) -> int:
     report = evaluate(args.model, settings_from_args(EvalSettings, args))
     if report.text:
         print(report.text)
+    return 0
+
+
+def cmd_export(args) -> int:
+    from raycse.shipping.run import export
+    from raycse.shipping.settings import ExportSettings
+
+    report = export(args.model, settings_from_args(ExportSettings, args))
+    for row, check in report.checks.items():
+        score = f", STS-B dev {report.scores[row]:.2f}" if row in report.scores else ""
+        print(f"[raycse] {row}: {', '.join(report.files[row])} ({sum(report.files[row].values()) / 1e6:.1f} MB), "
+              f"largest difference {check['max_abs_diff']:.1e}, smallest cosine {check['min_cosine']:.6f}{score}")
+    if "pytorch" in report.scores:
+        print(f"[raycse] pytorch: STS-B dev {report.scores['pytorch']:.2f}")
+    print(f"[raycse] exported to {report.path} (score it: raycse eval {report.path} --backend onnx)")
     return 0
 
 
@@ -400,7 +431,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     with redacted_streams():  # a credential in a URI argument is printed nowhere, tracebacks included
         args = expand_home(build_parser().parse_args(argv))
-        handler = {"train": cmd_train, "eval": cmd_eval, "objectives": cmd_objectives, "tune": cmd_tune,
+        handler = {"train": cmd_train, "eval": cmd_eval, "export": cmd_export, "objectives": cmd_objectives, "tune": cmd_tune,
                    "analyze": cmd_analyze, "mine": cmd_mine}[args.command]
         from raycse.platform import interrupts, processes
 

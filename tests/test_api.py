@@ -17,7 +17,8 @@ from raycse.errors import ConfigError
 # every module whose docstrings hold the API's examples (each must have some, and all must pass)
 EXAMPLE_MODULES = ["raycse", "raycse.train", "raycse.tune", "raycse.evaluation.run", "raycse.grouping.mine",
                    "raycse.analysis", "raycse.config.run", "raycse.platform.callable_package",
-                   "raycse.platform.plugins", "raycse.grouping.registry", "raycse.train.tracking"]
+                   "raycse.platform.plugins", "raycse.grouping.registry", "raycse.train.tracking", "raycse.shipping.run",
+                   "raycse.model.exported"]
 
 
 @pytest.mark.parametrize("name", EXAMPLE_MODULES)

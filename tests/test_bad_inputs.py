@@ -125,7 +125,8 @@ def inputs(tmp_path_factory):
     # an interpreter where faiss, optuna and wandb cannot be imported (sys.modules[m] = None blocks an import)
     (root / "nosite" / "sitecustomize.py").write_text("import sys\nsys.modules['faiss'] = None\n"
                                                       "sys.modules['optuna'] = None\nsys.modules['wandb'] = None\n"
-                                                      "sys.modules['mteb'] = None\n")
+                                                      "sys.modules['mteb'] = None\nsys.modules['onnxscript'] = None\n"
+                                                      "sys.modules['openvino'] = None\n")
     (root / "nofaiss").mkdir()  # and one with optuna but not faiss
     (root / "nofaiss" / "sitecustomize.py").write_text("import sys\nsys.modules['faiss'] = None\n")
     extra = _issue65_inputs(root, model)
@@ -243,6 +244,19 @@ def _cases(i: dict) -> list:
         (["tune", "--space", str(r / "remote_space.yaml")], "ships code of its own (config.json: auto_map", None),
         ([*train, "--config", str(r / "bomb.yaml")], "aliases expand it past 100,000 values", None),
         (["tune", "--space", str(r / "bomb.yaml")], "aliases expand it past 100,000 values", None),
+        # issue 88: raycse export and the exported backends
+        (["export", m], "raycse export needs --onnx OUT", None),
+        (["export", m, "--onnx", "exported"], "pip install 'raycse[onnx]'", no_extras),
+        (["export", m, "--onnx", "s3://bucket/exported"], "export writes a local folder", None),
+        (["export", m, "--onnx", str(r)], "lies inside --onnx", None),
+        (["export", m, "--onnx", "nosite", "--overwrite"], "holds files raycse did not write", None),
+        (["export", m, "--onnx", "nosite"], "already exists and is not empty", None),
+        (["export", str(i["remote"]), "--onnx", "exported"], "ships code of its own (config.json: auto_map", None),
+        ([*ev, "--backend", "onnx"], "has no onnx/model.onnx: --backend onnx runs an exported model", None),
+        ([*ev, "--backend", "openvino"], "pip install 'raycse[openvino]'", no_extras),
+        ([*ev, "--backend", "onnx", "--onnx-file", "../m.onnx"], "--onnx-file takes the name of a .onnx file", None),
+        ([*ev, "--onnx-file", "model_qint8.onnx"], "--onnx-file names a file of the onnx/ folder", None),
+        ([*ev, "--backend", "onnx", "--precision", "bf16"], "--precision bf16 is PyTorch's autocast", None),
     ]
 
 

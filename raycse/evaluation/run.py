@@ -45,7 +45,8 @@ def evaluate(model: Optional[str] = None, settings: Optional[EvalSettings] = Non
     asked = _dims(s.dims, s.model, s.trust_remote_code)  # before the model loads: a bad size is one line
     from raycse.model.encoder import Encoder
 
-    encoder = Encoder.from_pretrained(s.model, pooling=s.pooling, trust_remote_code=s.trust_remote_code)
+    encoder = Encoder.from_pretrained(s.model, pooling=s.pooling, trust_remote_code=s.trust_remote_code,
+                                      backend=s.backend, onnx_file=s.onnx_file)
     dims = asked or sorted((d for d in encoder.matryoshka_dims or [] if d < encoder.output_size), reverse=True)
     embed = _embedder(encoder, s)
     scores: dict = {}
@@ -113,7 +114,7 @@ def _inputs(s: EvalSettings) -> tuple[list, object]:
         raise RaycseError("--length-attack scores STS pairs: add --senteval-dir DIR or --stsb-dev FILE")
     datasets = [load_task(s.senteval_dir, canonical_task(t)) for t in (s.tasks or TASKS)] if s.senteval_dir else []
     if s.stsb_dev:
-        datasets.append(_stsb_dev(s.stsb_dev))
+        datasets.append(read_stsb_dev(s.stsb_dev))
     beir = None
     if s.beir_dir:
         from raycse.errors import require
@@ -124,7 +125,8 @@ def _inputs(s: EvalSettings) -> tuple[list, object]:
     return datasets, beir
 
 
-def _stsb_dev(path: str):
+def read_stsb_dev(path: str):
+    """The STS-B dev set at ``path`` (``auto``: as training's ``eval.stsb_dev auto`` finds it), or one line."""
     from raycse.evaluation.sts import read_stsb
 
     if path.lower() != "auto":
@@ -174,7 +176,7 @@ def _beir(s: EvalSettings, beir, embed, encoder) -> tuple[str, dict]:
     print(f"[raycse] {s.model}: BEIR {s.beir_dir} ({s.split}): {len(beir.docs)} documents, "
           f"{len(beir.queries)} queries with relevant documents", file=sys.stderr)
     # what the Ray actors load for big corpora
-    model_path = None if s.pooling else resolve_model(s.model, s.trust_remote_code)
+    model_path = None if s.pooling or s.backend != "torch" else resolve_model(s.model, s.trust_remote_code)
     if model_path and len(beir.docs) > RAY_THRESHOLD:
         from raycse.platform.ray_session import ensure_ray
 

@@ -8,6 +8,7 @@ from typing import Optional
 
 from raycse.config import POOLINGS, TRUST_REMOTE_CODE, setting
 from raycse.config.fields import at_least
+from raycse.errors import ConfigError
 
 
 @dataclass
@@ -47,6 +48,11 @@ class EvalSettings:
     dims: Optional[str] = setting(None, "--dims", "also score the embedding's first N coordinates (Matryoshka), e.g. "
                                   "256,128,64 (default: the sizes the model was trained for, where raycse trained it "
                                   "with objective.matryoshka_dims)", metavar="LIST")
+    backend: str = setting("torch", "--backend", "run the transformer in PyTorch, or from the model's exported file "
+                           "(raycse export): onnx (onnx/model.onnx in onnxruntime) or openvino "
+                           "(openvino/openvino_model.xml)", choices=["torch", "onnx", "openvino"])
+    onnx_file: Optional[str] = setting(None, "--onnx-file", "with --backend onnx: which file of the model's onnx/ "
+                                       "folder (default model.onnx; e.g. model_qint8.onnx)", metavar="NAME")
     trust_remote_code: bool = setting(False, "--trust-remote-code", TRUST_REMOTE_CODE, action="store_true")
     json_out: Optional[str] = setting(None, "--json", "also write the scores to this JSON file", metavar="FILE")
 
@@ -56,3 +62,9 @@ class EvalSettings:
             at_least("--max-length", self.max_length, 2)  # [CLS] and [SEP] alone take two tokens
         if self.length_attack:
             at_least("--length-attack values", min(self.length_attack), 1)
+        if self.onnx_file and self.backend != "onnx":
+            raise ConfigError(f"--onnx-file names a file of the onnx/ folder: add --backend onnx (got --backend "
+                              f"{self.backend})")
+        if self.backend != "torch" and self.precision != "fp32":
+            raise ConfigError(f"--precision {self.precision} is PyTorch's autocast: with --backend {self.backend} the "
+                              f"exported file's own precision applies; drop --precision")

@@ -348,3 +348,36 @@ def model_card(run: dict, summary: dict, model_dir, search: Optional[dict] = Non
     lines += _usage(name, run["model"]["pooling"]) + _prompts(run) + _matryoshka(run) + _adapter(run)
     lines += _versions() + _citation(run)
     return "\n".join(lines)
+
+
+EXPORT_HEADING = "## Exported files"
+
+
+def export_section(record: dict) -> list[str]:
+    """The card's part about ``raycse export``'s files (``record``: its ``raycse_export.json``): each file with
+    its size, how to load it, how close it embeds to the PyTorch model, and its STS-B dev score where taken."""
+    lines = [EXPORT_HEADING, "", "Written by `raycse export` (PyTorch's own ONNX exporter, opset 18; the transformer's "
+             "graph only: pooling, Dense, normalisation and prompts are this folder's modules, as for PyTorch).", "",
+             "| file | MB | export s | largest difference | smallest cosine | STS-B dev |", "|---|---|---|---|---|---|"]
+    scores = record.get("stsb_dev") or {}
+    if scores:
+        lines.append(f"| PyTorch (model.safetensors) | | | | | {_score(scores.get('pytorch'))} |")
+    for row, files in record["files"].items():
+        check = record["checks"].get(row, {})
+        size = sum(files.values()) / 1e6
+        lines.append(f"| {', '.join(f'`{f}`' for f in files)} | {size:.1f} | {record['seconds'].get(row, '')} | "
+                     f"{check.get('max_abs_diff', 0):.1e} | {check.get('min_cosine', 1):.6f} | "
+                     f"{_score(scores.get(row)) if scores else ''} |")
+    lines += ["", f"Differences are to the PyTorch model's embeddings of sample sentences at several batch sizes; "
+              f"every float32 file is within {record['tolerance']:g}.", "",
+              "```bash", "raycse eval . --backend onnx --stsb-dev auto            # onnx/model.onnx in onnxruntime"]
+    if any("qint8" in f for files in record["files"].values() for f in files):
+        lines.append("raycse eval . --backend onnx --onnx-file model_qint8.onnx --stsb-dev auto")
+    if "openvino" in record["files"]:
+        lines.append("raycse eval . --backend openvino --stsb-dev auto        # openvino/openvino_model.xml")
+    lines += ["```", "", "```python", "from raycse import Encoder", "",
+              'model = Encoder.from_pretrained(".", backend="onnx")  # or backend="openvino"',
+              'embeddings = model.encode(["A man is playing a guitar."])', "```", "",
+              "The files follow sentence-transformers' backend layout, but `SentenceTransformer(path, backend=\"onnx\")` "
+              "needs optimum, which does not yet support transformers 5: that route is not claimed here.", ""]
+    return lines

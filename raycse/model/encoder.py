@@ -284,10 +284,14 @@ class Encoder(nn.Module):
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_pretrained(cls, name_or_path: str, pooling: Optional[str] = None, mlp_head: Optional[str] = None,
-                        max_seq_length: Optional[int] = None, trust_remote_code: bool = False) -> "Encoder":
+                        max_seq_length: Optional[int] = None, trust_remote_code: bool = False,
+                        backend: str = "torch", onnx_file: Optional[str] = None) -> "Encoder":
         """Load any HF encoder or sentence-transformers model (its pooling, Dense and Normalize modules);
         a directory saved by raycse restores its MLP head too. A model's own Python (``auto_map``) runs
         only with ``trust_remote_code``; without it such a model is refused (:func:`check_remote_code`).
+        ``backend`` ``onnx`` or ``openvino`` runs the transformer from the folder's exported file
+        (``raycse export``; ``onnx_file``: which ``onnx/*.onnx``) under the same pooling and modules
+        (:mod:`raycse.model.exported`), for inference only.
 
         >>> enc = Encoder.from_pretrained("default")  # the embedded all-MiniLM-L6-v2
         >>> enc.encode(["a sentence"]).shape
@@ -309,10 +313,15 @@ class Encoder(nn.Module):
         except Exception as exc:
             raise ModelError(f"cannot load model from {body}: {_load_failure(exc)}") from None
         check_tokenizer(tokenizer, str(body))  # (before the weights load: nothing to load for a refusal)
-        try:
-            backbone = AutoModel.from_pretrained(body, trust_remote_code=trust)
-        except Exception as exc:
-            raise ModelError(f"cannot load model from {body}: {_load_failure(exc)}") from None
+        if backend != "torch":
+            from raycse.model.exported import load_exported
+
+            backbone = load_exported(body, backend, onnx_file, trust)
+        else:
+            try:
+                backbone = AutoModel.from_pretrained(body, trust_remote_code=trust)
+            except Exception as exc:
+                raise ModelError(f"cannot load model from {body}: {_load_failure(exc)}") from None
         pooling = pooling or meta.get("pooling") or _st_pooling(layout.pooling) or "cls"
         mlp_head = mlp_head or meta.get("mlp_head", "auto")
         enc = cls(backbone, tokenizer, pooling, mlp_head, max_seq_length or meta.get("max_seq_length"),
@@ -322,6 +331,7 @@ class Encoder(nn.Module):
             enc._load_head(path, head)
         enc.matryoshka_dims = meta.get("matryoshka_dims")
         enc.trust_remote_code = trust
+        enc.onednn = backend == "torch"  # (the exported file's runtime picks its own kernels)
         return enc
 
     def _load_head(self, path: Path, dense_dir: Optional[str]) -> None:
@@ -345,7 +355,8 @@ class Encoder(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return next(self.parameters()).device
+        first = next(self.parameters(), None)  # (an exported transformer has none: it runs on the CPU)
+        return first.device if first is not None else torch.device("cpu")
 
     # ------------------------------------------------------------------ forward
     def uses_mlp(self) -> bool:
@@ -604,6 +615,12 @@ def probe_tokenizer(model_path: str, sample: Sequence[str]) -> None:
     except Exception:
         return
     check_tokenizer(tokenizer, str(body), sample)
+
+
+def transformer_folder(path: Path) -> Path:
+    """The folder of a saved model's transformer (its config.json): the model's own, or sentence-transformers'
+    Transformer module's where it lies apart."""
+    return path / _layout_of(path).transformer_dir
 
 
 def _layout_of(path: Path):

@@ -150,10 +150,12 @@ def temporary_dir(prefix: str):
 # (raycse.platform.object_store), or a run's files (metrics.json, config.yaml and the model's raycse.json).
 MANIFEST = "raycse_manifest.json"
 RUN_MARKERS = ("metrics.json", "config.yaml", "model/raycse.json")
+EXPORT_RECORD = "raycse_export.json"  # what marks a folder raycse export wrote
 
 
 def is_raycse_output(path: Path) -> bool:
-    return (path / MANIFEST).is_file() or all((path / m).is_file() for m in RUN_MARKERS)
+    return ((path / MANIFEST).is_file() or (path / EXPORT_RECORD).is_file()
+            or all((path / m).is_file() for m in RUN_MARKERS))
 
 
 def check_replaceable(path: Path, flag: str = "--output") -> None:
@@ -164,7 +166,7 @@ def check_replaceable(path: Path, flag: str = "--output") -> None:
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{flag} {path} is a file, not an output directory; choose another {flag}")
     if path.is_dir() and any(path.iterdir()) and not is_raycse_output(path):
-        raise ConfigError(f"{flag} {path} holds files raycse did not write (no {MANIFEST}, or no "
+        raise ConfigError(f"{flag} {path} holds files raycse did not write (no {MANIFEST} or {EXPORT_RECORD}, or no "
                           f"{', '.join(RUN_MARKERS)}); --overwrite replaces only a raycse output: choose another "
                           f"{flag}")
 
