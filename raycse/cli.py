@@ -330,8 +330,7 @@ def cmd_train(args) -> int:
     print(f"[raycse] model saved to {result.model_dir}")
     if score is not None:
         before = f"before {initial:.2f} -> " if initial is not None else ""
-        label = "STS-B dev Spearman" if key == "stsb_dev_spearman" else f"BEIR {key[5:]} x100"
-        print(f"[raycse] {label}: {before}best {score:.2f}")
+        print(f"[raycse] {run.eval.score_label()}: {before}best {score:.2f}")
     return 0
 
 

@@ -257,6 +257,8 @@ def _cases(i: dict) -> list:
         ([*ev, "--backend", "onnx", "--onnx-file", "../m.onnx"], "--onnx-file takes the name of a .onnx file", None),
         ([*ev, "--onnx-file", "model_qint8.onnx"], "--onnx-file names a file of the onnx/ folder", None),
         ([*ev, "--backend", "onnx", "--precision", "bf16"], "--precision bf16 is PyTorch's autocast", None),
+        ([*ev, "--embedding-precision", "int4"], "--embedding-precision takes a comma-separated list of float32", None),
+        ([*train, "--eval-metric", "mteb:STS12@binary"], "MTEB scores its own embeddings", None),
     ]
 
 

@@ -40,10 +40,11 @@ class EvalConfig(Section):
     # MTEB task's main score through the mteb package: mteb:TASK (registered, cached), mteb:senteval:DIR:TASK,
     # mteb:stsb:FILE or mteb:beir:DIR (mteb's task classes over local data).
     metric: str = knob("stsb_dev", '--eval-metric',
-                       'model selection: stsb_dev (Spearman on --stsb-dev), beir:DIR:METRIC (ndcg@10 | mrr@10 | '
-                       'recall@100 on a BEIR-layout DIR, split eval.beir_split), or an MTEB main score: mteb:TASK '
-                       '(a registered task whose data is cached), mteb:senteval:DIR:TASK, mteb:stsb:FILE or '
-                       'mteb:beir:DIR')
+                       'model selection: stsb_dev (Spearman on --stsb-dev; sts for short), beir:DIR:METRIC (ndcg@10 | '
+                       'mrr@10 | recall@100 on a BEIR-layout DIR, split eval.beir_split), or an MTEB main score: '
+                       'mteb:TASK (a registered task whose data is cached), mteb:senteval:DIR:TASK, mteb:stsb:FILE or '
+                       'mteb:beir:DIR; stsb_dev and beir scores may end in @int8, @uint8, @binary or @ubinary: scored '
+                       'on the embeddings quantized so (as raycse eval --embedding-precision), e.g. sts@binary')
     beir_split: str = detail("test", 'the qrels split a beir: eval.metric scores (qrels/SPLIT.tsv)')
 
     def validate(self) -> None:
@@ -55,16 +56,28 @@ class EvalConfig(Section):
         one_of("eval.before_training", self.before_training, ("auto", "true", "false"))
         self.selection()
 
+    def embedding_precision(self) -> str:
+        """The precision the selection score quantizes the embeddings to: eval.metric's @PRECISION, else float32."""
+        return self._metric_and_precision()[1]
+
+    def _metric_and_precision(self) -> tuple[str, str]:
+        base, at, tail = self.metric.rpartition("@")
+        return (base, tail) if at and tail in EMBEDDING_PRECISIONS[1:] else (self.metric, "float32")
+
     def selection(self) -> tuple[str, Optional[str], Optional[str]]:
         """("stsb_dev", None, None), ("beir", DIR, metric as printed, e.g. nDCG@10) or ("mteb", None, None)
-        (the task: :meth:`mteb_task`)."""
-        if self.metric == "stsb_dev":
+        (the task: :meth:`mteb_task`); the precision apart (:meth:`embedding_precision`)."""
+        metric, precision = self._metric_and_precision()
+        if metric in ("stsb_dev", "sts"):
             return "stsb_dev", None, None
-        if self.metric.startswith("mteb:"):
+        if metric.startswith("mteb:"):
+            if precision != "float32":
+                raise ConfigError(f"eval.metric {self.metric!r}: MTEB scores its own embeddings; @{precision} "
+                                  f"applies to stsb_dev and beir:DIR:METRIC")
             self.mteb_task()
             return "mteb", None, None
         names = {"ndcg@10": "nDCG@10", "mrr@10": "MRR@10", "recall@100": "Recall@100"}
-        kind, _, rest = self.metric.partition(":")
+        kind, _, rest = metric.partition(":")
         directory, _, name = rest.rpartition(":")
         if kind != "beir" or not directory or name.lower() not in names:
             raise ConfigError(f"eval.metric must be stsb_dev, beir:DIR:METRIC with METRIC one of "
@@ -78,11 +91,23 @@ class EvalConfig(Section):
         return parse_selection(self.metric)
 
     def score_key(self) -> str:
-        """The metrics key of the model-selection score: stsb_dev_spearman, beir_ndcg@10 (...), mteb_STS12 (...)."""
+        """The metrics key of the model-selection score: stsb_dev_spearman, beir_ndcg@10 (...), mteb_STS12 (...),
+        with ``_PRECISION`` after a quantized one's (stsb_dev_spearman_binary)."""
         kind, _, name = self.selection()
         if kind == "mteb":
             return self.mteb_task().key
-        return "stsb_dev_spearman" if kind == "stsb_dev" else f"beir_{name.lower()}"
+        precision = self.embedding_precision()
+        key = "stsb_dev_spearman" if kind == "stsb_dev" else f"beir_{name.lower()}"
+        return key if precision == "float32" else f"{key}_{precision}"
+
+    def score_label(self) -> str:
+        """The selection score as logs print it: "STS-B dev Spearman", "BEIR nDCG@10 x100 (binary)", "MTEB STS12"."""
+        kind, _, name = self.selection()
+        if kind == "mteb":
+            return self.mteb_task().label
+        precision = self.embedding_precision()
+        label = "STS-B dev Spearman" if kind == "stsb_dev" else f"BEIR {name.lower()} x100"
+        return label if precision == "float32" else f"{label} ({precision})"
 
     def resolved_stsb_dev(self) -> Optional[str]:
         if self.stsb_dev is None or self.stsb_dev.lower() == "none":
@@ -97,6 +122,8 @@ class EvalConfig(Section):
         return None
 
 
+# the embeddings' precisions a score may quantize them to (sentence-transformers' quantize_embeddings)
+EMBEDDING_PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")
 DATA_ENV = "RAYCSE_DATA"  # a folder of data (wiki_sample.txt, stsbenchmark/sts-dev.csv) that "auto" settings use
 
 

@@ -49,6 +49,10 @@ def evaluate(model: Optional[str] = None, settings: Optional[EvalSettings] = Non
                                       backend=s.backend, onnx_file=s.onnx_file)
     dims = asked or sorted((d for d in encoder.matryoshka_dims or [] if d < encoder.output_size), reverse=True)
     embed = _embedder(encoder, s)
+    if {"int8", "uint8"} & set(_precisions(s)):
+        from raycse.evaluation.quantized import CALIBRATION
+
+        print(f"[raycse] {CALIBRATION}", file=sys.stderr)
     scores: dict = {}
     text = [*_sts_and_mteb(s, encoder, embed, datasets, suite, dims, scores)]
     if s.length_attack:
@@ -80,13 +84,17 @@ def _embedder(encoder, s: EvalSettings):
 def _sts_and_mteb(s: EvalSettings, encoder, embed, datasets: list, suite, dims: list, scores: dict) -> list:
     """The STS tasks' and MTEB's scores into ``scores``; their tables: one for both (raycse's scores, then
     mteb's main scores), and the prefix sizes' where asked."""
-    from raycse.evaluation.sts import embedded_once, evaluate_datasets, format_table, format_widths
+    from raycse.evaluation.sts import embedded_once, evaluate_datasets, evaluate_precisions, format_table, format_widths
 
+    precisions = _precisions(s)
     if datasets:
         print(f"[raycse] {s.model}: pooling {encoder.pooler.kind}, "
               f"{sum(len(d) for d in datasets)} pairs in {len(datasets)} task(s)", file=sys.stderr)
         whole = embedded_once(lambda xs: embed(xs, progress=True))  # (each prefix size reuses it)
-        scores["scores"] = evaluate_datasets(whole, datasets)
+        by_precision = evaluate_precisions(whole, datasets, precisions)
+        scores["scores"] = by_precision["float32"]
+        if len(precisions) > 1:
+            scores.setdefault("embedding_precision", {})["sts"] = by_precision
     if suite is not None:
         print(f"[raycse] {s.model}: MTEB, {len(suite.tasks)} task(s): "
               f"{', '.join(task.metadata.name for task in suite.tasks)}", file=sys.stderr)
@@ -99,7 +107,22 @@ def _sts_and_mteb(s: EvalSettings, encoder, embed, datasets: list, suite, dims: 
     if datasets and dims:  # the same vectors' prefixes (cosine re-normalises them)
         scores["dims"] = {str(d): evaluate_datasets(lambda xs, d=d: whole(xs)[:, :d], datasets) for d in dims}
         text.append(format_widths({encoder.output_size: scores["scores"], **dict(zip(dims, scores["dims"].values()))}))
+    if datasets and len(precisions) > 1:
+        text.append(_precision_table(scores["embedding_precision"]["sts"], 2))
     return text
+
+
+def _precisions(s: EvalSettings) -> list[str]:
+    """float32 (the main scores) and the precisions --embedding-precision adds."""
+    from raycse.evaluation.quantized import parse_precisions
+
+    return ["float32", *(p for p in parse_precisions(s.embedding_precision) if p != "float32")]
+
+
+def _precision_table(by_precision: dict, digits: int) -> str:
+    from raycse.evaluation.sts import format_columns
+
+    return format_columns(by_precision, "precision", digits)
 
 
 def _inputs(s: EvalSettings) -> tuple[list, object]:
@@ -184,5 +207,15 @@ def _beir(s: EvalSettings, beir, embed, encoder) -> tuple[str, dict]:
     docs = embed_documents(beir, lambda xs, prompt_name: embed(xs, prompt_name, progress=True), model_path,
                            s.max_length or encoder.max_seq_length, precision=s.precision,
                            trust_remote_code=s.trust_remote_code)
-    scores = retrieval_metrics(beir.qrels, search(docs, embed(beir.queries, QUERY), beir))
-    return format_metrics(scores), scores
+    queries = embed(beir.queries, QUERY)
+    scores = retrieval_metrics(beir.qrels, search(docs, queries, beir))
+    precisions = _precisions(s)
+    if len(precisions) == 1:
+        return format_metrics(scores), scores
+    from raycse.evaluation.beir import TOP_K
+    from raycse.evaluation.quantized import search_at
+
+    by_precision = {"float32": scores, **{p: retrieval_metrics(beir.qrels, search_at(docs, queries, beir, p, TOP_K))
+                                          for p in precisions[1:]}}
+    return (format_metrics(scores) + "\n" + _precision_table(by_precision, 4),
+            {**scores, "embedding_precision": by_precision})

@@ -3,6 +3,8 @@
 - ``stsb_dev``: Spearman x100 on the STS-B dev file (``eval.stsb_dev``);
 - ``beir:DIR:METRIC``: nDCG@10, MRR@10 or Recall@100 x100 on a BEIR-layout directory
   (``qrels/{eval.beir_split}.tsv``), retrieval as ``raycse eval --beir-dir`` does it;
+- either with ``@int8``, ``@uint8``, ``@binary`` or ``@ubinary``: scored on the embeddings quantized so
+  (:mod:`raycse.evaluation.quantized`, as ``raycse eval --embedding-precision``);
 - ``mteb:TASK`` (a registered task, its data cached), ``mteb:senteval:DIR:TASK`` or ``mteb:beir:DIR``: the
   task's MTEB main score x100, scored by mteb as ``raycse eval --mteb`` does it.
 
@@ -28,6 +30,7 @@ class Selection:
     beir: Optional[object] = None  # raycse.evaluation.beir.BeirData
     beir_metric: Optional[str] = None
     mteb: Optional[object] = None  # raycse.evaluation.mteb_eval.Suite of one task, its data in memory
+    precision: str = "float32"  # the embeddings quantized to this first (raycse.evaluation.quantized)
 
     def score(self, embed: EmbedFn) -> float:
         if self.mteb is not None:
@@ -36,13 +39,12 @@ class Selection:
         if self.sts is not None:
             from raycse.evaluation.sts import evaluate_datasets
 
-            return evaluate_datasets(embed, [self.sts])[self.sts.name]
-        from raycse.evaluation.beir import retrieval_metrics, search
+            return evaluate_datasets(embed, [self.sts], self.precision)[self.sts.name]
+        from raycse.evaluation.beir import DOCUMENT, QUERY, TOP_K, retrieval_metrics
+        from raycse.evaluation.quantized import search_at
 
-        from raycse.evaluation.beir import DOCUMENT, QUERY
-
-        run = search(embed(self.beir.docs, prompt_name=DOCUMENT), embed(self.beir.queries, prompt_name=QUERY),
-                     self.beir)
+        run = search_at(embed(self.beir.docs, prompt_name=DOCUMENT), embed(self.beir.queries, prompt_name=QUERY),
+                        self.beir, self.precision, TOP_K)
         return 100.0 * retrieval_metrics(self.beir.qrels, run)[self.beir_metric]
 
 
@@ -57,10 +59,11 @@ def load_selection(eval_cfg) -> Optional[Selection]:
     if kind == "beir":
         from raycse.evaluation.beir import read_beir
 
-        return Selection(eval_cfg.score_key(), f"BEIR {metric}", beir=read_beir(directory, eval_cfg.beir_split),
-                         beir_metric=metric)
+        return Selection(eval_cfg.score_key(), eval_cfg.score_label(), beir=read_beir(directory, eval_cfg.beir_split),
+                         beir_metric=metric, precision=eval_cfg.embedding_precision())
     dev = stsb_dev(eval_cfg)
-    return None if dev is None else Selection(eval_cfg.score_key(), "STS-B dev Spearman", sts=dev)
+    return None if dev is None else Selection(eval_cfg.score_key(), eval_cfg.score_label(), sts=dev,
+                                              precision=eval_cfg.embedding_precision())
 
 
 def stsb_dev(eval_cfg, name: str = "stsb_dev"):

@@ -53,6 +53,11 @@ class EvalSettings:
                            "(openvino/openvino_model.xml)", choices=["torch", "onnx", "openvino"])
     onnx_file: Optional[str] = setting(None, "--onnx-file", "with --backend onnx: which file of the model's onnx/ "
                                        "folder (default model.onnx; e.g. model_qint8.onnx)", metavar="NAME")
+    embedding_precision: str = setting(
+        "float32", "--embedding-precision", "also score STS and BEIR with the embeddings quantized, as an index "
+        "would keep them: a comma-separated list of float32, int8, uint8, binary, ubinary (sentence-transformers' "
+        "quantize_embeddings; int8/uint8 calibrated on the evaluated corpus's embeddings; bits by Hamming "
+        "similarity, BEIR on faiss's binary index); a column each", metavar="LIST")
     trust_remote_code: bool = setting(False, "--trust-remote-code", TRUST_REMOTE_CODE, action="store_true")
     json_out: Optional[str] = setting(None, "--json", "also write the scores to this JSON file", metavar="FILE")
 
@@ -62,6 +67,9 @@ class EvalSettings:
             at_least("--max-length", self.max_length, 2)  # [CLS] and [SEP] alone take two tokens
         if self.length_attack:
             at_least("--length-attack values", min(self.length_attack), 1)
+        from raycse.evaluation.quantized import parse_precisions
+
+        parse_precisions(self.embedding_precision)
         if self.onnx_file and self.backend != "onnx":
             raise ConfigError(f"--onnx-file names a file of the onnx/ folder: add --backend onnx (got --backend "
                               f"{self.backend})")

@@ -186,20 +186,33 @@ def embed_unique(embed: EmbedFn, datasets: Iterable[STSData]) -> dict[str, np.nd
     return {s: vectors[i] for i, s in enumerate(unique)}
 
 
-def similarities(data: STSData, table: dict[str, np.ndarray]) -> np.ndarray:
+def similarities(data: STSData, table: dict[str, np.ndarray], precision: str = "float32") -> np.ndarray:
+    """Each pair's cosine; at another ``precision``, its similarity quantized (:mod:`raycse.evaluation.quantized`)."""
     a = np.stack([table[s] for s in data.sent1])
     b = np.stack([table[s] for s in data.sent2])
-    return cosine_rows(a, b)
+    if precision == "float32":
+        return cosine_rows(a, b)
+    from raycse.evaluation.quantized import sts_similarities
+
+    return sts_similarities(a, b, precision)
 
 
-def evaluate_datasets(embed: EmbedFn, datasets: Sequence[STSData]) -> dict[str, float]:
-    """Spearman x100 per dataset plus their mean ("avg")."""
+def evaluate_datasets(embed: EmbedFn, datasets: Sequence[STSData], precision: str = "float32") -> dict[str, float]:
+    """Spearman x100 per dataset plus their mean ("avg"), the embeddings quantized at ``precision``."""
+    return evaluate_precisions(embed, datasets, [precision])[precision]
+
+
+def evaluate_precisions(embed: EmbedFn, datasets: Sequence[STSData], precisions: Sequence[str]) -> dict[str, dict]:
+    """:func:`evaluate_datasets` at each of ``precisions``, every sentence embedded once."""
     datasets = list(datasets)
     table = embed_unique(embed, datasets)
-    scores = {d.name: spearman100(similarities(d, table), d.gold) for d in datasets}
-    if len(scores) > 1:
-        scores["avg"] = float(np.mean(list(scores.values())))
-    return scores
+    out = {}
+    for precision in precisions:
+        scores = {d.name: spearman100(similarities(d, table, precision), d.gold) for d in datasets}
+        if len(scores) > 1:
+            scores["avg"] = float(np.mean(list(scores.values())))
+        out[precision] = scores
+    return out
 
 
 def evaluate_senteval(embed: EmbedFn, senteval_dir: str | Path, tasks: Optional[Sequence[str]] = None) -> dict[str, float]:
@@ -223,11 +236,17 @@ def embedded_once(embed: EmbedFn) -> EmbedFn:
 
 def format_widths(by_width: dict[int, dict[str, float]]) -> str:
     """Each task's score (rows) at each embedding width (columns, widest first)."""
-    widths = sorted(by_width, reverse=True)
-    names = list(by_width[widths[0]])
-    first = max(len(n) for n in names)
-    head = f"{'dims':<{first}}" + "".join(f"  {w:>6}" for w in widths)
-    return "\n".join([head] + [f"{n:<{first}}" + "".join(f"  {by_width[w][n]:6.2f}" for w in widths) for n in names])
+    return format_columns({w: by_width[w] for w in sorted(by_width, reverse=True)}, "dims")
+
+
+def format_columns(columns: dict, corner: str, digits: int = 2) -> str:
+    """Each row's score (rows: the first column's keys) in each column (``columns``: name -> row -> score)."""
+    names = list(next(iter(columns.values())))
+    first = max(len(n) for n in [*names, corner])
+    width = max(6, *(len(str(c)) for c in columns))
+    head = f"{corner:<{first}}" + "".join(f"  {c:>{width}}" for c in columns)
+    return "\n".join([head] + [f"{n:<{first}}" + "".join(f"  {col[n]:{width}.{digits}f}" for col in columns.values())
+                               for n in names])
 
 
 def format_table(scores: dict[str, float]) -> str:

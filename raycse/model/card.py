@@ -221,8 +221,9 @@ def _citation(run: dict) -> list[str]:
 def _scores(summary: dict) -> list[str]:
     best, last = summary.get("best") or {}, summary.get("last") or {}
     key = summary.get("score_key", "stsb_dev_spearman")
-    if key == "stsb_dev_spearman":
-        label = "STS-B dev Spearman x100"
+    if key.startswith("stsb_dev_spearman"):  # stsb_dev_spearman_binary: on binary embeddings
+        quantized = key[len("stsb_dev_spearman_"):]
+        label = "STS-B dev Spearman x100" + (f" ({quantized} embeddings)" if quantized else "")
     else:  # beir_ndcg@10 -> BEIR ndcg@10; mteb_STS12 -> MTEB STS12 (mteb's main score)
         kind, _, name = key.partition("_")
         label = f"{kind.upper()} {name} x100 (model selection)"
