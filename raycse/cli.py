@@ -350,11 +350,11 @@ def cmd_export(args) -> int:
 
     report = export(args.model, settings_from_args(ExportSettings, args))
     for row, check in report.checks.items():
-        score = f", STS-B dev {report.scores[row]:.2f}" if row in report.scores else ""
+        score = f", STS-B dev {report.scores[row]['float32']:.2f}" if row in report.scores else ""
         print(f"[raycse] {row}: {', '.join(report.files[row])} ({sum(report.files[row].values()) / 1e6:.1f} MB), "
               f"largest difference {check['max_abs_diff']:.1e}, smallest cosine {check['min_cosine']:.6f}{score}")
     if "pytorch" in report.scores:
-        print(f"[raycse] pytorch: STS-B dev {report.scores['pytorch']:.2f}")
+        print(f"[raycse] pytorch: STS-B dev {report.scores['pytorch']['float32']:.2f}")
     print(f"[raycse] exported to {report.path} (score it: raycse eval {report.path} --backend onnx)")
     return 0
 

@@ -112,7 +112,7 @@ def test_every_shipped_config_validates():
     (["objectives", "hicl"],
      "raycse: error: objectives: unrecognized arguments: hicl (see raycse objectives --help)"),
     (["tune", "--seeds", "x"], "raycse: error: tune: argument --seeds: invalid int value: 'x' (see raycse tune --help)"),
-    (["nosuch"], "raycse: error: argument command: invalid choice: 'nosuch' (choose from 'train', 'eval', "
+    (["nosuch"], "raycse: error: argument command: invalid choice: 'nosuch' (choose from 'train', 'eval', 'export', "
                  "'objectives', 'tune', 'analyze', 'mine') (see raycse --help)"),
 ])
 def test_a_usage_error_names_its_command_and_that_command_s_help(argv, line, capsys):

@@ -75,8 +75,10 @@ def test_the_folder_holds_the_model_its_files_and_what_the_export_found(rich_mod
     assert record["checks"]["onnx"]["max_abs_diff"] <= 1e-4 and record["checks"]["openvino"]["max_abs_diff"] <= 1e-4
     assert set(record["stsb_dev"]) == {"pytorch", "onnx", "onnx int8", "openvino"}
     assert record["stsb_dev"]["onnx"] == pytest.approx(record["stsb_dev"]["pytorch"], abs=0.01)
+    assert set(record["stsb_dev"]["onnx int8"]) == {"float32", "int8", "uint8", "binary", "ubinary"}
     card = (exported / "README.md").read_text()
     assert card.count("## Exported files") == 1 and "`onnx/model_qint8.onnx`" in card
+    assert "| runs in | float32 | int8 | uint8 | binary | ubinary |" in card
     assert not (rich_model / "onnx").exists()  # the model it came from is left as it was
 
 

@@ -362,16 +362,17 @@ def export_section(record: dict) -> list[str]:
              "| file | MB | export s | largest difference | smallest cosine | STS-B dev |", "|---|---|---|---|---|---|"]
     scores = record.get("stsb_dev") or {}
     if scores:
-        lines.append(f"| PyTorch (model.safetensors) | | | | | {_score(scores.get('pytorch'))} |")
+        lines.append(f"| PyTorch (model.safetensors) | | | | | {_score(scores['pytorch'].get('float32'))} |")
     for row, files in record["files"].items():
         check = record["checks"].get(row, {})
         size = sum(files.values()) / 1e6
         lines.append(f"| {', '.join(f'`{f}`' for f in files)} | {size:.1f} | {record['seconds'].get(row, '')} | "
                      f"{check.get('max_abs_diff', 0):.1e} | {check.get('min_cosine', 1):.6f} | "
-                     f"{_score(scores.get(row)) if scores else ''} |")
+                     f"{_score(scores[row].get('float32')) if scores else ''} |")
     lines += ["", f"Differences are to the PyTorch model's embeddings of sample sentences at several batch sizes; "
-              f"every float32 file is within {record['tolerance']:g}.", "",
-              "```bash", "raycse eval . --backend onnx --stsb-dev auto            # onnx/model.onnx in onnxruntime"]
+              f"every float32 file is within {record['tolerance']:g}.", ""]
+    lines += _precision_scores(scores)
+    lines += ["```bash", "raycse eval . --backend onnx --stsb-dev auto            # onnx/model.onnx in onnxruntime"]
     if any("qint8" in f for files in record["files"].values() for f in files):
         lines.append("raycse eval . --backend onnx --onnx-file model_qint8.onnx --stsb-dev auto")
     if "openvino" in record["files"]:
@@ -382,3 +383,14 @@ def export_section(record: dict) -> list[str]:
               "The files follow sentence-transformers' backend layout, but `SentenceTransformer(path, backend=\"onnx\")` "
               "needs optimum, which does not yet support transformers 5: that route is not claimed here.", ""]
     return lines
+
+
+def _precision_scores(scores: dict) -> list[str]:
+    """The export's STS-B dev scores (``scores``: where it runs -> embedding precision -> score) as a table."""
+    if not scores:
+        return []
+    precisions = list(scores["pytorch"])
+    return ["STS-B dev Spearman x100 with the embeddings quantized as an index keeps them (sentence-transformers' "
+            "`quantize_embeddings`; int8/uint8 calibrated on the dev set's sentences; bits by Hamming similarity):", "",
+            "| runs in | " + " | ".join(precisions) + " |", "|---" * (len(precisions) + 1) + "|",
+            *(f"| {row} | " + " | ".join(_score(by[p]) for p in precisions) + " |" for row, by in scores.items()), ""]

@@ -36,7 +36,8 @@ EXPORTED = ("onnx", "onnx int8", "openvino")  # what a check row is called
 class ExportReport:
     """What :func:`export` wrote: ``path`` (the new folder), ``files`` (relative path -> bytes of each file it
     added), ``checks`` (row -> its largest difference and smallest cosine to the PyTorch model's embeddings),
-    ``scores`` (row -> STS-B dev Spearman x100, where asked), ``seconds`` (export time per file)."""
+    ``scores`` (row -> embedding precision -> STS-B dev Spearman x100, where asked), ``seconds`` (export time
+    per file)."""
 
     path: Path
     files: dict = field(default_factory=dict)
@@ -186,10 +187,13 @@ def _refuse_differences(checks: dict) -> None:
                              f"with the model's config.json")
 
 
-def _score(encoder, dev) -> float:
-    from raycse.evaluation.sts import evaluate_datasets
+def _score(encoder, dev) -> dict:
+    """STS-B dev Spearman x100 at each embedding precision (:mod:`raycse.evaluation.quantized`)."""
+    from raycse.evaluation.quantized import PRECISIONS
+    from raycse.evaluation.sts import evaluate_precisions
 
-    return evaluate_datasets(lambda xs: encoder.encode(xs), [dev])[dev.name]
+    scores = evaluate_precisions(lambda xs: encoder.encode(xs), [dev], PRECISIONS)
+    return {precision: by_task[dev.name] for precision, by_task in scores.items()}
 
 
 def _record(out: Path, source: Path, report: ExportReport) -> None:
