@@ -318,8 +318,11 @@ class Encoder(nn.Module):
 
             backbone = load_exported(body, backend, onnx_file, trust)
         else:
+            from raycse.model.st_format import quiet_libraries
+
             try:
-                backbone = AutoModel.from_pretrained(body, trust_remote_code=trust)
+                with quiet_libraries():
+                    backbone = AutoModel.from_pretrained(body, trust_remote_code=trust)
             except Exception as exc:
                 raise ModelError(f"cannot load model from {body}: {_load_failure(exc)}") from None
         pooling = pooling or meta.get("pooling") or _st_pooling(layout.pooling) or "cls"
@@ -512,7 +515,7 @@ class Encoder(nn.Module):
         from safetensors.torch import save_file
 
         from raycse.model.adapters import merged, save_adapter
-        from raycse.model.st_format import quiet_saving, save_modules
+        from raycse.model.st_format import quiet_libraries, save_modules
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
@@ -523,7 +526,7 @@ class Encoder(nn.Module):
         # output, so the final files are written once, by sentence-transformers
         body = Path(tempfile.mkdtemp(prefix=".backbone-", dir=path))
         try:
-            with quiet_saving():
+            with quiet_libraries():
                 merged(self.backbone).save_pretrained(body, safe_serialization=True)  # LoRA: W + (alpha / r) B A
                 self.tokenizer.save_pretrained(body)
                 folders = save_modules(path, body, pooling=self.pooler.kind, include_prompt=self.include_prompt,

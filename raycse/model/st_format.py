@@ -199,8 +199,10 @@ def st_modules():
 
 
 @contextmanager
-def quiet_saving():
-    """Saving prints no progress bars or INFO lines of the libraries (a checkpoint is saved every few steps)."""
+def quiet_libraries():
+    """Loading and saving print no progress bars or INFO lines of the libraries (a checkpoint is saved every few
+    steps; ``raycse eval`` and ``export`` load models on the user's terminal, where a "Loading weights" bar
+    says nothing raycse's own lines do not)."""
     import logging
 
     from transformers.utils import logging as hf_logging
@@ -223,7 +225,7 @@ def save_modules(path: Path, body: Path, *, pooling: str, include_prompt: bool, 
     model directory raycse wrote), a Pooling, each ``(linear, activation class path)`` as a Dense, a
     Normalize, saved by ``SentenceTransformer(modules=...).save``, so modules.json and every module's
     config carry the names and format of the installed release. Returns each module's folder. (Callers
-    wrap it in :func:`quiet_saving`.)"""
+    wrap it in :func:`quiet_libraries`.)"""
     from sentence_transformers import SentenceTransformer
 
     m = st_modules()

@@ -94,11 +94,8 @@ def _dev(path: Optional[str]):
 
 def _write(source: Path, out: Path, s: ExportSettings, dev) -> ExportReport:
     """The model copied into ``out``, its files exported, checked and scored, the record and card written."""
-    from transformers.utils import logging as hf_logging
-
     from raycse.model.encoder import Encoder, transformer_folder
 
-    hf_logging.disable_progress_bar()  # (a loading bar per model load: five here)
     _copy_model(source, out)
     reference = Encoder.from_pretrained(str(out), trust_remote_code=s.trust_remote_code)
     body = transformer_folder(out)
