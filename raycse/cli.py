@@ -181,10 +181,15 @@ def _eval_parser(sub) -> None:
                     "registered tasks from the Hugging Face cache, or mteb's task classes over local data. "
                     "MODEL may be a local directory, 'default', a hub name, or a raycse output on object "
                     "storage (s3://.../model), fetched once into a local cache.")
-    p.add_argument("model", help="model directory (raycse output, sentence-transformers or HF) or 'default'")
     from raycse.evaluation.settings import EvalSettings
 
-    add_setting_flags(p, EvalSettings)
+    _model_and_settings(p, EvalSettings)
+
+
+def _model_and_settings(p: argparse.ArgumentParser, settings) -> None:
+    """A command on one model: the model as its argument, then a flag per setting of ``settings``."""
+    p.add_argument("model", help="model directory (raycse output, sentence-transformers or HF) or 'default'")
+    add_setting_flags(p, settings)
 
 
 def _export_parser(sub) -> None:
@@ -196,10 +201,9 @@ def _export_parser(sub) -> None:
                     "(float32 files within 1e-4, or nothing is written); the card and raycse_export.json say what was "
                     "found. Score a file with raycse eval OUT --backend onnx|openvino. MODEL may be a local directory, "
                     "'default', a hub name, or a raycse output on object storage.")
-    p.add_argument("model", help="model directory (raycse output, sentence-transformers or HF) or 'default'")
     from raycse.shipping.settings import ExportSettings
 
-    add_setting_flags(p, ExportSettings)
+    _model_and_settings(p, ExportSettings)
 
 
 def _tune_parser(sub) -> None:
