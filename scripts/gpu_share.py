@@ -258,7 +258,13 @@ def main() -> int:
         # one GPU: the device's own, or declared on a CPU machine (more logical CPUs than cores, as
         # Ray's own tests do, so the GPU and not the CPUs bounds how many trials run at once)
         cpus = max(8, os.cpu_count() or 1)
-        ray.init(num_cpus=cpus, num_gpus=1, include_dashboard=False)
+        # raycse's private Ray (free ports, ended at exit), and a SIGTERM (`timeout`) is an interrupt that
+        # unwinds to that exit: a plain ray.init left its Ray running when `timeout` killed the script
+        from raycse.platform import interrupts
+        from raycse.platform.ray_session import start_local_ray
+
+        interrupts.install()
+        start_local_ray(num_cpus=cpus, num_gpus=1, include_dashboard=False)
         name = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU stand-in (1 GPU declared to Ray)"
         report = {"gpu": name, "date": time.strftime("%Y-%m-%d"), "model": args.model, "torch": torch.__version__}
         device = torch.device(args.device)
