@@ -247,7 +247,8 @@ def _cases(i: dict) -> list:
         # issue 88: raycse export and the exported backends
         (["export", m], "raycse export needs --onnx OUT", None),
         (["export", m, "--onnx", "exported"], "pip install 'raycse[onnx]'", no_extras),
-        (["export", m, "--onnx", "s3://bucket/exported"], "export writes a local folder", None),
+        (["export", m, "--onnx", "s3://bucket/exported"], "cannot use s3://bucket/exported",
+         {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}),
         (["export", m, "--onnx", str(r)], "lies inside --onnx", None),
         (["export", m, "--onnx", "nosite", "--overwrite"], "holds files raycse did not write", None),
         (["export", m, "--onnx", "nosite"], "already exists and is not empty", None),

@@ -151,3 +151,29 @@ def test_a_model_the_exporter_cannot_trace_is_one_line_naming_its_class(tmp_path
     with pytest.raises(ModelError, match="cannot trace DataDependent"):
         export_onnx(DataDependent(), tokenizer, tmp_path / "m.onnx")
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_an_export_published_to_object_storage_is_whole_and_scores_from_there(rich_model, s3_server, tmp_path, capsys):
+    """--onnx s3://...: written locally, published with its manifest last; raycse eval fetches it and runs the
+    graph; the same URI again is refused unless --overwrite, which replaces only what raycse published."""
+    import boto3
+
+    bucket = s3_server()
+    uri = f"s3://{bucket}/shipped"
+    assert main(["export", str(rich_model), "--onnx", uri, "--quantize", "int8"]) == 0
+    keys = {o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=bucket)["Contents"]}
+    assert {"shipped/onnx/model.onnx", "shipped/onnx/model_qint8.onnx", "shipped/raycse_manifest.json",
+            "shipped/raycse_export.json"} <= keys
+    dev = write_stsb(tmp_path / "dev.csv")
+    scores = {}
+    for name, model, flags in (("torch", str(rich_model), []), ("onnx", uri, ["--backend", "onnx"])):
+        out = tmp_path / f"{name}.json"
+        assert main(["eval", model, "--stsb-dev", str(dev), *flags, "--json", str(out)]) == 0
+        scores[name] = json.loads(out.read_text())["scores"]
+    assert scores["onnx"] == pytest.approx(scores["torch"], abs=0.01)
+    capsys.readouterr()
+    assert main(["export", str(rich_model), "--onnx", uri]) == 2
+    assert "is not empty; choose another URI or pass --overwrite" in capsys.readouterr().err
+    assert main(["export", str(rich_model), "--onnx", uri, "--overwrite"]) == 0
+    keys = {o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=bucket)["Contents"]}
+    assert "shipped/onnx/model_qint8.onnx" not in keys  # replaced whole: the second export has no int8 file

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from raycse.errors import ModelError, require
-from raycse.platform.staging import EXPORT_RECORD, check_not_inside, claim_output, publish_claimed
+from raycse.errors import ConfigError, ModelError, require
+from raycse.platform import object_store
+from raycse.platform.staging import EXPORT_RECORD, MANIFEST, check_not_inside, claim_output, publish_claimed, temporary_dir
 from raycse.shipping.settings import ExportSettings
 
 TOLERANCE = 1e-4  # largest |difference| of a float32 file's embedding coordinates from PyTorch's
@@ -39,7 +40,7 @@ class ExportReport:
     ``scores`` (row -> embedding precision -> STS-B dev Spearman x100, where asked), ``seconds`` (export time
     per file)."""
 
-    path: Path
+    path: "Path | str"  # (a URI where published to object storage)
     files: dict = field(default_factory=dict)
     checks: dict = field(default_factory=dict)
     scores: dict = field(default_factory=dict)
@@ -63,6 +64,8 @@ def export(model: Optional[str] = None, settings: Optional[ExportSettings] = Non
     from raycse.model.encoder import resolve_model
 
     source = Path(resolve_model(s.model, s.trust_remote_code))
+    if object_store.is_uri(s.onnx):
+        return _export_to_store(source, s, _dev(s.stsb_dev))
     dest = Path(os.path.expanduser(s.onnx)).resolve()
     check_not_inside(dest, "--onnx", {"MODEL": str(source)})
     dev = _dev(s.stsb_dev)  # (read before the work: a bad file costs no export)
@@ -74,6 +77,20 @@ def export(model: Optional[str] = None, settings: Optional[ExportSettings] = Non
         shutil.rmtree(claim.staging, ignore_errors=True)
         raise
     report.path = dest
+    return report
+
+
+def _export_to_store(source: Path, s: ExportSettings, dev) -> ExportReport:
+    """The export written in a private temporary folder, then published to the URI ``s.onnx`` (files, then its
+    manifest: whole or not at all; ``--overwrite`` replaces only a prefix raycse published)."""
+    if object_store.prefix_exists(s.onnx):  # (before the work, as for a local folder)
+        if not s.overwrite:
+            raise ConfigError(f"--onnx {s.onnx} is not empty; choose another URI or pass --overwrite")
+        object_store.check_replaceable_prefix(s.onnx)
+    with temporary_dir("raycse-export-") as tmp:
+        report = _write(source, tmp / "model", s, dev)
+        object_store.publish(tmp / "model", s.onnx, overwrite=s.overwrite)
+    report.path = s.onnx
     return report
 
 
@@ -115,10 +132,11 @@ def _write(source: Path, out: Path, s: ExportSettings, dev) -> ExportReport:
 
 
 def _copy_model(source: Path, out: Path) -> None:
-    """The model's own files (an earlier export's left out: this one writes its own)."""
+    """The model's own files (an earlier export's, and a fetched model's manifest, left out: this export writes
+    its own)."""
+    mine = ("onnx", "openvino", EXPORT_RECORD, MANIFEST)
     shutil.copytree(source, out, dirs_exist_ok=True,
-                    ignore=lambda d, names: [n for n in names if Path(d) == source and n in ("onnx", "openvino",
-                                                                                           EXPORT_RECORD)])
+                    ignore=lambda d, names: [n for n in names if Path(d) == source and n in mine])
 
 
 def _writers(s: ExportSettings, out: Path, body: Path):

@@ -16,9 +16,9 @@ class ExportSettings:
 
     model: str = "default"
     onnx: Optional[str] = setting(
-        None, "--onnx", "the output folder: a copy of the model with onnx/model.onnx added (PyTorch's own exporter, "
-        "opset 18, dynamic batch and sequence axes; sentence-transformers' backend layout); pip install "
-        "'raycse[onnx]'", metavar="OUT")
+        None, "--onnx", "the output folder (or object-store URI, published whole with its manifest): a copy of the model "
+        "with onnx/model.onnx added (PyTorch's own exporter, opset 18, dynamic batch and sequence axes; "
+        "sentence-transformers' backend layout); pip install 'raycse[onnx]'", metavar="OUT")
     quantize: Optional[str] = setting(None, "--quantize", "int8: also onnx/model_qint8.onnx (onnxruntime's dynamic "
                                       "quantization: int8 weights)", choices=["int8"])
     openvino: bool = setting(False, "--openvino", "also openvino/openvino_model.xml (+ .bin, float32) from the same "
@@ -33,6 +33,3 @@ class ExportSettings:
     def validate(self) -> None:
         if not self.onnx:
             raise ConfigError("raycse export needs --onnx OUT, the folder to write (e.g. --onnx models/minilm-onnx)")
-        if "://" in self.onnx:
-            raise ConfigError(f"--onnx {self.onnx}: export writes a local folder; publish it to object storage "
-                              f"afterwards (e.g. aws s3 sync OUT {self.onnx})")
