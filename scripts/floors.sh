@@ -75,6 +75,10 @@ group_hf() {
   echo "== transformers $(floor transformers), sentence-transformers $(floor sentence-transformers)"
   PYTHONPATH=$dir timeout 1800 "$PY" -m pytest -q -p no:cacheprovider tests/test_encoder.py tests/test_unpad.py \
     tests/test_st_roundtrip.py tests/test_prompts.py tests/test_matryoshka.py
+  # the exported files and quantized scores against the floor's transformers and sentence-transformers (their
+  # tests that need Ray or S3 run on the newest set)
+  PYTHONPATH=$dir timeout 900 "$PY" -m pytest -q -p no:cacheprovider tests/test_export.py tests/test_quantized.py \
+    -k "not object_storage and not train_selects"
 }
 
 group_search() {
