@@ -64,11 +64,11 @@ def export(model: Optional[str] = None, settings: Optional[ExportSettings] = Non
     from raycse.model.encoder import resolve_model
 
     source = Path(resolve_model(s.model, s.trust_remote_code))
+    dev = _dev(s.stsb_dev)  # (read before the work: a bad file costs no export)
     if object_store.is_uri(s.onnx):
-        return _export_to_store(source, s, _dev(s.stsb_dev))
+        return _export_to_store(source, s, dev)
     dest = Path(os.path.expanduser(s.onnx)).resolve()
     check_not_inside(dest, "--onnx", {"MODEL": str(source)})
-    dev = _dev(s.stsb_dev)  # (read before the work: a bad file costs no export)
     claim = claim_output(dest, s.overwrite, "--onnx")
     try:
         report = _write(source, claim.staging, s, dev)
