@@ -61,3 +61,27 @@ def test_the_recorded_durations_name_collected_tests_with_seconds():
     root = Path(__file__).resolve().parents[1]
     assert all((root / k.split("::")[0]).is_file() for k in durations)
     assert all(isinstance(v, float | int) and v >= 0 for v in durations.values())
+
+
+def test_xdist_keeps_a_group_on_one_process(tmp_path):
+    """scripts/test.sh's --dist loadgroup puts an xdist_group's tests on one process (the heavy tests one after
+    another; a file's tests, and its module fixtures, once). pytest-xdist 3.8 names the group in the node id,
+    which pytest 9.2 no longer reads (pytest-xdist issue #1386): there every test went its own way, silently,
+    and CI ran heavy tests side by side and module fixtures twice (the GPU stand-in's 160 s setup, twice).
+    This runs the suite's own way on a file of its own and fails where the groups are lost."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "test_groups.py").write_text(
+        "import os\nimport pytest\n\n"
+        + "".join(f"@pytest.mark.xdist_group('g')\ndef test_g{i}():\n"
+                  f"    open('{tmp_path}/g{i}', 'w').write(os.environ['PYTEST_XDIST_WORKER'])\n\n" for i in range(4))
+        + "".join(f"def test_free{i}():\n    pass\n\n" for i in range(4)))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist",
+                           "loadgroup", "--no-loadscope-reorder", str(tmp_path / "test_groups.py")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")})  # (not a worker)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    workers = {(tmp_path / f"g{i}").read_text() for i in range(4)}
+    assert len(workers) == 1, f"the group's tests ran on {sorted(workers)}"
