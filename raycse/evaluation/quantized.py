@@ -28,6 +28,7 @@ import numpy as np
 
 from raycse.config.evaluation import EMBEDDING_PRECISIONS as PRECISIONS
 from raycse.errors import ConfigError
+from raycse.evaluation.sts import cosine_rows, normalised
 
 BITS = ("binary", "ubinary")
 CALIBRATION = ("int8/uint8 ranges: calibrated on each STS task's own sentences and on the BEIR corpus's "
@@ -43,14 +44,9 @@ def parse_precisions(text: str, flag: str = "--embedding-precision") -> list[str
     return sorted(asked, key=PRECISIONS.index)
 
 
-def _normalised(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float32)
-    return x / np.clip(np.linalg.norm(x, axis=1, keepdims=True), 1e-12, None)
-
-
 def ranges_of(calibration: np.ndarray) -> np.ndarray:
     """Each coordinate's minimum and maximum over the normalised calibration vectors, shape (2, d)."""
-    cal = _normalised(calibration)
+    cal = normalised(calibration)
     return np.vstack((cal.min(axis=0), cal.max(axis=0)))
 
 
@@ -62,7 +58,7 @@ def quantize(x: np.ndarray, precision: str, ranges: Optional[np.ndarray] = None)
 
     if precision in ("int8", "uint8") and ranges is None:
         ranges = ranges_of(x)
-    return quantize_embeddings(_normalised(x), precision=precision, ranges=ranges)
+    return quantize_embeddings(normalised(x), precision=precision, ranges=ranges)
 
 
 def unpacked_bits(q: np.ndarray, precision: str) -> np.ndarray:
@@ -76,8 +72,7 @@ def pair_similarity(a: np.ndarray, b: np.ndarray, precision: str, dim: int) -> n
     if precision in BITS:
         equal = unpacked_bits(a, precision)[:, :dim] == unpacked_bits(b, precision)[:, :dim]
         return equal.mean(axis=1)
-    fa, fb = _normalised(a.astype(np.float32)), _normalised(b.astype(np.float32))
-    return np.sum(fa * fb, axis=1)
+    return cosine_rows(a.astype(np.float32), b.astype(np.float32))
 
 
 def sts_similarities(a: np.ndarray, b: np.ndarray, precision: str) -> np.ndarray:
