@@ -10,6 +10,8 @@ from raycse.config import POOLINGS, TRUST_REMOTE_CODE, setting
 from raycse.config.fields import at_least
 from raycse.errors import ConfigError
 
+BACKENDS = ("torch", "onnx", "openvino")  # what runs the transformer: Encoder.from_pretrained(backend=...)
+
 
 @dataclass
 class EvalSettings:
@@ -50,7 +52,7 @@ class EvalSettings:
                                   "with objective.matryoshka_dims)", metavar="LIST")
     backend: str = setting("torch", "--backend", "run the transformer in PyTorch, or from the model's exported file "
                            "(raycse export): onnx (onnx/model.onnx in onnxruntime) or openvino "
-                           "(openvino/openvino_model.xml)", choices=["torch", "onnx", "openvino"])
+                           "(openvino/openvino_model.xml)", choices=list(BACKENDS))
     onnx_file: Optional[str] = setting(None, "--onnx-file", "with --backend onnx: which file of the model's onnx/ "
                                        "folder (default model.onnx; e.g. model_qint8.onnx)", metavar="NAME")
     embedding_precision: str = setting(

@@ -7,8 +7,8 @@ The files follow sentence-transformers' backend layout (``onnx/model.onnx``, ``o
 ``openvino/openvino_model.xml`` beside the transformer's ``config.json``). A graph file holds no Python:
 loading one runs no code of the model's.
 
->>> BACKENDS
-('torch', 'onnx', 'openvino')
+>>> f"{ONNX_DIR}/{QINT8_FILE}", f"{OPENVINO_DIR}/{OPENVINO_FILE}"
+('onnx/model_qint8.onnx', 'openvino/openvino_model.xml')
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from torch import Tensor, nn
 
 from raycse.errors import ModelError, require
 
-BACKENDS = ("torch", "onnx", "openvino")
 ONNX_DIR, ONNX_FILE, QINT8_FILE = "onnx", "model.onnx", "model_qint8.onnx"
 OPENVINO_DIR, OPENVINO_FILE = "openvino", "openvino_model.xml"
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the graph's inputs, in this order where present
