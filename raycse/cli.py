@@ -434,8 +434,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     with redacted_streams():  # a credential in a URI argument is printed nowhere, tracebacks included
         args = expand_home(build_parser().parse_args(argv))
-        handler = {"train": cmd_train, "eval": cmd_eval, "export": cmd_export, "objectives": cmd_objectives, "tune": cmd_tune,
-                   "analyze": cmd_analyze, "mine": cmd_mine}[args.command]
+        handler = {"train": cmd_train, "eval": cmd_eval, "export": cmd_export, "objectives": cmd_objectives,
+                   "tune": cmd_tune, "analyze": cmd_analyze, "mine": cmd_mine}[args.command]
         from raycse.platform import interrupts, processes
 
         from raycse.platform.staging import forget_stagings, sweep_killed_stagings
