@@ -107,16 +107,19 @@ def read_beir(directory: str | Path, split: str = "test") -> BeirData:
     return BeirData([d for d, _ in docs], [t for _, t in docs], qids, [queries[q] for q in qids], qrels)
 
 
+def _normalise(x: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    return x / np.clip(np.linalg.norm(x, axis=1, keepdims=True), 1e-12, None)
+
+
 def search(doc_vecs: np.ndarray, query_vecs: np.ndarray, data: BeirData, k: int = TOP_K) -> dict[str, dict[str, float]]:
     """Exact inner-product top-k per query (faiss), without the document that shares the query's id."""
     import faiss
 
-    from raycse.evaluation.sts import normalised
-
     index = faiss.IndexFlatIP(doc_vecs.shape[1])
-    index.add(normalised(doc_vecs))
+    index.add(_normalise(doc_vecs))
     depth = min(k + 1, len(data.doc_ids))  # one more: the query's own id may be among them
-    scores, idx = index.search(normalised(query_vecs), depth)
+    scores, idx = index.search(_normalise(query_vecs), depth)
     run: dict[str, dict[str, float]] = {}
     for qid, row_s, row_i in zip(data.query_ids, scores, idx):
         hits = [(data.doc_ids[i], float(s)) for s, i in zip(row_s, row_i) if i >= 0 and data.doc_ids[i] != qid]

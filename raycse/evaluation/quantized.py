@@ -28,7 +28,7 @@ import numpy as np
 
 from raycse.config.evaluation import EMBEDDING_PRECISIONS as PRECISIONS
 from raycse.errors import ConfigError
-from raycse.evaluation.sts import cosine_rows, normalised
+from raycse.grouping.vectors import normalize
 
 BITS = ("binary", "ubinary")
 CALIBRATION = ("int8/uint8 ranges: calibrated on each STS task's own sentences and on the BEIR corpus's "
@@ -46,7 +46,7 @@ def parse_precisions(text: str, flag: str = "--embedding-precision") -> list[str
 
 def ranges_of(calibration: np.ndarray) -> np.ndarray:
     """Each coordinate's minimum and maximum over the normalised calibration vectors, shape (2, d)."""
-    cal = normalised(calibration)
+    cal = normalize(calibration)
     return np.vstack((cal.min(axis=0), cal.max(axis=0)))
 
 
@@ -58,7 +58,7 @@ def quantize(x: np.ndarray, precision: str, ranges: Optional[np.ndarray] = None)
 
     if precision in ("int8", "uint8") and ranges is None:
         ranges = ranges_of(x)
-    return quantize_embeddings(normalised(x), precision=precision, ranges=ranges)
+    return quantize_embeddings(normalize(x), precision=precision, ranges=ranges)
 
 
 def unpacked_bits(q: np.ndarray, precision: str) -> np.ndarray:
@@ -72,7 +72,7 @@ def pair_similarity(a: np.ndarray, b: np.ndarray, precision: str, dim: int) -> n
     if precision in BITS:
         equal = unpacked_bits(a, precision)[:, :dim] == unpacked_bits(b, precision)[:, :dim]
         return equal.mean(axis=1)
-    return cosine_rows(a.astype(np.float32), b.astype(np.float32))
+    return np.sum(normalize(a.astype(np.float32)) * normalize(b.astype(np.float32)), axis=1)
 
 
 def sts_similarities(a: np.ndarray, b: np.ndarray, precision: str) -> np.ndarray:

@@ -167,12 +167,6 @@ def load_task(senteval_dir: str | Path, task: str) -> STSData:
     return read_sick(root / SICK_TEST)
 
 
-def normalised(x: np.ndarray) -> np.ndarray:
-    """Each row at unit length, float32 and contiguous (faiss's and quantization's input)."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    return x / np.clip(np.linalg.norm(x, axis=1, keepdims=True), 1e-12, None)
-
-
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     a = a / np.clip(np.linalg.norm(a, axis=1, keepdims=True), 1e-12, None)
     b = b / np.clip(np.linalg.norm(b, axis=1, keepdims=True), 1e-12, None)
