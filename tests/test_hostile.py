@@ -411,3 +411,31 @@ def test_a_private_ray_root_that_is_a_symlink_or_a_bad_bound_is_refused_before_a
     finally:
         (short / f"raycse-{os.getuid()}").unlink()
         short.rmdir()
+
+
+STOP_PROBE = """
+import time, ray
+from raycse.platform import private_ray, processes, ray_session
+ray_session.ensure_ray(1)
+assert ray.data.range(100).map_batches(lambda b: b).count() == 100  # (as a corpus is prepared)
+log = private_ray._current["ray"].log
+started = time.monotonic()
+left = private_ray.stop()
+print("stopped in", round(time.monotonic() - started, 2), "left", left, "log", log)
+"""
+
+
+def test_a_private_ray_stops_in_order_within_the_grace_not_by_sigkill(tmp_path, own_ray):
+    """Ray 2.60's node drains on SIGTERM for up to 30 s, until its leases come back; after a Ray Data
+    execution it never got them back, so every command's private Ray waited out the keeper's 5 s grace
+    and was SIGKILLed (each command 3-4 s longer than it needed, and Ray never stopped in order)."""
+    from raycse.platform.processes import END_GRACE_S
+
+    done = subprocess.run([sys.executable, "-c", STOP_PROBE], cwd=tmp_path, env=own_ray, text=True,
+                          capture_output=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("stopped in"))
+    seconds, left, log = float(line.split()[2]), line.split(" left ")[1].split(" log ")[0], line.split(" log ")[1]
+    ended = [x for x in Path(log).read_text().splitlines() if x.startswith("ray start ended:")]
+    assert ended == ["ray start ended: 1"], ended  # (Ray's SIGTERM handler ends its node, then exits 1; -9: killed)
+    assert seconds < END_GRACE_S and left == "[]", line

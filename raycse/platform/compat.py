@@ -82,6 +82,13 @@ def train_user_callback() -> type:
     return found
 
 
+# The environment of a private Ray's `ray start`. From Ray 2.60 a node drains on SIGTERM, for up to
+# 30 s, until its leases are returned; after a Ray Data execution they never were, so every stop
+# waited out the keeper's grace and ended in SIGKILL. A private Ray has no one to drain for: 0 is
+# Ray's own "stop at once" (older Rays do not read it).
+PRIVATE_RAY_NODE_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+
+
 # Ray Train's errors for a worker group that could not get its resources or start in time.
 WORKER_START_FAILURES = ("WorkerGroupStartupTimeoutError", "InsufficientClusterResourcesError")
 

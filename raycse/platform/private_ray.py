@@ -157,9 +157,11 @@ for kill, sig, wait_s in ((os.kill, signal.SIGTERM, float(sys.argv[1])), (os.kil
     until = time.monotonic() + wait_s
     while ray.poll() is None and time.monotonic() < until:
         time.sleep(0.05)
+print("ray start ended:", ray.returncode, flush=True)
 sys.exit(ray.returncode if ray.returncode is not None else 1)
 """
 PID_LINE = "ray start pid:"
+ENDED_LINE = "ray start ended:"  # then its exit status: negative, the signal that ended it
 
 
 def _spawn(command: list[str], env: dict, log: IO) -> subprocess.Popen:
@@ -205,7 +207,7 @@ def _wait_ready(private: PrivateRay, timeout_s: float) -> None:
 def start(num_cpus: Optional[int], system_config: dict, node_options: Optional[dict] = None) -> PrivateRay:
     """Start the private Ray and return once its node is up; what started is ended on any failure
     (an interrupt included). One already started by this process is stopped first."""
-    from raycse.platform import processes
+    from raycse.platform import compat, processes
     from raycse.platform.conversion import env_seconds
 
     stop()
@@ -214,6 +216,7 @@ def start(num_cpus: Optional[int], system_config: dict, node_options: Optional[d
     ports = free_ports(len(PORT_OPTIONS) + len(PORT_VARIABLES))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update({name: str(port) for name, port in zip(PORT_VARIABLES, ports[len(PORT_OPTIONS):])})
+    env.update(compat.PRIVATE_RAY_NODE_ENV)
     command = start_command(ports, root, num_cpus, system_config, node_options or {})
     log_path = root / f"{LOG_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}.log"
     with open(log_path, "w") as log:
