@@ -24,6 +24,7 @@ def _engine(model_path, objective: str, compiled: bool, steps: int):
     return StepEngine(run, module, torch.device("cpu"), steps)
 
 
+@pytest.mark.full_tier  # (tests/conftest.py: inductor's cold compiles, ~40 s an objective)
 @pytest.mark.parametrize("objective", ["simcse", "compcse"])
 def test_a_compiled_step_gives_the_eager_losses_and_weights_and_few_graphs(tiny_model_no_dropout, objective):
     """Six steps on batches of six different token widths, eager and compiled from the same weights (no
