@@ -234,7 +234,8 @@ def _analyze_parser(sub) -> None:
         sub, "analyze", help="table, best configuration and PNG plots of a tune experiment",
         description="Prints every trial (knobs, mean +- std over seeds, worst, per-seed scores, status) and the best "
                     "configuration; writes optimization_history.png, param_importances.png, score_vs_knobs.png and "
-                    "seed_spread.png.")
+                    "seed_spread.png. An experiment of several goals (tune --objectives): its Pareto front instead "
+                    "of one best, marked * in the table, and pareto.png.")
     p.add_argument("exp_dir", help="experiment directory or URI printed by 'raycse tune'")
     p.add_argument("--plot-dir", default=None, help="where the PNGs go, path or URI (default EXP_DIR/plots)")
     p.add_argument("--no-plots", dest="plots", action="store_false", help="print the table only, no PNGs")
@@ -245,6 +246,9 @@ def _analyze_parser(sub) -> None:
     p.add_argument("--export-best", default=None, metavar="PATH",
                    help="copy the best configuration's best-seed model here, path or URI (loadable by transformers "
                         "and ST; a URI by raycse eval), written whole or not at all")
+    p.add_argument("--pick", default=None, metavar="TRIAL",
+                   help="for an experiment of several goals (tune --objectives): the trial of its Pareto front that "
+                        "--export-best exports (its id, as the front's table names it)")
 
 
 def _mine_parser(sub) -> None:
@@ -391,7 +395,7 @@ def cmd_analyze(args) -> int:
     from raycse.analysis import analyze
 
     report = analyze(args.exp_dir, plots=args.plots, plot_dir=args.plot_dir, export_best=args.export_best, top=args.top,
-                     table=args.table)
+                     table=args.table, pick=args.pick)
     print(report.table)
     print(report.best_text)
     for p in report.plots:

@@ -205,6 +205,14 @@ def _cases(i: dict) -> list:
          "the search space corpus: s3://***@b/c.txt carries credentials", None),
         (["tune", "--space", str(i["space"]), "--set", "run.train.lr=fast"], "train.lr must be float", None),
         (["tune", "--space", str(i["space"]), "--gpus-per-worker", "0.5"], "GPUs are off; add --use-gpu", None),
+        # issue 90: a search's goals
+        (["tune", "--space", str(i["space"]), "--objectives", "sts:max,nosuch:max"], "'nosuch' is not a goal", None),
+        (["tune", "--space", str(i["space"]), "--objectives", "sts:max,speed:up"], "must be NAME:max or NAME:min",
+         None),
+        (["tune", "--space", str(i["space"]), "--objectives", "sts:max,sts@64:max"],
+         "'sts@64' scores 64 dimensions, which a run of this search does not train", None),
+        (["tune", "--space", str(i["space"]), "--objectives", "sts:max,speed:max", "--stop-on", "dims"],
+         "--stop-on 'dims' names no goal of --objectives", None),
         # more than the cluster can ever hold (a private Ray here, no autoscaler, no GPU): before any trial
         (["tune", "--space", str(i["space"]), "--use-gpu"], "but the cluster can hold 0", None),
         (["tune", "--space", str(i["knn_space"])], "pip install 'raycse[grouping]'",

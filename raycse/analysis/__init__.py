@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from raycse.analysis import pareto
 from raycse.errors import ConfigError
 from raycse.platform import object_store
 from raycse.platform.redact import redact, redact_obj
@@ -44,6 +45,12 @@ class TrialRecord:
         """Tune's directory name without the parameter string and date: ``<trial id>_<number>``."""
         m = re.match(r"^\w+?_([0-9a-f]{5,}_\d+)", self.name)
         return m.group(1) if m else self.name
+
+    @property
+    def trial_id(self) -> str:
+        """Tune's trial id (``trial_<id>_<knobs>``, raycse's directory names), else :attr:`short_name`."""
+        m = re.match(r"^trial_([0-9a-f]{8})(_|$)", self.name)
+        return m.group(1) if m else self.short_name
 
     @property
     def last(self) -> dict:
@@ -74,6 +81,8 @@ class Report:
     best: Optional[TrialRecord]
     best_text: str
     plots: list = field(default_factory=list)  # Paths, or URIs when written to object storage
+    front: list = field(default_factory=list)  # a search for several goals: its Pareto front (TrialRecords)
+    front_text: str = ""
     exported: Optional[Path | str] = None
     table_file: Optional[str] = None  # --table: every trial's every rung and seed, for pandas
 
@@ -159,13 +168,14 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def format_table(trials: list[TrialRecord], knobs: list[str], finished: bool) -> str:
+def format_table(trials: list[TrialRecord], knobs: list[str], finished: bool, front: tuple = ()) -> str:
+    """Every trial's knobs, score over seeds and status; a trial of the Pareto front (``front``) marked *."""
     head = ["#", "trial"] + knobs + ["mean +- std", "worst", "seeds", "status"]
     rows = []
     for i, t in enumerate(trials, 1):
         m = t.last
         score = f"{m['mean']:.2f} +- {m['std']:.2f}" if "mean" in m else "-"
-        rows.append([str(i), t.short_name]
+        rows.append([str(i), t.short_name + (" *" if any(t is f for f in front) else "")]
                     + [_fmt(t.params.get(k, "-")) for k in knobs]
                     + [score, f"{m['worst']:.2f}" if "worst" in m else "-",
                        " ".join(f"{s:.2f}" for s in m.get("seed_scores", [])) or "-", t.status(finished)])
@@ -231,10 +241,12 @@ def write_table(rows: list[dict], dest: str) -> str:
 
 
 def analyze(exp_dir: str, plots: bool = True, plot_dir: Optional[str] = None, export_best: Optional[str] = None,
-            top: int = 5, table: Optional[str] = None) -> Report:
+            top: int = 5, table: Optional[str] = None, pick: Optional[str] = None) -> Report:
     """Table, best configuration, PNG plots (in ``plot_dir``, default EXP_DIR/plots), optional export
     and, with ``table``, every trial's every rung and seed as a CSV/Parquet/JSON file, as ``raycse
     analyze`` does (``raycse.analyze``): a :class:`Report` (``.table``, ``.best_text``, ``.plots``...).
+    A search for several goals: its Pareto front (``.front``, ``.front_text``, ``pareto.png``), and
+    ``export_best`` exports the trial ``pick`` names (its Tune id, e.g. ``c33649c4``), one of the front.
 
     >>> import raycse
     >>> raycse.analyze("no-such-experiment")  # doctest: +ELLIPSIS
@@ -258,10 +270,16 @@ def analyze(exp_dir: str, plots: bool = True, plot_dir: Optional[str] = None, ex
         raise ConfigError(f"{exp} has no trials yet; run or resume the experiment first")
     knobs = sorted({k for t in trials for k in t.params})
     finished = all(t.results or t.error for t in trials) and len(trials) >= settings.num_samples
-    text = format_table(trials, knobs, finished)
+    goals = settings.goals()
+    members = pareto.front(trials, goals) if goals else []
+    text = format_table(trials, knobs, finished, tuple(members))
     scored = [t for t in trials if "target" in t.last]
     complete = [t for t in scored if t.complete] or scored
     best = max(complete, key=lambda t: t.last["target"]) if complete else None
+    if goals and (export_best or pick):
+        best = picked(members, pick)
+    elif pick:
+        raise ConfigError(f"--pick {pick}: this experiment searched one goal; --export-best exports its best trial")
     best_text = "no trial has reported a score yet"
     if best is not None:
         m = best.last
@@ -269,11 +287,15 @@ def analyze(exp_dir: str, plots: bool = True, plot_dir: Optional[str] = None, ex
                      f"{m['std']:.2f}  worst {m['worst']:.2f}\n  config: "
                      + ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(best.params.items()))
                      + "\n  seeds: " + ", ".join(f"{s}: {v:.2f}" for s, v in zip(m["seeds"], m["seed_scores"])))
-    report = Report(trials, text, best, best_text)
+    if goals:
+        best_text = (pareto.format_front(members, goals, knobs) + "\n  (* in the table; raycse analyze --export-best "
+                     "DIR --pick TRIAL exports one)") if members else "no trial has completed every goal yet"
+    report = Report(trials, text, best, best_text, front=members)
     if table:
         report.table_file = write_table(seed_rows(trials, finished), table)
     if plots:
-        report.plots = _write_plots(trials, knobs, plot_dir or object_store.join(str(exp), "plots"), settings.target, top)
+        report.plots = _write_plots(trials, knobs, plot_dir or object_store.join(str(exp), "plots"), settings.target, top,
+                                    (members, goals))
     if export_best:
         report.exported = export_model(best, export_best, str(exp).rstrip("/").rsplit("/", 1)[-1], settings.target)
     return report
@@ -298,16 +320,29 @@ def ray_analysis(exp_dir, trusted: bool = False):
     return ExperimentAnalysis(str(Path(exp_dir).resolve()), default_metric="target", default_mode="max")
 
 
-def _write_plots(trials, knobs, out: str, target: str, top: int) -> list:
+def picked(members: list, pick: Optional[str]) -> TrialRecord:
+    """The trial of the Pareto front ``pick`` names (its Tune id, or its directory's name); refused in one
+    line, naming the front's trials, where it names none of them."""
+    ids = ", ".join(t.trial_id for t in members) or "none yet"
+    if not pick:
+        raise ConfigError(f"this experiment searched several goals: choose the trial to export with --pick TRIAL, "
+                          f"one of its Pareto front: {ids}")
+    found = [t for t in members if pick in (t.trial_id, t.short_name, t.name)]
+    if len(found) != 1:
+        raise ConfigError(f"--pick {pick} is not a trial of the Pareto front; pick one of: {ids}")
+    return found[0]
+
+
+def _write_plots(trials, knobs, out: str, target: str, top: int, front: tuple = ([], [])) -> list:
     """PNGs into ``out``; on object storage each is drawn locally, then uploaded (one PUT: whole)."""
     from raycse.analysis.plots import write_plots
 
     if not object_store.is_uri(out):
         Path(out).mkdir(parents=True, exist_ok=True)
-        return write_plots(trials, knobs, Path(out), target, top)
+        return write_plots(trials, knobs, Path(out), target, top, front)
     with temporary_dir("raycse-plots-") as tmp:
         uploaded = []
-        for png in write_plots(trials, knobs, tmp, target, top):
+        for png in write_plots(trials, knobs, tmp, target, top, front):
             object_store.upload_file(png, object_store.join(out, png.name))
             uploaded.append(object_store.join(out, png.name))
         return uploaded

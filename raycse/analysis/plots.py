@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
+
+from raycse.analysis.pareto import values as goal_values
 
 
 def _plt():
@@ -16,10 +20,13 @@ def _plt():
     return plt
 
 
-def write_plots(trials, knobs: list[str], out: Path, target: str, top: int) -> list[Path]:
+def write_plots(trials, knobs: list[str], out: Path, target: str, top: int, front: tuple = ([], [])) -> list[Path]:
+    """The experiment's PNGs; ``front``: (the Pareto front's trials, the goals) of a search for several."""
     scored = [t for t in trials if "target" in t.last]
+    members, goals = front
     return [p for p in (history(scored, out, target), importances(scored, knobs, out), score_vs_knobs(scored, knobs, out),
-                        seed_spread(scored, out, top)) if p is not None]
+                        seed_spread(scored, out, top), pareto_front(scored, members, goals, out) if goals else None)
+            if p is not None]
 
 
 def history(trials, out: Path, target: str) -> Path:
@@ -148,3 +155,36 @@ def _save(fig, path: Path) -> Path:
 
     plt.close(fig)
     return path
+
+
+def pareto_front(trials, members, goals, out: Path) -> Optional[Path]:
+    """``pareto.png``: every complete trial's goals, the front highlighted (2 goals: one scatter with the
+    front joined; more: one scatter per pair of goals)."""
+    scored = [(t, v) for t in trials if (v := goal_values(t, goals)) is not None]
+    if not scored:
+        return None
+    plt = _plt()
+    pairs = [(i, j) for i in range(len(goals)) for j in range(i + 1, len(goals))]
+    cols = min(3, len(pairs))
+    rows = math.ceil(len(pairs) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), squeeze=False)
+    on_front = [any(t is m for m in members) for t, _ in scored]
+    for ax, (i, j) in zip(axes.flat, pairs):
+        xs, ys = [v[i] for _, v in scored], [v[j] for _, v in scored]
+        ax.scatter([x for x, f in zip(xs, on_front) if not f], [y for y, f in zip(ys, on_front) if not f],
+                   color="0.6", label="dominated", zorder=2)
+        ax.scatter([x for x, f in zip(xs, on_front) if f], [y for y, f in zip(ys, on_front) if f],
+                   color="C3", label="Pareto front", zorder=3)
+        if len(goals) == 2:
+            line = sorted((x, y) for x, y, f in zip(xs, ys, on_front) if f)
+            ax.plot([p[0] for p in line], [p[1] for p in line], color="C3", zorder=1)
+        for (t, _), x, y, f in zip(scored, xs, ys, on_front):
+            if f:
+                ax.annotate(t.trial_id, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set_xlabel(f"{goals[i].name} ({goals[i].mode})")
+        ax.set_ylabel(f"{goals[j].name} ({goals[j].mode})")
+        ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(pairs):]:
+        ax.set_axis_off()
+    fig.suptitle(f"{len(members)} of {len(scored)} complete trials on the Pareto front")
+    return _save(fig, out / "pareto.png")

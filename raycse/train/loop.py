@@ -17,6 +17,7 @@ from concurrent import futures
 
 import torch
 
+from raycse.evaluation.targets import GOALS
 from raycse.platform import compat
 from raycse.platform import release
 from raycse.platform.process_state import seed_everything
@@ -26,9 +27,9 @@ from raycse.train.batches import BatchSource
 from raycse.train.checkpoints.in_fit import Checkpointer, checkpoint_rank, CHECKPOINT_RANK
 from raycse.train.module import build_module, compile_module, worker_device
 from raycse.train.plan import FitPlan
-from raycse.train.profile import StepProfiler, fit_window, span
+from raycse.train.profile import StepProfiler, describe, fit_window, span
 from raycse.train.progress import Progress
-from raycse.train.reporter import Reporter
+from raycse.train.reporter import Reporter, log
 from raycse.train.steps import StepEngine, move
 
 
@@ -65,7 +66,7 @@ class WorkerRun:
         p, key = self.progress, self.reporter.key
         p.step, p.history, p.initial = int(state["step"]), list(state["loss_history"]), state.get("initial")
         p.resumed = {"step": p.step, "path": path, "skipped": skipped}  # (the driver says it after the fit)
-        self.reporter.post(p.step, state.get(key))  # scored before the restart; may not have been read
+        self.reporter.post(p.step, state.get(key), state.get(GOALS, {}))  # scored before the restart; maybe unread
 
     def due(self, step: int) -> tuple[bool, bool]:
         """(scored, saved) after ``step`` steps: each fit's end is scored, and every scored step saved."""
@@ -108,7 +109,7 @@ class WorkerRun:
                 p.seen += len(examples) * self.world_size
                 self.reporter.log_progress(epoch)
                 if self.profiler.after(p.step):
-                    self.reporter.log_profile(self.profiler)
+                    log.info(f"[raycse] profile of {describe(self.profiler.summary)}\n{self.profiler.table}")
                 if saved:
                     self.checkpoint(epoch, out, scored)
                 row = following if looked else next(rows, None)

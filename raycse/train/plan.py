@@ -44,6 +44,7 @@ class FitPlan:
     checkpoint_dir: str  # the run's checkpoints in storage (a restarted driver resumes from the furthest)
     threads: int  # torch threads per worker
     dev: Any = None  # ObjectRef of the model-selection data (raycse.evaluation.selection.Selection), or None
+    targets: Any = None  # ObjectRef of a search's other goals and their data (raycse.evaluation.targets.TargetScores)
     initial_key: Optional[str] = None  # raycse.evaluation.initial_scores: the untrained model's remembered score
     initial_file: str = ""
     eval_at: tuple[int, ...] = ()  # extra scored steps (Tune's rung ends)
@@ -63,9 +64,10 @@ class TuneHooks:
 
     ``stop_at``: stop after this many steps, the learning-rate schedule still spanning the whole run
     (a rung); ``eval_at``: steps scored besides eval.eval_steps; ``score_sink``: an object with
-    ``post(step, score)`` receiving each dev score as rank 0 has it; ``prepared``: the corpus read and
+    ``post(step, score, goals)`` receiving each dev score as rank 0 has it; ``prepared``: the corpus read and
     laid out once for the experiment (raycse.train.prepare.PreparedData); ``registry``/``run_key``:
-    the experiment's registry of live Train runs, so a stopped trial's fit is released."""
+    the experiment's registry of live Train runs, so a stopped trial's fit is released; ``targets``: a
+    search's goals (raycse.evaluation.targets.Target), each scored at every scoring and posted with it."""
 
     stop_at: Optional[int] = None
     eval_at: tuple[int, ...] = ()
@@ -73,3 +75,4 @@ class TuneHooks:
     prepared: Any = None
     registry: Any = None
     run_key: Optional[str] = None
+    targets: tuple = ()

@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 
 from raycse.evaluation import initial_scores
+from raycse.evaluation.targets import GOALS, score_model
 from raycse.model import onednn
 from raycse.model.precision import resolve_precision
 from raycse.objectives.base import LossOutput
@@ -20,7 +21,6 @@ from raycse.train import tracking
 from raycse.train.callbacks import Callbacks
 from raycse.train.module import compiled_note, shape_bound, what_trains
 from raycse.train.plan import FitPlan
-from raycse.train.profile import describe
 from raycse.train.progress import Progress, run_line
 
 SCORE_METRIC = "stsb_dev_spearman"  # the default model-selection key (eval.metric: stsb_dev)
@@ -35,6 +35,8 @@ class Reporter:
         self.plan, self.run, self.rank, self.world_size = plan, plan.run, rank, world_size
         self.engine, self.progress = engine, progress
         self.dev = fetch(plan.dev, "the scoring data") if plan.dev is not None and rank == 0 else None
+        self.targets = fetch(plan.targets, "the goals' data") if plan.targets is not None and rank == 0 else None
+        self.extras: dict = {}  # the last scoring's other goals (a search's --objectives)
         self.key = self.run.eval.score_key()
         self.eval_dtype = (engine.dtype if self.run.eval.precision == "train"
                            else resolve_precision(self.run.eval.precision, engine.device))
@@ -47,7 +49,8 @@ class Reporter:
         if self.dev is None:
             return None
         encoder, size = self.engine.core.encoder, self.run.eval.batch_size
-        score = self.dev.score(lambda xs, **how: encoder.encode(xs, batch_size=size, autocast_dtype=self.eval_dtype, **how))
+        score, self.extras = score_model(self.dev, self.targets, lambda xs, **how: encoder.encode(
+            xs, batch_size=size, autocast_dtype=self.eval_dtype, **how), encoder)
         release_freed_memory()  # (encode() switched the encoder to eval mode and back by itself)
         return score
 
@@ -101,9 +104,6 @@ class Reporter:
             registry, key = self.plan.progress
             registry.note_step.remote(key, p.step)
 
-    def log_profile(self, profiler) -> None:
-        log.info(f"[raycse] profile of {describe(profiler.summary)}\n{profiler.table}")
-
     def metrics(self, epoch: int, out: LossOutput, grouping_log: list, profile: Optional[dict]) -> dict:
         """A checkpoint's metrics; closes the loss window."""
         return self.progress.checkpoint_metrics(epoch, out.metrics, grouping_log, profile, self.plan.total_steps,
@@ -115,15 +115,15 @@ class Reporter:
             return metrics
         log.info(f"[raycse] step {self.progress.step}: {self.dev.label} {score:.2f}")
         self.tlog.log({self.key: score}, self.progress.step)
-        metrics = {**metrics, self.key: score, self.key + "_initial": self.progress.initial}
+        metrics = {**metrics, self.key: score, self.key + "_initial": self.progress.initial, GOALS: self.extras}
         self.hooks.on_eval(self.progress.step, score, metrics)
         return metrics
 
-    def post(self, step: int, score: Optional[float]) -> None:
-        """Give a Tune trial the score of ``step`` at once (it decides its rung on it while the
-        checkpoint is written). A trial keeps the first it gets for a step."""
+    def post(self, step: int, score: Optional[float], extras: Optional[dict] = None) -> None:
+        """Give a Tune trial ``step``'s score and other goals (default: the last scoring's) at once: it
+        decides its rung on them while the checkpoint is written (it keeps the first it gets a step)."""
         if self.sink is not None and score is not None:
-            self.sink.post(step, float(score))
+            self.sink.post(step, float(score), self.extras if extras is None else extras)
 
     def close(self) -> None:
         self.tlog.close()

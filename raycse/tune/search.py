@@ -75,22 +75,47 @@ def _optuna_search(space: SearchSpace, settings: TuneSettings, where: Optional[s
                 result = None
             super().on_trial_complete(trial_id, result, error)  # (Ray's tell logs an already-told trial)
 
-    sampler = (optuna.samplers.TPESampler(seed=settings.search_seed, n_startup_trials=settings.tpe_startup_trials)
-               if settings.searcher == "optuna"
-               else optuna.samplers.RandomSampler(seed=settings.search_seed))
     kept = {"storage": where.storage(), "study_name": where.name} if where is not None else {}  # else in memory
-    return TruncationAwareOptunaSearch(space=space.define_by_run(), metric=TARGET, mode="max", sampler=sampler,
-                                       learn_from_truncated=settings.learn_from_truncated,
+    goals = settings.goals()  # several: Optuna's multi-objective study, its Pareto front kept
+    metric, mode = ([g.key for g in goals], [g.mode for g in goals]) if goals else (TARGET, "max")
+    return TruncationAwareOptunaSearch(space=space.define_by_run(), metric=metric, mode=mode,
+                                       sampler=_sampler(settings), learn_from_truncated=settings.learn_from_truncated,
                                        budget_s=settings.time_budget_s, **kept)
 
 
+def _sampler(settings: TuneSettings):
+    """Optuna's TPE (which samples multi-objective studies too), NSGA-II or random, seeded."""
+    import optuna
+
+    if settings.searcher == "optuna":
+        return optuna.samplers.TPESampler(seed=settings.search_seed, n_startup_trials=settings.tpe_startup_trials)
+    if settings.searcher == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=settings.search_seed)
+    return optuna.samplers.RandomSampler(seed=settings.search_seed)
+
+
 def _scheduler(settings: TuneSettings):
-    if settings.scheduler == "none" or settings.rungs == 1:
+    """ASHA on the target; with several goals on the one --stop-on names, else none (every trial runs to
+    its end: ASHA ranks trials by one number, and no goal is picked for the user)."""
+    stop_goal = settings.stop_goal()
+    if settings.scheduler == "none" or settings.rungs == 1 or (settings.goals() and stop_goal is None):
         return None
     from ray.tune.schedulers import ASHAScheduler
 
-    return ASHAScheduler(time_attr="rung", metric=TARGET, mode="max", max_t=settings.rungs,
+    metric, mode = (stop_goal.key, stop_goal.mode) if stop_goal else (TARGET, "max")
+    return ASHAScheduler(time_attr="rung", metric=metric, mode=mode, max_t=settings.rungs,
                          grace_period=settings.grace_period, reduction_factor=settings.reduction_factor)
+
+
+def scheduler_note(settings: TuneSettings) -> str:
+    """What stops trials early, as the start-up line says it."""
+    if settings.scheduler == "none" or settings.rungs == 1:
+        return "scheduler none"
+    if not settings.goals():
+        return "scheduler asha"
+    if settings.stop_goal() is None:
+        return "no early stopping (several goals: --stop-on GOAL lets ASHA stop trials on one)"
+    return f"scheduler asha on {settings.stop_on}"
 
 
 def preflight(space: SearchSpace, settings: TuneSettings, run=None) -> tuple[int, float, bool]:
@@ -320,7 +345,7 @@ def _trainable(settings: TuneSettings, space: SearchSpace, exp_dir: Path, num_ex
 
     setup = TrialSetup(space, list(settings.seeds), settings.rungs, settings.target, num_examples,
                        _parent(exp_dir), _name(exp_dir), cpus_per_worker, bool(settings.parallel_seeds), prepared,
-                       registry)
+                       registry, tuple(settings.goals()))
     return tune.with_resources(tune.with_parameters(run_trial, setup=setup), {"CPU": TRIAL_CPU})
 
 
@@ -452,6 +477,24 @@ def trial_dirname(trial) -> str:
     return f"trial_{trial.trial_id}_{safe}"[:120]
 
 
+def goals_note(settings: TuneSettings) -> str:
+    goals = settings.goals()
+    return f" for {len(goals)} goals ({', '.join(f'{g.name} {g.mode}' for g in goals)})" if goals else ""
+
+
+def check_goals(space: SearchSpace, settings: TuneSettings) -> None:
+    """A search's goals fit its runs: each @DIM a Matryoshka size that every run the space can make trains."""
+    from raycse.evaluation.targets import check_sizes
+
+    goals = settings.goals()
+    if not goals:
+        return
+    knobs = [k for k in space.knobs if k.key == "objective.matryoshka_dims"]
+    trained = [] if any(not k.when for k in knobs) else [space.run_config({}).objective.matryoshka_dims]
+    trained += [list(choice) if choice else None for k in knobs for choice in (k.args if k.kind == "choice" else [])]
+    check_sizes(goals, trained)
+
+
 def check_space_extras(space: SearchSpace) -> None:
     """The optional packages some trial of ``space`` needs, before Ray starts (not in a trial's error)."""
     from raycse.train.preflight import check_extras
@@ -469,8 +512,8 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
     from raycse.platform.ray_session import ensure_ray, setup_ray_data
 
     settings.validate()
-    if settings.searcher == "optuna":
-        require("optuna", "tune", "raycse tune --searcher optuna")
+    if settings.searcher != "random":
+        require("optuna", "tune", f"raycse tune --searcher {settings.searcher}")
     refuse_credentials("--storage-path", str(storage_path))
     refuse_credentials("--tracking", settings.tracking)
     train_tracking.check(settings.tracking)
@@ -479,6 +522,10 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
             else "")
     refuse_credentials("the search space", text)  # (with its --corpus and --set: the experiment records them)
     space = load_space(settings.space, settings.corpus, settings.run_overrides)
+    if space.targets and not settings.objectives:  # (recorded as the flag: a resume and analyze read it there)
+        settings.objectives = ",".join(space.targets)
+        settings.validate()
+    check_goals(space, settings)
     check_space_extras(space)
     name = name or f"{Path(settings.space).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     exp_dir = experiment_location(storage_path, name)
@@ -497,7 +544,7 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
     write_records(exp_dir, text, settings_dict)
     study.prepare(where)
     print(f"[raycse] experiment {exp_dir}: {settings.num_samples} configurations x {len(settings.seeds)} seeds, "
-          f"{settings.rungs} rung(s), {settings.searcher} search, scheduler {settings.scheduler}, "
+          f"{settings.rungs} rung(s), {settings.searcher} search{goals_note(settings)}, {scheduler_note(settings)}, "
           f"{concurrent} concurrent trial(s), seeds {'side by side' if settings.parallel_seeds else 'in turn'}, "
           f"{per_worker:g} CPU per Train worker; Optuna study '{where.name}' in {where.remote or where.url}", flush=True)
     with _experiment_registry(exp_dir, space) as registry:

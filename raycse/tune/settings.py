@@ -12,6 +12,8 @@ from raycse.config import parse_tracking, setting
 from raycse.errors import ConfigError
 from raycse.tune.trial import parse_target
 
+SEARCHERS = ("optuna", "nsga2", "random")
+
 
 def _first_seeds(k: int) -> list:
     """--seeds K: the seeds 0..K-1."""
@@ -31,8 +33,18 @@ class TuneSettings:
     rungs: int = setting(3, "--rungs", "reports per trial (at 1/R, 2/R, ... of its steps); ASHA stops trials "
                                        "between rungs", type=int)
     target: str = setting("mean", "--target", "optimised score over seeds: mean, or mean-Kstd (e.g. mean-1std)")
-    searcher: str = setting("optuna", "--searcher", "optuna: TPE; random: baseline", choices=["optuna", "random"])
-    scheduler: str = setting("asha", "--scheduler", "early stopping between rungs", choices=["asha", "none"])
+    searcher: str = setting("optuna", "--searcher", "optuna: TPE (multi-objective with --objectives); nsga2: "
+                            "Optuna's NSGA-II; random: baseline", choices=list(SEARCHERS))
+    scheduler: str = setting("asha", "--scheduler", "early stopping between rungs (with --objectives: only on the goal "
+                             "--stop-on names)", choices=["asha", "none"])
+    objectives: Optional[str] = setting(
+        None, "--objectives", "search for several goals at once, each aggregated over the seeds as --target says: "
+        "NAME:max|min joined by commas, NAME an --eval-metric (sts, beir:DIR:METRIC, mteb:TASK) optionally @DIM (a "
+        "Matryoshka size) and @PRECISION (int8, binary...), or speed (sentences/s of the trial's model embedding the "
+        "dev data), dims or params; e.g. 'sts:max,sts@64:max' (a space file's targets: list; raycse analyze draws "
+        "their Pareto front)", metavar="GOALS")
+    stop_on: Optional[str] = setting(None, "--stop-on", "with --objectives and --scheduler asha: the goal ASHA stops "
+                                     "trials early on (without it, every trial runs to its end)", metavar="GOAL")
     grace_period: int = setting(1, "--grace-period", "rungs every trial runs before ASHA may stop it", type=int)
     reduction_factor: int = setting(2, "--reduction-factor", "ASHA keeps 1/F of trials at each rung", type=int)
     search_seed: int = setting(0, "--search-seed", "seed of the searcher (TPE / random sampler)", type=int)
@@ -75,8 +87,8 @@ class TuneSettings:
             raise ConfigError(f"seeds must be distinct and at least one, got {self.seeds}")
         if self.rungs < 1:
             raise ConfigError(f"--rungs must be >= 1, got {self.rungs}")
-        if self.searcher not in ("optuna", "random"):
-            raise ConfigError(f"--searcher must be optuna or random, got {self.searcher!r}")
+        if self.searcher not in SEARCHERS:
+            raise ConfigError(f"--searcher must be one of {', '.join(SEARCHERS)}, got {self.searcher!r}")
         if self.scheduler not in ("asha", "none"):
             raise ConfigError(f"--scheduler must be asha or none, got {self.scheduler!r}")
         if not 1 <= self.grace_period <= self.rungs:
@@ -90,4 +102,18 @@ class TuneSettings:
         if self.tpe_startup_trials < 0:
             raise ConfigError(f"--tpe-startup must be >= 0, got {self.tpe_startup_trials}")
         self.target = parse_target(self.target)
+        goals = self.goals()
+        if self.stop_on is not None and self.stop_on not in [g.name for g in goals]:
+            raise ConfigError(f"--stop-on {self.stop_on!r} names no goal of --objectives "
+                              f"({', '.join(g.name for g in goals) or 'none given'})")
         return self
+
+    def goals(self) -> list:
+        """The goals of a search for several (raycse.evaluation.targets.Target), or [] for one."""
+        from raycse.evaluation.targets import parse_targets
+
+        return parse_targets(self.objectives) if self.objectives else []
+
+    def stop_goal(self):
+        """The goal ASHA stops on with several goals (--stop-on), else None."""
+        return next((g for g in self.goals() if g.name == self.stop_on), None)

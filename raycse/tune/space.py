@@ -107,6 +107,7 @@ class SearchSpace:
     description: str
     run: dict  # the fixed run config (nested mapping)
     knobs: list[Knob]
+    targets: list = field(default_factory=list)  # the goals of a search for several (NAME:max|min), or []
 
     def define_by_run(self) -> "DefineByRun":
         return DefineByRun(self.knobs)
@@ -239,16 +240,16 @@ def load_space(path: str, corpus: Optional[str] = None, overrides: Sequence[tupl
     raw = load_yaml(path)
     if corpus or overrides:
         raw = with_run_settings(raw, corpus, overrides)
-    unknown = set(raw) - {"description", "run", "search"}
+    unknown = set(raw) - {"description", "run", "search", "targets"}
     if unknown:
         raise ConfigError(f"{path}: unknown top-level key(s) {', '.join(sorted(unknown))}; expected description, "
-                          f"run, search")
+                          f"run, search, targets")
     search = raw.get("search") or {}
     if not isinstance(search, dict) or not search:
         raise ConfigError(f"{path}: 'search' must map at least one knob to a distribution")
     run = raw.get("run") or {}
     space = SearchSpace(str(path), str(raw.get("description", "")), run,
-                        [_knob(str(n), s, str(path)) for n, s in search.items()])
+                        [_knob(str(n), s, str(path)) for n, s in search.items()], _targets(raw.get("targets"), path))
     try:
         RunConfig.from_dict(copy.deepcopy(run)).validate()
     except ConfigError as exc:
@@ -256,6 +257,21 @@ def load_space(path: str, corpus: Optional[str] = None, overrides: Sequence[tupl
         raise ConfigError(f"{path}{' with' + given if given else ''}: run: {exc}") from None
     _check_knobs(space)
     return space
+
+
+def _targets(given, path: str) -> list:
+    """A space's ``targets:`` (the goals of ``raycse tune --objectives``: a list of NAME:max|min), checked."""
+    from raycse.evaluation.targets import parse_targets
+
+    if given is None:
+        return []
+    if not isinstance(given, list) or not all(isinstance(t, str) for t in given):
+        raise ConfigError(f"{path}: targets must be a list of goals, each NAME:max or NAME:min (e.g. [sts:max, "
+                          f"sts@64:max])")
+    try:
+        return [f"{t.name}:{t.mode}" for t in parse_targets(given)]
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: targets: {exc}") from None
 
 
 def _check_knobs(space: SearchSpace) -> None:

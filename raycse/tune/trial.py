@@ -57,14 +57,18 @@ class TrialSetup:
     # ActorHandle of the experiment's raycse.platform.release.RunRegistry: each seed's Train runs are
     # recorded under "TRIAL_ID/seedS", and the experiment's driver ends them when Tune ends the trial
     registry: object = None
+    # a search for several goals (raycse.evaluation.targets.Target): each seed's run scores them all
+    targets: tuple = ()
 
 
-def target_value(scores: list[float], target: str) -> float:
+def target_value(scores: list[float], target: str, mode: str = "max") -> float:
+    """The seeds' ``scores`` aggregated: their mean, or mean-Kstd (for a goal minimised: mean+Kstd, the
+    pessimistic side either way)."""
     mean = float(np.mean(scores))
     if target == "mean":
         return mean
     k = float(target.split("-", 1)[1].replace("std", "") or 1.0)
-    return mean - k * float(np.std(scores))
+    return mean - k * float(np.std(scores)) * (1 if mode == "max" else -1)
 
 
 def parse_target(text: str) -> str:
@@ -89,17 +93,17 @@ def rung_ends(total: int, rungs: int) -> list[int]:
 
 
 class QueueSink:
-    """Where a seed's Train run posts its dev scores: ``(seed, step, score)`` into the trial's queue."""
+    """Where a seed's Train run posts its dev scores: ``(seed, step, score, goals)`` into the trial's queue."""
 
     def __init__(self, queue, seed: int):
         self.queue, self.seed = queue, seed
 
-    def post(self, step: int, score: float) -> None:
-        self.queue.put((self.seed, step, score))
+    def post(self, step: int, score: float, goals: Optional[dict] = None) -> None:
+        self.queue.put((self.seed, step, score, goals or {}))
 
 
 def _train_outside_trial(run_dict: dict, seed_dir: str, stop: int, eval_at: list[int], sink: QueueSink,
-                         prepared=None, registry=None, run_key: Optional[str] = None) -> dict:
+                         prepared=None, registry=None, run_key: Optional[str] = None, targets=()) -> dict:
     """One seed's Train run up to ``stop``; runs as its own task (see :func:`run_trial`).
 
     Checkpoints and the final model go straight to ``seed_dir`` in the experiment directory, not to
@@ -116,7 +120,7 @@ def _train_outside_trial(run_dict: dict, seed_dir: str, stop: int, eval_at: list
     run = RunConfig.from_dict(run_dict)
     run.output_dir = os.path.join(seed_dir, SEED_MODEL)
     hooks = TuneHooks(stop_at=stop, eval_at=tuple(eval_at), score_sink=sink, prepared=prepared, registry=registry,
-                      run_key=run_key)
+                      run_key=run_key, targets=tuple(targets))
     return train(run, overwrite=True, storage_path=seed_dir, run_name=SEED_RUN, hooks=hooks).metrics
 
 
@@ -127,9 +131,15 @@ def seed_runs(params: dict, setup: TrialSetup) -> dict:
     return {s: setup.space.run_config(params, seed=s).resolved(changes) for s in setup.seeds}
 
 
-def rung_metrics(values: list, setup: TrialSetup, step: int, rung: int, final_rung: int) -> dict:
-    """What a trial reports for a rung: the target over its seeds' scores, their spread, each seed's score."""
+def rung_metrics(values: list, setup: TrialSetup, step: int, rung: int, final_rung: int,
+                 goals: Optional[list] = None) -> dict:
+    """What a trial reports for a rung: the target over its seeds' scores, their spread, each seed's score;
+    and each goal of a search for several (``goals``: each seed's {key: value}) aggregated as the target is,
+    with every seed's value under ``goals``."""
+    per_goal = {t.key: [g.get(t.key, math.nan) for g in goals] for t in setup.targets} if goals else {}
     return {TARGET: target_value(values, setup.target), "mean": float(np.mean(values)),
+            **{t.key: target_value(per_goal[t.key], setup.target, t.mode) for t in setup.targets if per_goal},
+            **({"goals": per_goal} if per_goal else {}),
             "std": float(np.std(values)), "worst": float(np.min(values)), "best_seed": float(np.max(values)),
             "seed_scores": values, "seeds": list(setup.seeds), "step": step, "rung": rung,
             "final_rung": final_rung,
@@ -169,8 +179,9 @@ class TrialRungs:
         self.progress = max(told, saved_progress(self.trial_root) or told, key=lambda p: len(p["steps"]))
         self.runs = seed_runs(params, setup)
         self.ends = rung_ends(plan_steps(self.runs[setup.seeds[0]], setup.num_examples)[1], setup.rungs)
-        # rung index -> score per seed; rungs scored before an interruption are kept as they were
+        # rung index -> score (and other goals) per seed; rungs scored before an interruption are kept as they were
         self.scores = {s: dict(enumerate(self.progress["scores"][str(s)])) for s in setup.seeds}
+        self.goals = {s: dict(enumerate(self.progress.get("goals", {}).get(str(s), []))) for s in setup.seeds}
         self.running: dict = {}  # seed -> the ObjectRef of its Train run
 
     def run(self) -> None:
@@ -197,7 +208,7 @@ class TrialRungs:
         seed_dir = object_store.join(self.trial_root, f"seed{seed}")
         return self.train_task.remote(self.runs[seed].to_dict(), seed_dir, stop, self.ends,
                                       QueueSink(self.queue, seed), self.setup.prepared.get(seed), self.setup.registry,
-                                      f"{self.ctx.get_trial_id()}/seed{seed}")
+                                      f"{self.ctx.get_trial_id()}/seed{seed}", self.setup.targets)
 
     def train_in_turn(self, rung: int, stop: int) -> None:
         """Each seed without a score at ``rung`` continues its run to ``stop``, one after another."""
@@ -215,7 +226,7 @@ class TrialRungs:
 
         while any(rung not in self.scores[s] for s in self.setup.seeds):
             try:
-                seed, step, score = self.queue.get(timeout=2)
+                seed, step, score, goals = self.queue.get(timeout=2)
             except Empty:
                 for seed, ref in self.running.items():
                     if rung not in self.scores[seed] and ray.wait([ref], timeout=0)[0]:
@@ -226,6 +237,7 @@ class TrialRungs:
                 continue
             if step in self.ends:
                 self.scores[seed].setdefault(self.ends.index(step), score)
+                self.goals[seed].setdefault(self.ends.index(step), goals)
 
     def report(self, rung: int) -> None:
         """Rung ``rung``'s scores saved on the experiment's storage, then reported to Tune with a checkpoint."""
@@ -234,12 +246,14 @@ class TrialRungs:
         setup = self.setup
         self.progress["scores"] = {str(s): [self.scores[s][i] for i in range(rung + 1)] for s in setup.seeds}
         self.progress["steps"] = self.ends[:rung + 1]
+        if setup.targets:
+            self.progress["goals"] = {str(s): [self.goals[s].get(i, {}) for i in range(rung + 1)] for s in setup.seeds}
         # on the experiment's storage before Tune hears of it: Tune's own record of the trial's
         # checkpoint reaches storage seconds later, and a driver lost in between would rerun the rung
         text = json.dumps(self.progress)
         object_store.write_text(object_store.join(self.trial_root, RUNGS), text)
         metrics = rung_metrics([self.scores[s][rung] for s in setup.seeds], setup, self.ends[rung], rung + 1,
-                               len(self.ends))
+                               len(self.ends), [self.goals[s][rung] for s in setup.seeds] if setup.targets else None)
         with temporary_dir("raycse-rung-") as tmp:
             (tmp / RUNGS).write_text(text)
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(tmp)))
