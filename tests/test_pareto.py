@@ -152,3 +152,39 @@ def test_a_two_goal_search_keeps_optunas_front_and_exports_the_trial_picked(ray_
     # the experiment resumes with its goals (the recorded settings reopen the multi-objective study)
     again, _ = resume(str(exp))
     assert optuna.load_study(study_name="two", storage=f"sqlite:///{again}/optuna.db").directions == kept.directions
+
+
+@pytest.mark.parametrize("searcher, sampler", [("optuna", "TPESampler"), ("nsga2", "NSGAIISampler")])
+def test_the_searcher_tells_optuna_every_goal_and_a_resumed_one_keeps_the_study(tmp_path, searcher, sampler):
+    """Ray's OptunaSearch with the goals' keys and directions: a multi-objective study (TPE or NSGA-II) told
+    each finished trial's goals; a trial ASHA cut short goes as PRUNED; a resumed searcher reopens the same
+    study, its directions kept."""
+    import optuna
+
+    from raycse.tune.search import TuneSettings, _optuna_search, _scheduler
+    from raycse.tune.space import load_space
+    from raycse.tune.study import place
+
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump({"run": {"objective": {"name": "simcse"}},
+                                    "search": {"tau": {"loguniform": [0.01, 0.1]}}}))
+    space = load_space(str(path))
+    settings = TuneSettings(space=str(path), objectives="sts:max,speed:min", searcher=searcher).validate()
+    where = place(tmp_path, "exp")
+    first = _optuna_search(space, settings, where)
+    assert type(first._sampler).__name__ == sampler and _scheduler(settings) is None  # (no --stop-on: no ASHA)
+    for trial, final in (("t1", 1), ("t2", 2)):
+        assert "tau" in first.suggest(trial)
+        first.on_trial_complete(trial, {"t_sts": 80.0, "t_speed": 500.0, "target": 80.0, "rung": 1, "final_rung": final})
+    first.save(str(tmp_path / "searcher.pkl"))
+    resumed = _optuna_search(space, settings, where)
+    resumed.restore(str(tmp_path / "searcher.pkl"))
+    assert "tau" in resumed.suggest("t3")
+    resumed.on_trial_complete("t3", {"t_sts": 81.0, "t_speed": 900.0, "target": 81.0, "rung": 1, "final_rung": 1})
+    kept = optuna.load_study(study_name="exp", storage=where.url)
+    assert kept.directions == [optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.MINIMIZE]
+    assert [(t.state.name, t.values) for t in kept.trials] == [("COMPLETE", [80.0, 500.0]), ("PRUNED", None),
+                                                                ("COMPLETE", [81.0, 900.0])]
+    stopping = TuneSettings(space=str(path), objectives="sts:max,speed:min", stop_on="speed").validate()
+    asha = _scheduler(stopping)
+    assert (asha.metric, asha._mode) == ("t_speed", "min")  # (Ray keeps the mode private)
