@@ -82,7 +82,6 @@ class Report:
     best_text: str
     plots: list = field(default_factory=list)  # Paths, or URIs when written to object storage
     front: list = field(default_factory=list)  # a search for several goals: its Pareto front (TrialRecords)
-    front_text: str = ""
     exported: Optional[Path | str] = None
     table_file: Optional[str] = None  # --table: every trial's every rung and seed, for pandas
 
@@ -245,7 +244,7 @@ def analyze(exp_dir: str, plots: bool = True, plot_dir: Optional[str] = None, ex
     """Table, best configuration, PNG plots (in ``plot_dir``, default EXP_DIR/plots), optional export
     and, with ``table``, every trial's every rung and seed as a CSV/Parquet/JSON file, as ``raycse
     analyze`` does (``raycse.analyze``): a :class:`Report` (``.table``, ``.best_text``, ``.plots``...).
-    A search for several goals: its Pareto front (``.front``, ``.front_text``, ``pareto.png``), and
+    A search for several goals: its Pareto front (``.front``; its table is ``.best_text``; ``pareto.png``), and
     ``export_best`` exports the trial ``pick`` names (its Tune id, e.g. ``c33649c4``), one of the front.
 
     >>> import raycse
