@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import random
 
+import numpy as np
 import pytest
+import torch
 import yaml
 
 from raycse.errors import ConfigError
@@ -188,3 +190,46 @@ def test_the_searcher_tells_optuna_every_goal_and_a_resumed_one_keeps_the_study(
     stopping = TuneSettings(space=str(path), objectives="sts:max,speed:min", stop_on="speed").validate()
     asha = _scheduler(stopping)
     assert (asha.metric, asha._mode) == ("t_speed", "min")  # (Ray keeps the mode private)
+
+
+def test_each_goal_is_scored_as_its_words_say_from_one_embedding_of_the_dev_data():
+    """sts: Spearman of the pairs' cosines; sts@16: the cosines of the first 16 coordinates (renormalised,
+    as cosine does); sts@binary: the pairs' agreeing sign bits (binary quantization's Hamming similarity);
+    dims and params as counted; speed the sentences over the embedding's seconds; every text embedded once."""
+    import math
+
+    from scipy.stats import spearmanr
+
+    from raycse.evaluation.selection import Selection
+    from raycse.evaluation.sts import STSData
+    from raycse.evaluation.targets import TargetScores, parse_targets, score_model
+
+    rng = np.random.default_rng(0)
+    words = [f"s{i}" for i in range(60)]
+    table = {w: rng.normal(size=48).astype(np.float32) for w in words}
+    data = STSData("dev", words[:30], words[30:], rng.uniform(0, 5, 30))
+    calls = []
+
+    def embed(xs, **how):
+        calls.append(len(xs))
+        return np.stack([table[x] for x in xs])
+
+    def cosine(a, b):
+        return sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+    goals = parse_targets("sts:max,sts@16:max,sts@binary:max,dims:min,params:min,speed:max")
+    main = Selection("stsb_dev_spearman", "STS-B dev Spearman", sts=data)
+    scorer = TargetScores(tuple(goals), {"sts": main, "sts@binary": Selection("k", "l", sts=data, precision="binary")})
+    model = torch.nn.Linear(3, 2)  # (3 x 2 weights and 2 biases)
+    score, got = score_model(main, scorer, embed, model)
+    pairs = list(zip(data.sent1, data.sent2))
+    full = [cosine(table[a], table[b]) for a, b in pairs]
+    cut = [cosine(table[a][:16], table[b][:16]) for a, b in pairs]
+    bits = [sum((x > 0) == (y > 0) for x, y in zip(table[a], table[b])) for a, b in pairs]
+    assert score == pytest.approx(100 * spearmanr(full, data.gold).statistic)
+    assert got["t_sts"] == pytest.approx(score)
+    assert got["t_sts_at_16"] == pytest.approx(100 * spearmanr(cut, data.gold).statistic)
+    assert got["t_sts_at_binary"] == pytest.approx(100 * spearmanr(bits, data.gold).statistic)
+    assert (got["t_dims"], got["t_params"]) == (48.0, 8.0) and got["t_speed"] > 0
+    assert calls == [60]  # one embedding of the dev data's sentences serves every goal
+    assert score_model(main, None, embed, model) == (pytest.approx(score), {})

@@ -115,7 +115,8 @@ class Reporter:
             return metrics
         log.info(f"[raycse] step {self.progress.step}: {self.dev.label} {score:.2f}")
         self.tlog.log({self.key: score}, self.progress.step)
-        metrics = {**metrics, self.key: score, self.key + "_initial": self.progress.initial, GOALS: self.extras}
+        metrics = {**metrics, self.key: score, self.key + "_initial": self.progress.initial,
+                   **({GOALS: self.extras} if self.extras else {})}
         self.hooks.on_eval(self.progress.step, score, metrics)
         return metrics
 
