@@ -211,7 +211,8 @@ def _tune_parser(sub) -> None:
         sub, "tune", help="search hyperparameters with Ray Tune + Optuna, each configuration over k seeds",
         description="Ray Tune with the Optuna searcher (TPE, seeded) and ASHA early stopping. Every configuration "
                     "is trained with --seeds seeds that advance together rung by rung; Tune sees their mean, std "
-                    "and worst STS-B dev Spearman and optimises --target. Space files: a YAML path or a shipped space by name "
+                    "and worst STS-B dev Spearman and optimises --target, or with --objectives several goals at once "
+                    "(their Pareto front). Space files: a YAML path or a shipped space by name "
                     f"({', '.join(shipped('search_spaces'))}) "
                     "(fixed run settings + knobs with ranges). Results go to STORAGE_PATH/NAME; analyse them "
                     "with 'raycse analyze'.")
