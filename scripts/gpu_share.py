@@ -147,6 +147,17 @@ def two_workers_vs_one(model: str, device: torch.device, batch: int, steps: int,
     return row
 
 
+def made_up_dev(path: Path, pairs: int = 40) -> Path:
+    """An STS-B dev file of generated sentence pairs with random gold scores."""
+    import random
+
+    rng = random.Random(0)
+    texts = gpu_check.sentences(2 * pairs, 12, seed=2, min_words=4)
+    path.write_text("".join(f"main-news\tfile\t2012\t{i:04d}\t{rng.uniform(0, 5):.3f}\t{texts[2 * i]}\t"
+                            f"{texts[2 * i + 1]}\n" for i in range(pairs)))
+    return path
+
+
 def search_at(fraction: float, model: str, corpus: Path, dev: str | None, args, tmp: Path) -> dict:
     """The same random search with every trial's worker at ``fraction`` GPU."""
     import yaml
@@ -255,6 +266,9 @@ def main() -> int:
         if args.model == "tiny" or not corpus.is_file():
             corpus = tmp / "corpus.txt"
             corpus.write_text("\n".join(gpu_check.sentences(args.sentences, 12, seed=1, min_words=4)) + "\n")
+        if dev is None:  # (no shared data beside this checkout: trials still need a score; theirs mean nothing)
+            dev = str(made_up_dev(tmp / "sts-dev.csv"))
+            print(f"[gpu-share] no STS-B dev file here: trials are scored on {dev}, made-up pairs", flush=True)
         # one GPU: the device's own, or declared on a CPU machine (more logical CPUs than cores, as
         # Ray's own tests do, so the GPU and not the CPUs bounds how many trials run at once)
         cpus = max(8, os.cpu_count() or 1)

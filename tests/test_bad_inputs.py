@@ -205,6 +205,8 @@ def _cases(i: dict) -> list:
          "the search space corpus: s3://***@b/c.txt carries credentials", None),
         (["tune", "--space", str(i["space"]), "--set", "run.train.lr=fast"], "train.lr must be float", None),
         (["tune", "--space", str(i["space"]), "--gpus-per-worker", "0.5"], "GPUs are off; add --use-gpu", None),
+        (["tune", "--space", str(i["space"]), "--set", "run.eval.stsb_dev=none"],
+         "raycse tune scores every trial on STS-B dev, and run.eval.stsb_dev is none", None),
         # issue 90: a search's goals
         (["tune", "--space", str(i["space"]), "--objectives", "sts:max,nosuch:max"], "'nosuch' is not a goal", None),
         (["tune", "--space", str(i["space"]), "--objectives", "sts:max,speed:up"], "must be NAME:max or NAME:min",

@@ -402,12 +402,17 @@ def test_a_private_ray_root_that_is_a_symlink_or_a_bad_bound_is_refused_before_a
         elsewhere.mkdir()
         (short / f"raycse-{os.getuid()}").symlink_to(elsewhere)
         before = descendants(os.getpid())
+        # this process's running private Ray (the suite's shared one, under scripts/test.sh) is not stopped by
+        # a refusal: it was, and every later test of the process found no Ray
+        running = object()
+        monkeypatch.setitem(private_ray._current, "ray", running)
         with pytest.raises(ResourceError, match="is not a directory of this user's own"):
             private_ray.start(1, {})
         monkeypatch.setenv("RAYCSE_RAY_START_TIMEOUT_S", "0")
         with pytest.raises(ConfigError, match="RAYCSE_RAY_START_TIMEOUT_S must be a number of seconds > 0"):
             private_ray.start(1, {})
         assert not set(descendants(os.getpid())) - set(before) and not list(elsewhere.iterdir())  # (none started)
+        assert private_ray._current["ray"] is running
     finally:
         (short / f"raycse-{os.getuid()}").unlink()
         short.rmdir()

@@ -117,7 +117,7 @@ def test_a_two_goal_search_keeps_optunas_front_and_exports_the_trial_picked(ray_
     from raycse.tune import TuneSettings, resume, tune_search
 
     space = _space(tmp_path, tiny_model, corpus, stsb_dev, targets=["sts:max", "sts@16:max"])
-    settings = TuneSettings(space=space, num_samples=4, seeds=[0], rungs=1, concurrent=2)
+    settings = TuneSettings(space=space, num_samples=4, seeds=[0], rungs=2, concurrent=2)
     exp, results = tune_search(settings, str(tmp_path / "tune"), "two")
     out = capsys.readouterr().out
     assert "for 2 goals (sts max, sts@16 max), no early stopping (several goals: --stop-on GOAL" in out

@@ -206,13 +206,14 @@ def _wait_ready(private: PrivateRay, timeout_s: float) -> None:
 
 def start(num_cpus: Optional[int], system_config: dict, node_options: Optional[dict] = None) -> PrivateRay:
     """Start the private Ray and return once its node is up; what started is ended on any failure
-    (an interrupt included). One already started by this process is stopped first."""
+    (an interrupt included). One already started by this process is stopped first, once the settings
+    are found good."""
     from raycse.platform import compat, processes
     from raycse.platform.conversion import env_seconds
 
-    stop()
     timeout_s = env_seconds(START_TIMEOUT_VAR, START_TIMEOUT_S)
     root = temp_root()
+    stop()  # (after the refusals above: a bad setting leaves a running private Ray alone)
     ports = free_ports(len(PORT_OPTIONS) + len(PORT_VARIABLES))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update({name: str(port) for name, port in zip(PORT_VARIABLES, ports[len(PORT_OPTIONS):])})
