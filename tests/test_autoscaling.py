@@ -156,7 +156,7 @@ def test_a_training_job_grows_the_cluster_and_the_cluster_shrinks_after_it(fake_
 
 @pytest.mark.xdist_group("heavy")  # (tests/conftest.py: never beside another heavy test)
 def test_a_search_the_cluster_can_never_hold_is_refused_before_anything_starts(fake_cluster, tiny_model, corpus,
-                                                                              tmp_path):
+                                                                              stsb_dev, tmp_path):
     """3 GPU workers a trial where the autoscaler can add 2 one-GPU nodes at most: one line naming what the
     cluster can hold, exit 2, no experiment written and no node launched for it. Submitted with a working
     directory (`ray job submit --working-dir .`), so the driver runs elsewhere than the head's `ray start`,
@@ -164,7 +164,8 @@ def test_a_search_the_cluster_can_never_hold_is_refused_before_anything_starts(f
     work = tmp_path / "work"
     work.mkdir()
     (work / "space.yaml").write_text(yaml.safe_dump({"run": {"model": {"name_or_path": str(tiny_model)},
-                                                             "data": {"corpus": str(corpus)}},
+                                                             "data": {"corpus": str(corpus)},
+                                                             "eval": {"stsb_dev": str(stsb_dev)}},
                                                      "search": {"lr": {"loguniform": [1e-5, 1e-4]}}}))
     job, status, logs, most = fake_cluster.run(f"{sys.executable} -m raycse tune --space space.yaml --use-gpu "
                                                f"--num-workers 3 --storage-path {tmp_path / 'exp'}", 180, work)

@@ -113,7 +113,7 @@ def inputs(tmp_path_factory):
     pairs.write_text("\n".join(json.dumps({"q": s, "a": s}) for s in make_sentences(20)) + "\n")
     dev = write_stsb(root / "dev.csv")
     space = root / "space.yaml"
-    space.write_text(f"run:\n  model: {{name_or_path: {model}}}\n  data: {{corpus: {corpus}}}\n"
+    space.write_text(f"run:\n  model: {{name_or_path: {model}}}\n  data: {{corpus: {corpus}}}\n  eval: {{stsb_dev: {dev}}}\n"
                      f"search:\n  lr: {{loguniform: [1e-5, 1e-4]}}\n")
     knn_space = root / "knn_space.yaml"
     knn_space.write_text(f"run:\n  model: {{name_or_path: {model}}}\n  data: {{corpus: {corpus}}}\n"

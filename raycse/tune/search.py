@@ -165,13 +165,13 @@ def _checked_run(space: SearchSpace):
         raise ConfigError(f"{space.path}: run.data.corpus is not set; pass --corpus FILE or name the training "
                           f"corpus in the space file")
     check_data_fits_objective(run)
+    resolve_model(run.model.name_or_path, run.model.trust_remote_code)
     if run.eval.selection()[0] == "stsb_dev":
         from raycse.evaluation.selection import stsb_dev
 
         if stsb_dev(run.eval) is None:  # (else every trial trained, then failed for want of a score)
             raise ConfigError(f"{space.path}: raycse tune scores every trial on STS-B dev, and run.eval.stsb_dev is "
                               f"{run.eval.stsb_dev or 'none'} (none found); name the file: --set run.eval.stsb_dev=FILE")
-    resolve_model(run.model.name_or_path, run.model.trust_remote_code)
     return run
 
 
