@@ -233,3 +233,19 @@ def test_each_goal_is_scored_as_its_words_say_from_one_embedding_of_the_dev_data
     assert (got["t_dims"], got["t_params"]) == (48.0, 8.0) and got["t_speed"] > 0
     assert calls == [60]  # one embedding of the dev data's sentences serves every goal
     assert score_model(main, None, embed, model) == (pytest.approx(score), {})
+
+
+def test_the_runs_own_selection_data_serves_the_goals_that_name_its_metric(tmp_path):
+    """`sts` as a goal of a run selecting on stsb_dev reuses the run's dev data (read once on the driver);
+    a quantized goal reads its own."""
+    from conftest import write_stsb
+
+    from raycse.config import EvalConfig
+    from raycse.evaluation.selection import load_selection
+    from raycse.evaluation.targets import load_targets, parse_targets
+
+    cfg = EvalConfig(stsb_dev=str(write_stsb(tmp_path / "dev.csv")))
+    main = load_selection(cfg)
+    scorer = load_targets(parse_targets("sts:max,sts@64:max,sts@binary:max"), cfg, main)
+    assert scorer.data["sts"] is main and scorer.data["sts@binary"] is not main
+    assert scorer.data["sts@binary"].precision == "binary"

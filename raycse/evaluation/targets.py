@@ -134,6 +134,8 @@ class TargetScores:
         for t in self.targets:
             if t.name == "params":
                 out[t.key] = float(params)
+            elif t.metric is not None and t.dims is None and self.data[t.eval_metric] is main:
+                out[t.key] = score  # (the run's own selection score: not computed twice)
             elif t.metric is not None:
                 out[t.key] = self.data[t.eval_metric].score(timed.cut(t.dims))
         if any(t.name in ("speed", "dims") for t in self.targets):
@@ -150,19 +152,28 @@ def score_model(main, targets: Optional[TargetScores], embed: Callable, model) -
     return targets.score(main, embed, sum(p.numel() for p in model.parameters()))
 
 
-def load_targets(targets, eval_cfg) -> TargetScores:
-    """The data each target scores on (the run's own eval settings, its metric replaced), read once per metric."""
+def load_targets(targets, eval_cfg, main=None) -> TargetScores:
+    """The data each target scores on (the run's own eval settings, its metric replaced), read once per metric;
+    ``main``, the run's own selection data already read, serves the targets that name its metric."""
     from raycse.evaluation.selection import load_selection
 
     data = {}
     for metric in [t.eval_metric for t in targets if t.metric is not None] or [eval_cfg.metric]:
-        if metric not in data:
+        if metric not in data and main is not None and _same_metric(metric, eval_cfg):
+            data[metric] = main
+        elif metric not in data:
             selection = load_selection(replace(eval_cfg, metric=metric))
             if selection is None:
                 raise ConfigError(f"--objectives: {metric} needs its data; set run.eval.stsb_dev (or "
                                   f"eval.metric's data) in the search space")
             data[metric] = selection
     return TargetScores(tuple(targets), data)
+
+
+def _same_metric(metric: str, eval_cfg) -> bool:
+    """Whether ``metric`` names the run's own ``eval.metric`` (``sts`` and ``stsb_dev`` are one)."""
+    other = replace(eval_cfg, metric=metric)
+    return (other.selection(), other.embedding_precision()) == (eval_cfg.selection(), eval_cfg.embedding_precision())
 
 
 class _TimedEmbed:

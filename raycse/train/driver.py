@@ -169,7 +169,7 @@ def _fit(run: RunConfig, inputs: _Inputs, hooks: TuneHooks, source, staging: Pat
     plan = FitPlan(run=run, total_steps=total, stop_at=min(total, hooks.stop_at or total), steps_per_epoch=spe,
                    regroup_in_fit=run.grouping.regroups_in_fit, checkpoint_dir=object_store.join(storage, inputs.run_name),
                    threads=max(1, round(cpus)), dev=ray.put(dev) if dev is not None else None,
-                   targets=ray.put(load_targets(hooks.targets, run.eval)) if hooks.targets else None,
+                   targets=ray.put(load_targets(hooks.targets, run.eval, dev)) if hooks.targets else None,
                    initial_key=initial_scores.key(inputs.model_path, run, dev) if dev is not None else None,
                    initial_file=initial_scores.cache_file(), eval_at=tuple(int(s) for s in hooks.eval_at),
                    score_sink=hooks.score_sink, tracking=tracking, corpus=tuple(blocks),
