@@ -213,6 +213,8 @@ def _cases(i: dict) -> list:
          None),
         (["tune", "--space", str(i["space"]), "--objectives", "sts:max,sts@64:max"],
          "'sts@64' scores 64 dimensions, which a run of this search does not train", None),
+        (["tune", "--space", str(i["space"]), "--objectives", "sts:max,beir:s3://AKIAXX:SECRETXX@b/d:ndcg@10:max"],
+         "--objectives s3://***@b/d carries credentials", None),
         (["tune", "--space", str(i["space"]), "--objectives", "sts:max,speed:max", "--stop-on", "dims"],
          "--stop-on 'dims' names no goal of --objectives", None),
         # more than the cluster can ever hold (a private Ray here, no autoscaler, no GPU): before any trial

@@ -524,6 +524,9 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
     refuse_credentials("--tracking", settings.tracking)
     train_tracking.check(settings.tracking)
     refuse_credentials("--optuna-storage", settings.optuna_storage)  # (Tune pickles the searcher with it)
+    for goal in settings.goals():  # (a beir:DIR goal's DIR is recorded with the experiment)
+        if goal.metric and goal.metric.startswith("beir:"):
+            refuse_credentials("--objectives", goal.metric.split(":", 1)[1].rsplit(":", 1)[0])
     text = (space_text(settings.space, settings.corpus, settings.run_overrides) if Path(settings.space).is_file()
             else "")
     refuse_credentials("the search space", text)  # (with its --corpus and --set: the experiment records them)
