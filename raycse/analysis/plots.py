@@ -183,6 +183,7 @@ def pareto_front(trials, members, goals, out: Path) -> Optional[Path]:
                 ax.annotate(t.trial_id, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.set_xlabel(f"{goals[i].name} ({goals[i].mode})")
         ax.set_ylabel(f"{goals[j].name} ({goals[j].mode})")
+        ax.margins(0.12)  # (room for the front's labels, which sit at the top and right edges)
         ax.legend(fontsize=8)
     for ax in list(axes.flat)[len(pairs):]:
         ax.set_axis_off()
