@@ -109,22 +109,6 @@ def test_a_module_in_the_working_directory_is_never_imported(tmp_path, monkeypat
     assert "" in sys.path  # (put back)
 
 
-def test_the_example_objective_trains_through_raycse_train(own_ray, tiny_model, corpus, stsb_dev, tmp_path):
-    out = tmp_path / "out"
-    env = {**own_ray, "PYTHONPATH": os.pathsep.join(filter(None, [str(EXAMPLES), own_ray.get("PYTHONPATH")]))}
-    r = subprocess.run([sys.executable, "-m", "raycse", "train", "--objective", EXAMPLE, "--tau", "0.1",
-                        "--model", str(tiny_model), "--corpus", str(corpus), "--output", str(out), "--stsb-dev",
-                        str(stsb_dev), "--num-workers", "1", "--batch-size", "16", "--lr", "5e-4", "--max-length", "16",
-                        "--eval-steps", "4", "--log-steps", "4", "--max-steps", "12"],
-                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["last"]["step"] == 12 and all(math.isfinite(x) for x in metrics["last"]["loss_history"])
-    assert {"last_forward", "last_backward"} <= set(metrics["last"])  # the example's own diagnostics
-    assert f"name: {EXAMPLE}" in (out / "config.yaml").read_text()
-    console_of_a_run(r.stderr, last_step="12/12")
-
-
 def console_of_a_run(stderr: str, last_step: str) -> None:
     """raycse train's console (issue 87, item 4; this run serves as its end-to-end check): raycse's lines
     (plain ones off a terminal), Ray's and the libraries' in the log file whose path is said once."""
@@ -311,21 +295,6 @@ def test_a_strategy_whose_order_loses_rows_is_refused(monkeypatch):
         groupings.get("bad_groupings_for_test:Plain")
 
 
-def test_the_example_strategy_trains_through_raycse_train(own_ray, tiny_model, corpus, stsb_dev, tmp_path):
-    out = tmp_path / "out"
-    env = {**own_ray, "PYTHONPATH": os.pathsep.join(filter(None, [str(EXAMPLES), own_ray.get("PYTHONPATH")]))}
-    r = subprocess.run([sys.executable, "-m", "raycse", "train", "--grouping", STRATEGY, "--group-size", "4",
-                        "--model", str(tiny_model), "--corpus", str(corpus), "--output", str(out), "--stsb-dev",
-                        str(stsb_dev), "--num-workers", "1", "--batch-size", "16", "--max-length", "16",
-                        "--max-steps", "6"],
-                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    metrics = json.loads((out / "metrics.json").read_text())
-    epochs = [g for g in metrics["grouping"] if g.get("in_fit")]
-    assert epochs and all(g["mean_group_size"] == pytest.approx(4.0) for g in epochs), metrics["grouping"]
-    assert f"strategy: {STRATEGY}" in (out / "config.yaml").read_text()
-
-
 # A tracker of one's own (issue 87, item 2): examples/jsonl_tracker.py registered by an installed package's
 # entry point (a tracking spec is KIND:TARGET, so a kind is a name, not an import path), refused in one line
 # when unknown or no Tracker, and followed through a whole `raycse train`.
@@ -362,21 +331,34 @@ def test_an_installed_packages_tracker_is_a_tracking_kind(on_path, tmp_path, mon
     assert "SECRET" not in written and '"ok": false' in written
 
 
-def test_the_example_tracker_follows_a_run_through_raycse_train(own_ray, tiny_model, corpus, stsb_dev, tmp_path):
+def test_the_three_examples_train_together_through_raycse_train(own_ray, tiny_model, corpus, stsb_dev, tmp_path):
+    """examples/symmetric_simcse.py and projection_groups.py named by import path, jsonl_tracker.py by an
+    installed package's entry point, in one `raycse train` (each alone cost a private Ray and a fit): the
+    objective trains (its own diagnostics recorded), every epoch is grouped by the strategy, the tracker sees
+    the run open, log and close, and the console is raycse's own."""
     site = tmp_path / "site"
     site.mkdir()
     _register_tracker(site)
     out, logs = tmp_path / "out", tmp_path / "metrics"
     path = os.pathsep.join(filter(None, [str(EXAMPLES), str(site), own_ray.get("PYTHONPATH")]))
-    r = subprocess.run([sys.executable, "-m", "raycse", "train", "--tracking", f"jsonl:{logs}",
+    r = subprocess.run([sys.executable, "-m", "raycse", "train", "--objective", EXAMPLE, "--tau", "0.1",
+                        "--grouping", STRATEGY, "--group-size", "4", "--tracking", f"jsonl:{logs}",
                         "--model", str(tiny_model), "--corpus", str(corpus), "--output", str(out), "--stsb-dev",
-                        str(stsb_dev), "--num-workers", "1", "--batch-size", "16", "--max-length", "16",
-                        "--eval-steps", "3", "--log-steps", "3", "--max-steps", "6"],
+                        str(stsb_dev), "--num-workers", "1", "--batch-size", "16", "--lr", "5e-4", "--max-length", "16",
+                        "--eval-steps", "4", "--log-steps", "4", "--max-steps", "12"],
                        capture_output=True, text=True, env={**own_ray, "PYTHONPATH": path}, cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["last"]["step"] == 12 and all(math.isfinite(x) for x in metrics["last"]["loss_history"])
+    assert {"last_forward", "last_backward"} <= set(metrics["last"])  # the example objective's own diagnostics
+    config = (out / "config.yaml").read_text()
+    assert f"name: {EXAMPLE}" in config and f"strategy: {STRATEGY}" in config
+    epochs = [g for g in metrics["grouping"] if g.get("in_fit")]
+    assert epochs and all(g["mean_group_size"] == pytest.approx(4.0) for g in epochs), metrics["grouping"]
     events = [json.loads(line) for line in (logs / "out.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events][0] == "open" and events[-1]["event"] == "close" and events[-1]["ok"]
     assert events[0]["params"]["model"]["name_or_path"] == str(tiny_model)
     steps = sorted({e["step"] for e in events if e["event"] == "log" and "loss" in e})
-    assert steps == [3, 6], events
+    assert steps == [4, 8, 12], events
     assert any(k.startswith("best_") for k in events[-1]["final"])
+    console_of_a_run(r.stderr, last_step="12/12")

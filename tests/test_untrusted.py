@@ -417,17 +417,20 @@ def test_a_signal_ends_train_in_one_line_its_ray_gone_and_a_rerun_resumes(tmp_pa
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(make_sentences(2000)) + "\n")
     out = tmp_path / "out"
+    # each run is stopped ~10-15 steps past where it started (by step ~35 at the latest), so 60 steps leave the
+    # third run a resumed stretch to train and save, without training long past the point of the test
+    last = 60
     argv = ["train", "--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", "none", "--batch-size", "8",
-            "--max-length", "16", "--max-steps", "150", "--log-steps", "5", "--output", str(out), "--storage-path",
+            "--max-length", "16", "--max-steps", str(last), "--log-steps", "5", "--output", str(out), "--storage-path",
             "ck", "--set", "train.checkpoint_steps=5",  # (relative: from the working directory, as --output is)
             "--lora", "{r: 4, alpha: 8}"]
     resume_at, lines = 0, []
     for signame in ("SIGHUP", "SIGINT"):  # (SIGINT: Python's KeyboardInterrupt; SIGHUP: the handler's)
         proc = _start(argv, tmp_path, own_ray)
         # a checkpoint or two saved past where this run started
-        lines = _read_until(proc, rf"\[raycse\] step ({resume_at + 10}|{resume_at + 15})/150")
+        lines = _read_until(proc, rf"\[raycse\] step ({resume_at + 10}|{resume_at + 15})/{last}")
         # (the worker's start line: where the fit started; "resumed from step" is said when it ends)
-        assert any(f"steps {resume_at}..150 of 150" in line for line in lines), lines[-15:]
+        assert any(f"steps {resume_at}..{last} of {last}" in line for line in lines), lines[-15:]
         step, resume_at = _interrupt(proc, getattr(signal, signame), signame, out, resume_at, tmp_path)
     again = _start(argv, tmp_path, own_ray)
     lines = _read_until(again, r"model saved to")
