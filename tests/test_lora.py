@@ -220,7 +220,8 @@ def test_two_workers_train_the_adapters_checkpoint_and_resume(ray_cluster, tiny_
     assert main(argv) == 0
     printed = capsys.readouterr()
     said = [line for line in (printed.out + printed.err).splitlines() if "trainable parameters:" in line]
-    assert said and "LoRA r=4 alpha=8 on query, value" in said[0], said
+    # (any of them: a worker of an earlier fit on the shared Ray may forward its own line late, seen in a suite run)
+    assert any("LoRA r=4 alpha=8 on query, value" in line for line in said), said
     base = load_file(str(tiny_model / "model.safetensors"))
     saved = load_file(str(out / "model" / "model.safetensors"))
     assert saved.keys() == base.keys()
