@@ -19,7 +19,7 @@ from typing import Optional
 from ray.tune import Callback
 from ray.tune.logger import LoggerCallback
 
-from raycse.config import parse_tracking
+from raycse.config import EvalConfig, parse_tracking
 from raycse.errors import ConfigError, require
 from raycse.platform import object_store
 from raycse.platform.redact import refuse_credentials
@@ -525,8 +525,9 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
     train_tracking.check(settings.tracking)
     refuse_credentials("--optuna-storage", settings.optuna_storage)  # (Tune pickles the searcher with it)
     for goal in settings.goals():  # (a beir:DIR goal's DIR is recorded with the experiment)
-        if goal.metric and goal.metric.startswith("beir:"):
-            refuse_credentials("--objectives", goal.metric.split(":", 1)[1].rsplit(":", 1)[0])
+        kind, directory, _ = EvalConfig(metric=goal.metric).selection() if goal.metric else (None, None, None)
+        if kind == "beir":
+            refuse_credentials("--objectives", directory)
     text = (space_text(settings.space, settings.corpus, settings.run_overrides) if Path(settings.space).is_file()
             else "")
     refuse_credentials("the search space", text)  # (with its --corpus and --set: the experiment records them)
