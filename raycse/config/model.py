@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from raycse.config.fields import Section, at_least, detail, knob, one_of
 
@@ -35,6 +36,13 @@ class ModelConfig(Section):
                       " 16, dropout: 0.0, target_modules: [query, value]}' (any key may be left out: r 8, alpha 2 r, "
                       "dropout 0, peft's targets for the model type); the output holds the merged model and "
                       "adapter/ (default: none, full fine-tuning)")
+    teacher: Optional[str] = knob(None, '--teacher',
+                                  "a bigger model to distill from (any model --model takes): adds objective.distill's term "
+                                  "to the objective, on the teacher's embeddings of the corpus, computed once and cached "
+                                  "(default: none)")
+    guide: Optional[str] = knob(None, '--guide',
+                                "a model that masks the in-batch negatives it scores above the positive (GISTEmbed): any "
+                                "model --model takes, or 'initial' for the frozen starting model (default: none)")
     trust_remote_code: bool = detail(False, TRUST_REMOTE_CODE + " (recorded in the run's config and model card)")
 
     def validate(self) -> None:

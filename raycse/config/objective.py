@@ -6,7 +6,7 @@ import typing
 from dataclasses import dataclass
 from typing import Optional
 
-from raycse.config.fields import Section, detail, knob
+from raycse.config.fields import Section, detail, knob, one_of
 from raycse.errors import ConfigError
 
 
@@ -26,12 +26,31 @@ class ObjectiveConfig(Section):
                                            're-normalised prefixes (default: off)')
     matryoshka_weights: Optional[list] = detail(None,
                                                 'one weight per size of objective.matryoshka_dims (default: 1 each)')
+    distill: str = knob("kl", '--distill',
+                        "with --teacher: the distillation term, kl (the teacher's softmax over each anchor's in-batch "
+                        "similarities as the student's target) | mse (the teacher's embedding, equal sizes only) | "
+                        "margin_mse (the teacher's positive-minus-negative margin, pairs with hard negatives)")
+    distill_weight: float = knob(1.0, '--distill-weight',
+                                 "with --teacher: the distillation term's weight w in L = L_objective + w L_distill")
+    distill_tau: float = detail(0.05, "with --teacher and distill kl: the temperature of the student's softmax")
+    teacher_tau: float = detail(0.05, "with --teacher and distill kl: the temperature of the teacher's softmax")
+    guide_margin: float = knob(0.0, '--guide-margin',
+                               "with --guide: GISTEmbed's margin m; a negative the guide scores above the positive "
+                               "less m is masked")
     # objective knobs with a flag of their own (flag, knob, type, help); the others go through --set
     PARAM_FLAGS: typing.ClassVar[tuple] = (
         ("--tau", "tau", float, "InfoNCE temperature (default: the objective's own, 0.05 for simcse)"),)
 
     def validate(self) -> None:
+        from raycse.objectives.distill import KINDS
+
         self.typed()
+        one_of("objective.distill", self.distill, KINDS)
+        for key in ("distill_weight", "distill_tau", "teacher_tau"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"objective.{key} must be > 0, got {getattr(self, key)}")
+        if not self.guide_margin >= 0:
+            raise ConfigError(f"objective.guide_margin must be >= 0, got {self.guide_margin}")
         if self.matryoshka_dims is not None or self.matryoshka_weights is not None:
             self.build()  # (sizes, weights, and whether the objective can be wrapped)
 
@@ -45,14 +64,27 @@ class ObjectiveConfig(Section):
             return None
         return MatryoshkaSpec.build(self.matryoshka_dims, self.matryoshka_weights)
 
-    def build(self):
-        """The objective to train: the named one with its knobs, inside Matryoshka where asked for."""
+    def build(self, teacher: bool = False, guide: bool = False):
+        """The objective to train: the named one with its knobs, inside Matryoshka where asked for, inside
+        a teacher's term and a guide's mask where the run has them (model.teacher, model.guide)."""
         from raycse.objectives.matryoshka import Matryoshka
+        from raycse.objectives.references import WithReferences
         from raycse.objectives.registry import get
 
         objective = get(self.name)(self.typed())
         spec = self.matryoshka()
-        return Matryoshka(objective, spec) if spec else objective
+        objective = Matryoshka(objective, spec) if spec else objective
+        references = self.references(teacher, guide)
+        return WithReferences(objective, references) if references else objective
+
+    def references(self, teacher: bool, guide: bool):
+        """What a teacher and a guide add (raycse.objectives.references.ReferenceSpec), or None without them."""
+        from raycse.objectives.references import ReferenceSpec
+
+        if not (teacher or guide):
+            return None
+        return ReferenceSpec(self.distill if teacher else None, self.distill_weight, self.distill_tau, self.teacher_tau,
+                             guide, self.guide_margin)
 
     def typed(self):
         """The knobs as the objective's own typed ``Params`` (coerced, range-checked): parsed once for
@@ -65,3 +97,8 @@ class ObjectiveConfig(Section):
             cached = (key, build_params(self.name, self.params))
             self.__dict__["_typed"] = cached  # (not a field: to_dict and equality ignore it)
         return cached[1]
+
+
+# the objective section's own settings, beside its name and the objective's knobs (objective.KNOB)
+OWN_SETTINGS = ("matryoshka_dims", "matryoshka_weights", "distill", "distill_weight", "distill_tau", "teacher_tau",
+                "guide_margin")

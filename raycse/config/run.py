@@ -14,7 +14,7 @@ from raycse.config.fields import Section, knob
 from raycse.config.files import parse_scalar
 from raycse.config.grouping import GroupingConfig
 from raycse.config.model import ModelConfig
-from raycse.config.objective import ObjectiveConfig
+from raycse.config.objective import OWN_SETTINGS, ObjectiveConfig
 from raycse.config.train import TrainConfig
 from raycse.errors import ConfigError
 from raycse.platform.conversion import coerce
@@ -42,9 +42,23 @@ class RunConfig(Section):
         if self.grouping.by == "second" and not self.data.is_pairs:
             raise ConfigError("grouping.by: second groups pairs by their second text, but the corpus has single "
                               "sentences; set data.pair_column or grouping.by: first")
+        if self.model.teacher or self.model.guide:
+            self.check_references()
         if not self.output_dir:
             raise ConfigError("output_dir must be a non-empty path")
         return self
+
+    def check_references(self) -> None:
+        """A teacher's term and a guide's mask that this run's objective and data can take."""
+        if self.model.teacher and self.objective.distill == "margin_mse" and not self.data.negative_column:
+            raise ConfigError("objective.distill margin_mse scores pairs with hard negatives; set data.pair_column and "
+                              "data.negative_column, or use distill kl")
+        self.build_objective()  # (a guide on an objective that scores no in-batch negatives is refused here)
+
+    def build_objective(self):
+        """The objective this run trains: objective.build() with the run's teacher and guide (model.teacher,
+        model.guide)."""
+        return self.objective.build(teacher=bool(self.model.teacher), guide=bool(self.model.guide))
 
     def sections(self) -> tuple:
         return self.model, self.data, self.grouping, self.objective, self.train, self.eval
@@ -144,12 +158,10 @@ def set_dotted(cfg: RunConfig, key: str, value: Any, _from_yaml: bool = False) -
         name = parts[1]
         if name == "name":
             section.name = str(value)
-        elif name.startswith("matryoshka_") and len(parts) == 2:
-            hints = typing.get_type_hints(ObjectiveConfig)
-            if name not in hints:
-                raise ConfigError(f"unknown config key '{key}'; objective accepts matryoshka_dims and "
-                                  f"matryoshka_weights")
-            setattr(section, name, coerce(key, value, hints[name]))
+        elif name in OWN_SETTINGS and len(parts) == 2:
+            setattr(section, name, coerce(key, value, typing.get_type_hints(ObjectiveConfig)[name]))
+        elif name.startswith("matryoshka_") and len(parts) == 2:  # (a misspelt one: no objective has such a knob)
+            raise ConfigError(f"unknown config key '{key}'; objective accepts matryoshka_dims and matryoshka_weights")
         elif name == "params" and len(parts) == 2:
             if not isinstance(value, dict):
                 raise ConfigError("objective.params must be a mapping of knob: value")
@@ -181,8 +193,7 @@ def get_dotted(cfg: RunConfig, key: str) -> Any:
     if parts[0] == "output_dir":
         return cfg.output_dir
     value = getattr(cfg, parts[0])
-    if isinstance(value, ObjectiveConfig) and len(parts) > 1 and parts[1] not in ("name", "params") \
-            and not parts[1].startswith("matryoshka_"):
+    if isinstance(value, ObjectiveConfig) and len(parts) > 1 and parts[1] not in ("name", "params", *OWN_SETTINGS):
         return value.params.get(parts[1])
     if isinstance(value, ObjectiveConfig) and parts[1:2] == ["params"] and len(parts) == 3:
         return value.params.get(parts[2])

@@ -30,14 +30,6 @@ def _cache_file() -> Path:
     return cache_dir() / "initial_scores.json"
 
 
-def _files_stamp(model_path: str) -> list:
-    root = Path(model_path)
-    if not root.is_dir():  # a hub name resolved from the HF cache: its name pins the revision in use
-        return [model_path]
-    return sorted([str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns]
-                  for p in root.rglob("*") if p.is_file())
-
-
 def data_digest(selection) -> str:
     """A digest of the selection data's content (STS pairs and gold scores, a BEIR split, or an MTEB task's
     data)."""
@@ -63,8 +55,9 @@ def key(model_path: str, run, selection) -> Optional[str]:
 
     if run.model.resolved_mlp_head == "always":
         return None
-    parts = {"model": [str(Path(model_path).resolve()) if Path(model_path).exists() else model_path,
-                       _files_stamp(model_path)],
+    from raycse.platform.caches import model_stamp
+
+    parts = {"model": model_stamp(model_path),
              "encoder": run.to_dict()["model"], "objective": run.objective.name,
              "eval": [run.eval.precision, run.eval.batch_size, run.train.precision],
              "data": data_digest(selection), "machine": describe(), "torch": torch.__version__}

@@ -41,11 +41,12 @@ class CorpusTable:
         return self.columns[column].take(np.arange(start, self.n, step)).to_pylist()
 
     def row(self, ids: np.ndarray, step: int, epoch: int) -> dict:
-        """One batch as the loop reads it: its step and epoch, and a list per column."""
+        """One batch as the loop reads it: its step and epoch, its row ids, and a list per column."""
         import pyarrow as pa
 
         index = pa.array(np.asarray(ids, dtype=np.int64))
-        return {"step": step, "epoch": epoch, **{c: col.take(index).to_pylist() for c, col in self.columns.items()}}
+        return {"step": step, "epoch": epoch, "ids": np.asarray(ids, dtype=np.int64),
+                **{c: col.take(index).to_pylist() for c, col in self.columns.items()}}
 
 
 @dataclass

@@ -60,6 +60,9 @@ class Objective(nn.Module):
     sliceable: ClassVar[bool] = True
     # It uses a pair's hard negatives (data.negative_column) when the data has them.
     takes_negatives: ClassVar[bool] = False
+    # Its negatives are scored by InfoNCE (raycse.objectives.contrastive) on the batch's rows, where a guide
+    # masks them (raycse.objectives.guide)
+    guided_negatives: ClassVar[bool] = False
     # Its collate draws from torch's global generator: the training thread must collate it, in step
     # order with dropout's draws (raycse.train.ahead); a property where it depends on the knobs.
     collate_draws_random: ClassVar[bool] = False

@@ -179,6 +179,7 @@ def pad_cat(batches: list[dict], pad_id: int) -> dict:
 
 class CompCSE(Objective):
     name = "compcse"
+    guided_negatives = True
     Params = CompCSEParams
     derives_widths = True  # the halves
     sliceable = False  # HiCL cannot wrap it: it encodes halves through the pooled states and the head

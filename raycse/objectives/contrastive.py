@@ -23,6 +23,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
+from raycse.objectives.guide import active, exclusion
+
 
 def world() -> tuple[int, int]:
     """(rank, world_size) of the default process group, (0, 1) when not distributed."""
@@ -101,6 +103,12 @@ def info_nce(
     if targets is None:
         offset = local_offset(local_m) if gather_candidates else 0
         targets = torch.arange(anchors.shape[0], device=anchors.device) + offset
+    guide = active()
+    if guide is not None and gather_candidates and anchors.shape[0] == guide.rows == local_m:
+        # the batch's rows against the (gathered) batch's: GISTEmbed's mask (raycse.objectives.guide)
+        own = gather_no_grad(guide.pair if guide.pair is not None else guide.text)
+        mask = exclusion(guide, guide.text, own, targets)
+        exclude = mask if exclude is None else exclude | mask
     if exclude is not None:
         logits = logits.masked_fill(exclude, float("-inf"))
     return F.cross_entropy(logits, targets)
@@ -127,4 +135,8 @@ def info_nce_hard(anchors: Tensor, positives: Tensor, negatives: Tensor, tau: fl
         shift = torch.zeros_like(logits)
         shift[rows[:, None], own] = math.log(own_weight) if own_weight > 0 else float("-inf")
         logits = logits + shift
+    guide = active()
+    if guide is not None and guide.rows == n and guide.pair is not None and guide.negatives is not None:
+        candidates = torch.cat([gather_no_grad(guide.pair), gather_no_grad(guide.negatives)])
+        logits = logits.masked_fill(exclusion(guide, guide.text, candidates, rows + offset), float("-inf"))
     return F.cross_entropy(logits, rows + offset)

@@ -79,6 +79,7 @@ class LaserParams(Params):
 
 class Laser(Objective):
     name = "laser"
+    guided_negatives = True
     derives_widths = True  # the repeats
     Params = LaserParams
 

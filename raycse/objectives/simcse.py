@@ -41,6 +41,7 @@ class SimCSEParams(Params):
 
 class SimCSE(Objective):
     name = "simcse"
+    guided_negatives = True
     Params = SimCSEParams
     accepts = ("single", "pairs")
     takes_negatives = True

@@ -30,3 +30,13 @@ def write_json_cache(path: Path, cache: dict) -> None:
         tmp.replace(path)
     except OSError:
         pass
+
+
+def model_stamp(model_path: str) -> list:
+    """What a cached result of a model depends on: its resolved path and each file's size and mtime (a hub
+    name resolved from the HF cache: its name, which pins the revision in use)."""
+    root = Path(model_path)
+    if not root.is_dir():
+        return [model_path]
+    return [str(root.resolve()), sorted([str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns]
+                                        for p in root.rglob("*") if p.is_file())]

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import torch
 
 from raycse.grouping.layout import CorpusTable, epoch_rows
@@ -34,6 +35,17 @@ def row_examples(row: dict) -> list:
     return [Pair(t, p, s) for t, p, s in zip(texts, list(row["pair"]), scores)]
 
 
+def reference_rows(references: dict, ids, corpus_rows: int) -> dict:
+    """Each reference's vectors of the batch's rows ``ids``: (n, d); a row's k hard negatives, (n * k, d)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    out = {}
+    for key, vectors in references.items():
+        k = len(vectors) // max(corpus_rows, 1)
+        rows = (ids[:, None] * k + np.arange(k)[None, :]).reshape(-1) if key.endswith(".negatives") else ids
+        out[key] = torch.from_numpy(np.ascontiguousarray(vectors[rows]))
+    return out
+
+
 def record_batch(directory: Path, rank: int, step: int, epoch: int, examples: list) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / f"rank{rank}.jsonl", "a", encoding="utf-8") as fh:
@@ -52,7 +64,7 @@ class BatchSource:
         self.plan, self.rank, self.world_size, self.engine = plan, rank, world_size, engine
         self.objective = engine.core.objective
         self.grouping = {"layout": None, "log": []}
-        self._table = None
+        self._table, self._references = None, None
 
     def table(self) -> CorpusTable:
         """The corpus, read on first use (a fit resumed at its end reads nothing)."""
@@ -87,10 +99,20 @@ class BatchSource:
             if expected >= stop:
                 return
 
+    def references(self) -> dict:
+        """The teacher's and guide's vectors by row id (``teacher.text``, ...), fetched once; {} without them."""
+        if self._references is None:
+            self._references = {key: fetch(ref, f"the {key.split('.')[0]}'s embeddings")
+                                for key, ref in (self.plan.references or {}).items()}
+        return self._references
+
     def collate(self, row: dict, tokenizer) -> tuple[list, dict]:
-        """A row -> (its examples, the objective's batch of tensors)."""
+        """A row -> (its examples, the objective's batch of tensors, with the row's reference vectors)."""
         examples = row_examples(row)
-        return examples, self.objective.collate(examples, tokenizer, self.plan.run.model.max_length)
+        batch = self.objective.collate(examples, tokenizer, self.plan.run.model.max_length)
+        if self.references():
+            batch.update(reference_rows(self.references(), row["ids"], self.table().n))
+        return examples, batch
 
     def looks_ahead(self, step: int, helper: ahead.CollateAhead) -> bool:
         """Whether the next step's row is fetched and collated during step ``step``: not across an

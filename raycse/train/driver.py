@@ -42,7 +42,7 @@ from raycse.train.checkpoints import files as ckpt
 from raycse.train.fit import build_trainer, fit_and_release, report_resume, say_devices, worker_resources
 from raycse.train.plan import FitPlan, TuneHooks, plan_steps
 from raycse.train.preflight import check_inputs, check_local_gpus, check_run_name, resolve_storage_path
-from raycse.train.prepare import data_key, fit_data, objective_knobs, read_corpus
+from raycse.train.prepare import data_key, fit_data, objective_knobs, prepare_references, read_corpus
 from raycse.train.publishing import best_checkpoint, close_tracking, log_model, publish, write_output
 
 
@@ -161,6 +161,7 @@ def _fit(run: RunConfig, inputs: _Inputs, hooks: TuneHooks, source, staging: Pat
     say_when_unscored(run, dev)
     say_devices(run.train)
     blocks, layouts, grouping_log = fit_data(run, corpus, prepared, spe, total, inputs.model_path)
+    references = prepared.references if prepared is not None else prepare_references(run, corpus, inputs.model_path)
     cpus = run.train.cpus_per_worker or default_cpus_per_worker(run.train.num_workers, run.train.gpu_share,
                                                                 cluster_ceiling(), ray.cluster_resources().get("CPU", 1))
     storage = inputs.storage_path or str(staging / "ray")
@@ -173,7 +174,7 @@ def _fit(run: RunConfig, inputs: _Inputs, hooks: TuneHooks, source, staging: Pat
                    initial_key=initial_scores.key(inputs.model_path, run, dev) if dev is not None else None,
                    initial_file=initial_scores.cache_file(), eval_at=tuple(int(s) for s in hooks.eval_at),
                    score_sink=hooks.score_sink, tracking=tracking, corpus=tuple(blocks),
-                   layouts=ray.put(layouts) if layouts is not None else None, progress=live,
+                   layouts=ray.put(layouts) if layouts is not None else None, references=references, progress=live,
                    callbacks=inputs.callbacks)
     trainer = build_trainer(plan, cpus, storage, inputs.run_name, release.register_run(registry, run_key),
                             dev is not None)

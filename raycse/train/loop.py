@@ -107,7 +107,7 @@ class WorkerRun:
                 if p.step == first_step + 10:
                     self.reporter.note_warmup(started)
                 p.seen += len(examples) * self.world_size
-                self.reporter.log_progress(epoch)
+                self.reporter.log_progress(epoch, out)
                 if self.profiler.after(p.step):
                     log.info(f"[raycse] profile of {describe(self.profiler.summary)}\n{self.profiler.table}")
                 if saved:

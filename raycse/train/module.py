@@ -47,7 +47,7 @@ def build_module(run: RunConfig) -> TrainModule:
     if run.train.fast_dropout and eager:
         use_fast_dropout(encoder.backbone)
     encoder.add_prompts(run.data.prompts)
-    objective = run.objective.build()
+    objective = run.build_objective()
     objective.setup(encoder)  # (before the adapters: SG-OPT's frozen copy is the plain backbone)
     if run.model.lora:
         encoder.backbone = add_lora(encoder.backbone, run.model.lora)
@@ -98,7 +98,7 @@ def check_model_fits_objective(run: RunConfig, model_path: str) -> None:
     it and the run put before sentences fit the objective, the Matryoshka sizes fit its width, and the
     objective can train LoRA adapters where asked."""
     default, keeps_prompt = default_prompt_of(model_path)
-    objective = run.objective.build()
+    objective = run.build_objective()
     column_prompts(run, default, objective, keeps_prompt)
     if run.model.lora:
         refusals = [(part.name, why) for part in objective.modules()

@@ -54,6 +54,8 @@ class FitPlan:
     # the numbered corpus's Arrow blocks (ObjectRefs; raycse.data.dataset.Corpus.blocks): every worker
     # reads them whole, straight from the object store (no Ray Data pipeline or actor per fit)
     corpus: tuple = ()
+    # the teacher's and guide's vectors by row id ({"teacher.text": ObjectRef, ...}; raycse.train.prepare.prepare_references)
+    references: Any = None
     progress: Any = None  # (RunRegistry, run key): rank 0 notes each logged step there (said on an interrupt)
     callbacks: tuple = ()  # the Python API's user callbacks (raycse.train.callbacks.Callback), run on rank 0
 

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 
 from raycse.config import RunConfig
-from raycse.errors import ConfigError
+from raycse.errors import ConfigError, RaycseError
 from raycse.evaluation.selection import load_selection
 from raycse.model.encoder import probe_tokenizer, resolve_model
 from raycse.platform import object_store
@@ -137,7 +137,7 @@ def starts_private_ray() -> bool:
 
 
 def check_data_fits_objective(run: RunConfig) -> None:
-    objective = run.objective.build()
+    objective = run.build_objective()
     accepts = objective.accepts  # HiCL's depends on its base
     if run.data.is_pairs and "pairs" not in accepts:
         raise ConfigError(f"objective '{run.objective.name}' trains on single sentences; drop data.pair_column "
@@ -178,6 +178,7 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     local_model = Path(os.path.expanduser(run.model.name_or_path)).exists()
     # a relative path means nothing in a worker's directory
     run = run.resolved({"model.name_or_path": model_path} if local_model else None)
+    run = resolve_references(run, model_path)
     dev = load_selection(run.eval)  # the model-selection data (STS-B dev or BEIR)
     probe_tokenizer(model_path, text_sample(run, sources, dev))
     if sources:
@@ -193,6 +194,30 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
                               f"--overwrite")
         object_store.check_replaceable_prefix(remote)
     return run, model_path, dev, remote, sources
+
+
+def resolve_references(run: RunConfig, model_path: str) -> RunConfig:
+    """The teacher and the guide resolved as the model is (a path made absolute, a URI fetched, a hub name from
+    the cache; one line where one does not load), and mse refused where the sizes differ."""
+    from raycse.grouping.references import INITIAL
+    from raycse.model.encoder import embedding_width_of
+
+    changes = {}
+    for key in ("teacher", "guide"):
+        name = getattr(run.model, key)
+        if name and not (key == "guide" and name == INITIAL):
+            try:
+                changes[f"model.{key}"] = resolve_model(name, run.model.trust_remote_code)
+            except RaycseError as exc:  # (the model's own line, naming which model it was)
+                raise type(exc)(f"model.{key} (--{key}): {exc}") from None
+    teacher = changes.get("model.teacher")
+    if teacher and run.objective.distill == "mse":
+        sizes = embedding_width_of(teacher), embedding_width_of(model_path)
+        if None not in sizes and sizes[0] != sizes[1]:
+            raise ConfigError(f"objective.distill mse compares the student's embedding with the teacher's, which need "
+                              f"equal sizes: the teacher's is {sizes[0]}, the student's {sizes[1]}; use --distill kl "
+                              f"(any sizes)")
+    return run.resolved(changes) if changes else run
 
 
 def check_one_global_batch(run: RunConfig, sources: list) -> None:

@@ -47,10 +47,11 @@ def data_key(run: RunConfig) -> str:
     d = run.to_dict()
     train = {k: d["train"][k] for k in ("seed", "batch_size", "num_workers", "epochs", "max_steps", "use_gpu",
                                          "precision")}
+    # (the teacher's and guide's vectors are part of the prepared data: which columns depends on distill)
     expand = row_expander(run)
     rows = None if expand is None else sorted(expand.keywords.items())
     return json.dumps({"data": d["data"], "grouping": d["grouping"], "model": d["model"], "train": train,
-                       "rows": rows}, sort_keys=True, default=str)
+                       "rows": rows, "distill": d["objective"]["distill"]}, sort_keys=True, default=str)
 
 
 @dataclass
@@ -65,6 +66,7 @@ class PreparedData:
     blocks: list  # the numbered corpus's Arrow blocks (ObjectRefs)
     layouts: list  # raycse.grouping.layout.Layout per epoch
     grouping_log: list
+    references: dict  # the teacher's and guide's vectors by row id (ObjectRefs): prepare_references
 
 
 def prepare_data(run: RunConfig) -> Optional[PreparedData]:
@@ -79,7 +81,8 @@ def prepare_data(run: RunConfig) -> Optional[PreparedData]:
         return None  # every trial's workers group with their own weights
     model_path = resolve_model(run.model.name_or_path, run.model.trust_remote_code)
     layouts, logs = lay_out_epochs(run, corpus, spe, total, model_path)
-    return PreparedData(data_key(run), corpus.stats, corpus.num_examples, corpus.blocks, layouts, logs)
+    return PreparedData(data_key(run), corpus.stats, corpus.num_examples, corpus.blocks, layouts, logs,
+                        prepare_references(run, corpus, model_path))
 
 
 def read_corpus(run: RunConfig, prepared: Optional[PreparedData], source=None, paths: Optional[list] = None):
@@ -135,3 +138,36 @@ def fit_data(run: RunConfig, corpus, prepared, spe: int, total: int, model_path:
     if run.grouping.regroups_in_fit:
         return corpus.blocks, None, []
     return (corpus.blocks, *lay_out_epochs(run, corpus, spe, total, model_path))
+
+
+def prepare_references(run: RunConfig, corpus, model_path: str) -> dict:
+    """The teacher's and the guide's vectors of every corpus row that the step reads (``teacher.COLUMN``,
+    ``guide.COLUMN``: ObjectRefs of float32 arrays by row id), read back from this machine's cache or
+    embedded now (:mod:`raycse.grouping.references`); {} without a teacher or guide."""
+    import ray
+
+    from raycse.grouping.embed import grouping_prompt_name
+    from raycse.grouping.references import INITIAL, reference_vectors
+
+    m, t, d = run.model, run.train, run.data
+    spec = run.objective.references(bool(m.teacher), bool(m.guide))
+    if spec is None:
+        return {}
+    pairs, negatives = d.is_pairs, bool(d.negative_column)
+    per_row = len(d.negative_columns) if negatives else 0
+    out = {}
+    for role, name, columns in (("teacher", m.teacher, spec.teacher_columns(pairs, negatives)),
+                                ("guide", m.guide, spec.guide_columns(pairs, negatives))):
+        if not columns:
+            continue
+        initial = name == INITIAL
+        for column in columns:  # (each column under its own prompt where the guide is the starting model)
+            by = "first" if column == "text" else "second"
+            settings = {"max_length": m.max_length, "actors": run.grouping.embed_actors,
+                        "batch_size": run.grouping.embed_batch_size, "use_gpu": t.use_gpu, "precision": t.precision,
+                        "gpus_per_actor": t.gpu_share or 1.0, "trust_remote_code": m.trust_remote_code,
+                        "prompt_name": grouping_prompt_name(d.prompts, by) if initial else None,
+                        "prompts": d.prompts if initial else None}
+            vectors = reference_vectors(corpus, model_path if initial else name, (column,), settings, per_row, role)
+            out[f"{role}.{column}"] = ray.put(vectors[column])
+    return out

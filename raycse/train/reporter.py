@@ -13,6 +13,7 @@ from raycse.evaluation.targets import GOALS, score_model
 from raycse.model import onednn
 from raycse.model.precision import resolve_precision
 from raycse.objectives.base import LossOutput
+from raycse.objectives.references import step_notes
 from raycse.platform import machine
 from raycse.platform.console import step_line
 from raycse.platform.process_state import release_freed_memory
@@ -89,20 +90,19 @@ class Reporter:
             log.info(f"[raycse] 10 steps in {self.progress.to_step_10:.2f} s from the fit's first step"
                      f"{compiled_note(self.run)}")
 
-    def log_progress(self, epoch: int) -> None:
-        """Rank 0, every train.log_steps: the recent mean loss, learning rate and examples/s."""
+    def log_progress(self, epoch: int, out: Optional[LossOutput] = None) -> None:
+        """Rank 0, every train.log_steps: the mean loss, learning rate, examples/s (and ``out``'s teacher/guide)."""
         p, every, total = self.progress, self.run.train.log_steps, self.plan.total_steps
         if self.rank != 0 or not (p.step % every == 0 or p.step == total):
             return
-        recent = p.window[-every:]
+        recent, (extra, said) = p.window[-every:], step_notes(out.metrics if out is not None else {})
         loss, lr = sum(recent) / len(recent), self.engine.lr
-        log.info(step_line(p.step, total, epoch, loss, lr, p.speed))  # (the console's bar reads it back)
-        metrics = {"loss": loss, "lr": lr, "examples_per_s": p.speed, "epoch": epoch}
+        log.info(step_line(p.step, total, epoch, loss, lr, p.speed) + said)  # (the console's bar reads it back)
+        metrics = {"loss": loss, "lr": lr, "examples_per_s": p.speed, "epoch": epoch, **extra}
         self.tlog.log(metrics, p.step)
         self.hooks.on_step(p.step, metrics)
         if self.plan.progress is not None:  # (not waited for: a note, not a report)
-            registry, key = self.plan.progress
-            registry.note_step.remote(key, p.step)
+            self.plan.progress[0].note_step.remote(self.plan.progress[1], p.step)
 
     def metrics(self, epoch: int, out: LossOutput, grouping_log: list, profile: Optional[dict]) -> dict:
         """A checkpoint's metrics; closes the loss window."""

@@ -30,12 +30,13 @@ from typing import Any, Optional, Sequence
 import yaml
 
 from raycse.config import RECIPES, RunConfig, flag_fields, get_dotted, load_yaml, set_dotted
+from raycse.config.objective import OWN_SETTINGS
 from raycse.errors import ConfigError
 
 # Old knob names, still read: each prints its new name once (a knob has one name everywhere)
 RENAMED = {"lambda": "lam", "warmup": "warmup_ratio", "lora_r": "model.lora.r", "lora_alpha": "model.lora.alpha"}
 # objective settings of every objective (not one objective's knobs)
-OBJECTIVE_SETTINGS = ("objective.name", "objective.matryoshka_dims", "objective.matryoshka_weights")
+OBJECTIVE_SETTINGS = ("objective.name", *(f"objective.{name}" for name in OWN_SETTINGS))
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "logint", "choice")
 
 
