@@ -228,6 +228,7 @@ def _worker(rank, model, out_dir, port):
     dist.destroy_process_group()
 
 
+@pytest.mark.full_tier  # (two spawned torch processes, ~10 s: kept out of the fast tier)
 def test_two_workers_gather_the_teachers_and_guides_vectors_like_the_students(tiny_model_no_dropout, tmp_path):
     """2 workers x 4 sentences == 1 worker x 8: the teacher's candidates and the guide's are gathered across
     workers as the student's are (same loss, same gradients)."""
