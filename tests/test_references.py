@@ -290,6 +290,6 @@ def test_a_run_with_a_teacher_and_a_guide_trains_and_a_second_seed_reads_their_v
         said.append(capsys.readouterr().out)
         last = json.loads((out / "metrics.json").read_text())["last"]
         assert last["step"] == 4 and last["last_distill"] > 0 and 0 <= last["last_guide_masked"] <= 1
-    assert "teacher: 256 text embeddings (32-d) computed" in said[0] and "guide: 256 text embeddings" in said[0]
-    assert "teacher: 256 text embeddings read back" in said[1] and "guide: 256 text embeddings read back" in said[1]
+    assert "teacher: text: 256 embeddings (32-d) computed" in said[0] and "guide: text: 256 embeddings" in said[0]
+    assert "teacher: text: 256 embeddings read back" in said[1] and "guide: text: 256 embeddings read back" in said[1]
     assert len(list((tmp_path / "cache" / "references").glob("*.npz"))) == 2

@@ -102,29 +102,31 @@ def write_cached(path: Path, hashes: np.ndarray, vectors: np.ndarray) -> None:
         pass
 
 
-def reference_vectors(corpus, model_path: str, columns: tuple, settings: dict, per_row: int = 0,
-                      role: str = "teacher") -> dict[str, np.ndarray]:
-    """``{column: vectors by id}`` of ``model_path`` (float32), read back from the cache or embedded now and
-    kept. ``settings``: :func:`embed_corpus`'s keywords (max_length, actors, batch_size, use_gpu, precision,
-    gpus_per_actor, prompt_name, prompts, trust_remote_code)."""
+def column_texts(corpus, column: str, per_row: int = 0) -> tuple:
+    """(``column``'s texts as :func:`embed_corpus` reads them, each text's hash by id): made once a column,
+    for the teacher and the guide both."""
+    texts = column_corpus(corpus, column, per_row)
+    return texts, hashes_of(texts)
+
+
+def reference_vectors(texts, hashes: np.ndarray, model_path: str, settings: dict, what: str) -> np.ndarray:
+    """The vectors by id (float32) of ``model_path`` for one column's ``texts`` (:func:`column_texts`), read back
+    from the cache or embedded now and kept; ``what`` names them in the log ("teacher: text"). ``settings``:
+    :func:`embed_corpus`'s keywords (max_length, actors, batch_size, use_gpu, precision, gpus_per_actor,
+    prompt_name, prompts, trust_remote_code)."""
     import time
 
     from raycse.grouping.embed import embed_corpus
 
-    out = {}
-    for column in columns:
-        texts = column_corpus(corpus, column, per_row)
-        hashes = hashes_of(texts)
-        path = cache_path(model_path, {**settings, "column_prompt": column}, hashes)
-        vectors = read_cached(path, hashes)
-        if vectors is not None:
-            print(f"[raycse] {role}: {len(hashes):,} {column} embeddings read back from {path}", flush=True)
-        else:
-            started = time.perf_counter()
-            kwargs = {k: v for k, v in settings.items() if k != "max_length"}
-            vectors = embed_corpus(texts, model_path, settings["max_length"], dtype=np.float32, **kwargs)
-            write_cached(path, hashes, vectors)
-            print(f"[raycse] {role}: {len(hashes):,} {column} embeddings ({vectors.shape[1]}-d) computed in "
-                  f"{time.perf_counter() - started:.1f} s, kept in {path}", flush=True)
-        out[column] = vectors
-    return out
+    path = cache_path(model_path, settings, hashes)
+    vectors = read_cached(path, hashes)
+    if vectors is not None:
+        print(f"[raycse] {what}: {len(hashes):,} embeddings read back from {path}", flush=True)
+        return vectors
+    started = time.perf_counter()
+    kwargs = {k: v for k, v in settings.items() if k != "max_length"}
+    vectors = embed_corpus(texts, model_path, settings["max_length"], dtype=np.float32, **kwargs)
+    write_cached(path, hashes, vectors)
+    print(f"[raycse] {what}: {len(hashes):,} embeddings ({vectors.shape[1]}-d) computed in "
+          f"{time.perf_counter() - started:.1f} s, kept in {path}", flush=True)
+    return vectors

@@ -70,6 +70,9 @@ class Objective(nn.Module):
     derives_widths: ClassVar[bool] = False
     # Token widths are padded up to a multiple of this (train.pad_to_multiple_of; set by the train loop).
     pad_multiple: int = 1
+    # the flags above, which an objective wrapping another (Matryoshka, a teacher and guide) takes from it
+    WRAPPED_FLAGS: ClassVar[tuple[str, ...]] = ("accepts", "sliceable", "takes_negatives", "guided_negatives",
+                                                "collate_draws_random", "derives_widths")
 
     def __init__(self, params: Params):
         super().__init__()
@@ -77,6 +80,11 @@ class Objective(nn.Module):
         # Text put before each sentence of a column, "text" and "pair" (data.prompts or the model's
         # default prompt; set by the train loop). Objectives that derive widths never get one.
         self.prompts: dict[str, str] = {}
+
+    def flags_of(self, base: "Objective") -> None:
+        """Say what ``base``, the objective this one wraps, says of itself (:data:`WRAPPED_FLAGS`)."""
+        for flag in self.WRAPPED_FLAGS:
+            setattr(self, flag, getattr(base, flag))
 
     @classmethod
     def row_expander(cls, params: Params) -> Optional[Callable]:

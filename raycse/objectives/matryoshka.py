@@ -125,9 +125,7 @@ class Matryoshka(Objective):
             raise ConfigError(f"objective.matryoshka_dims cannot wrap {base.name}: {refusal}")
         super().__init__(base.params)
         self.base, self.spec = base, spec
-        for flag in ("accepts", "sliceable", "takes_negatives", "collate_draws_random", "derives_widths",
-                     "guided_negatives"):
-            setattr(self, flag, getattr(base, flag))
+        self.flags_of(base)
 
     def setup(self, encoder: nn.Module) -> None:
         self.base.setup(encoder)

@@ -112,9 +112,7 @@ class WithReferences(Objective):
         super().__init__(base.params)
         self.base, self.spec = base, spec
         self.places: dict = {}  # (batch shapes) -> where each column's student rows are
-        for flag in ("accepts", "sliceable", "takes_negatives", "collate_draws_random", "derives_widths",
-                     "guided_negatives"):
-            setattr(self, flag, getattr(base, flag))
+        self.flags_of(base)
 
     def setup(self, encoder: nn.Module) -> None:
         self.base.setup(encoder)

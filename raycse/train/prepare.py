@@ -147,7 +147,7 @@ def prepare_references(run: RunConfig, corpus, model_path: str) -> dict:
     import ray
 
     from raycse.grouping.embed import grouping_prompt_name
-    from raycse.grouping.references import INITIAL, reference_vectors
+    from raycse.grouping.references import INITIAL, column_texts, reference_vectors
 
     m, t, d = run.model, run.train, run.data
     spec = run.objective.references(bool(m.teacher), bool(m.guide))
@@ -155,11 +155,9 @@ def prepare_references(run: RunConfig, corpus, model_path: str) -> dict:
         return {}
     pairs, negatives = d.is_pairs, bool(d.negative_column)
     per_row = len(d.negative_columns) if negatives else 0
-    out = {}
+    texts, out = {}, {}  # (a column's texts and hashes: made once for the teacher and the guide)
     for role, name, columns in (("teacher", m.teacher, spec.teacher_columns(pairs, negatives)),
                                 ("guide", m.guide, spec.guide_columns(pairs, negatives))):
-        if not columns:
-            continue
         initial = name == INITIAL
         for column in columns:  # (each column under its own prompt where the guide is the starting model)
             by = "first" if column == "text" else "second"
@@ -168,6 +166,8 @@ def prepare_references(run: RunConfig, corpus, model_path: str) -> dict:
                         "gpus_per_actor": t.gpu_share or 1.0, "trust_remote_code": m.trust_remote_code,
                         "prompt_name": grouping_prompt_name(d.prompts, by) if initial else None,
                         "prompts": d.prompts if initial else None}
-            vectors = reference_vectors(corpus, model_path if initial else name, (column,), settings, per_row, role)
-            out[f"{role}.{column}"] = ray.put(vectors[column])
+            if column not in texts:
+                texts[column] = column_texts(corpus, column, per_row)
+            vectors = reference_vectors(*texts[column], model_path if initial else name, settings, f"{role}: {column}")
+            out[f"{role}.{column}"] = ray.put(vectors)
     return out
