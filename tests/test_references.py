@@ -293,3 +293,25 @@ def test_a_run_with_a_teacher_and_a_guide_trains_and_a_second_seed_reads_their_v
     assert "teacher: text: 256 embeddings (32-d) computed" in said[0] and "guide: text: 256 embeddings" in said[0]
     assert "teacher: text: 256 embeddings read back" in said[1] and "guide: text: 256 embeddings read back" in said[1]
     assert len(list((tmp_path / "cache" / "references").glob("*.npz"))) == 2
+
+
+def test_the_vector_cache_is_read_only_when_whole_and_written_whole(tmp_path):
+    """A cache file cut short, another's, or one missing a text is computed again (None); a write leaves
+    exactly the file, no part-written one; a read gives each text's vector whatever the order."""
+    import numpy as np
+
+    from raycse.grouping.references import read_cached, text_hash, write_cached
+
+    hashes = np.array([text_hash(t) for t in ("a", "b", "c", "a")], dtype=np.uint64)
+    vectors = np.arange(8, dtype=np.float32).reshape(4, 2)
+    vectors[3] = vectors[0]  # (the same text, the same vector)
+    path = tmp_path / "refs" / "x.npz"
+    write_cached(path, hashes, vectors)
+    assert [p.name for p in path.parent.iterdir()] == ["x.npz"]
+    again = read_cached(path, hashes[::-1].copy())
+    assert np.array_equal(again, vectors[::-1])
+    assert read_cached(path, np.array([text_hash("d")], dtype=np.uint64)) is None  # a text not kept
+    path.write_bytes(path.read_bytes()[:40])  # cut short
+    assert read_cached(path, hashes) is None
+    np.savez(path, hashes=hashes[:2], vectors=vectors)  # lengths that disagree
+    assert read_cached(path, hashes[:2]) is None

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import types
+import zipfile
 from pathlib import Path
 from typing import Optional
 
@@ -82,7 +83,9 @@ def read_cached(path: Path, hashes: np.ndarray) -> Optional[np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as z:
             kept, vectors = z["hashes"], z["vectors"]
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):  # (cut short, or not ours: computed again)
+        return None
+    if kept.ndim != 1 or vectors.ndim != 2 or len(kept) != len(vectors) or not np.issubdtype(vectors.dtype, np.floating):
         return None
     at = np.searchsorted(kept, hashes)
     if len(kept) == 0 or (at >= len(kept)).any() or (kept[np.minimum(at, len(kept) - 1)] != hashes).any():
@@ -93,13 +96,15 @@ def read_cached(path: Path, hashes: np.ndarray) -> Optional[np.ndarray]:
 def write_cached(path: Path, hashes: np.ndarray, vectors: np.ndarray) -> None:
     """Whole or not at all; a read-only cache is no error (the vectors still serve this run)."""
     kept, first = np.unique(hashes, return_index=True)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
         np.savez(tmp, hashes=kept, vectors=vectors[first])
         tmp.replace(path)
     except OSError:
         pass
+    finally:  # (an interrupt or a full disk mid-write leaves no part-written file behind)
+        tmp.unlink(missing_ok=True)
 
 
 def column_texts(corpus, column: str, per_row: int = 0) -> tuple:

@@ -1,0 +1,125 @@
+"""A teacher and a guide (issue 89, item 5), under objectives_quality.py's protocol (issue 44).
+
+    python benchmarks/teacher_guide.py --teacher DIR --seeds 0 1 2 --json benchmarks/results/teacher-guide.json
+
+DIR: all-mpnet-base-v2 as README's "Distillation from a teacher" unpacks it. Rows, each trained from
+all-MiniLM-L6-v2 for one epoch on wiki_sample.txt at max length 64 (fp32), selecting its checkpoint on
+STS-B dev's selection half and reported on the other half:
+
+- ``SimCSE kNN`` and ``SimCSE kNN + guide``: SimCSE's recipe on kNN batches, without and with
+  ``--guide initial`` (``--guide-margin``, 0.01 by default); the share of negatives masked is kept;
+- ``SimCSE kNN + teacher``: the same with ``--teacher DIR`` (distill kl, weight 1) instead of the guide;
+- ``combined_best`` and ``combined_best + teacher``: issue 44's searched best, without and with the teacher.
+
+Beside them: the teacher's own score on the reporting half, the teacher's one-time embedding of the corpus
+(seconds, from the first run that computes it; later runs read it back from the cache) and each row's
+training speed (examples/s of the fit, this process, one row after another). The verdicts follow
+verdicts.py's rule (A beats B when the mean difference exceeds the two rows' seed spreads added).
+Seeds go round the rows (every row's seed 0 first), and ``--json`` keeps every run as it ends: a later
+call with the same file and protocol runs only what is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from common import machine, refuse, train_run
+from objectives_quality import Store, dev_halves, protocol, settings_from
+from verdicts import verdict
+
+from raycse.evaluation.sts import evaluate_datasets, read_stsb
+from raycse.model.encoder import Encoder
+
+ROWS = [("SimCSE kNN", "simcse", {"grouping.strategy": "knn"}),
+        ("SimCSE kNN + guide", "simcse", {"grouping.strategy": "knn", "model.guide": "initial"}),
+        ("SimCSE kNN + teacher", "simcse", {"grouping.strategy": "knn", "model.teacher": None}),
+        ("combined_best", "combined_best", {}),
+        ("combined_best + teacher", "combined_best", {"model.teacher": None})]
+# (A, B, claim): the issue's comparisons, judged by verdicts.py's rule
+CLAIMS = [("SimCSE kNN + guide", "SimCSE kNN", "the guide helps SimCSE on kNN batches"),
+          ("SimCSE kNN + teacher", "SimCSE kNN", "a teacher helps SimCSE"),
+          ("combined_best + teacher", "combined_best", "a teacher helps the combined best (the issue's target)")]
+
+
+def report_score(model: str, report) -> float:
+    enc = Encoder.from_pretrained(model)
+    return evaluate_datasets(lambda xs: enc.encode(xs, batch_size=64, max_length=256), [report])[report.name]
+
+
+def row_settings(config: str, overrides: dict, args, seed: int, select: Path) -> dict:
+    filled = {k: (args.teacher if k == "model.teacher" else v) for k, v in overrides.items()}
+    if "model.guide" in filled:
+        filled["objective.guide_margin"] = args.guide_margin
+    return settings_from(config, filled, args, seed, select)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--teacher", required=True, help="the teacher's folder (all-mpnet-base-v2)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--sentences", type=int, default=None, help="the first N sentences of the corpus (default: all)")
+    ap.add_argument("--max-length", type=int, default=64)
+    ap.add_argument("--eval-steps", type=int, default=125)
+    ap.add_argument("--guide-margin", type=float, default=0.01)
+    ap.add_argument("--json", default=None, help="keep every run here; runs already in it are not run again")
+    ap.add_argument("--table-only", action="store_true", help="print the table from --json, run nothing")
+    args = ap.parse_args()
+    if not (Path(args.teacher) / "config.json").is_file():
+        refuse(f"--teacher {args.teacher} holds no config.json: unpack all-mpnet-base-v2 as README's "
+               f"'Distillation from a teacher' says")
+    args.teacher, args.precision = str(Path(args.teacher).resolve()), "fp32"
+    store = Store(Path(args.json) if args.json else None,
+                  {**protocol(args), "teacher": Path(args.teacher).name, "guide_margin": args.guide_margin})
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["RAYCSE_CACHE"] = os.environ.get("RAYCSE_CACHE") or f"{tmp}/cache"  # (a warm cache: said below)
+        select, report_file = dev_halves(Path(tmp))
+        report = read_stsb(report_file, "stsb_dev_report_half")
+        print(f"# {machine()}; wiki_sample.txt ({args.sentences or 'all'} sentences), 1 epoch, max length "
+              f"{args.max_length}, seeds {args.seeds}; teacher {Path(args.teacher).name}", flush=True)
+        if not args.table_only and store.before("teacher") is None:
+            store.add_before("teacher", {"1": report_score(args.teacher, report)})
+        for seed in [] if args.table_only else args.seeds:
+            for name, config, overrides in ROWS:
+                if store.run(name, seed):
+                    continue
+                start, out = time.perf_counter(), f"{tmp}/{seed}"
+                result = train_run(out, row_settings(config, overrides, args, seed, select))
+                last = result.metrics.get("last") or {}
+                score = report_score(str(result.model_dir), report)
+                store.add_run(name, seed, "mean", "", {1: score}, result, start,
+                              examples_per_s=last.get("train_examples_per_s"), train_seconds=last.get("train_seconds"),
+                              guide_masked=last.get("last_guide_masked"), distill=last.get("last_distill"))
+                print(f"  {name} seed {seed}: report half {score:.2f}, {last.get('train_examples_per_s', 0):.1f} "
+                      f"examples/s", flush=True)
+                shutil.rmtree(out, ignore_errors=True)
+    print_table(store, args.seeds)
+
+
+def print_table(store: Store, seeds: list[int]) -> None:
+    runs = {name: [r for r in store.data["runs"] if r["row"] == name and r["seed"] in seeds] for name, _, _ in ROWS}
+    teacher = (store.before("teacher") or {}).get("1", float("nan"))
+    print(f"\nteacher (its own embeddings) on the reporting half: {teacher:.2f}")
+    base = np.mean([r["examples_per_s"] for r in runs["SimCSE kNN"]]) if runs["SimCSE kNN"] else float("nan")
+    print(f"{'row':26s} {'report half':>16s} {'examples/s':>11s} {'vs SimCSE kNN':>14s} {'masked':>7s} seeds")
+    for name, done in runs.items():
+        if not done:
+            print(f"{name:26s} (not run)")
+            continue
+        v, speed = np.array([r["scores"]["1"] for r in done]), np.mean([r["examples_per_s"] for r in done])
+        masked = [r["guide_masked"] for r in done if r.get("guide_masked") is not None]
+        print(f"{name:26s} {v.mean():7.2f} +- {v.std():5.2f} {speed:11.1f} {speed / base:13.2f}x "
+              f"{(f'{np.mean(masked):.1%}' if masked else ''):>7s} {len(done)}/{len(seeds)}")
+    for a, b, claim in CLAIMS:
+        said, diff, spread = verdict([r["scores"]["1"] for r in runs[a]], [r["scores"]["1"] for r in runs[b]],
+                                     "beats", len(seeds))
+        print(f"{claim}: {a} vs {b}: {said} (difference {diff:+.2f}, spread {spread:.2f})")
+
+
+if __name__ == "__main__":
+    main()
