@@ -22,8 +22,12 @@ call with the same file and protocol runs only what is missing.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
+import re
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -45,6 +49,21 @@ ROWS = [("SimCSE kNN", "simcse", {"grouping.strategy": "knn"}),
 CLAIMS = [("SimCSE kNN + guide", "SimCSE kNN", "the guide helps SimCSE on kNN batches"),
           ("SimCSE kNN + teacher", "SimCSE kNN", "a teacher helps SimCSE"),
           ("combined_best + teacher", "combined_best", "a teacher helps the combined best (the issue's target)")]
+
+
+class Tee(io.StringIO):
+    """This process's stdout, kept as well: raycse says there what the teacher's and the guide's embedding of
+    the corpus cost where it computed them (and nothing where it read them back from the cache)."""
+
+    def write(self, text: str) -> int:
+        sys.__stdout__.write(text)
+        return super().write(text)
+
+    def embedded(self) -> dict:
+        found = re.findall(r"\] (teacher|guide): (\w+): ([\d,]+) embeddings \((\d+)-d\) computed in ([\d.]+) s",
+                           self.getvalue())
+        return {f"{role}: {col}": {"rows": int(n.replace(",", "")), "dims": int(d), "seconds": float(s)}
+                for role, col, n, d, s in found}
 
 
 def report_score(model: str, report) -> float:
@@ -89,12 +108,15 @@ def main() -> None:
                 if store.run(name, seed):
                     continue
                 start, out = time.perf_counter(), f"{tmp}/{seed}"
-                result = train_run(out, row_settings(config, overrides, args, seed, select))
+                log = Tee()
+                with contextlib.redirect_stdout(log):
+                    result = train_run(out, row_settings(config, overrides, args, seed, select))
                 last = result.metrics.get("last") or {}
                 score = report_score(str(result.model_dir), report)
                 store.add_run(name, seed, "mean", "", {1: score}, result, start,
                               examples_per_s=last.get("train_examples_per_s"), train_seconds=last.get("train_seconds"),
-                              guide_masked=last.get("last_guide_masked"), distill=last.get("last_distill"))
+                              guide_masked=last.get("last_guide_masked"), distill=last.get("last_distill"),
+                              embedded=log.embedded())
                 print(f"  {name} seed {seed}: report half {score:.2f}, {last.get('train_examples_per_s', 0):.1f} "
                       f"examples/s", flush=True)
                 shutil.rmtree(out, ignore_errors=True)
@@ -105,6 +127,10 @@ def print_table(store: Store, seeds: list[int]) -> None:
     runs = {name: [r for r in store.data["runs"] if r["row"] == name and r["seed"] in seeds] for name, _, _ in ROWS}
     teacher = (store.before("teacher") or {}).get("1", float("nan"))
     print(f"\nteacher (its own embeddings) on the reporting half: {teacher:.2f}")
+    for run in store.data["runs"]:
+        for what, cost in (run.get("embedded") or {}).items():
+            print(f"one-time embedding, {what}: {cost['rows']:,} rows ({cost['dims']}-d) in {cost['seconds']:.1f} s "
+                  f"({cost['rows'] / cost['seconds']:.1f} rows/s; {run['row']}, seed {run['seed']})")
     base = np.mean([r["examples_per_s"] for r in runs["SimCSE kNN"]]) if runs["SimCSE kNN"] else float("nan")
     print(f"{'row':26s} {'report half':>16s} {'examples/s':>11s} {'vs SimCSE kNN':>14s} {'masked':>7s} seeds")
     for name, done in runs.items():
