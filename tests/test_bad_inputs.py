@@ -172,6 +172,7 @@ def _cases(i: dict) -> list:
         ([*train, "--teacher", m, "--distill", "margin_mse"], "margin_mse scores pairs with hard negatives", None),
         ([*train, "--guide", "initial", "--objective", "sgopt"], "does not score its negatives with", None),
         ([*train, "--guide", "initial", "--guide-margin", "-1"], "objective.guide_margin must be >= 0", None),
+        ([*train, "--teacher", m, "--distill-weight", "-1"], "objective.distill_weight must be >= 0", None),
         ([*train, "--grouping", "knn"], "pip install 'raycse[grouping]'", no_extras),
         ([*train, "--eval-metric", f"beir:{i['beir']}:ndcg@10"], "pip install 'raycse[grouping]'", no_extras),
         ([*train, "--eval-metric", "mteb:STS12"], "pip install 'raycse[mteb]'", no_extras),

@@ -315,3 +315,19 @@ def test_the_vector_cache_is_read_only_when_whole_and_written_whole(tmp_path):
     assert read_cached(path, hashes) is None
     np.savez(path, hashes=hashes[:2], vectors=vectors)  # lengths that disagree
     assert read_cached(path, hashes[:2]) is None
+
+
+def test_a_teacher_weighted_0_is_left_out(tmp_path):
+    """Issue 89, item 4: distill_weight 0 is a search's "no teacher" choice: no term, nothing embedded, and the
+    teacher not even loaded (a URI not fetched); any other weight loads it."""
+    from raycse.config import RunConfig
+    from raycse.errors import RaycseError
+    from raycse.train.preflight import resolve_references
+
+    run = RunConfig()
+    run.model.teacher, run.objective.distill_weight = str(tmp_path / "nosuch"), 0.0
+    run = run.resolved()
+    assert run.objective.references(True, False) is None and run.build_objective().__class__.__name__ == "SimCSE"
+    assert resolve_references(run, "unused").model.teacher == str(tmp_path / "nosuch")
+    with pytest.raises(RaycseError, match=r"model.teacher \(--teacher\): model path does not exist"):
+        resolve_references(run.resolved({"objective.distill_weight": 0.5}), "unused")

@@ -164,6 +164,34 @@ def test_conditional_knobs_and_combined_space(tmp_path):
     assert 0.0 in beta.args and any(v > 0 for v in beta.args)
 
 
+def test_combined_space_searches_the_guide_and_a_teachers_weight_only_with_a_teacher(tmp_path, capsys, monkeypatch):
+    """Issue 89, item 4: combined.yaml searches the guide (off, or the frozen start) and the teacher's weight
+    (0: no teacher term); the weight only where the run names a teacher, said once, as a trial spent on a
+    setting without effect would be lost. A knob whose ``when`` reads such an idle knob is refused."""
+    from raycse.objectives.references import WithReferences
+    from raycse.tune.space import space_files
+
+    combined = str(next(p for p in space_files() if p.stem == "combined"))
+    monkeypatch.setattr("raycse.tune.space._told", set())  # (said once a process: maybe already, by another test)
+    bare = load_space(combined, corpus="c.txt")
+    names = [k.name for k in bare.knobs]
+    assert "guide" in names and "distill_weight" not in names
+    assert "knob 'distill_weight' is not searched: it acts only with model.teacher" in capsys.readouterr().err
+    space = load_space(combined, corpus="c.txt", overrides=[("model.teacher", str(tmp_path / "teacher"))])
+    assert [k.name for k in space.knobs] == names + ["distill_weight"]
+    point = {"objective": "simcse", "grouping": "knn", "tau": 0.05, "lr": 3e-5, "mlp_head": "auto"}
+    plain = space.run_config({**point, "guide": None, "distill_weight": 0.0})
+    assert not isinstance(plain.build_objective(), WithReferences)  # (weight 0: the teacher is left out)
+    both = space.run_config({**point, "guide": "initial", "distill_weight": 0.5}).build_objective()
+    assert isinstance(both, WithReferences)
+    assert (both.spec.distill, both.spec.weight, both.spec.guide) == ("kl", 0.5, True)
+    guided = space.run_config({**point, "guide": "initial", "distill_weight": 0.0}).build_objective()
+    assert (guided.spec.distill, guided.spec.guide) == (None, True)
+    with pytest.raises(ConfigError, match="knob 'lr' depends on 'distill_weight', which acts only with model.teacher"):
+        load_space(_space(tmp_path, {"distill_weight": {"choice": [0.5, 1.0]},
+                                     "lr": {"choice": [1e-5, 2e-5], "when": {"distill_weight": [0.5]}}}))
+
+
 def test_combined_space_holds_the_best_recipe_and_records_trials_run_elsewhere():
     """Issue 44: the combined space can express the table's best wiki row, CompCSE's recipe
     (configs/compcse.yaml) under mean pooling, d0 off and the train-only head; and each knob's Optuna

@@ -31,7 +31,8 @@ class ObjectiveConfig(Section):
                         "similarities as the student's target) | mse (the teacher's embedding, equal sizes only) | "
                         "margin_mse (the teacher's positive-minus-negative margin, pairs with hard negatives)")
     distill_weight: float = knob(1.0, '--distill-weight',
-                                 "with --teacher: the distillation term's weight w in L = L_objective + w L_distill")
+                                 "with --teacher: the distillation term's weight w in L = L_objective + w L_distill; 0 "
+                                 "leaves the teacher out (a search's 'no teacher' choice)")
     distill_tau: float = detail(0.05, "with --teacher and distill kl: the temperature of the student's softmax")
     teacher_tau: float = detail(0.05, "with --teacher and distill kl: the temperature of the teacher's softmax")
     guide_margin: float = knob(0.0, '--guide-margin',
@@ -46,11 +47,12 @@ class ObjectiveConfig(Section):
 
         self.typed()
         one_of("objective.distill", self.distill, KINDS)
-        for key in ("distill_weight", "distill_tau", "teacher_tau"):
+        for key in ("distill_tau", "teacher_tau"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"objective.{key} must be > 0, got {getattr(self, key)}")
-        if not self.guide_margin >= 0:
-            raise ConfigError(f"objective.guide_margin must be >= 0, got {self.guide_margin}")
+        for key in ("distill_weight", "guide_margin"):
+            if not getattr(self, key) >= 0:
+                raise ConfigError(f"objective.{key} must be >= 0, got {getattr(self, key)}")
         if self.matryoshka_dims is not None or self.matryoshka_weights is not None:
             self.build()  # (sizes, weights, and whether the objective can be wrapped)
 
@@ -78,9 +80,11 @@ class ObjectiveConfig(Section):
         return WithReferences(objective, references) if references else objective
 
     def references(self, teacher: bool, guide: bool):
-        """What a teacher and a guide add (raycse.objectives.references.ReferenceSpec), or None without them."""
+        """What a teacher and a guide add (raycse.objectives.references.ReferenceSpec), or None without them
+        (a teacher weighted 0 is none)."""
         from raycse.objectives.references import ReferenceSpec
 
+        teacher = teacher and self.distill_weight > 0
         if not (teacher or guide):
             return None
         return ReferenceSpec(self.distill if teacher else None, self.distill_weight, self.distill_tau, self.teacher_tau,

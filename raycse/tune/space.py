@@ -38,6 +38,11 @@ RENAMED = {"lambda": "lam", "warmup": "warmup_ratio", "lora_r": "model.lora.r", 
 # objective settings of every objective (not one objective's knobs)
 OBJECTIVE_SETTINGS = ("objective.name", *(f"objective.{name}" for name in OWN_SETTINGS))
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "logint", "choice")
+# settings that act only with a teacher or a guide: a knob of one is searched only where the run or another
+# knob sets what it acts on (combined.yaml's distill_weight: with --set run.model.teacher=MODEL)
+ACTS_WITH = {**{f"objective.{name}": "model.teacher" for name in ("distill", "distill_weight", "distill_tau",
+                                                                   "teacher_tau")},
+             "objective.guide_margin": "model.guide"}
 
 
 @dataclass
@@ -252,12 +257,32 @@ def load_space(path: str, corpus: Optional[str] = None, overrides: Sequence[tupl
     space = SearchSpace(str(path), str(raw.get("description", "")), run,
                         [_knob(str(n), s, str(path)) for n, s in search.items()], _targets(raw.get("targets"), path))
     try:
-        RunConfig.from_dict(copy.deepcopy(run)).validate()
+        fixed = RunConfig.from_dict(copy.deepcopy(run)).validate()
     except ConfigError as exc:
         given = "".join(f" --set run.{key}={text}" for key, text in overrides)
         raise ConfigError(f"{path}{' with' + given if given else ''}: run: {exc}") from None
+    space.knobs = _acting(space.knobs, fixed, str(path))
     _check_knobs(space)
     return space
+
+
+def _acting(knobs: list[Knob], fixed: RunConfig, path: str) -> list[Knob]:
+    """``knobs`` less those that act on nothing in this run (:data:`ACTS_WITH`: a teacher's weight where no
+    teacher is set), said once; a trial spent on a setting without effect would be a trial lost."""
+    keys = {k.key for k in knobs}
+    idle = [k for k in knobs
+            if k.key in ACTS_WITH and ACTS_WITH[k.key] not in keys and not get_dotted(fixed, ACTS_WITH[k.key])]
+    for knob in idle:
+        needs = ACTS_WITH[knob.key]
+        user = next((k.name for k in knobs if knob.name in k.when), None)
+        if user:
+            raise ConfigError(f"{path}: knob '{user}' depends on '{knob.name}', which acts only with {needs} (unset): "
+                              f"set it (--set run.{needs}=MODEL) or drop both knobs")
+        if (path, knob.name) not in _told:
+            _told.add((path, knob.name))
+            print(f"[raycse] {path}: knob '{knob.name}' is not searched: it acts only with {needs}, which this run "
+                  f"does not set (--set run.{needs}=MODEL)", file=sys.stderr)
+    return [k for k in knobs if k not in idle]
 
 
 def _targets(given, path: str) -> list:
