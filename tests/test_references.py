@@ -331,3 +331,8 @@ def test_a_teacher_weighted_0_is_left_out(tmp_path):
     assert resolve_references(run, "unused").model.teacher == str(tmp_path / "nosuch")
     with pytest.raises(RaycseError, match=r"model.teacher \(--teacher\): model path does not exist"):
         resolve_references(run.resolved({"objective.distill_weight": 0.5}), "unused")
+    # a Tune trial weighting the teacher 0 does not take the experiment's prepared data, teacher vectors and all
+    from raycse.train.prepare import data_key
+
+    weighted = {data_key(run.resolved({"objective.distill_weight": w})) for w in (0.5, 1.0, 2.0)}
+    assert len(weighted) == 1 and data_key(run) not in weighted

@@ -47,11 +47,13 @@ def data_key(run: RunConfig) -> str:
     d = run.to_dict()
     train = {k: d["train"][k] for k in ("seed", "batch_size", "num_workers", "epochs", "max_steps", "use_gpu",
                                          "precision")}
-    # (the teacher's and guide's vectors are part of the prepared data: which columns depends on distill)
+    # (the teacher's and guide's vectors are part of the prepared data: which columns depends on distill,
+    # and a teacher weighted 0 embeds none)
     expand = row_expander(run)
     rows = None if expand is None else sorted(expand.keywords.items())
+    distill = d["objective"]["distill"] if run.objective.distill_weight > 0 else None
     return json.dumps({"data": d["data"], "grouping": d["grouping"], "model": d["model"], "train": train,
-                       "rows": rows, "distill": d["objective"]["distill"]}, sort_keys=True, default=str)
+                       "rows": rows, "distill": distill}, sort_keys=True, default=str)
 
 
 @dataclass
