@@ -4,11 +4,14 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from conftest import bare_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.full_tier  # (tests/conftest.py: the whole check in a subprocess, ~50 s)
 def test_gpu_check_part_one_smoke_on_cpu(tmp_path):
     out = tmp_path / "report.json"
     r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--device", "cpu", "--model", "tiny",
@@ -38,6 +41,7 @@ def test_gpu_check_part_one_smoke_on_cpu(tmp_path):
     assert r.returncode == 2 and "no CUDA device here" in r.stderr  # a CPU box says so
 
 
+@pytest.mark.full_tier  # (tests/conftest.py: the check and a raycse train in subprocesses, ~15 s)
 def test_gpu_check_part_two_fails_when_its_training_run_fails(tmp_path):
     """Part two's `raycse train --use-gpu` refused (no GPU here): the check exits non-zero and names it."""
     out = tmp_path / "report.json"
@@ -56,8 +60,6 @@ def test_the_loop_gap_scripts_train_fit_is_bounded():
     import sys
     import threading
     import time
-
-    import pytest
 
     sys.path.insert(0, str(ROOT / "scripts"))
     from gpu_loop_gap import FIT_BOUND_S, bounded
