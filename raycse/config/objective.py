@@ -79,12 +79,17 @@ class ObjectiveConfig(Section):
         references = self.references(teacher, guide)
         return WithReferences(objective, references) if references else objective
 
+    def distills(self, teacher) -> bool:
+        """Whether a run with ``teacher`` (model.teacher) has a teacher's term: one weighted 0 is none (a
+        search's "no teacher" choice), nothing embedded and the teacher not loaded."""
+        return bool(teacher) and self.distill_weight > 0
+
     def references(self, teacher: bool, guide: bool):
         """What a teacher and a guide add (raycse.objectives.references.ReferenceSpec), or None without them
         (a teacher weighted 0 is none)."""
         from raycse.objectives.references import ReferenceSpec
 
-        teacher = teacher and self.distill_weight > 0
+        teacher = self.distills(teacher)
         if not (teacher or guide):
             return None
         return ReferenceSpec(self.distill if teacher else None, self.distill_weight, self.distill_tau, self.teacher_tau,

@@ -205,8 +205,8 @@ def resolve_references(run: RunConfig, model_path: str) -> RunConfig:
     changes = {}
     for key in ("teacher", "guide"):
         name = getattr(run.model, key)
-        unused = key == "teacher" and run.objective.distill_weight == 0  # (a search's "no teacher" choice)
-        if name and not unused and not (key == "guide" and name == INITIAL):
+        used = run.objective.distills(name) if key == "teacher" else name and name != INITIAL
+        if used:
             try:
                 changes[f"model.{key}"] = resolve_model(name, run.model.trust_remote_code)
             except RaycseError as exc:  # (the model's own line, naming which model it was)

@@ -51,7 +51,7 @@ def data_key(run: RunConfig) -> str:
     # and a teacher weighted 0 embeds none)
     expand = row_expander(run)
     rows = None if expand is None else sorted(expand.keywords.items())
-    distill = d["objective"]["distill"] if run.objective.distill_weight > 0 else None
+    distill = d["objective"]["distill"] if run.objective.distills(run.model.teacher) else None
     return json.dumps({"data": d["data"], "grouping": d["grouping"], "model": d["model"], "train": train,
                        "rows": rows, "distill": distill}, sort_keys=True, default=str)
 
