@@ -15,6 +15,8 @@ Beside them: the teacher's own score on the reporting half, the teacher's one-ti
 (seconds, from the first run that computes it; later runs read it back from the cache) and each row's
 training speed (examples/s of the fit, this process, one row after another). The verdicts follow
 verdicts.py's rule (A beats B when the mean difference exceeds the two rows' seed spreads added).
+``--weights W ...`` adds a row ``combined_best + teacher (weight W)`` for each W (the teacher's weight
+screened against combined_best, the issue's target; ``--only-weights`` runs just those rows).
 Seeds go round the rows (every row's seed 0 first), and ``--json`` keeps every run as it ends: a later
 call with the same file and protocol runs only what is missing.
 """
@@ -66,6 +68,12 @@ class Tee(io.StringIO):
                 for role, col, n, d, s in found}
 
 
+def weighted_rows(weights: list[float]) -> list[tuple[str, str, dict]]:
+    """combined_best with the teacher at each screened weight (the fixed rows use weight 1)."""
+    return [(f"combined_best + teacher (weight {w:g})", "combined_best",
+             {"model.teacher": None, "objective.distill_weight": w}) for w in weights]
+
+
 def report_score(model: str, report) -> float:
     enc = Encoder.from_pretrained(model)
     return evaluate_datasets(lambda xs: enc.encode(xs, batch_size=64, max_length=256), [report])[report.name]
@@ -86,6 +94,9 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=64)
     ap.add_argument("--eval-steps", type=int, default=125)
     ap.add_argument("--guide-margin", type=float, default=0.01)
+    ap.add_argument("--weights", type=float, nargs="*", default=[],
+                    help="also combined_best + teacher at these distillation weights")
+    ap.add_argument("--only-weights", action="store_true", help="run only the --weights rows")
     ap.add_argument("--json", default=None, help="keep every run here; runs already in it are not run again")
     ap.add_argument("--table-only", action="store_true", help="print the table from --json, run nothing")
     args = ap.parse_args()
@@ -103,8 +114,9 @@ def main() -> None:
               f"{args.max_length}, seeds {args.seeds}; teacher {Path(args.teacher).name}", flush=True)
         if not args.table_only and store.before("teacher") is None:
             store.add_before("teacher", {"1": report_score(args.teacher, report)})
+        rows = ([] if args.only_weights else ROWS) + weighted_rows(args.weights)
         for seed in [] if args.table_only else args.seeds:
-            for name, config, overrides in ROWS:
+            for name, config, overrides in rows:
                 if store.run(name, seed):
                     continue
                 start, out = time.perf_counter(), f"{tmp}/{seed}"
@@ -120,11 +132,17 @@ def main() -> None:
                 print(f"  {name} seed {seed}: report half {score:.2f}, {last.get('train_examples_per_s', 0):.1f} "
                       f"examples/s", flush=True)
                 shutil.rmtree(out, ignore_errors=True)
-    print_table(store, args.seeds)
+    print_table(store, args.seeds, ROWS + weighted_rows(sorted(weights_run(store) | set(args.weights))))
 
 
-def print_table(store: Store, seeds: list[int]) -> None:
-    runs = {name: [r for r in store.data["runs"] if r["row"] == name and r["seed"] in seeds] for name, _, _ in ROWS}
+def weights_run(store: Store) -> set:
+    """The screened weights the JSON holds runs of."""
+    found = (re.fullmatch(r"combined_best \+ teacher \(weight ([\d.e-]+)\)", r["row"]) for r in store.data["runs"])
+    return {float(m.group(1)) for m in found if m}
+
+
+def print_table(store: Store, seeds: list[int], rows: list) -> None:
+    runs = {name: [r for r in store.data["runs"] if r["row"] == name and r["seed"] in seeds] for name, _, _ in rows}
     teacher = (store.before("teacher") or {}).get("1", float("nan"))
     print(f"\nteacher (its own embeddings) on the reporting half: {teacher:.2f}")
     for run in store.data["runs"]:
@@ -141,7 +159,9 @@ def print_table(store: Store, seeds: list[int]) -> None:
         masked = [r["guide_masked"] for r in done if r.get("guide_masked") is not None]
         print(f"{name:26s} {v.mean():7.2f} +- {v.std():5.2f} {speed:11.1f} {speed / base:13.2f}x "
               f"{(f'{np.mean(masked):.1%}' if masked else ''):>7s} {len(done)}/{len(seeds)}")
-    for a, b, claim in CLAIMS:
+    screened = [(name, "combined_best", f"a teacher at {name[len('combined_best + teacher '):]} helps the combined best")
+                for name, _, _ in rows[len(ROWS):]]
+    for a, b, claim in CLAIMS + screened:
         said, diff, spread = verdict([r["scores"]["1"] for r in runs[a]], [r["scores"]["1"] for r in runs[b]],
                                      "beats", len(seeds))
         print(f"{claim}: {a} vs {b}: {said} (difference {diff:+.2f}, spread {spread:.2f})")
