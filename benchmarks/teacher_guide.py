@@ -16,7 +16,8 @@ Beside them: the teacher's own score on the reporting half, the teacher's one-ti
 training speed (examples/s of the fit, this process, one row after another). The verdicts follow
 verdicts.py's rule (A beats B when the mean difference exceeds the two rows' seed spreads added).
 ``--weights W ...`` adds a row ``combined_best + teacher (weight W)`` for each W (the teacher's weight
-screened against combined_best, the issue's target; ``--only-weights`` runs just those rows).
+screened against combined_best, the issue's target; ``--only-weights`` runs just those rows); ``W:S:T``
+also sets kl's temperatures, the student's S and the teacher's T (0.05 and 0.05 otherwise).
 Seeds go round the rows (every row's seed 0 first), and ``--json`` keeps every run as it ends: a later
 call with the same file and protocol runs only what is missing.
 """
@@ -68,10 +69,24 @@ class Tee(io.StringIO):
                 for role, col, n, d, s in found}
 
 
-def weighted_rows(weights: list[float]) -> list[tuple[str, str, dict]]:
-    """combined_best with the teacher at each screened weight (the fixed rows use weight 1)."""
-    return [(f"combined_best + teacher (weight {w:g})", "combined_best",
-             {"model.teacher": None, "objective.distill_weight": w}) for w in weights]
+def weighted_rows(screens: list[str]) -> list[tuple[str, str, dict]]:
+    """combined_best with the teacher at each screened ``W`` or ``W:S:T`` (the fixed rows: weight 1, taus 0.05)."""
+    rows = []
+    for screen in screens:
+        weight, *taus = (float(x) for x in screen.split(":"))
+        sets = {"model.teacher": None, "objective.distill_weight": weight}
+        if taus:
+            sets.update({"objective.distill_tau": taus[0], "objective.teacher_tau": taus[1]})
+        name = f"weight {weight:g}" + (f", taus {taus[0]:g}/{taus[1]:g}" if taus else "")
+        rows.append((f"combined_best + teacher ({name})", "combined_best", sets))
+    return rows
+
+
+def screens_run(store: Store) -> set:
+    """The screens (``W`` or ``W:S:T``) the JSON holds runs of."""
+    found = (re.fullmatch(r"combined_best \+ teacher \(weight ([\d.e-]+)(?:, taus ([\d.e-]+)/([\d.e-]+))?\)", r["row"])
+             for r in store.data["runs"])
+    return {":".join(g for g in m.groups() if g) for m in found if m}
 
 
 def report_score(model: str, report) -> float:
@@ -94,8 +109,8 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=64)
     ap.add_argument("--eval-steps", type=int, default=125)
     ap.add_argument("--guide-margin", type=float, default=0.01)
-    ap.add_argument("--weights", type=float, nargs="*", default=[],
-                    help="also combined_best + teacher at these distillation weights")
+    ap.add_argument("--weights", nargs="*", default=[], metavar="W[:S:T]",
+                    help="also combined_best + teacher at these distillation weights (and kl temperatures)")
     ap.add_argument("--only-weights", action="store_true", help="run only the --weights rows")
     ap.add_argument("--json", default=None, help="keep every run here; runs already in it are not run again")
     ap.add_argument("--table-only", action="store_true", help="print the table from --json, run nothing")
@@ -104,6 +119,12 @@ def main() -> None:
         refuse(f"--teacher {args.teacher} holds no config.json: unpack all-mpnet-base-v2 as README's "
                f"'Distillation from a teacher' says")
     args.teacher, args.precision = str(Path(args.teacher).resolve()), "fp32"
+    try:  # (one spelling per screen: "0.10" and "0.1" are one row)
+        args.weights = [":".join(f"{float(x):g}" for x in w.split(":")) for w in args.weights]
+    except ValueError:
+        refuse(f"--weights {' '.join(args.weights)}: each is a weight W or W:S:T (numbers), e.g. 0.1 or 0.1:0.1:0.1")
+    if any(len(w.split(":")) not in (1, 3) for w in args.weights):
+        refuse(f"--weights {' '.join(args.weights)}: each is a weight W or W:S:T, e.g. 0.1 or 0.1:0.1:0.1")
     store = Store(Path(args.json) if args.json else None,
                   {**protocol(args), "teacher": Path(args.teacher).name, "guide_margin": args.guide_margin})
     with tempfile.TemporaryDirectory() as tmp:
@@ -132,13 +153,7 @@ def main() -> None:
                 print(f"  {name} seed {seed}: report half {score:.2f}, {last.get('train_examples_per_s', 0):.1f} "
                       f"examples/s", flush=True)
                 shutil.rmtree(out, ignore_errors=True)
-    print_table(store, args.seeds, ROWS + weighted_rows(sorted(weights_run(store) | set(args.weights))))
-
-
-def weights_run(store: Store) -> set:
-    """The screened weights the JSON holds runs of."""
-    found = (re.fullmatch(r"combined_best \+ teacher \(weight ([\d.e-]+)\)", r["row"]) for r in store.data["runs"])
-    return {float(m.group(1)) for m in found if m}
+    print_table(store, args.seeds, ROWS + weighted_rows(sorted(screens_run(store) | set(args.weights))))
 
 
 def print_table(store: Store, seeds: list[int], rows: list) -> None:
@@ -150,14 +165,15 @@ def print_table(store: Store, seeds: list[int], rows: list) -> None:
             print(f"one-time embedding, {what}: {cost['rows']:,} rows ({cost['dims']}-d) in {cost['seconds']:.1f} s "
                   f"({cost['rows'] / cost['seconds']:.1f} rows/s; {run['row']}, seed {run['seed']})")
     base = np.mean([r["examples_per_s"] for r in runs["SimCSE kNN"]]) if runs["SimCSE kNN"] else float("nan")
-    print(f"{'row':26s} {'report half':>16s} {'examples/s':>11s} {'vs SimCSE kNN':>14s} {'masked':>7s} seeds")
+    wide = max(len(name) for name in runs)
+    print(f"{'row':{wide}s} {'report half':>16s} {'examples/s':>11s} {'vs SimCSE kNN':>14s} {'masked':>7s} seeds")
     for name, done in runs.items():
         if not done:
-            print(f"{name:26s} (not run)")
+            print(f"{name:{wide}s} (not run)")
             continue
         v, speed = np.array([r["scores"]["1"] for r in done]), np.mean([r["examples_per_s"] for r in done])
         masked = [r["guide_masked"] for r in done if r.get("guide_masked") is not None]
-        print(f"{name:26s} {v.mean():7.2f} +- {v.std():5.2f} {speed:11.1f} {speed / base:13.2f}x "
+        print(f"{name:{wide}s} {v.mean():7.2f} +- {v.std():5.2f} {speed:11.1f} {speed / base:13.2f}x "
               f"{(f'{np.mean(masked):.1%}' if masked else ''):>7s} {len(done)}/{len(seeds)}")
     screened = [(name, "combined_best", f"a teacher at {name[len('combined_best + teacher '):]} helps the combined best")
                 for name, _, _ in rows[len(ROWS):]]
