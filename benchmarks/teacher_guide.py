@@ -69,24 +69,20 @@ class Tee(io.StringIO):
                 for role, col, n, d, s in found}
 
 
-def weighted_rows(screens: list[str]) -> list[tuple[str, str, dict]]:
-    """combined_best with the teacher at each screened ``W`` or ``W:S:T`` (the fixed rows: weight 1, taus 0.05)."""
+SCREENED = "combined_best + teacher"  # (a screened row's name: this, then its weight and taus)
+
+
+def weighted_rows(screens: list[list[float]]) -> list[tuple[str, str, dict]]:
+    """combined_best with the teacher at each screened ``[W]`` or ``[W, S, T]`` (the fixed rows: weight 1, taus
+    0.05); one name per value, so "0.10" and "0.1" are one row."""
     rows = []
-    for screen in screens:
-        weight, *taus = (float(x) for x in screen.split(":"))
+    for weight, *taus in screens:
         sets = {"model.teacher": None, "objective.distill_weight": weight}
         if taus:
             sets.update({"objective.distill_tau": taus[0], "objective.teacher_tau": taus[1]})
         name = f"weight {weight:g}" + (f", taus {taus[0]:g}/{taus[1]:g}" if taus else "")
-        rows.append((f"combined_best + teacher ({name})", "combined_best", sets))
+        rows.append((f"{SCREENED} ({name})", "combined_best", sets))
     return rows
-
-
-def screens_run(store: Store) -> set:
-    """The screens (``W`` or ``W:S:T``) the JSON holds runs of."""
-    found = (re.fullmatch(r"combined_best \+ teacher \(weight ([\d.e-]+)(?:, taus ([\d.e-]+)/([\d.e-]+))?\)", r["row"])
-             for r in store.data["runs"])
-    return {":".join(g for g in m.groups() if g) for m in found if m}
 
 
 def report_score(model: str, report) -> float:
@@ -119,12 +115,14 @@ def main() -> None:
         refuse(f"--teacher {args.teacher} holds no config.json: unpack all-mpnet-base-v2 as README's "
                f"'Distillation from a teacher' says")
     args.teacher, args.precision = str(Path(args.teacher).resolve()), "fp32"
-    try:  # (one spelling per screen: "0.10" and "0.1" are one row)
-        args.weights = [":".join(f"{float(x):g}" for x in w.split(":")) for w in args.weights]
+    try:
+        screens = [[float(x) for x in w.split(":")] for w in args.weights]
     except ValueError:
-        refuse(f"--weights {' '.join(args.weights)}: each is a weight W or W:S:T (numbers), e.g. 0.1 or 0.1:0.1:0.1")
-    if any(len(w.split(":")) not in (1, 3) for w in args.weights):
-        refuse(f"--weights {' '.join(args.weights)}: each is a weight W or W:S:T, e.g. 0.1 or 0.1:0.1:0.1")
+        screens = []
+    if len(screens) != len(args.weights) or any(len(w) not in (1, 3) or w[0] < 0 or min(w[1:], default=1) <= 0
+                                                for w in screens):
+        refuse(f"--weights {' '.join(args.weights)}: each is a weight W >= 0, or W:S:T with temperatures S, T > 0, e.g. "
+               f"0.1 or 0.1:0.1:0.1")
     store = Store(Path(args.json) if args.json else None,
                   {**protocol(args), "teacher": Path(args.teacher).name, "guide_margin": args.guide_margin})
     with tempfile.TemporaryDirectory() as tmp:
@@ -135,7 +133,7 @@ def main() -> None:
               f"{args.max_length}, seeds {args.seeds}; teacher {Path(args.teacher).name}", flush=True)
         if not args.table_only and store.before("teacher") is None:
             store.add_before("teacher", {"1": report_score(args.teacher, report)})
-        rows = ([] if args.only_weights else ROWS) + weighted_rows(args.weights)
+        rows = ([] if args.only_weights else ROWS) + weighted_rows(screens)
         for seed in [] if args.table_only else args.seeds:
             for name, config, overrides in rows:
                 if store.run(name, seed):
@@ -153,11 +151,14 @@ def main() -> None:
                 print(f"  {name} seed {seed}: report half {score:.2f}, {last.get('train_examples_per_s', 0):.1f} "
                       f"examples/s", flush=True)
                 shutil.rmtree(out, ignore_errors=True)
-    print_table(store, args.seeds, ROWS + weighted_rows(sorted(screens_run(store) | set(args.weights))))
+    print_table(store, args.seeds, [name for name, _, _ in weighted_rows(screens)])
 
 
-def print_table(store: Store, seeds: list[int], rows: list) -> None:
-    runs = {name: [r for r in store.data["runs"] if r["row"] == name and r["seed"] in seeds] for name, _, _ in rows}
+def print_table(store: Store, seeds: list[int], asked: list[str]) -> None:
+    """The fixed rows, then every screened row the JSON holds or ``asked`` names, with the verdicts."""
+    fixed = [name for name, _, _ in ROWS]
+    screened = sorted(({r["row"] for r in store.data["runs"]} | set(asked)) - set(fixed))
+    runs = {name: [r for r in store.data["runs"] if r["row"] == name and r["seed"] in seeds] for name in fixed + screened}
     teacher = (store.before("teacher") or {}).get("1", float("nan"))
     print(f"\nteacher (its own embeddings) on the reporting half: {teacher:.2f}")
     for run in store.data["runs"]:
@@ -175,9 +176,9 @@ def print_table(store: Store, seeds: list[int], rows: list) -> None:
         masked = [r["guide_masked"] for r in done if r.get("guide_masked") is not None]
         print(f"{name:{wide}s} {v.mean():7.2f} +- {v.std():5.2f} {speed:11.1f} {speed / base:13.2f}x "
               f"{(f'{np.mean(masked):.1%}' if masked else ''):>7s} {len(done)}/{len(seeds)}")
-    screened = [(name, "combined_best", f"a teacher at {name[len('combined_best + teacher '):]} helps the combined best")
-                for name, _, _ in rows[len(ROWS):]]
-    for a, b, claim in CLAIMS + screened:
+    screens = [(name, "combined_best", f"a teacher at {name[len(SCREENED) + 1:]} helps the combined best")
+               for name in screened]
+    for a, b, claim in CLAIMS + screens:
         said, diff, spread = verdict([r["scores"]["1"] for r in runs[a]], [r["scores"]["1"] for r in runs[b]],
                                      "beats", len(seeds))
         print(f"{claim}: {a} vs {b}: {said} (difference {diff:+.2f}, spread {spread:.2f})")
