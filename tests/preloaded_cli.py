@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import json
 import os
-import select
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -38,6 +39,10 @@ def _serve() -> None:
         pid = os.fork()
         if pid == 0:
             _child(request)  # never returns
+        try:  # (here too: the group exists before the test may need to end it, whichever runs first)
+            os.setpgid(pid, pid)
+        except OSError:  # it already set it itself, or has already ended
+            pass
         print(json.dumps({"pid": pid}), flush=True)
         _, status = os.waitpid(pid, 0)
         print(json.dumps({"pid": pid, "rc": os.waitstatus_to_exitcode(status)}), flush=True)
@@ -79,17 +84,29 @@ def _child(request: dict) -> None:
 class Preloaded:
     """One serving interpreter; :meth:`run` is one command, bounded."""
 
-    def __init__(self, env: dict):
+    def __init__(self, env: dict, server: list | None = None):
         self.env = env
-        self.server = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                       env=env, text=True)
+        self.server = subprocess.Popen(server or [sys.executable, __file__], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, env=env, text=True)
         self.scratch = Path(tempfile.mkdtemp(prefix="raycse-preloaded-"))
+        # A thread reads the answers into a queue: select() on the pipe would miss a second answer that the
+        # first readline() had already buffered (a command that ends at once: both lines arrive together).
+        self.answers: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.server.stdout:
+            self.answers.put(line)
+        self.answers.put("")  # the server ended
 
     def _answer(self, bound_s: float) -> dict:
-        ready, _, _ = select.select([self.server.stdout], [], [], bound_s)
-        line = self.server.stdout.readline() if ready else ""
+        try:
+            line = self.answers.get(timeout=bound_s)
+        except queue.Empty:
+            line = None
         if not line:
-            raise TimeoutError(f"the preloaded interpreter gave no answer within {bound_s:g} s")
+            end = "ended" if line == "" else f"gave no answer within {bound_s:g} s"
+            raise TimeoutError(f"the preloaded interpreter {end}")
         return json.loads(line)
 
     def run(self, argv: list, cwd: Path, timeout: float = 300) -> SimpleNamespace:

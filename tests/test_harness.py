@@ -1,4 +1,5 @@
-"""The suite's own machinery in conftest.py: the groups its processes take the tests in, and their order."""
+"""The suite's own machinery: in conftest.py, the groups its processes take the tests in, and their order;
+in preloaded_cli.py, the forking interpreter that runs the bad-input table's commands."""
 
 from __future__ import annotations
 
@@ -85,3 +86,33 @@ def test_xdist_keeps_a_group_on_one_process(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:]
     workers = {(tmp_path / f"g{i}").read_text() for i in range(4)}
     assert len(workers) == 1, f"the group's tests ran on {sorted(workers)}"
+
+
+# A server that answers each request as a command that ends at once: both its lines in one write, as they
+# reach the test when the command's exit beats the test's first read (CI's stop 103 waited 300 s on one).
+_AT_ONCE = """
+import json, os, sys
+for line in sys.stdin:
+    request = json.loads(line)
+    for key in ("out", "err"):
+        open(request[key], "w").write(key)
+    sys.stdout.write(json.dumps({"pid": os.getpid()}) + "\\n" + json.dumps({"pid": os.getpid(), "rc": 2}) + "\\n")
+    sys.stdout.flush()
+"""
+
+
+def test_the_preloaded_interpreter_reads_two_answers_that_came_in_one_write(tmp_path):
+    import sys
+    import time
+
+    from preloaded_cli import Preloaded
+
+    server = Preloaded({}, server=[sys.executable, "-c", _AT_ONCE])
+    try:
+        start = time.monotonic()
+        for _ in range(3):
+            done = server.run(["train"], tmp_path, timeout=5)
+            assert (done.returncode, done.stdout, done.stderr) == (2, "out", "err")
+        assert time.monotonic() - start < 5
+    finally:
+        server.close()
