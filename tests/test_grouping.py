@@ -677,3 +677,19 @@ def test_compcse_subsampling_adds_rows_where_the_corpus_is_read(ray_cluster, tmp
     key = data_key(run)
     run.objective.params = {"subsample": "adjacent"}
     assert data_key(run) != key
+
+
+def test_faiss_loads_without_its_loaders_lines_where_a_process_logs_at_info():
+    """Ray's workers log at INFO, where faiss's loader said a line per ISA build the wheel lacks
+    (``ModuleNotFoundError("No module named 'faiss.swigfaiss_avx512_spr'")`` in every kNN run's output)."""
+    import subprocess
+    import sys
+
+    code = ("import logging; logging.basicConfig(level=logging.INFO); import numpy as np; "
+            "from raycse.grouping import knn; "
+            "x = np.random.default_rng(0).standard_normal((64, 8)).astype('float32'); "
+            "print(knn.measure_recall(x, np.zeros((64, 2), dtype='int64'), 8, 0))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert 0 <= float(done.stdout) <= 1
+    assert "faiss" not in done.stderr, done.stderr

@@ -31,6 +31,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from raycse.errors import DataError
+from raycse.platform.machine import import_faiss
 
 METRICS = ("nDCG@10", "MRR@10", "Recall@100")
 TOP_K = 100
@@ -114,7 +115,7 @@ def _normalise(x: np.ndarray) -> np.ndarray:
 
 def search(doc_vecs: np.ndarray, query_vecs: np.ndarray, data: BeirData, k: int = TOP_K) -> dict[str, dict[str, float]]:
     """Exact inner-product top-k per query (faiss), without the document that shares the query's id."""
-    import faiss
+    faiss = import_faiss()
 
     index = faiss.IndexFlatIP(doc_vecs.shape[1])
     index.add(_normalise(doc_vecs))

@@ -29,6 +29,7 @@ import numpy as np
 from raycse.config.evaluation import EMBEDDING_PRECISIONS as PRECISIONS
 from raycse.errors import ConfigError
 from raycse.grouping.vectors import normalize
+from raycse.platform.machine import import_faiss
 
 BITS = ("binary", "ubinary")
 CALIBRATION = ("int8/uint8 ranges: calibrated on each STS task's own sentences and on the BEIR corpus's "
@@ -96,7 +97,7 @@ def search_at(doc_vecs: np.ndarray, query_vecs: np.ndarray, data, precision: str
         ranges = ranges_of(doc_vecs)
         return search(quantize(doc_vecs, precision, ranges).astype(np.float32),
                       quantize(query_vecs, precision, ranges).astype(np.float32), data, k)
-    import faiss
+    faiss = import_faiss()
 
     dim = doc_vecs.shape[1]
     docs = np.packbits(unpacked_bits(quantize(doc_vecs, precision), precision)[:, :dim], axis=1)

@@ -32,6 +32,7 @@ from typing import Optional
 import numpy as np
 
 from raycse.grouping.vectors import as_float32, float32_chunks, id_dtype
+from raycse.platform.machine import import_faiss
 
 log = logging.getLogger("raycse.grouping")
 
@@ -65,7 +66,7 @@ class Cells:
 
 def _kmeans(x: np.ndarray, k: int, seed: int) -> np.ndarray:
     """``k`` unit-norm centroids of normalised ``x``, trained on <= ``POINTS_PER_CENTROID * k`` rows."""
-    import faiss
+    faiss = import_faiss()
 
     k = max(1, min(k, len(x)))
     rng = np.random.default_rng(seed)
@@ -79,7 +80,7 @@ def _kmeans(x: np.ndarray, k: int, seed: int) -> np.ndarray:
 
 def _nearest(x: np.ndarray, centroids: np.ndarray) -> np.ndarray:
     """Each row's nearest centroid (float16 rows are read a chunk at a time in float32)."""
-    import faiss
+    faiss = import_faiss()
 
     ids = np.empty(len(x), dtype=np.int64)
     for start, rows in float32_chunks(x):
@@ -158,7 +159,7 @@ def _near_cells(coarse: np.ndarray, subs: list, first: np.ndarray, neighbour_cel
     """Each cell's ``neighbour_cells`` nearest cells by centroid, itself included, looked for among
     the cells of the coarse clusters nearest its own (at least ``COARSE_AROUND + 1`` of them, and
     ~``NEAR_CHOICE * neighbour_cells`` cells), not among all cells: that would cost cells^2."""
-    import faiss
+    faiss = import_faiss()
 
     count = int(first[-1])
     m = min(neighbour_cells, count)

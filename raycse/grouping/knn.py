@@ -27,6 +27,7 @@ import numpy as np
 
 from raycse.grouping import vectors as embedding_arrays  # (module: search() names its argument vectors)
 from raycse.grouping.vectors import as_float32, float32_chunks, id_dtype, normalize
+from raycse.platform.machine import import_faiss
 
 log = logging.getLogger("raycse.grouping")
 
@@ -45,7 +46,7 @@ def default_nlist(n: int) -> int:
 
 
 def _empty_ivf(sample: np.ndarray, nlist: int, seed: int):
-    import faiss
+    faiss = import_faiss()
 
     d = sample.shape[1]
     quantizer = faiss.IndexFlatIP(d)
@@ -61,7 +62,7 @@ def _empty_ivf(sample: np.ndarray, nlist: int, seed: int):
 def _search_shard(db: np.ndarray, queries: np.ndarray, k: int, offset: int, ivf_bytes, nprobe: int,
                   threads: int):
     """Search one database shard; returns (D, I) with I in global row ids."""
-    import faiss
+    faiss = import_faiss()
 
     t0 = time.perf_counter()
     if threads:
@@ -95,7 +96,7 @@ def top_k(db: np.ndarray, queries: np.ndarray, k: int, method: str = "exact", nl
     if shards == 1:
         dist, idx, secs = _search_shard(db, queries, k, 0, ivf_bytes, nprobe, threads or 0)
         return dist, idx, [secs]
-    import faiss
+    faiss = import_faiss()
     import ray
 
     from raycse.grouping.tasks import gather
@@ -224,7 +225,7 @@ def _without_self(block: np.ndarray, first: int, k: int) -> np.ndarray:
 
 def measure_recall(x: np.ndarray, approx: np.ndarray, sample: int, seed: int) -> float:
     """Mean recall@k of ``approx`` against an exact search, on ``sample`` random queries."""
-    import faiss
+    faiss = import_faiss()
 
     n, k = approx.shape
     rng = np.random.default_rng(seed + 1)

@@ -21,6 +21,7 @@ from typing import Optional
 import numpy as np
 
 from raycse.grouping import knn as knn_search
+from raycse.platform.machine import import_faiss
 
 STOPWORDS = frozenset("""a about above after again against all also am an and any are as at be because been before
 being below between both but by can could did do does doing down during each few for from further had has have
@@ -93,7 +94,7 @@ def shingle_key(text: str, seed: int, epoch: int, row_id: int, size: int = 1) ->
 
 
 def cluster_keys(vectors: np.ndarray, k: Optional[int], group_size: int, seed: int) -> np.ndarray:
-    import faiss
+    faiss = import_faiss()
 
     x = knn_search.normalize(vectors).astype(np.float32, copy=False)  # faiss's k-means reads float32
     n = len(x)

@@ -1,5 +1,6 @@
 """What machine this is: the CPU model and the ISA flags that decide kernel choice. Printed in every
-benchmark and in the first line of a training log; keys the cached kernel probe (raycse.model.onednn)."""
+benchmark and in the first line of a training log; keys the cached kernel probe (raycse.model.onednn).
+Also faiss, imported without its loader's lines about the ISA builds a wheel lacks."""
 
 from __future__ import annotations
 
@@ -36,3 +37,15 @@ def describe() -> str:
     caps = isa_caps()
     capped = f", capped by {' '.join(f'{k}={v}' for k, v in caps.items())}" if caps else ""
     return f"{model} [{' '.join(flags) or 'no AVX2'}], {os.cpu_count()} CPUs{capped}"
+
+
+def import_faiss():
+    """The faiss module, imported without its loader's INFO lines: the loader tries a build per ISA flag
+    and logs each one the wheel lacks (faiss-cpu's wheels here hold only the generic one), which Ray's
+    workers, logging at INFO, print as ``ModuleNotFoundError(...)`` lines that read like failures."""
+    import logging
+
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+    import faiss
+
+    return faiss
