@@ -17,7 +17,11 @@ training speed (examples/s of the fit, this process, one row after another). The
 verdicts.py's rule (A beats B when the mean difference exceeds the two rows' seed spreads added).
 ``--weights W ...`` adds a row ``combined_best + teacher (weight W)`` for each W (the teacher's weight
 screened against combined_best, the issue's target; ``--only-weights`` runs just those rows); ``W:S:T``
-also sets kl's temperatures, the student's S and the teacher's T (0.05 and 0.05 otherwise).
+also sets kl's temperatures, the student's S and the teacher's T (0.05 and 0.05 otherwise). ``--staged``
+adds ``SimCSE kNN + teacher, then combined_best``: the teacher's distillation first (the SimCSE kNN + teacher
+row's run), then combined_best trained from that run's model, as a second fit of the same seed.
+``--teacher-guides M ...`` adds ``combined_best + the teacher as guide (margin M)`` for each M: GISTEmbed's
+own setting, a bigger model as the guide (its vectors are the teacher's, read back from the same cache).
 Seeds go round the rows (every row's seed 0 first), and ``--json`` keeps every run as it ends: a later
 call with the same file and protocol runs only what is missing.
 """
@@ -70,6 +74,14 @@ class Tee(io.StringIO):
 
 
 SCREENED = "combined_best + teacher"  # (a screened row's name: this, then its weight and taus)
+STAGED = "SimCSE kNN + teacher, then combined_best"
+FIRST_STAGE = next(row for row in ROWS if row[0] == "SimCSE kNN + teacher")
+GUIDED = "combined_best + the teacher as guide"
+
+
+def guided_rows(margins: list[float]) -> list[tuple[str, str, dict]]:
+    return [(f"{GUIDED} (margin {m:g})", "combined_best", {"model.guide": None, "objective.guide_margin": m})
+            for m in margins]
 
 
 def weighted_rows(screens: list[list[float]]) -> list[tuple[str, str, dict]]:
@@ -91,9 +103,11 @@ def report_score(model: str, report) -> float:
 
 
 def row_settings(config: str, overrides: dict, args, seed: int, select: Path) -> dict:
-    filled = {k: (args.teacher if k == "model.teacher" else v) for k, v in overrides.items()}
+    # (None: the teacher's folder, as the teacher or as the guide; a guide's margin: the row's, else --guide-margin)
+    filled = {k: (args.teacher if v is None and k in ("model.teacher", "model.guide") else v)
+              for k, v in overrides.items()}
     if "model.guide" in filled:
-        filled["objective.guide_margin"] = args.guide_margin
+        filled.setdefault("objective.guide_margin", args.guide_margin)
     return settings_from(config, filled, args, seed, select)
 
 
@@ -107,7 +121,11 @@ def main() -> None:
     ap.add_argument("--guide-margin", type=float, default=0.01)
     ap.add_argument("--weights", nargs="*", default=[], metavar="W[:S:T]",
                     help="also combined_best + teacher at these distillation weights (and kl temperatures)")
-    ap.add_argument("--only-weights", action="store_true", help="run only the --weights rows")
+    ap.add_argument("--staged", action="store_true", help="also the teacher first, then combined_best from its model")
+    ap.add_argument("--teacher-guides", type=float, nargs="*", default=[], metavar="M",
+                    help="also combined_best with the teacher as its guide, at these guide margins")
+    ap.add_argument("--only-weights", action="store_true",
+                    help="run only the --weights, --staged and --teacher-guides rows")
     ap.add_argument("--json", default=None, help="keep every run here; runs already in it are not run again")
     ap.add_argument("--table-only", action="store_true", help="print the table from --json, run nothing")
     args = ap.parse_args()
@@ -133,25 +151,32 @@ def main() -> None:
               f"{args.max_length}, seeds {args.seeds}; teacher {Path(args.teacher).name}", flush=True)
         if not args.table_only and store.before("teacher") is None:
             store.add_before("teacher", {"1": report_score(args.teacher, report)})
-        rows = ([] if args.only_weights else ROWS) + weighted_rows(screens)
+        rows = (([] if args.only_weights else ROWS) + weighted_rows(screens) + guided_rows(args.teacher_guides)
+                + ([(STAGED, "combined_best", {})] if args.staged else []))
         for seed in [] if args.table_only else args.seeds:
             for name, config, overrides in rows:
                 if store.run(name, seed):
                     continue
-                start, out = time.perf_counter(), f"{tmp}/{seed}"
+                start, out, first = time.perf_counter(), f"{tmp}/{seed}", None
                 log = Tee()
                 with contextlib.redirect_stdout(log):
+                    if name == STAGED:  # (its first stage: the teacher's row, trained again at this seed)
+                        first = train_run(f"{out}-first", row_settings(*FIRST_STAGE[1:], args, seed, select))
+                        overrides = {"model.name_or_path": str(first.model_dir)}
                     result = train_run(out, row_settings(config, overrides, args, seed, select))
                 last = result.metrics.get("last") or {}
                 score = report_score(str(result.model_dir), report)
                 store.add_run(name, seed, "mean", "", {1: score}, result, start,
                               examples_per_s=last.get("train_examples_per_s"), train_seconds=last.get("train_seconds"),
                               guide_masked=last.get("last_guide_masked"), distill=last.get("last_distill"),
-                              embedded=log.embedded())
+                              embedded=log.embedded(),
+                              first_stage_seconds=(first.metrics.get("last") or {}).get("train_seconds") if first else None)
                 print(f"  {name} seed {seed}: report half {score:.2f}, {last.get('train_examples_per_s', 0):.1f} "
                       f"examples/s", flush=True)
                 shutil.rmtree(out, ignore_errors=True)
-    print_table(store, args.seeds, [name for name, _, _ in weighted_rows(screens)])
+                shutil.rmtree(f"{out}-first", ignore_errors=True)
+    asked = weighted_rows(screens) + guided_rows(args.teacher_guides)
+    print_table(store, args.seeds, [name for name, _, _ in asked] + ([STAGED] if args.staged else []))
 
 
 def print_table(store: Store, seeds: list[int], asked: list[str]) -> None:
@@ -176,8 +201,8 @@ def print_table(store: Store, seeds: list[int], asked: list[str]) -> None:
         masked = [r["guide_masked"] for r in done if r.get("guide_masked") is not None]
         print(f"{name:{wide}s} {v.mean():7.2f} +- {v.std():5.2f} {speed:11.1f} {speed / base:13.2f}x "
               f"{(f'{np.mean(masked):.1%}' if masked else ''):>7s} {len(done)}/{len(seeds)}")
-    screens = [(name, "combined_best", f"a teacher at {name[len(SCREENED) + 1:]} helps the combined best")
-               for name in screened]
+    screens = [(name, "combined_best", f"a teacher at {name[len(SCREENED) + 1:]} helps the combined best"
+                if name.startswith(SCREENED) else f"{name} beats the combined best") for name in screened]
     for a, b, claim in CLAIMS + screens:
         said, diff, spread = verdict([r["scores"]["1"] for r in runs[a]], [r["scores"]["1"] for r in runs[b]],
                                      "beats", len(seeds))
