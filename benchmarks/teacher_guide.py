@@ -141,6 +141,8 @@ def main() -> None:
                                                 for w in screens):
         refuse(f"--weights {' '.join(args.weights)}: each is a weight W >= 0, or W:S:T with temperatures S, T > 0, e.g. "
                f"0.1 or 0.1:0.1:0.1")
+    if any(not m >= 0 for m in args.teacher_guides):
+        refuse(f"--teacher-guides {' '.join(map(str, args.teacher_guides))}: each is a guide margin M >= 0, e.g. 0.1")
     store = Store(Path(args.json) if args.json else None,
                   {**protocol(args), "teacher": Path(args.teacher).name, "guide_margin": args.guide_margin})
     with tempfile.TemporaryDirectory() as tmp:
