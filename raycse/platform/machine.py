@@ -40,12 +40,13 @@ def describe() -> str:
 
 
 def import_faiss():
-    """The faiss module, imported without its loader's INFO lines: the loader tries a build per ISA flag
-    and logs each one the wheel lacks (faiss-cpu's wheels here hold only the generic one), which Ray's
-    workers, logging at INFO, print as ``ModuleNotFoundError(...)`` lines that read like failures."""
+    """The faiss module, imported without its INFO lines: its loader tries a build per ISA flag and logs
+    each one the wheel lacks (1.15's wheels hold only the generic one), and older releases log that the
+    CPU wheel has no GPU indexes; Ray's workers, logging at INFO, print them as lines that read like
+    failures (``ModuleNotFoundError(...)``, ``Failed to load GPU Faiss``)."""
     import logging
 
-    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+    logging.getLogger("faiss").setLevel(logging.WARNING)  # (and so faiss.loader)
     import faiss
 
     return faiss
