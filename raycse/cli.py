@@ -139,6 +139,14 @@ def run_overrides(args: argparse.Namespace, prefix: str = "") -> list[tuple[str,
     return given
 
 
+def add_verbose_flag(p: argparse.ArgumentParser, bar: bool) -> None:
+    """``--verbose`` of a command whose console is raycse.platform.console's (``bar``: a training bar)."""
+    without = "they go to a log file whose path is printed once" + (", and a terminal shows one progress bar" if bar else "")
+    p.add_argument("--verbose", action="store_true",
+                   help=f"print every line here: Ray's own INFO lines and the workers' loading bars too (without it "
+                        f"{without})")
+
+
 def _command(sub, name: str, help: str, description: str, epilog: Optional[str] = None) -> argparse.ArgumentParser:
     return sub.add_parser(name, help=help, description=description, epilog=epilog, formatter_class=HelpFormatter)
 
@@ -165,9 +173,7 @@ def _train_parser(sub) -> None:
                    help="the run's name under --storage-path: a run resumes only checkpoints of its own name and "
                         "definition (config and corpus); another run there is refused, naming what differs")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
-    p.add_argument("--verbose", action="store_true",
-                   help="print every line here: Ray's own INFO lines and the workers' loading bars too (without it "
-                        "they go to a log file whose path is printed once, and a terminal shows one progress bar)")
+    add_verbose_flag(p, bar=True)
 
 
 def _eval_parser(sub) -> None:
@@ -228,6 +234,7 @@ def _tune_parser(sub) -> None:
     p.add_argument("--set", action="append", default=[], metavar="run.KEY=VALUE",
                    help="any run setting of every trial, as in the space file's run (raycse train's --set), e.g. "
                         "--set run.train.worker_start_timeout_s=600; a knob the space searches is still searched")
+    add_verbose_flag(p, bar=False)
 
 
 def _analyze_parser(sub) -> None:
@@ -384,7 +391,11 @@ def cmd_tune(args) -> int:
 
     settings = (settings_from_args(TuneSettings, args, space=args.space, run_overrides=run_overrides(args, prefix="run."))
                 if args.space else None)
-    exp, _ = tune(settings, args.storage_path, args.name, resume=args.resume)
+    from raycse.platform.console import console
+
+    # (no bar: the trials' step lines interleave; each stays a line)
+    with console("tune", verbose=args.verbose, bar=False):
+        exp, _ = tune(settings, args.storage_path, args.name, resume=args.resume)
     report = analyze(str(exp), plots=False)
     print(report.table)
     print(report.best_text)

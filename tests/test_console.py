@@ -38,14 +38,14 @@ class Terminal(io.StringIO):
         return True
 
 
-def routed(tmp_path, monkeypatch, writes, verbose=False, terminal=False):
+def routed(tmp_path, monkeypatch, writes, verbose=False, terminal=False, bar=True):
     """What the terminal's stdout and stderr got from ``writes`` ((stream name, text) in order), and the log."""
     out, err = (Terminal() if terminal else io.StringIO()), (Terminal() if terminal else io.StringIO())
     monkeypatch.setattr(sys, "stdout", out)
     monkeypatch.setattr(sys, "stderr", err)
     monkeypatch.setenv("TERM", "xterm")
     log_path = tmp_path / "logs" / "train.log"
-    with con.console("train", verbose=verbose, log_path=log_path) as log:
+    with con.console("train", verbose=verbose, log_path=log_path, bar=bar) as log:
         assert verbose or log.path == log_path
         for name, text in writes:
             getattr(sys, name).write(text)
@@ -119,6 +119,19 @@ def test_a_resumed_or_restarted_fit_moves_the_bar_where_the_fit_stands(tmp_path,
     _, err, _ = routed(tmp_path, monkeypatch, lines([step(30), step(10), step(20)]), terminal=True)
     bar = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("training:")]
     assert "30/40" in bar[0] and "20/40" in bar[-1]
+
+
+def test_tunes_console_keeps_every_trials_step_lines_and_tunes_tables_and_logs_rays_lines(tmp_path, monkeypatch):
+    """`raycse tune` (bar=False): on a terminal too, the trials' step lines stay lines (two trials' would
+    fight over one bar); Tune's tables (the driver's stdout) show; Ray's lines and Optuna's INFO go to the log."""
+    other = WORKER.replace("pid=12", "pid=13")
+    table = ["Trial status: 1 RUNNING", "│ Trial name           status   │"]
+    writes = (lines(["[I 2026-12-06 00:26:12,967] A new study created in RDB with name: e1"]) + lines(table, "stdout")
+              + lines(RAY_NOISE + [step(10), other + con.step_line(10, 40, 0, 2.0, 1e-5, 30.0), step(20)]))
+    out, err, log = routed(tmp_path, monkeypatch, writes, terminal=True, bar=False)
+    assert out.splitlines() == table and "training:" not in err
+    assert err.splitlines()[1:] == [step(10), other + con.step_line(10, 40, 0, 2.0, 1e-5, 30.0), step(20)]
+    assert "A new study created" in log and all(con.ANSI.sub("", line) in log for line in RAY_NOISE)
 
 
 def test_a_log_directory_that_cannot_be_written_leaves_the_console_as_it_was(tmp_path, monkeypatch):

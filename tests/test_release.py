@@ -304,6 +304,34 @@ def test_a_run_on_rays_public_callbacks_alone_is_registered_and_released(ray_clu
     assert not live_groups()
 
 
+def test_a_seed_run_ended_with_its_trial_returns_and_one_that_fails_raises(ray_cluster, tiny_model, corpus, stsb_dev,
+                                                                           tmp_path):
+    """A trial ASHA stops has its seeds' runs ended (EndTrialRuns closes its key and aborts them): each seed's
+    task then returns a mark instead of raising, so no "Unhandled error ... ActorDiedError" is printed for
+    every stopped trial (seen in session 67's `raycse tune`); a run that fails while its key is open still
+    raises its own error."""
+    import ray
+    from ray.util.queue import Queue
+
+    from raycse.platform import release
+    from raycse.tune.trial import QueueSink, _train_outside_trial
+
+    run = _two_step_run(tiny_model, corpus, stsb_dev, tmp_path / "unused")
+    registry, trial, queue = release.driver_registry(), f"trial-{tmp_path.name}/", Queue()
+    task = ray.remote(_train_outside_trial).options(num_cpus=0)
+
+    def seed(n: int, key: str):
+        return task.remote(run.to_dict(), str(tmp_path / f"seed{n}"), 2, [2], QueueSink(queue, n), registry=registry,
+                           run_key=key)
+
+    ray.get(registry.runs.remote(trial, True))  # its trial ended (EndTrialRuns' close) as the seed's run starts
+    assert ray.get(seed(0, f"{trial}seed0"), timeout=300) == {"ended_with_its_trial": True}
+    run.model.name_or_path = str(tmp_path / "no-such-model")
+    with pytest.raises(ray.exceptions.RayTaskError, match="no-such-model"):
+        ray.get(seed(1, f"open-{tmp_path.name}/seed1"), timeout=300)
+    assert not live_groups()
+
+
 def _outcome(fit) -> str:
     try:
         fit()

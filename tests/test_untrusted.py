@@ -526,11 +526,14 @@ def test_sigint_ends_a_tune_search_in_one_line_naming_resume(tmp_path, tiny_mode
     exp = tmp_path / "tune" / "exp"
     proc = _start(["tune", "--space", str(space), "--num-samples", "2", "--seeds", "1", "--rungs", "1",
                    "--concurrent", "1", "--storage-path", str(tmp_path / "tune"), "--name", "exp"], tmp_path, own_ray)
-    _read_until(proc, r"\[raycse\] step \d+/")
+    shown = _read_until(proc, r"\[raycse\] step \d+/")
     procs = descendants(proc.pid)
     proc.send_signal(signal.SIGINT)
     tail = _rest(proc, 120)
     assert proc.wait(timeout=10) == 130
+    # tune's console (raycse.platform.console): Tune's tables and raycse's lines; Ray Train's go to the log
+    assert any(line.startswith("[raycse] log: ") for line in shown) and any("Trial status" in line for line in shown)
+    assert not [line for line in shown + tail if "(TrainController" in line or "Setting up process group" in line]
     own = [line for line in tail if line.startswith("raycse:")]
     assert own == [f"raycse: interrupted (SIGINT); the search stopped with its state saved; continue it: raycse tune "
                    f"--resume {exp}\n"], tail[-10:]

@@ -1,7 +1,7 @@
-"""A long command's console (issue 87, item 4): raycse's own lines, warnings, errors and tracebacks on
-the terminal, and one progress bar there (steps, loss, examples/s, ETA) when it is a terminal; every
-line, Ray's INFO lines and the workers' weight-loading bars among them, in the command's log file,
-whose path is said once. ``--verbose`` puts everything on the terminal as it comes, without a bar.
+"""A long command's console (`raycse train`, `raycse tune`; issue 87, item 4): raycse's own lines, warnings,
+errors, tracebacks and the command's results on the terminal, and for train one progress bar there (steps,
+loss, examples/s, ETA) when it is a terminal; every line, Ray's INFO lines and the workers'
+weight-loading bars among them, in the command's log file, whose path is said once. ``--verbose`` puts everything on the terminal as it comes, without a bar.
 
 It works on the text of the driver's streams, as Ray forwards the workers' lines there (Ray looks
 ``sys.stdout`` / ``sys.stderr`` up at each write), so it needs no Ray API, public or private."""
@@ -202,9 +202,10 @@ class ConsoleStream(StreamWrapper):
 
 
 @contextmanager
-def console(command: str, verbose: bool = False, log_path: Optional[Path] = None):
+def console(command: str, verbose: bool = False, log_path: Optional[Path] = None, bar: bool = True):
     """Inside the block, the streams go through a :class:`Console` with a log file of ``command``'s own
-    (its path said once, on stderr, when a first line goes there). ``verbose``: the streams as they are."""
+    (its path said once, on stderr, when a first line goes there). ``verbose``: the streams as they are;
+    ``bar``: rank 0's step lines drive a progress bar where stderr is a terminal (one fit's)."""
     if verbose:
         yield None
         return
@@ -216,7 +217,7 @@ def console(command: str, verbose: bool = False, log_path: Optional[Path] = None
         out.flush()
 
     log = LogFile(log_path or new_log_path(command), say)
-    routing = Console(out, log, bar=_is_terminal(out))
+    routing = Console(out, log, bar=bar and _is_terminal(out))
     sys.stdout, sys.stderr = ConsoleStream(saved[0], routing, results=True), ConsoleStream(out, routing)
     try:
         yield log

@@ -121,7 +121,30 @@ def _train_outside_trial(run_dict: dict, seed_dir: str, stop: int, eval_at: list
     run.output_dir = os.path.join(seed_dir, SEED_MODEL)
     hooks = TuneHooks(stop_at=stop, eval_at=tuple(eval_at), score_sink=sink, prepared=prepared, registry=registry,
                       run_key=run_key, targets=tuple(targets))
-    return train(run, overwrite=True, storage_path=seed_dir, run_name=SEED_RUN, hooks=hooks).metrics
+    try:
+        return train(run, overwrite=True, storage_path=seed_dir, run_name=SEED_RUN, hooks=hooks).metrics
+    except Exception:
+        if _ended_with_its_trial(registry, run_key):
+            return {ENDED_WITH_TRIAL: True}
+        raise
+
+
+ENDED_WITH_TRIAL = "ended_with_its_trial"
+
+
+def _ended_with_its_trial(registry, run_key: Optional[str]) -> bool:
+    """Whether the run ``run_key`` failed because its trial ended (ASHA stopped it, or another seed
+    failed): Tune's EndTrialRuns closed its key and ended it on purpose. Its error is then nobody's to
+    read, and left on the task Ray printed it as an "Unhandled error ... ActorDiedError" for every trial
+    ASHA stopped."""
+    import ray
+
+    if registry is None or run_key is None:
+        return False
+    try:
+        return bool(ray.get(registry.is_closed.remote(run_key), timeout=60))
+    except Exception:  # noqa: BLE001 - no registry to ask (the experiment ended): the run's own error stands
+        return False
 
 
 def seed_runs(params: dict, setup: TrialSetup) -> dict:
