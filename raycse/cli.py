@@ -141,7 +141,9 @@ def run_overrides(args: argparse.Namespace, prefix: str = "") -> list[tuple[str,
 
 def add_verbose_flag(p: argparse.ArgumentParser, bar: bool) -> None:
     """``--verbose`` of a command whose console is raycse.platform.console's (``bar``: a training bar)."""
-    without = "they go to a log file whose path is printed once" + (", and a terminal shows one progress bar" if bar else "")
+    without = "they go to a log file whose path is printed once"
+    if bar:
+        without += ", and a terminal shows one progress bar"
     p.add_argument("--verbose", action="store_true",
                    help=f"print every line here: Ray's own INFO lines and the workers' loading bars too (without it "
                         f"{without})")

@@ -1,7 +1,8 @@
 """A long command's console (`raycse train`, `raycse tune`; issue 87, item 4): raycse's own lines, warnings,
 errors, tracebacks and the command's results on the terminal, and for train one progress bar there (steps,
 loss, examples/s, ETA) when it is a terminal; every line, Ray's INFO lines and the workers'
-weight-loading bars among them, in the command's log file, whose path is said once. ``--verbose`` puts everything on the terminal as it comes, without a bar.
+weight-loading bars among them, in the command's log file, whose path is said once. ``--verbose`` puts
+everything on the terminal as it comes, without a bar.
 
 It works on the text of the driver's streams, as Ray forwards the workers' lines there (Ray looks
 ``sys.stdout`` / ``sys.stderr`` up at each write), so it needs no Ray API, public or private."""

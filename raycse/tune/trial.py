@@ -102,6 +102,10 @@ class QueueSink:
         self.queue.put((self.seed, step, score, goals or {}))
 
 
+# What a seed's task returns when its run ended because its trial did (see _ended_with_its_trial)
+ENDED_WITH_TRIAL = "ended_with_its_trial"
+
+
 def _train_outside_trial(run_dict: dict, seed_dir: str, stop: int, eval_at: list[int], sink: QueueSink,
                          prepared=None, registry=None, run_key: Optional[str] = None, targets=()) -> dict:
     """One seed's Train run up to ``stop``; runs as its own task (see :func:`run_trial`).
@@ -127,9 +131,6 @@ def _train_outside_trial(run_dict: dict, seed_dir: str, stop: int, eval_at: list
         if _ended_with_its_trial(registry, run_key):
             return {ENDED_WITH_TRIAL: True}
         raise
-
-
-ENDED_WITH_TRIAL = "ended_with_its_trial"
 
 
 def _ended_with_its_trial(registry, run_key: Optional[str]) -> bool:
