@@ -314,7 +314,7 @@ def test_a_seed_run_ended_with_its_trial_returns_and_one_that_fails_raises(ray_c
     from ray.util.queue import Queue
 
     from raycse.platform import release
-    from raycse.tune.trial import QueueSink, _train_outside_trial
+    from raycse.tune.trial import ENDED_WITH_TRIAL, QueueSink, _train_outside_trial
 
     run = _two_step_run(tiny_model, corpus, stsb_dev, tmp_path / "unused")
     registry, trial, queue = release.driver_registry(), f"trial-{tmp_path.name}/", Queue()
@@ -325,7 +325,7 @@ def test_a_seed_run_ended_with_its_trial_returns_and_one_that_fails_raises(ray_c
                            run_key=key)
 
     ray.get(registry.runs.remote(trial, True))  # its trial ended (EndTrialRuns' close) as the seed's run starts
-    assert ray.get(seed(0, f"{trial}seed0"), timeout=300) == {"ended_with_its_trial": True}
+    assert ray.get(seed(0, f"{trial}seed0"), timeout=300) == {ENDED_WITH_TRIAL: True}
     run.model.name_or_path = str(tmp_path / "no-such-model")
     with pytest.raises(ray.exceptions.RayTaskError, match="no-such-model"):
         ray.get(seed(1, f"open-{tmp_path.name}/seed1"), timeout=300)
