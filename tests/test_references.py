@@ -263,7 +263,7 @@ def test_mse_with_unequal_sizes_and_a_guide_without_infonce_are_refused(tiny_mod
         resolve_references(run.resolved(), str(tiny_model))
     assert "\n" not in str(err.value)
     run.objective.distill = "kl"
-    assert resolve_references(run.resolved(), str(tiny_model)).model.teacher == str(wide.resolve())
+    assert resolve_references(run.resolved(), str(tiny_model))[0].model.teacher == str(wide.resolve())
     run.model.guide, run.objective.name = "initial", "bsc"
     with pytest.raises(ConfigError, match="objective 'bsc' does not score its negatives"):
         run.validate()
@@ -297,7 +297,11 @@ def test_a_run_with_a_teacher_and_a_guide_trains_and_a_second_seed_reads_their_v
 
 def test_the_vector_cache_is_read_only_when_whole_and_written_whole(tmp_path):
     """A cache file cut short, another's, or one missing a text is computed again (None); a write leaves
-    exactly the file, no part-written one; a read gives each text's vector whatever the order."""
+    exactly the file, no part-written one; a read gives each text's vector whatever the order. Issue 106: a
+    file of NaNs, of vectors of another width, or whose vectors no longer match its digest is not trusted, and
+    says why."""
+    import json
+
     import numpy as np
 
     from raycse.grouping.references import read_cached, text_hash, write_cached
@@ -306,15 +310,49 @@ def test_the_vector_cache_is_read_only_when_whole_and_written_whole(tmp_path):
     vectors = np.arange(8, dtype=np.float32).reshape(4, 2)
     vectors[3] = vectors[0]  # (the same text, the same vector)
     path = tmp_path / "refs" / "x.npz"
-    write_cached(path, hashes, vectors)
+    write_cached(path, hashes, vectors, "teacher-model")
     assert [p.name for p in path.parent.iterdir()] == ["x.npz"]
-    again = read_cached(path, hashes[::-1].copy())
-    assert np.array_equal(again, vectors[::-1])
-    assert read_cached(path, np.array([text_hash("d")], dtype=np.uint64)) is None  # a text not kept
+    with np.load(path) as z:
+        assert json.loads(str(z["meta"]))["model"] == "teacher-model" and json.loads(str(z["meta"]))["width"] == 2
+    again, problem = read_cached(path, hashes[::-1].copy(), width=2)
+    assert np.array_equal(again, vectors[::-1]) and problem == ""
+    assert read_cached(path, np.array([text_hash("d")], dtype=np.uint64)) == (None, "")  # a text not kept
+    assert read_cached(path, hashes, width=768)[1] == "2-d vectors for a 768-d model"  # another model's width
+    with np.load(path) as z:
+        kept, meta = z["hashes"], z["meta"]
+    np.savez(path, hashes=kept, vectors=np.full((3, 2), np.nan, dtype=np.float32), meta=meta)  # poisoned
+    assert read_cached(path, hashes) == (None, "its vectors do not match their digest")
+    nan = np.full((3, 2), np.nan, dtype=np.float32)
+    write_cached(path, kept, nan)  # NaNs with a digest of their own
+    assert read_cached(path, hashes) == (None, "it holds values that are not finite")
+    np.savez(path, hashes=kept, vectors=np.zeros((3, 5), dtype=np.float32))  # no digest (a hand-made file)
+    assert read_cached(path, hashes) == (None, "unreadable, or written without its digest")
     path.write_bytes(path.read_bytes()[:40])  # cut short
-    assert read_cached(path, hashes) is None
-    np.savez(path, hashes=hashes[:2], vectors=vectors)  # lengths that disagree
-    assert read_cached(path, hashes[:2]) is None
+    assert read_cached(path, hashes)[0] is None
+
+
+def test_a_cache_folder_of_another_user_or_writable_by_all_is_refused(tmp_path, monkeypatch):
+    """Issue 106 item 5: the reference cache's names are predictable, so a folder others can write is refused
+    in one line naming RAYCSE_CACHE; one of this user's, or none yet, is used."""
+    from raycse.errors import ConfigError
+    from raycse.platform.caches import checked_cache_dir
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("RAYCSE_CACHE", str(cache))
+    assert checked_cache_dir("references") == cache / "references"  # nothing there yet
+    (cache / "references").mkdir(parents=True)
+    cache.chmod(0o755)
+    (cache / "references").chmod(0o777)
+    with pytest.raises(ConfigError, match=r"references is writable by every user, .* set RAYCSE_CACHE") as err:
+        checked_cache_dir("references")
+    assert "\n" not in str(err.value)
+    (cache / "references").chmod(0o755)
+    assert checked_cache_dir("references") == cache / "references"
+    if os.geteuid() != 0:
+        return  # (only root can give a folder to another user)
+    os.chown(cache, 12345, -1)
+    with pytest.raises(ConfigError, match="is owned by user id 12345, not yours"):
+        checked_cache_dir("references")
 
 
 def test_a_teacher_weighted_0_is_left_out(tmp_path):
@@ -328,7 +366,7 @@ def test_a_teacher_weighted_0_is_left_out(tmp_path):
     run.model.teacher, run.objective.distill_weight = str(tmp_path / "nosuch"), 0.0
     run = run.resolved()
     assert run.objective.references(True, False) is None and run.build_objective().__class__.__name__ == "SimCSE"
-    assert resolve_references(run, "unused").model.teacher == str(tmp_path / "nosuch")
+    assert resolve_references(run, "unused")[0].model.teacher == str(tmp_path / "nosuch")
     with pytest.raises(RaycseError, match=r"model.teacher \(--teacher\): model path does not exist"):
         resolve_references(run.resolved({"objective.distill_weight": 0.5}), "unused")
     # a Tune trial weighting the teacher 0 does not take the experiment's prepared data, teacher vectors and all

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from raycse.analysis import pareto
-from raycse.errors import ConfigError
+from raycse.errors import ConfigError, RaycseError
 from raycse.platform import object_store
 from raycse.platform.redact import redact, redact_obj
 from raycse.platform.staging import claim_output, private_tempdir, publish_claimed, temporary_dir
@@ -387,19 +387,27 @@ def export_model(best: Optional[TrialRecord], dest, experiment: str = "", target
     src = run_dir / "model"
     if not (src / "config.json").is_file():
         raise ConfigError(f"the best trial's model is missing ({src}); was the experiment directory moved or pruned?")
+    from raycse.model.files import check_model_files
+    from raycse.platform.folders import copy_folder, write_manifest
+
+    try:  # (a damaged model is not published as the best one)
+        check_model_files(src, "trial's model")
+    except RaycseError as err:
+        raise ConfigError(f"the best trial's model cannot be exported: {err}") from None
     check_export_path(dest)
     if object_store.is_uri(dest):
         with temporary_dir("raycse-export-") as tmp:
             staging = tmp / "model"
-            shutil.copytree(src, staging)
+            copy_folder(src, staging, "trial's model")
             _export_card(staging, run_dir, str(dest), best, seed, experiment, target)
             object_store.publish(staging, str(dest))
         return str(dest)
     dest = Path(os.path.expanduser(dest)).resolve()
     claim = claim_output(dest, overwrite=False, flag="--export-best")
-    try:
-        shutil.copytree(src, claim.staging, dirs_exist_ok=True)
+    try:  # (regular files only, nothing that leads out of the trial's folder, not the staging folder itself)
+        copy_folder(src, claim.staging, "trial's model", leave_out=(claim.staging, dest))
         _export_card(claim.staging, run_dir, dest, best, seed, experiment, target)
+        write_manifest(claim.staging)
         publish_claimed(claim)
     except BaseException:
         shutil.rmtree(claim.staging, ignore_errors=True)

@@ -45,8 +45,8 @@ def evaluate(model: Optional[str] = None, settings: Optional[EvalSettings] = Non
     asked = _dims(s.dims, s.model, s.trust_remote_code)  # before the model loads: a bad size is one line
     from raycse.model.encoder import Encoder
 
-    encoder = Encoder.from_pretrained(s.model, pooling=s.pooling, trust_remote_code=s.trust_remote_code,
-                                      backend=s.backend, onnx_file=s.onnx_file)
+    encoder = Encoder.from_pretrained(s.model, pooling=s.pooling, max_seq_length=s.max_length,
+                                      trust_remote_code=s.trust_remote_code, backend=s.backend, onnx_file=s.onnx_file)
     dims = asked or sorted((d for d in encoder.matryoshka_dims or [] if d < encoder.output_size), reverse=True)
     embed = _embedder(encoder, s)
     if {"int8", "uint8"} & set(_precisions(s)):

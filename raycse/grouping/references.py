@@ -27,6 +27,7 @@ from typing import Optional
 import numpy as np
 
 INITIAL = "initial"  # --guide initial: the frozen starting model
+REFERENCES = "references"  # their folder in raycse's cache
 
 
 def text_hash(text: str) -> int:
@@ -75,31 +76,51 @@ def cache_path(model_path: str, settings: dict, hashes: np.ndarray) -> Path:
     content = hashlib.sha256(np.sort(hashes).tobytes()).hexdigest()
     key = json.dumps({"model": model_stamp(model_path), "settings": settings, "texts": content}, sort_keys=True,
                      default=str)
-    return cache_dir() / "references" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"
+    return cache_dir() / REFERENCES / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"
 
 
-def read_cached(path: Path, hashes: np.ndarray) -> Optional[np.ndarray]:
-    """The vectors of ``hashes`` from ``path``, or None (absent, unreadable, or missing one of them)."""
+def _digest(hashes: np.ndarray, vectors: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(hashes).tobytes() + np.ascontiguousarray(vectors).tobytes()).hexdigest()
+
+
+def read_cached(path: Path, hashes: np.ndarray, width: Optional[int] = None) -> tuple[Optional[np.ndarray], str]:
+    """(the vectors of ``hashes`` from ``path``, "") when the file is whole: its digest, its width (``width``,
+    the model's, where known) and finite values checked; (None, "") where there is no such file or it lacks
+    one of the texts; (None, what is wrong) for a file that is not to be trusted."""
+    if not path.is_file():
+        return None, ""
     try:
         with np.load(path, allow_pickle=False) as z:
-            kept, vectors = z["hashes"], z["vectors"]
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):  # (cut short, or not ours: computed again)
-        return None
+            kept, vectors, meta = z["hashes"], z["vectors"], json.loads(str(z["meta"]))
+        digest, kept_width = str(meta["sha256"]), int(meta["width"])
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile):
+        return None, "unreadable, or written without its digest"
     if kept.ndim != 1 or vectors.ndim != 2 or len(kept) != len(vectors) or not np.issubdtype(vectors.dtype, np.floating):
-        return None
+        return None, "its arrays disagree"
+    if _digest(kept, vectors) != digest:
+        return None, "its vectors do not match their digest"
+    if vectors.shape[1] != kept_width or (width is not None and kept_width != width):
+        return None, f"{vectors.shape[1]}-d vectors for a {width or kept_width}-d model"
+    if not np.isfinite(vectors).all():
+        return None, "it holds values that are not finite"
     at = np.searchsorted(kept, hashes)
     if len(kept) == 0 or (at >= len(kept)).any() or (kept[np.minimum(at, len(kept) - 1)] != hashes).any():
-        return None
-    return vectors[at].astype(np.float32)
+        return None, ""
+    return vectors[at].astype(np.float32), ""
 
 
-def write_cached(path: Path, hashes: np.ndarray, vectors: np.ndarray) -> None:
-    """Whole or not at all; a read-only cache is no error (the vectors still serve this run)."""
+def write_cached(path: Path, hashes: np.ndarray, vectors: np.ndarray, model: str = "") -> None:
+    """Whole or not at all, with the model's name, the vectors' width and their digest; a read-only cache is no
+    error (the vectors still serve this run)."""
+    from raycse.platform.redact import redact
+
     kept, first = np.unique(hashes, return_index=True)
+    vectors = np.ascontiguousarray(vectors[first])
+    meta = json.dumps({"model": redact(model), "width": int(vectors.shape[1]), "sha256": _digest(kept, vectors)})
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(tmp, hashes=kept, vectors=vectors[first])
+        np.savez(tmp, hashes=kept, vectors=vectors, meta=np.array(meta))
         tmp.replace(path)
     except OSError:
         pass
@@ -122,16 +143,23 @@ def reference_vectors(texts, hashes: np.ndarray, model_path: str, settings: dict
     import time
 
     from raycse.grouping.embed import embed_corpus
+    from raycse.model.encoder import embedding_width_of
+    from raycse.platform.caches import checked_cache_dir
 
+    checked_cache_dir(REFERENCES)
     path = cache_path(model_path, settings, hashes)
-    vectors = read_cached(path, hashes)
+    width = embedding_width_of(model_path)
+    vectors, problem = read_cached(path, hashes, width)
     if vectors is not None:
         print(f"[raycse] {what}: {len(hashes):,} embeddings read back from {path}", flush=True)
         return vectors
+    if problem:
+        print(f"[raycse] {what}: the cached vectors {path} are not to be trusted ({problem}); computing them again",
+              flush=True)
     started = time.perf_counter()
     kwargs = {k: v for k, v in settings.items() if k != "max_length"}
     vectors = embed_corpus(texts, model_path, settings["max_length"], dtype=np.float32, **kwargs)
-    write_cached(path, hashes, vectors)
+    write_cached(path, hashes, vectors, model_path)
     print(f"[raycse] {what}: {len(hashes):,} embeddings ({vectors.shape[1]}-d) computed in "
           f"{time.perf_counter() - started:.1f} s, kept in {path}", flush=True)
     return vectors

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from raycse.errors import ModelError
+from raycse.model.files import check_model_files
 from raycse.model.unpad import backbone_forward, supports_unpadding
 
 EMBEDDED_ALIASES = ("default", "embedded", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
@@ -157,44 +158,6 @@ def _refuse_custom_code_error(exc: Exception, name: str) -> None:
                          f"default; {TRUST_HINT}") from None
 
 
-def _safetensors_problem(path: Path) -> Optional[str]:
-    """What is wrong with a safetensors file's header and length (a copy cut short), or None."""
-    size = path.stat().st_size
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-            if len(head) < 8:
-                return f"{size} bytes: shorter than its header"
-            n = int.from_bytes(head, "little")
-            if n > size - 8:
-                return f"{size} bytes: its header claims {n}"
-            header = json.loads(fh.read(n))
-        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
-        return "unreadable header"
-    if 8 + n + end > size:
-        return f"{size} bytes where its header needs {8 + n + end}"
-    return None
-
-
-def check_model_files(path: Path) -> None:
-    """Refuse a model directory whose JSON files or safetensors weights are damaged, in one line and
-    before any work (not a traceback from a Ray worker, or an actor retried for ever)."""
-    for f in sorted([*path.glob("*.json"), *path.glob("*/*.json"), *path.glob("*.safetensors"),
-                     *path.glob("*/*.safetensors")]):
-        if f.suffix == ".json":
-            try:
-                json.loads(f.read_text(encoding="utf-8"))
-                continue
-            except (ValueError, UnicodeDecodeError):
-                problem = "not valid JSON"
-        else:
-            problem = _safetensors_problem(f)
-            if problem is None:
-                continue
-        raise ModelError(f"model file {f} is damaged ({problem}); copy or save the model again")
-
-
 class Pooler(nn.Module):
     """One vector per sentence from the last hidden states, as sentence-transformers' Pooling does.
 
@@ -313,6 +276,8 @@ class Encoder(nn.Module):
         except Exception as exc:
             raise ModelError(f"cannot load model from {body}: {_load_failure(exc)}") from None
         check_tokenizer(tokenizer, str(body))  # (before the weights load: nothing to load for a refusal)
+        # (a longer limit fails at the first long line, deep in the model)
+        check_max_length(str(path), max_seq_length, f"model {name_or_path}")
         if backend != "torch":
             from raycse.model.exported import load_exported
 
@@ -681,6 +646,45 @@ def empty_backbone_of(model_path: str) -> Optional[nn.Module]:
             return AutoModel.from_config(config, trust_remote_code=False)
         except ValueError:  # a trusted model of its own classes: the workers build it
             return None
+
+
+# position tables with an offset: RoBERTa-style models count positions from padding_idx + 1
+OFFSET_POSITIONS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text", "ibert", "longformer")
+
+
+def positions(config) -> Optional[int]:
+    """The longest input, in tokens, a model's position embeddings cover; None where its config sets no limit."""
+    n = getattr(config, "max_position_embeddings", None)
+    if not isinstance(n, int) or n <= 0:
+        return None
+    if getattr(config, "model_type", "") in OFFSET_POSITIONS:
+        n -= int(getattr(config, "pad_token_id", 1) or 0) + 1
+    return n
+
+
+def check_max_length(config, max_length: Optional[int], what: str, flag: str = "--max-length") -> None:
+    """Refuse, in one line, a token limit beyond the model's position embeddings (``config``: its config, or the
+    path of a model whose config is read here without the weights)."""
+    if not max_length:
+        return
+    if isinstance(config, (str, os.PathLike)):
+        config = _config_of(str(config))
+    limit = positions(config) if config is not None else None
+    if limit is not None and max_length > limit:
+        raise ModelError(f"{flag} {max_length} is more than the {limit} token positions of {what}; lower {flag} to "
+                         f"{limit} or less")
+
+
+def _config_of(model_path: str):
+    """A model's transformer config, read without the weights; None where it cannot be read here."""
+    from transformers import AutoConfig
+
+    path = Path(model_path)
+    where = str(path / _layout_of(path).transformer_dir) if path.is_dir() else model_path
+    try:
+        return AutoConfig.from_pretrained(where, local_files_only=True, trust_remote_code=False)
+    except Exception:  # the workers load the model and report what is wrong with it
+        return None
 
 
 def _default_max_length(backbone: nn.Module, tokenizer) -> int:

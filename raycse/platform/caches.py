@@ -12,6 +12,27 @@ def cache_dir() -> Path:
     return Path(os.environ.get("RAYCSE_CACHE", Path.home() / ".cache" / "raycse"))
 
 
+def checked_cache_dir(sub: str = "") -> Path:
+    """``cache_dir() / sub``, refused in one line where it (or the cache itself) exists but is not this user's or
+    is writable by others: whoever can write there could plant vectors or models that later runs trust (the
+    names in it are predictable)."""
+    from raycse.errors import ConfigError
+
+    root = cache_dir()
+    for folder in (root, root / sub) if sub else (root,):
+        try:
+            st = folder.stat()
+        except OSError:
+            continue  # (not made yet: raycse makes it, as this user)
+        uid = os.geteuid()
+        problem = (f"is owned by user id {st.st_uid}, not yours ({uid})" if st.st_uid != uid
+                   else "is writable by every user" if st.st_mode & 0o002 else "")
+        if problem:
+            raise ConfigError(f"raycse's cache folder {folder} {problem}, so its files cannot be trusted; set "
+                              f"RAYCSE_CACHE to a folder of your own that others cannot write (e.g. chmod 755)")
+    return root / sub
+
+
 def read_json_cache(path: Path) -> dict:
     try:
         return json.loads(Path(path).read_text())

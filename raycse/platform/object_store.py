@@ -45,15 +45,14 @@ def filesystem(uri: str):
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    from raycse.platform.folders import sha256_of
+
+    return sha256_of(path)
 
 
 def _files(local: Path) -> list[Path]:
-    return sorted(p for p in local.rglob("*") if p.is_file())
+    """What a publish uploads: every file but a manifest written locally (the publish writes its own)."""
+    return sorted(p for p in local.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
 def _unreachable(uri: str, exc: OSError) -> RaycseError:
@@ -211,9 +210,9 @@ def fetch(uri: str, cache_root: Optional[Path] = None) -> Path:
     manifest = read_manifest(uri)
     files = _checked_entries(uri, manifest)
     key = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:24]
-    from raycse.platform.caches import cache_dir
+    from raycse.platform.caches import checked_cache_dir
 
-    cache = Path(cache_root or cache_dir()) / "fetched"
+    cache = Path(cache_root) / "fetched" if cache_root else checked_cache_dir("fetched")
     dest = cache / key
     if (dest / MANIFEST).is_file():
         return dest

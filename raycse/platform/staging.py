@@ -25,6 +25,7 @@ from typing import Optional
 
 from raycse.errors import RaycseError
 from raycse.platform import owners
+from raycse.platform.folders import MANIFEST
 
 
 def staging_prefix(name: str) -> str:
@@ -146,9 +147,8 @@ def temporary_dir(prefix: str):
         shutil.rmtree(path, ignore_errors=True)
 
 
-# What marks a directory as raycse's own output: the manifest of a published output
-# (raycse.platform.object_store), or a run's files (metrics.json, config.yaml and the model's raycse.json).
-MANIFEST = "raycse_manifest.json"
+# What marks a directory as raycse's own output: the manifest of a published output (MANIFEST: an
+# object-store publish's, or an export's digests), or a run's files (metrics.json, config.yaml and the model's raycse.json).
 RUN_MARKERS = ("metrics.json", "config.yaml", "model/raycse.json")
 EXPORT_RECORD = "raycse_export.json"  # what marks a folder raycse export wrote
 

@@ -71,7 +71,7 @@ def export(model: Optional[str] = None, settings: Optional[ExportSettings] = Non
     check_not_inside(dest, "--onnx", {"MODEL": str(source)})
     claim = claim_output(dest, s.overwrite, "--onnx")
     try:
-        report = _write(source, claim.staging, s, dev)
+        report = _write(source, claim.staging, s, dev, leave_out=(dest,))
         publish_claimed(claim)
     except BaseException:
         shutil.rmtree(claim.staging, ignore_errors=True)
@@ -109,11 +109,13 @@ def _dev(path: Optional[str]):
     return read_stsb_dev(path)
 
 
-def _write(source: Path, out: Path, s: ExportSettings, dev) -> ExportReport:
-    """The model copied into ``out``, its files exported, checked and scored, the record and card written."""
+def _write(source: Path, out: Path, s: ExportSettings, dev, leave_out: tuple = ()) -> ExportReport:
+    """The model copied into ``out``, its files exported, checked and scored, the record, card and digests
+    written. ``leave_out``: folders inside the source not to copy (the destination, when it lies there)."""
     from raycse.model.encoder import Encoder, transformer_folder
+    from raycse.platform.folders import write_manifest
 
-    _copy_model(source, out)
+    _copy_model(source, out, leave_out)
     reference = Encoder.from_pretrained(str(out), trust_remote_code=s.trust_remote_code)
     body = transformer_folder(out)
     report = ExportReport(out)
@@ -128,15 +130,18 @@ def _write(source: Path, out: Path, s: ExportSettings, dev) -> ExportReport:
     if dev is not None:
         report.scores = {row: _score(enc, dev) for row, enc in runners.items()}
     _record(out, source, report)
+    write_manifest(out)  # last: every file's digest, checked by each load of the export
     return report
 
 
-def _copy_model(source: Path, out: Path) -> None:
-    """The model's own files (an earlier export's, and a fetched model's manifest, left out: this export writes
-    its own)."""
-    mine = ("onnx", "openvino", EXPORT_RECORD, MANIFEST)
-    shutil.copytree(source, out, dirs_exist_ok=True,
-                    ignore=lambda d, names: [n for n in names if Path(d) == source and n in mine])
+def _copy_model(source: Path, out: Path, leave_out: tuple = ()) -> None:
+    """The model's own regular files (:func:`raycse.platform.folders.copy_folder`: no link out of it, no staging
+    folder, not ``out`` itself where it lies inside); an earlier export's files, and a fetched model's manifest,
+    left out: this export writes its own."""
+    from raycse.platform.folders import copy_folder
+
+    copy_folder(source, out, "model", leave_out=(out, *leave_out),
+                skip_names=("onnx", "openvino", EXPORT_RECORD, MANIFEST))
 
 
 def _writers(s: ExportSettings, out: Path, body: Path):

@@ -22,7 +22,7 @@ import torch
 from raycse.config import RunConfig
 from raycse.errors import ConfigError, RaycseError
 from raycse.evaluation.selection import load_selection
-from raycse.model.encoder import probe_tokenizer, resolve_model
+from raycse.model.encoder import check_max_length, probe_tokenizer, resolve_model
 from raycse.platform import object_store
 from raycse.platform.redact import refuse_credentials
 from raycse.platform.staging import check_not_inside
@@ -178,9 +178,8 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     local_model = Path(os.path.expanduser(run.model.name_or_path)).exists()
     # a relative path means nothing in a worker's directory
     run = run.resolved({"model.name_or_path": model_path} if local_model else None)
-    run = resolve_references(run, model_path)
     dev = load_selection(run.eval)  # the model-selection data (STS-B dev or BEIR)
-    probe_tokenizer(model_path, text_sample(run, sources, dev))
+    run = check_models(run, model_path, text_sample(run, sources, dev))
     if sources:
         check_one_global_batch(run, sources)
     check_model_fits_objective(run, model_path)
@@ -196,29 +195,52 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     return run, model_path, dev, remote, sources
 
 
-def resolve_references(run: RunConfig, model_path: str) -> RunConfig:
-    """The teacher and the guide resolved as the model is (a path made absolute, a URI fetched, a hub name from
-    the cache; one line where one does not load), and mse refused where the sizes differ."""
+def check_models(run: RunConfig, model_path: str, sample: list[str]) -> RunConfig:
+    """Every model the run reads, checked as the student is (the student resolved already; the teacher and the
+    guide here, :func:`resolve_references`): its files and code, a tokenizer that knows ``sample`` (sentences of
+    the run's data), and position embeddings that cover ``--max-length``. The run, its references resolved."""
+    run, references = resolve_references(run, model_path)
+    if run.model.teacher or run.model.guide:  # (their vectors are read back from there)
+        from raycse.grouping.references import REFERENCES
+        from raycse.platform.caches import checked_cache_dir
+
+        checked_cache_dir(REFERENCES)
+    for prefix, what, path in [("", "model", model_path),
+                               *[(f"model.{key} (--{key}): ", key, path) for key, path in references.items()]]:
+        try:
+            probe_tokenizer(path, sample)
+            check_max_length(path, run.model.max_length, f"the {what} {path}")
+        except RaycseError as exc:
+            raise type(exc)(f"{prefix}{exc}") from None
+    return run
+
+
+def resolve_references(run: RunConfig, model_path: str) -> tuple[RunConfig, dict[str, str]]:
+    """The teacher and the guide resolved as the model is (a local path made absolute in the run; a URI fetched
+    and a hub name found in the cache, both kept in the run as given; one line where one does not load), and mse
+    refused where the sizes differ. The run, and each reference's local path by role."""
     from raycse.grouping.references import INITIAL
     from raycse.model.encoder import embedding_width_of
 
-    changes = {}
+    changes, resolved = {}, {}
     for key in ("teacher", "guide"):
         name = getattr(run.model, key)
         used = run.objective.distills(name) if key == "teacher" else name and name != INITIAL
         if used:
             try:
-                changes[f"model.{key}"] = resolve_model(name, run.model.trust_remote_code)
+                resolved[key] = resolve_model(name, run.model.trust_remote_code)
             except RaycseError as exc:  # (the model's own line, naming which model it was)
                 raise type(exc)(f"model.{key} (--{key}): {exc}") from None
-    teacher = changes.get("model.teacher")
+            if Path(os.path.expanduser(name)).exists():  # (a worker runs elsewhere; a URI's record stays the URI)
+                changes[f"model.{key}"] = resolved[key]
+    teacher = resolved.get("teacher")
     if teacher and run.objective.distill == "mse":
         sizes = embedding_width_of(teacher), embedding_width_of(model_path)
         if None not in sizes and sizes[0] != sizes[1]:
             raise ConfigError(f"objective.distill mse compares the student's embedding with the teacher's, which need "
                               f"equal sizes: the teacher's is {sizes[0]}, the student's {sizes[1]}; use --distill kl "
                               f"(any sizes)")
-    return run.resolved(changes) if changes else run
+    return (run.resolved(changes) if changes else run), resolved
 
 
 def check_one_global_batch(run: RunConfig, sources: list) -> None:
@@ -289,7 +311,10 @@ def check_apart_from_output(run: RunConfig, storage_path: Optional[str]) -> None
     kind, directory, _ = run.eval.selection()
     if kind == "mteb":
         directory = run.eval.mteb_task().directory
+    from raycse.grouping.references import INITIAL
+
+    guide = run.model.guide if run.model.guide != INITIAL else None
     check_not_inside(run.output_dir, "--output",
-                     {"--corpus": run.data.corpus, "--model": run.model.name_or_path, "--stsb-dev": run.eval.resolved_stsb_dev(),
-                      "--eval-metric": directory},
+                     {"--corpus": run.data.corpus, "--model": run.model.name_or_path, "--teacher": run.model.teacher,
+                      "--guide": guide, "--stsb-dev": run.eval.resolved_stsb_dev(), "--eval-metric": directory},
                      writes={"--storage-path": storage_path})

@@ -170,6 +170,8 @@ def prepare_references(run: RunConfig, corpus, model_path: str) -> dict:
                         "prompts": d.prompts if initial else None}
             if column not in texts:
                 texts[column] = column_texts(corpus, column, per_row)
-            vectors = reference_vectors(*texts[column], model_path if initial else name, settings, f"{role}: {column}")
+            # (a URI's or hub name's local copy: the cache key is that copy's files)
+            path = model_path if initial else resolve_model(name, m.trust_remote_code)
+            vectors = reference_vectors(*texts[column], path, settings, f"{role}: {column}")
             out[f"{role}.{column}"] = ray.put(vectors)
     return out

@@ -157,15 +157,19 @@ def preflight(space: SearchSpace, settings: TuneSettings, run=None) -> tuple[int
 def _checked_run(space: SearchSpace):
     """The space's run without knobs, checked as a training run is (corpus named, data fits the objective,
     model found)."""
+    from raycse.data.dataset import resolve_sources
     from raycse.model.encoder import resolve_model
-    from raycse.train.preflight import check_data_fits_objective
+    from raycse.train.preflight import check_data_fits_objective, check_models, text_sample
 
     run = space.run_config({})
     if not run.data.corpus:
         raise ConfigError(f"{space.path}: run.data.corpus is not set; pass --corpus FILE or name the training "
                           f"corpus in the space file")
     check_data_fits_objective(run)
-    resolve_model(run.model.name_or_path, run.model.trust_remote_code)
+    model_path = resolve_model(run.model.name_or_path, run.model.trust_remote_code)
+    # the teacher and the guide as the student (each trial's own run checks them again, after its knobs)
+    sources = None if run.data.format == "hf" else resolve_sources(run.data.corpus)
+    check_models(run, model_path, text_sample(run, sources, None))
     if run.eval.selection()[0] == "stsb_dev":
         from raycse.evaluation.selection import stsb_dev
 
