@@ -380,9 +380,19 @@ def cmd_export(args) -> int:
 def cmd_objectives(_args) -> int:
     from raycse.objectives import registry
 
-    for name in registry.names():
-        knobs = ", ".join(f"{k}={v}" for k, v in registry.knobs(name).items())
+    from raycse.errors import RaycseError
+
+    failed = []
+    for name in registry.names():  # (an installed package's entry point that fails is said once, at the end)
+        try:
+            knobs = ", ".join(f"{k}={v}" for k, v in registry.knobs(name).items())
+        except RaycseError as err:
+            failed.append(f"{name} ({err})")
+            continue
         print(f"{name}: {knobs}")
+    if failed:
+        print(f"raycse: warning: entry point(s) of raycse.objectives that failed to load, left out: "
+              f"{'; '.join(failed)}", file=sys.stderr)
     return 0
 
 

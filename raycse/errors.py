@@ -36,6 +36,10 @@ def require(module: str, extra: str, what: str) -> None:
                           f"'raycse[{extra}]'")
 
 
+class LossNotFinite(RaycseError, FloatingPointError):
+    """The training loss became NaN or infinite: the run stops, naming the step."""
+
+
 class ResourceError(RaycseError):
     """The cluster could not give a run what it asked for (workers, placement groups) in time."""
 

@@ -99,7 +99,28 @@ def _issue65_inputs(root: Path, model: Path) -> dict:
     bomb = ["a0: &a0 [" + ", ".join(["lol"] * 9) + "]"]
     bomb += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
     (root / "bomb.yaml").write_text("\n".join(bomb) + "\n")
-    return {"notok": notok, "pickled": pickled, "remote": remote}
+    # issue 106: a FIFO where a model's file should be, a link out of a model folder, an earlier run's output,
+    # plug-ins that fail at import
+    import os
+
+    fifo = root / "fifo-model"
+    shutil.copytree(model, fifo)
+    (fifo / "tokenizer_config.json").unlink()
+    os.mkfifo(fifo / "tokenizer_config.json")
+    link = root / "link-model"
+    shutil.copytree(model, link)
+    (root / "secret.txt").write_text("aws_secret_access_key = SECRET\n")
+    (link / "notes.txt").symlink_to(root / "secret.txt")
+    prev = root / "prev"
+    shutil.copytree(model, prev / "model")
+    (prev / "model" / "raycse.json").write_text("{}")
+    (prev / "metrics.json").write_text("{}")
+    (prev / "config.yaml").write_text("{}\n")
+    plugins = root / "plugins"
+    plugins.mkdir()
+    (plugins / "broken_syntax.py").write_text("def oops(:\n")
+    (plugins / "raises_at_import.py").write_text("raise ValueError('no config here')\n")
+    return {"notok": notok, "pickled": pickled, "remote": remote, "fifo": fifo, "link": link}
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +166,7 @@ def _cases(i: dict) -> list:
     ev = ["eval", m, "--stsb-dev", d]
     dm = {k: str(v) for k, v in i["damaged"].items()}
     no_extras = {"PYTHONPATH": str(i["root"] / "nosite")}
+    plugin_path = {"PYTHONPATH": str(i["root"] / "plugins")}
     return [
         # (argv, the line says, extra environment)
         ([*train, "--seed", "-1"], "train.seed must be in [0, 2**32)", None),
@@ -277,6 +299,24 @@ def _cases(i: dict) -> list:
         ([*ev, "--backend", "onnx", "--precision", "bf16"], "--precision bf16 is PyTorch's autocast", None),
         ([*ev, "--embedding-precision", "int4"], "--embedding-precision takes a comma-separated list of float32", None),
         ([*train, "--eval-metric", "mteb:STS12@binary"], "MTEB scores its own embeddings", None),
+        # issue 106: the newer doors kept as the old ones
+        (["eval", str(i["fifo"]), "--stsb-dev", d], "tokenizer_config.json is a FIFO; raycse reads only regular", None),
+        ([*train, "--teacher", str(i["fifo"])], "model.teacher (--teacher): model file", None),
+        (["export", str(i["fifo"]), "--onnx", "exported"], "tokenizer_config.json is a FIFO", None),
+        (["export", str(i["link"]), "--onnx", "exported"], "notes.txt is a link to", None),
+        ([*train, "--output", "prev", "--overwrite", "--teacher", "prev/model"],
+         "--teacher prev/model lies inside --output", None),
+        ([*train, "--output", "prev", "--overwrite", "--guide", "prev/model"],
+         "--guide prev/model lies inside --output", None),
+        ([*train, "--teacher", str(i["notok"])], "model.teacher (--teacher): the tokenizer of", None),
+        ([*train, "--max-length", "600"], "--max-length 600 is more than the 128 token positions", None),
+        ([*ev, "--max-length", "100000"], "--max-length 100000 is more than the 128 token positions", None),
+        (["tune", "--space", str(i["space"]), "--set", "run.model.teacher=/nonexistent"],
+         "model.teacher (--teacher): model path does not exist", None),
+        (["tune", "--space", str(i["space"]), "--set", f"run.model.teacher={i['remote']}"],
+         "model.teacher (--teacher): model", None),
+        ([*train, "--objective", "raises_at_import:X"], "failed while its module was imported", plugin_path),
+        ([*train, "--grouping", "broken_syntax:X"], "failed while its module was imported", plugin_path),
     ]
 
 

@@ -6,6 +6,7 @@ transformers' ``AutoModel`` on the same tokens."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -133,6 +134,31 @@ def test_overwrite_replaces_an_earlier_export_only(rich_model, exported, tmp_pat
     assert set(record["files"]) == {"onnx", "onnx int8"}  # this export's files; the source's openvino/ left out
     assert not (out / "openvino").exists()
     assert (out / "README.md").read_text().count("## Exported files") == 1
+
+
+def test_an_export_into_the_models_own_subfolder_holds_no_staging_and_a_swapped_file_is_refused(
+        rich_model, tmp_path, capsys):
+    """Issue 106 items 6 and 11: `raycse export m --onnx m/out` copied its own staging folder (the whole
+    export-to-be) into the result; the export's digests (raycse_manifest.json) make `eval --backend onnx` refuse
+    an ONNX file swapped after the export."""
+    from raycse.platform.folders import MANIFEST
+
+    model = tmp_path / "m"
+    shutil.copytree(rich_model, model)
+    out = model / "out"
+    assert main(["export", str(model), "--onnx", str(out)]) == 0
+    inside = [p.relative_to(out).as_posix() for p in out.rglob("*")]
+    assert not [p for p in inside if "partial" in p or p.startswith("out")], inside
+    digests = json.loads((out / MANIFEST).read_text())["files"]
+    assert "onnx/model.onnx" in digests and "raycse_export.json" in digests
+    dev = write_stsb(tmp_path / "dev.csv")
+    capsys.readouterr()
+    assert main(["eval", str(out), "--stsb-dev", str(dev), "--backend", "onnx"]) == 0
+    graph = out / "onnx" / "model.onnx"
+    graph.write_bytes(graph.read_bytes() + b"\0")  # swapped (here: one byte more)
+    assert main(["eval", str(out), "--stsb-dev", str(dev), "--backend", "onnx"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("raycse:")]
+    assert len(err) == 1 and f"model.onnx does not match its digest in {MANIFEST}" in err[0]
 
 
 def test_a_model_the_exporter_cannot_trace_is_one_line_naming_its_class(tmp_path):

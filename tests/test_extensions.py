@@ -97,6 +97,41 @@ def test_a_name_that_is_no_objective_is_refused_in_one_line(on_path, name, why):
     assert "\n" not in str(got.value)
 
 
+def test_a_plugin_that_fails_at_import_or_construction_is_one_line_and_objectives_lists_the_rest(
+        tmp_path, monkeypatch, capsys):
+    """Issue 106 item 8: a module with a SyntaxError or a ValueError at import, a strategy whose constructor
+    raises: one line naming the plug-in (each was a traceback); `raycse objectives` lists the built-ins and the
+    entry points that load, and says in one line which failed (one that raised crashed it; a missing module
+    made it list nothing)."""
+    from raycse.cli import main
+    from raycse.grouping import registry as groupings
+
+    (tmp_path / "broken_syntax.py").write_text("def oops(:\n")
+    (tmp_path / "raises_at_import.py").write_text("raise ValueError('no config here')\n")
+    (tmp_path / "bad_init.py").write_text("from raycse.grouping.registry import Strategy\n"
+                                          "class S(Strategy):\n    def __init__(self):\n"
+                                          "        raise RuntimeError('needs a GPU')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name, why in (("broken_syntax:X", "SyntaxError"), ("raises_at_import:X", "ValueError: no config here")):
+        with pytest.raises(ConfigError, match=f"objective '{name}' failed while its module was imported .*{why}") as got:
+            registry.get(name)
+        assert "\n" not in str(got.value)
+    with pytest.raises(ConfigError, match="grouping strategy 'bad_init:S' failed as it was made .*RuntimeError: "
+                                          "needs a GPU") as got:
+        groupings.get("bad_init:S")
+    assert "\n" not in str(got.value)
+    install_entry_points(tmp_path, "shaky", f"[raycse.objectives]\nshaky = raises_at_import:X\n"
+                                            f"gone = no_such_module_xyz:X\nmine = {EXAMPLE}\n")
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    capsys.readouterr()
+    assert main(["objectives"]) == 0
+    out, err = capsys.readouterr()
+    listed = [line.split(":")[0] for line in out.splitlines()]
+    assert {"simcse", "bsc", "hicl", "mine"} <= set(listed) and "shaky" not in listed and "gone" not in listed
+    (line,) = err.strip().splitlines()
+    assert "failed to load" in line and "shaky" in line and "gone" in line
+
+
 def test_a_module_in_the_working_directory_is_never_imported(tmp_path, monkeypatch):
     """A config from someone else names a file beside it: raycse does not run it."""
     marker = tmp_path / "ran"

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import raycse
+from conftest import own_lines
 from raycse.cli import main
 
 READS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__")
@@ -126,8 +127,9 @@ def test_a_non_finite_loss_stops_the_run_at_the_next_read_naming_its_step(ray_cl
             "--output", str(tmp_path / "out"), "--batch-size", "16", "--max-length", "16", "--max-steps", "12",
             "--log-steps", "4", "--eval-steps", "12"]
     capsys.readouterr()
-    assert main(argv) == 1
-    assert "loss became nan at step 6 (read back at step 8, steps 5..8)" in capsys.readouterr().err
+    assert main(argv) == 2  # issue 106: one line, not a traceback (a user's objective gave it as often)
+    err = own_lines(capsys.readouterr().err)
+    assert len(err) == 1 and "loss became nan at step 6 (read back at step 8, steps 5..8)" in err[0], err
     assert calls["n"] == 8
     assert not (tmp_path / "out").exists()
 

@@ -112,13 +112,16 @@ def test_redact_masks_user_info_and_secret_parameters_and_nothing_else():
         # issue 86: a Ray address is host:port, with no scheme before its user-info
         "Invalid address format: u:SECRET@127.0.0.1:1": "Invalid address format: ***@127.0.0.1:1",
         "RAY_ADDRESS=u:SE:CRET@[::1]:6379, then": "RAY_ADDRESS=***@[::1]:6379, then",
-        "(u:SECRET@head.example.org)": "(***@head.example.org)",
+        "(u:SECRET@head.example.org:6379)": "(***@head.example.org:6379)",
     }
     for text, expected in cases.items():
         assert redact(text) == expected
     for plain in ("s3://bucket/prefix/file.txt", "--set train.lr=3e-5", "user@example.com wrote a=b",
                   "mlflow:http://127.0.0.1:5000", "/tmp/a@b/c", "C:/Users/me@host/x", "file:/home/u/a@b",
-                  "at 12:30 bob@example.com said", "ray://127.0.0.1:10001"):
+                  "at 12:30 bob@example.com said", "ray://127.0.0.1:10001",
+                  # issue 106: text with ':' and '@' that holds no credential (a file name, a goal list, help)
+                  "v1:final@2024.txt", "--corpus 'v1:final@2024.txt'", "e.g. 'sts:max,sts@64:max'",
+                  "sts:max,sts@64:max", "corpus: data/v2:beta@host.txt"):
         assert redact(plain) == plain
     assert redact_obj({"data": {"corpus": "s3://k:SECRET@b/c", "n": 3}, "l": ["x", "s3://k:s@b"]}) == \
         {"data": {"corpus": "s3://***@b/c", "n": 3}, "l": ["x", "s3://***@b"]}

@@ -108,8 +108,23 @@ def _training(run: dict, summary: dict) -> list[str]:
         f"{train['epochs']} epoch(s), lr {train['lr']}, warm-up {train['warmup_ratio']}, precision "
         f"{train['precision']}, seed {train['seed']}; batch order `{run['grouping']['strategy']}`",
         f"- **Pooling:** {run['model']['pooling']}, max length {run['model']['max_length']} tokens in training",
+        *_references(run),
         "",
     ]
+
+
+def _references(run: dict) -> list[str]:
+    """The teacher it was distilled from and the guide that masked its negatives, where the run had them."""
+    model, obj = run.get("model") or {}, run.get("objective") or {}
+    lines = []
+    if model.get("teacher") and (obj.get("distill_weight", 1.0) or 0) > 0:
+        lines.append(f"- **Teacher:** `{model['teacher']}`, distilled with `{obj.get('distill', 'kl')}` at weight "
+                     f"{obj.get('distill_weight', 1.0)} (its embeddings of every training sentence, computed once)")
+    if model.get("guide"):
+        guide = "the starting model" if model["guide"] == "initial" else f"`{model['guide']}`"
+        lines.append(f"- **Guide:** {guide} (GISTEmbed): in-batch negatives it scores above the positive minus "
+                     f"margin {obj.get('guide_margin', 0.0)} were left out of the loss")
+    return lines
 
 
 def _read_json(path: Path) -> dict:

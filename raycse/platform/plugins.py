@@ -50,8 +50,16 @@ def load(group: str, name: str, kind: str) -> Optional[object]:
     try:
         return loader()
     except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"{kind} '{name}' cannot be loaded ({where}): {str(exc).splitlines()[0]}; check the "
+        raise ConfigError(f"{kind} '{name}' cannot be loaded ({where}): {_first_line(exc)}; check the "
                           f"name, and that its module is installed or on PYTHONPATH") from None
+    except Exception as exc:  # noqa: BLE001 - a plug-in's module is someone else's code: any failure is one line
+        raise ConfigError(f"{kind} '{name}' failed while its module was imported ({where}): "
+                          f"{type(exc).__name__}: {_first_line(exc)}; fix the module, or name another {kind}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
 def load_instance(group: str, name: str, kind: str, base: type) -> Optional[object]:
@@ -61,7 +69,11 @@ def load_instance(group: str, name: str, kind: str, base: type) -> Optional[obje
     if found is None:
         return None
     if isinstance(found, type) and issubclass(found, base):
-        found = found()
+        try:
+            found = found()
+        except Exception as exc:  # noqa: BLE001 - its constructor is someone else's code
+            raise ConfigError(f"{kind} '{name}' failed as it was made ({found.__module__}.{found.__qualname__}()): "
+                              f"{type(exc).__name__}: {_first_line(exc)}; fix it, or name another {kind}") from None
     if not isinstance(found, base):
         raise ConfigError(f"{kind} '{name}' is {found!r}, not a {base.__module__}.{base.__qualname__}; name a "
                           f"{base.__name__} subclass (or an instance of one)")

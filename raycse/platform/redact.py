@@ -25,10 +25,11 @@ MASK = "***"
 # scheme://userinfo@ : the user-info never holds '/', so this cannot reach into a path. One slash too:
 # a URI that went through pathlib (a path argument read as a local path) is printed as s3:/KEY:SECRET@b.
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*:/{1,2})(?P<info>[^/@\s?#'\"]+)@")
-# user:secret@host without a scheme (a Ray address, host:port): a word that starts the token, a colon, no
-# '/' or space up to the '@', then a host name or [IPv6] address, then a port, a path or the token's end
-_BARE_USERINFO = re.compile(r"(?<![\w.+\-/:@%~])[\w.~%+\-]*:[^\s/@'\"]+@(?P<host>[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\])"
-                            r"(?=[:/\s'\",;)]|$)")
+# user:secret@host:port without a scheme (a Ray address): a word that starts the token, a colon, no '/', ',' or
+# space up to the '@', then a host name or [IPv6] address and its port. Only an address with a port: a file
+# name (v1:final@2024.txt) or a goal list (sts:max,sts@64:max) holds ':' and '@' and no credential.
+_BARE_USERINFO = re.compile(r"(?<![\w.+\-/:@%~])[\w.~%+\-]*:[^\s/@'\",]+@(?P<host>[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\])"
+                            r"(?=:\d+(?:[/\s'\",;)]|$))")
 # ?name=value / &name=value where the name says it is a secret
 _SECRET_PARAM = re.compile(
     r"(?P<lead>[?&;](?:[A-Za-z0-9_.\-]*?)(?:key|secret|token|passw|pwd|sig|signature|credential|auth)"

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from raycse.config import RunConfig
+from raycse.errors import LossNotFinite
 from raycse.model.precision import autocast, resolve_precision
 from raycse.objectives.base import LossOutput
 from raycse.train import gradcache
@@ -86,8 +87,9 @@ class StepEngine:
         first, self.unread = done - len(values) + 1, []
         for i, value in enumerate(values):
             if not math.isfinite(value):
-                raise FloatingPointError(f"loss became {value} at step {first + i} (read back at step {done}, "
-                                         f"steps {first}..{done}); lower train.lr or use precision fp32")
+                raise LossNotFinite(f"loss became {value} at step {first + i} (read back at step {done}, steps "
+                                    f"{first}..{done}); lower train.lr or use precision fp32 (an objective of your "
+                                    f"own: check that its loss stays finite)")
         return values
 
     def synchronize(self) -> float:
