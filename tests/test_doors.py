@@ -183,7 +183,7 @@ def test_a_max_length_beyond_the_models_positions_is_refused_before_it_loads(tin
 
 def test_the_teacher_and_guide_go_through_the_students_checks(tiny_model, tmp_path):
     from raycse.config import RunConfig
-    from raycse.train.preflight import check_models
+    from raycse.train.model_checks import check_models
 
     notok = tmp_path / "notok"
     shutil.copytree(tiny_model, notok)

@@ -252,7 +252,7 @@ def test_mse_with_unequal_sizes_and_a_guide_without_infonce_are_refused(tiny_mod
     from transformers import BertConfig, BertModel
 
     from raycse.errors import ConfigError
-    from raycse.train.preflight import resolve_references
+    from raycse.train.model_checks import resolve_references
 
     wide = tmp_path / "wide"
     BertModel(BertConfig(vocab_size=50, hidden_size=48, num_hidden_layers=1, num_attention_heads=2,
@@ -360,7 +360,7 @@ def test_a_teacher_weighted_0_is_left_out(tmp_path):
     teacher not even loaded (a URI not fetched); any other weight loads it."""
     from raycse.config import RunConfig
     from raycse.errors import RaycseError
-    from raycse.train.preflight import resolve_references
+    from raycse.train.model_checks import resolve_references
 
     run = RunConfig()
     run.model.teacher, run.objective.distill_weight = str(tmp_path / "nosuch"), 0.0

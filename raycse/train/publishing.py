@@ -36,7 +36,9 @@ def best_checkpoint(result, dev) -> tuple:
 
 
 def write_output(staging: Path, run: RunConfig, best, summary: dict, final: str) -> None:
-    """The model of ``best``, its card, metrics.json and config.yaml into ``staging``."""
+    """The model of ``best``, its card and digests, metrics.json and config.yaml into ``staging``."""
+    from raycse.platform.folders import write_manifest
+
     with best.as_directory() as d:
         shutil.copytree(Path(d) / ckpt.MODEL_DIR, staging / "model")
     summary = redact_obj(json.loads(json.dumps(summary, default=str)))  # no credential of a URI is saved
@@ -45,6 +47,7 @@ def write_output(staging: Path, run: RunConfig, best, summary: dict, final: str)
     (staging / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     (staging / "model" / "README.md").write_text(model_card(config, summary, redact(f"{final}/model"),
                                                             files=staging / "model"))
+    write_manifest(staging / "model")  # last: every file's digest, checked by each later load of the model
     shutil.rmtree(staging / "ray", ignore_errors=True)
 
 

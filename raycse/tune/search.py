@@ -159,7 +159,8 @@ def _checked_run(space: SearchSpace):
     model found)."""
     from raycse.data.dataset import resolve_sources
     from raycse.model.encoder import resolve_model
-    from raycse.train.preflight import check_data_fits_objective, check_models, text_sample
+    from raycse.train.model_checks import check_models, text_sample
+    from raycse.train.preflight import check_data_fits_objective
 
     run = space.run_config({})
     if not run.data.corpus:
