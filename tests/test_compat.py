@@ -258,3 +258,60 @@ print(sorted(seen.items()))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str([("ray.autoscaler", True), ("ray.autoscaler.sdk", True),
                                     ("ray.autoscaler.v2.utils", True)])
+
+
+def _gather_worker(rank: int, world: int, port: int, out: str) -> None:
+    """One gloo process: InfoNCE of its 3 anchors against the rows gathered from both processes, through the
+    new gather and the old one; each one's gradient of this process's rows, and any FutureWarning said."""
+    import os
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    from raycse.platform.compat import all_gather_autograd
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    rows = torch.randn(2 * 3, 4, generator=torch.Generator().manual_seed(0))  # the global batch, on every rank
+    mine = rows[rank * 3:(rank + 1) * 3]
+    got = {}
+    for name in ("new", "old"):
+        x = mine.clone().requires_grad_(True)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            if name == "new":
+                everyone = all_gather_autograd(x)
+            else:
+                from torch.distributed.nn.functional import all_gather
+
+                everyone = torch.cat(all_gather(x), dim=0)
+        logits = x @ everyone.T
+        loss = torch.nn.functional.cross_entropy(logits, torch.arange(3) + rank * 3)
+        loss.backward()
+        got[name] = {"grad": x.grad.clone(), "gathered": everyone.detach().clone(),
+                     "future": [str(w.message) for w in said if issubclass(w.category, FutureWarning)]}
+    torch.save(got, f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+def test_the_gather_gives_the_old_gathers_rows_and_gradients_without_its_deprecation_warning(tmp_path):
+    """Issue 107 item 1: raycse's cross-worker gather goes through torch's functional all-gather with autograd
+    (compat.all_gather_autograd), not torch.distributed.nn.functional.all_gather (a FutureWarning on every worker
+    of every run in torch 2.13): the same rows, and the same gradients to 1e-6, on 2 gloo processes."""
+    import socket
+
+    import torch
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_gather_worker, args=(2, port, str(tmp_path / "got")), nprocs=2, join=True,
+                       start_method="spawn")
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"got.{rank}")
+        assert torch.equal(got["new"]["gathered"], got["old"]["gathered"])
+        torch.testing.assert_close(got["new"]["grad"], got["old"]["grad"], atol=1e-6, rtol=0)
+        assert got["new"]["future"] == []
+        assert got["new"]["grad"].abs().sum() > 0

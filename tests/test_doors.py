@@ -215,3 +215,30 @@ def test_the_card_names_the_teacher_and_the_guide():
     assert "**Guide:** the starting model (GISTEmbed)" in card
     run.model.teacher, run.model.guide = None, None
     assert "**Teacher:**" not in model_card(dataclasses.asdict(run), summary, "out/model")
+
+
+def test_a_big_files_digest_is_kept_per_machine_and_a_write_to_the_file_is_seen(tmp_path, monkeypatch):
+    """The digests are checked at each load (every worker, every embedding actor): a file's digest is computed
+    once for as long as its inode, size and ctime stay; a write to it (even one that keeps size and mtime) is
+    hashed again and refused."""
+    from raycse.platform import folders
+
+    monkeypatch.setenv("RAYCSE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(folders, "DIGEST_KEPT_FROM", 10)
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "weights.bin").write_bytes(b"w" * 1000)
+    folders.write_manifest(model)
+    hashed = []
+    real = folders.sha256_of
+    monkeypatch.setattr(folders, "sha256_of", lambda p: hashed.append(p.name) or real(p))
+    folders._known.clear()
+    folders.check_digests(model)
+    folders._known.clear()  # (another process: the machine's record answers)
+    folders.check_digests(model)
+    assert hashed == ["weights.bin"]
+    st = (model / "weights.bin").stat()
+    (model / "weights.bin").write_bytes(b"x" * 1000)
+    os.utime(model / "weights.bin", ns=(st.st_atime_ns, st.st_mtime_ns))  # same size, same mtime
+    with pytest.raises(ModelError, match="weights.bin does not match its digest"):
+        folders.check_digests(model)

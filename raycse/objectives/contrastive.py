@@ -3,10 +3,10 @@
 InfoNCE over cosine similarities with a temperature tau, with the candidate set gathered from
 all data-parallel workers.
 
-Gradient semantics across workers (chosen, documented, tested): candidates are gathered with
-``torch.distributed.nn.functional.all_gather``, which carries gradients back to the worker that
-produced each row. Each worker computes the mean loss of its *local* anchors against the
-*global* candidate set; DDP then averages parameter gradients over workers. Together this is
+Gradient semantics across workers (chosen, documented, tested): candidates are gathered with torch's
+all-gather with autograd (:func:`raycse.platform.compat.all_gather_autograd`), which carries gradients
+back to the worker that produced each row. Each worker computes the mean loss of its *local* anchors
+against the *global* candidate set; DDP then averages parameter gradients over workers. Together this is
 exactly the gradient of the global-batch loss, so ``W`` workers x batch ``b`` train like one
 worker with batch ``W*b`` (``tests/test_distributed.py`` checks loss and gradients to 1e-5).
 SimCSE's own code gathers without gradient and puts the local slice back, which drops the
@@ -41,11 +41,11 @@ def gather(x: Tensor) -> Tensor:
     _, size = world()
     if size == 1:
         return x
-    from torch.distributed.nn.functional import all_gather
+    from raycse.platform.compat import all_gather_autograd
 
     if _via_host(x):  # (.cpu() and .to() carry the gradient back to the device)
-        return torch.cat(all_gather(x.contiguous().cpu()), dim=0).to(x.device)
-    return torch.cat(all_gather(x.contiguous()), dim=0)
+        return all_gather_autograd(x.contiguous().cpu()).to(x.device)
+    return all_gather_autograd(x.contiguous())
 
 
 def gather_no_grad(x: Tensor) -> Tensor:

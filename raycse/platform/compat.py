@@ -18,6 +18,9 @@ looked for, never the version compared, and each has a working path when it is g
 - the module Ray's log thread imports (:func:`import_before_log_thread`): without it, nothing to do.
 - torch.compile's count of the graphs it built (:func:`compiled_graph_count`): without it, None (the
   log says "?").
+- torch's functional all-gather with autograd (:func:`all_gather_autograd`), the successor torch names for
+  ``torch.distributed.nn.functional.all_gather`` (deprecated in torch 2.13: a FutureWarning on every worker
+  of every run): without it, the older public one.
 """
 
 from __future__ import annotations
@@ -160,3 +163,22 @@ def compiled_graph_count() -> Optional[int]:
         return int(found[0]["stats"]["unique_graphs"]) if found else None
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def all_gather_autograd(x):
+    """``x`` of every worker of the default group concatenated along dimension 0, rank-major, with gradients
+    carried back to the worker that produced each row (backward: a reduce-scatter of the sum). Through
+    ``torch.distributed._functional_collectives.all_gather_single_autograd`` (or ``all_gather_tensor_autograd``,
+    its older name) where torch has it; else ``torch.distributed.nn.functional.all_gather``."""
+    import torch
+    import torch.distributed as dist
+
+    found = (_lookup("torch.distributed._functional_collectives", "all_gather_single_autograd")
+             or _lookup("torch.distributed._functional_collectives", "all_gather_tensor_autograd"))
+    if found is not None:
+        out = found[0](x, 0, dist.group.WORLD)
+        wait = _lookup("torch.distributed._functional_collectives", "wait_tensor")
+        return wait[0](out) if wait is not None else out
+    from torch.distributed.nn.functional import all_gather
+
+    return torch.cat(all_gather(x), dim=0)

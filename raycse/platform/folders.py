@@ -23,7 +23,7 @@ import re
 import shutil
 import stat
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable
 
 from raycse.errors import ModelError
 
@@ -156,14 +156,36 @@ def check_digests(folder: Path, what: str = "model") -> None:
         path = folder / rel
         if ".." in Path(rel).parts or Path(rel).is_absolute():
             raise ModelError(f"{manifest} lists {rel!r}, which is not a file inside the {what}; write it again")
-        changed = (not path.is_file() or path.stat().st_size != size or sha256_of(path) != digest)
+        changed = not path.is_file() or path.stat().st_size != size or _digest_of(path) != digest
         if changed:
             state = "is missing" if not path.is_file() else "does not match its digest"
             raise ModelError(f"{what} file {path} {state} in {MANIFEST}: it changed after raycse wrote the {what}; "
                              f"write it again, or remove {MANIFEST} to use the files as they are")
 
 
-def inside(path: Path, folder: Path) -> Optional[bool]:
-    """Whether ``path`` is ``folder`` or lies under it (both resolved)."""
-    path, folder = Path(path).resolve(), Path(folder).resolve()
-    return path == folder or folder in path.parents
+_known: dict = {}  # (path, inode, size, ctime) -> SHA-256, this process's
+
+
+def _digest_of(path: Path) -> str:
+    """:func:`sha256_of`, computed once a process for a file that did not change since (its inode, size and
+    ctime: a write changes the ctime, and no user can set it back), and once a machine through raycse's cache,
+    so a big model's every worker and embedding actor does not read all its weights again to hash them."""
+    from raycse.platform.caches import checked_cache_dir, read_json_cache, write_json_cache
+
+    st = path.stat()
+    key = f"{path.resolve()}|{st.st_ino}|{st.st_size}|{st.st_ctime_ns}"
+    if key in _known:
+        return _known[key]
+    record = checked_cache_dir() / "digests.json"  # (refused where others could write what it says)
+    kept = read_json_cache(record)
+    digest = kept.get(key) if isinstance(kept.get(key), str) else None
+    if digest is None:
+        digest = sha256_of(path)
+        if st.st_size >= DIGEST_KEPT_FROM:  # (small files hash faster than the record is read)
+            kept = {k: v for k, v in kept.items() if Path(k.split("|", 1)[0]).exists()}  # (gone files' entries go)
+            write_json_cache(record, {**kept, key: digest})
+    _known[key] = digest
+    return digest
+
+
+DIGEST_KEPT_FROM = 16 << 20  # bytes: files this large have their digest kept in the machine's cache
