@@ -112,7 +112,9 @@ def add_run_flags(p: argparse.ArgumentParser, keys: Optional[tuple] = None, of: 
             continue
         metavar = "{true,false}" if typ is bool else {dict: "YAML", list: "LIST"}.get(typ, typ.__name__.upper())
         text = with_default(text, default) + (f"; {of}, over the space's run.{key}" if of else "")
-        p.add_argument(flag, dest=key, type=str, default=None, metavar=metavar, help=text)
+        # (an on/off setting given alone is on: --gradient-checkpointing, as --gradient-checkpointing true)
+        bare = {"nargs": "?", "const": "true"} if typ is bool else {}
+        p.add_argument(flag, dest=key, type=str, default=None, metavar=metavar, help=text, **bare)
     helps = {key: text for key, text, _ in unflagged_fields()}
     for key, flag in SWITCHES.items():
         if keys is None or key in keys:

@@ -275,6 +275,24 @@ def make_tiny_model(path: Path, dropout: float = 0.1, seed: int = 0) -> Path:
     return path
 
 
+def make_tiny_decoder(path: Path, kind: str = "qwen3", seed: int = 0) -> Path:
+    """A 2-layer, 32-wide decoder (Qwen3 or Llama) with random weights, built from its config, with the tiny
+    BERT's word-piece vocabulary as its tokenizer (any tokenizer serves last-token pooling): offline, seconds."""
+    import torch
+    from transformers import AutoModel, LlamaConfig, Qwen3Config
+
+    make_tiny_model(path, seed=seed)  # (its tokenizer files; its weights are replaced below)
+    for f in ("model.safetensors", "config.json"):
+        (path / f).unlink()
+    vocab = len((path / "vocab.txt").read_text().splitlines())
+    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0)
+    config = (Qwen3Config(head_dim=8, **common) if kind == "qwen3" else LlamaConfig(**common))
+    torch.manual_seed(seed)
+    AutoModel.from_config(config).save_pretrained(path)
+    return path
+
+
 EVIL = '''
 import os
 from pathlib import Path

@@ -148,6 +148,12 @@ class PrecisionSettings:
     fast_dropout: bool = detail(True,
                                 'on CPUs, dropout masks drawn four to a 64-bit random word (~4x cheaper, p rounded to'
                                 " 1/32768); GPUs use PyTorch's")
+    # Activation checkpointing: each layer's activations recomputed in the backward pass (the model's own
+    # gradient_checkpointing_enable, or per layer on the unpadded path): same gradients, less memory.
+    gradient_checkpointing: bool = knob(False, '--gradient-checkpointing',
+                                        "recompute each transformer layer's activations in the backward pass "
+                                        'instead of keeping them: less memory for about one more forward per step, '
+                                        'the same gradients')
     # Tokenize the next step's batch on a helper thread while this step trains (raycse.train.ahead;
     # the same batches, losses and weights). auto: on GPUs, where the CPU would otherwise wait for
     # the GPU; off on CPUs, whose cores the step already keeps busy (no gain measured on 2 cores).

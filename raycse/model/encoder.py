@@ -243,6 +243,7 @@ class Encoder(nn.Module):
         # float32 CPU linears (forward and backward) on oneDNN where raycse.model.onednn's probe finds them faster
         self.onednn = True
         self.can_unpad = supports_unpadding(backbone)
+        self.checkpoint_layers = False  # activation checkpointing (enable_gradient_checkpointing)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -341,7 +342,21 @@ class Encoder(nn.Module):
 
     def forward_options(self) -> dict:
         """How :func:`raycse.model.unpad.backbone_forward` runs this encoder's backbone (and copies of it)."""
-        return {"unpad": self.unpadding(), "onednn": self.onednn}
+        return {"unpad": self.unpadding(), "onednn": self.onednn, "checkpoint": self.checkpoint_layers}
+
+    def enable_gradient_checkpointing(self) -> None:
+        """Recompute each transformer layer's activations in the backward pass instead of keeping them (less
+        memory for about one more forward's compute; the same gradients): the model's own
+        ``activation_checkpointing_enable`` (``gradient_checkpointing_enable`` in older transformers; non-reentrant)
+        on the padded path, ``torch.utils.checkpoint`` per
+        layer on raycse's unpadded one. A model without it is refused in one line."""
+        check_checkpointing(self.backbone)
+        options = {"use_reentrant": False}
+        if hasattr(self.backbone, "activation_checkpointing_enable"):  # (its name since transformers 5.2x)
+            self.backbone.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+        else:
+            self.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+        self.checkpoint_layers = True
 
     def hidden_states(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Optional[Tensor] = None,
                       output_hidden_states: bool = False):
@@ -646,6 +661,14 @@ def empty_backbone_of(model_path: str) -> Optional[nn.Module]:
             return AutoModel.from_config(config, trust_remote_code=False)
         except ValueError:  # a trusted model of its own classes: the workers build it
             return None
+
+
+def check_checkpointing(backbone: nn.Module) -> None:
+    """Refuse, in one line, gradient checkpointing of a model that has none of its own."""
+    if not getattr(backbone, "supports_gradient_checkpointing", False):
+        raise ModelError(f"--gradient-checkpointing: {type(backbone).__name__} has no gradient checkpointing of "
+                         f"its own; leave it out (a smaller --batch-size, or GradCache: --set "
+                         f"train.cache_chunk_size=N, saves memory too)")
 
 
 # position tables with an offset: RoBERTa-style models count positions from padding_idx + 1

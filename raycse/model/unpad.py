@@ -134,12 +134,15 @@ def _has(module: nn.Module, dotted: str) -> bool:
 
 def backbone_forward(backbone: nn.Module, input_ids: Tensor, attention_mask: Tensor,
                      token_type_ids: Optional[Tensor] = None, output_hidden_states: bool = False,
-                     unpad: bool = False, onednn: bool = False):
+                     unpad: bool = False, onednn: bool = False, checkpoint: bool = False):
     """The HF model's output, through :func:`unpadded_forward` when ``unpad`` (same values), with float32
-    CPU linears on oneDNN when ``onednn`` (:mod:`raycse.model.onednn`; equal to float32 rounding)."""
+    CPU linears on oneDNN when ``onednn`` (:mod:`raycse.model.onednn`; equal to float32 rounding).
+    ``checkpoint``: the unpadded layers' activations recomputed in the backward pass instead of kept (the
+    padded path's are, where the model's own gradient checkpointing is enabled)."""
     with onednn_linear(onednn and input_ids.device.type == "cpu"):
         if unpad:
-            return unpadded_forward(backbone, input_ids, attention_mask, token_type_ids, output_hidden_states)
+            return unpadded_forward(backbone, input_ids, attention_mask, token_type_ids, output_hidden_states,
+                                    checkpoint)
         kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
         if token_type_ids is not None:
             kwargs["token_type_ids"] = token_type_ids
@@ -147,8 +150,11 @@ def backbone_forward(backbone: nn.Module, input_ids: Tensor, attention_mask: Ten
 
 
 def unpadded_forward(backbone: nn.Module, input_ids: Tensor, attention_mask: Tensor,
-                     token_type_ids: Optional[Tensor] = None, output_hidden_states: bool = False):
-    """The HF model's ``last_hidden_state`` (and ``hidden_states``), computed on real tokens only.
+                     token_type_ids: Optional[Tensor] = None, output_hidden_states: bool = False,
+                     checkpoint: bool = False):
+    """The HF model's ``last_hidden_state`` (and ``hidden_states``), computed on real tokens only; with
+    ``checkpoint`` (and gradients on), each layer through ``torch.utils.checkpoint`` (non-reentrant, the RNG
+    state kept, so dropout draws the same masks when the layer is recomputed: the same gradients).
 
     Returns a ``BaseModelOutput`` whose tensors have the usual padded ``(batch, length, hidden)``
     shape, zeros at padded positions (poolers mask them anyway).
@@ -174,8 +180,14 @@ def unpadded_forward(backbone: nn.Module, input_ids: Tensor, attention_mask: Ten
     x = backbone.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
     x = x.reshape(batch * length, -1).index_select(0, rows)
     states = [x]
+    recompute = checkpoint and torch.is_grad_enabled()
     for layer in backbone.encoder.layer:
-        x = _layer(layer, x, slot, rows, key_mask, batch, length)
+        if recompute:
+            from torch.utils.checkpoint import checkpoint as recomputed
+
+            x = recomputed(_layer, layer, x, slot, rows, key_mask, batch, length, use_reentrant=False)
+        else:
+            x = _layer(layer, x, slot, rows, key_mask, batch, length)
         states.append(x)
     return BaseModelOutput(last_hidden_state=padded(x),
                            hidden_states=tuple(padded(s) for s in states) if output_hidden_states else None)

@@ -12,7 +12,8 @@ from torch import nn
 from raycse.config import RunConfig
 from raycse.errors import ConfigError, ModelError
 from raycse.model.adapters import add_lora, trainable_line
-from raycse.model.encoder import PROMPT_LEFT_OUT, Encoder, default_prompt_of, embedding_width_of, empty_backbone_of
+from raycse.model.encoder import (PROMPT_LEFT_OUT, Encoder, check_checkpointing, default_prompt_of,
+                                  embedding_width_of, empty_backbone_of)
 from raycse.model.unpad import use_fast_dropout
 from raycse.objectives.base import LossOutput, Objective
 from raycse.objectives.matryoshka import check_fits
@@ -49,6 +50,8 @@ def build_module(run: RunConfig) -> TrainModule:
     encoder.add_prompts(run.data.prompts)
     objective = run.build_objective()
     objective.setup(encoder)  # (before the adapters: SG-OPT's frozen copy is the plain backbone)
+    if run.train.gradient_checkpointing:  # (after the frozen copy, which has no gradients to save memory for)
+        encoder.enable_gradient_checkpointing()
     if run.model.lora:
         encoder.backbone = add_lora(encoder.backbone, run.model.lora)
     spec = run.objective.matryoshka()
@@ -111,6 +114,10 @@ def check_model_fits_objective(run: RunConfig, model_path: str) -> None:
     spec, width = run.objective.matryoshka(), embedding_width_of(model_path)
     if spec and width:
         check_fits(spec, width)
+    if run.train.gradient_checkpointing:
+        empty = empty_backbone_of(model_path)
+        if empty is not None:
+            check_checkpointing(empty)
 
 
 def prompt_refusal(objective: str, prompt: str) -> str:
