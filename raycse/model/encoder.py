@@ -299,6 +299,8 @@ class Encoder(nn.Module):
         if enc.mlp is not None:
             enc._load_head(path, head)
         enc.matryoshka_dims = meta.get("matryoshka_dims")
+        if enc.pooler.kind == "lasttoken":
+            append_eos(tokenizer)
         enc.trust_remote_code = trust
         enc.onednn = backend == "torch"  # (the exported file's runtime picks its own kernels)
         return enc
@@ -661,6 +663,42 @@ def empty_backbone_of(model_path: str) -> Optional[nn.Module]:
             return AutoModel.from_config(config, trust_remote_code=False)
         except ValueError:  # a trusted model of its own classes: the workers build it
             return None
+
+
+def append_eos(tokenizer) -> bool:
+    """Make ``tokenizer`` end every sentence with its end-of-sequence token, where it has one and does not
+    already: last-token pooling reads the last token, which decoder embedders (Qwen3-Embedding, e5-mistral,
+    gte-Qwen2) are trained to read at the EOS. Written into the tokenizer itself (Llama's ``add_eos_token``, else
+    a post-processor of its fast tokenizer), so the saved model's tokenizer, and so ``SentenceTransformer(path)``,
+    appends it too, and truncation keeps room for it. Whether the tokenizer now appends it."""
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        return False
+
+    def appends() -> bool:
+        ids = tokenizer("a b")["input_ids"]
+        return bool(ids) and ids[-1] == eos
+
+    if appends():
+        return True
+    if hasattr(tokenizer, "add_eos_token"):  # (Llama's tokenizers rebuild their post-processor from this flag)
+        try:
+            tokenizer.add_eos_token = True
+        except (AttributeError, ValueError, TypeError):
+            pass
+        if appends():
+            return True
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:  # a slow tokenizer: its sentences end as its own rules say
+        return False
+    from tokenizers import processors
+
+    token = tokenizer.eos_token
+    template = processors.TemplateProcessing(single=f"$A {token}", pair=f"$A {token} $B:1 {token}:1",
+                                             special_tokens=[(token, eos)])
+    current = backend.post_processor
+    backend.post_processor = template if current is None else processors.Sequence([current, template])
+    return appends()
 
 
 def check_checkpointing(backbone: nn.Module) -> None:

@@ -1,0 +1,91 @@
+"""Issue 107 item 5: decoder embedders as first-class encoders. Last-token pooling reads the end-of-sequence
+token that decoder embedders are trained to end on, appended by the tokenizer itself (so the saved model's
+tokenizer, and sentence-transformers with it, appends it too); the embeddings are the same with left and right
+padding; ``SentenceTransformer(path).encode(texts, prompt_name="query")`` gives raycse's query embeddings.
+The decoders are tiny random Qwen3 and Llama models built from their configs, with a word-level tokenizer that
+appends nothing (as a base decoder's does)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import WORDS, make_sentences
+
+TEXTS = make_sentences(9, seed=8, min_len=2, max_len=20)
+EOS = "<|endoftext|>"
+
+
+def make_decoder(path: Path, kind: str) -> Path:
+    """A tiny decoder whose tokenizer (word level, pad and EOS tokens, no post-processor) appends nothing."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoModel, LlamaConfig, PreTrainedTokenizerFast, Qwen3Config
+
+    vocab = {tok: i for i, tok in enumerate(["<|pad|>", "<unk>", EOS, *sorted(set(WORDS)), *".,!?"])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", pad_token="<|pad|>",
+                                        eos_token=EOS, model_max_length=128)
+    common = dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0,
+                  eos_token_id=vocab[EOS])
+    config = Qwen3Config(head_dim=8, **common) if kind == "qwen3" else LlamaConfig(**common)
+    torch.manual_seed(0)
+    AutoModel.from_config(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+def test_last_token_pooling_reads_the_eos_with_either_padding_and_sentence_transformers_agrees(tmp_path, kind):
+    from sentence_transformers import SentenceTransformer
+
+    from raycse.model.encoder import Encoder
+
+    model = make_decoder(tmp_path / kind, kind)
+    enc = Encoder.from_pretrained(str(model), pooling="lasttoken")
+    eos = enc.tokenizer.eos_token_id
+    batch = enc.tokenize(TEXTS)
+    last = batch["attention_mask"].sum(1) - 1  # (right padding: the last real position)
+    assert (batch["input_ids"][range(len(TEXTS)), last] == eos).all()
+    assert int(batch["attention_mask"].sum(1).max()) <= 128
+    right = enc.encode(TEXTS, batch_size=4)
+    enc.tokenizer.padding_side = "left"
+    left = enc.encode(TEXTS, batch_size=4)
+    np.testing.assert_allclose(left, right, atol=1e-5, rtol=0)
+    enc.tokenizer.padding_side = "right"
+    # a query prompt kept in the saved model: sentence-transformers' encode with prompt_name="query" is raycse's
+    enc.add_prompts({"text": "Instruct: find the same meaning\nQuery: "})
+    saved = enc.save(tmp_path / "saved")
+    st = SentenceTransformer(str(saved), device="cpu")
+    again = Encoder.from_pretrained(str(saved))
+    ours = again.encode(TEXTS, prompt_name="query")
+    theirs = st.encode(TEXTS, prompt_name="query", convert_to_numpy=True)
+    np.testing.assert_allclose(theirs, ours, atol=1e-5, rtol=0)
+    ids = st.tokenize(["a city"])["input_ids"][0]
+    assert int(ids[-1]) == eos  # (sentence-transformers' tokenizer appends it too)
+
+
+def test_a_tokenizer_that_already_ends_on_eos_or_has_none_is_left_as_it_is(tiny_model):
+    from transformers import AutoTokenizer
+
+    from raycse.model.encoder import append_eos
+
+    bert = AutoTokenizer.from_pretrained(str(tiny_model))  # no EOS token: [SEP] ends its sentences
+    before = bert("a city")["input_ids"]
+    assert append_eos(bert) is False and bert("a city")["input_ids"] == before
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+def test_lora_targets_a_decoders_attention_projections(tmp_path, kind):
+    pytest.importorskip("peft")
+    from raycse.model.adapters import add_lora
+    from raycse.model.encoder import Encoder
+
+    enc = Encoder.from_pretrained(str(make_decoder(tmp_path / kind, kind)), pooling="lasttoken")
+    wrapped = add_lora(enc.backbone, {"r": 4})
+    targets = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in wrapped.named_parameters() if ".lora_A" in n}
+    assert targets == {"q_proj", "v_proj"}
