@@ -308,6 +308,9 @@ class Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="raycse", description="Contrastive sentence-embedding training and tuning on Ray.")
+    from raycse._version import __version__
+
+    parser.add_argument("--version", action="version", version=f"raycse {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _train_parser(sub)
     _eval_parser(sub)

@@ -144,6 +144,18 @@ def test_a_module_in_the_working_directory_is_never_imported(tmp_path, monkeypat
     assert "" in sys.path  # (put back)
 
 
+def test_a_working_directory_put_on_pythonpath_on_purpose_is_honoured(tmp_path, monkeypatch):
+    """Issue 109: `PYTHONPATH=. raycse train --objective mymod:MyObjective`, run where mymod.py is, said 'No module
+    named mymod': every path entry equal to the working directory was dropped, the user's own too. An explicit
+    PYTHONPATH entry is kept; the one Python adds by itself is not (the test above)."""
+    (tmp_path / "mymod_106.py").write_text("from raycse.objectives.simcse import SimCSE\n"
+                                           "class Mine(SimCSE):\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", ".")
+    monkeypatch.syspath_prepend(str(tmp_path))  # (what Python makes of PYTHONPATH=. at start)
+    assert registry.get("mymod_106:Mine").__name__ == "Mine"
+
+
 def console_of_a_run(stderr: str, last_step: str) -> None:
     """raycse train's console (issue 87, item 4; this run serves as its end-to-end check): raycse's lines
     (plain ones off a terminal), Ray's and the libraries' in the log file whose path is said once."""

@@ -297,6 +297,15 @@ def test_help_says_each_default_once(command, capsys):
         assert f"(default: {RunConfig().train.lr})" in text
 
 
+def test_version_prints_the_packages_version(capsys):
+    """Issue 109: `raycse --version` was refused as a missing command."""
+    import raycse
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"raycse {raycse.__version__}"
+
+
 def test_stsb_dev_none_means_no_dev_scoring(tmp_path):
     """'none' used to become YAML null, which meant 'look for the default', so training still scored. 'auto' is
     found through RAYCSE_DATA alone, never a folder beside the working directory or the package."""

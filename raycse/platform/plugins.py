@@ -81,10 +81,13 @@ def load_instance(group: str, name: str, kind: str, base: type) -> Optional[obje
 
 
 def import_outside_cwd(module: str):
-    """``importlib.import_module`` with the working directory off the search path for the import."""
-    here = {"", ".", os.getcwd()}
+    """``importlib.import_module`` with the working directory off the search path for the import, unless the user
+    put it there on purpose: an entry of PYTHONPATH (``PYTHONPATH=. raycse train --objective mymod:X``) is kept;
+    the one Python adds by itself for ``python -m`` or a script in this directory is not."""
+    cwd = os.getcwd()
+    explicit = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
     kept = sys.path[:]
-    sys.path[:] = [p for p in sys.path if p not in here and os.path.abspath(p) != os.getcwd()]
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != cwd or cwd in explicit]
     try:
         return importlib.import_module(module)
     finally:
