@@ -242,3 +242,39 @@ def test_a_big_files_digest_is_kept_per_machine_and_a_write_to_the_file_is_seen(
     os.utime(model / "weights.bin", ns=(st.st_atime_ns, st.st_mtime_ns))  # same size, same mtime
     with pytest.raises(ModelError, match="weights.bin does not match its digest"):
         folders.check_digests(model)
+
+
+def test_a_teacher_whose_tokenizer_does_not_fit_the_text_is_refused_as_the_student_would_be(tiny_model, tmp_path):
+    """Issue 106 item 4: a teacher that maps most of the corpus's tokens to [UNK] trained silently."""
+    from raycse.config import RunConfig
+    from raycse.train.model_checks import check_models
+
+    foreign = tmp_path / "foreign"
+    shutil.copytree(tiny_model, foreign)
+    (foreign / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "zzz", "qqq"]) + "\n")
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (foreign / f).unlink(missing_ok=True)
+    (foreign / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer",
+                                                               "do_lower_case": True}))
+    run = RunConfig()
+    run.model.name_or_path, run.model.teacher = str(tiny_model), str(foreign)
+    with pytest.raises(RaycseError, match=r"model.teacher \(--teacher\): the tokenizer of .* to \[UNK\]: it does "
+                                          r"not fit this text"):
+        check_models(run.resolved(), str(tiny_model), ["the city by the river"] * 8)
+
+
+def test_a_teacher_on_object_storage_is_recorded_as_its_uri_not_its_local_copy(tiny_model, monkeypatch):
+    """Issue 106 item 10: config.yaml named an s3:// teacher by its fetch-cache path. The run keeps the URI (masked
+    where it is saved); the checks use the local copy, which the reference vectors are keyed by."""
+    from raycse.config import RunConfig
+    from raycse.platform.redact import redact
+    from raycse.train import model_checks
+
+    uri = "s3://AKID:SECRET@bucket/teacher/model"
+    fetched = str(tiny_model)  # (what object_store.fetch would give: the local copy)
+    monkeypatch.setattr(model_checks, "resolve_model", lambda name, trust=False: fetched if name == uri else name)
+    run = RunConfig()
+    run.model.name_or_path, run.model.teacher = str(tiny_model), uri
+    resolved, paths = model_checks.resolve_references(run.resolved(), str(tiny_model))
+    assert resolved.model.teacher == uri and paths == {"teacher": fetched}
+    assert redact(resolved.model.teacher) == "s3://***@bucket/teacher/model"

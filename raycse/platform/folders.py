@@ -182,7 +182,9 @@ def _digest_of(path: Path) -> str:
     if digest is None:
         digest = sha256_of(path)
         if st.st_size >= DIGEST_KEPT_FROM:  # (small files hash faster than the record is read)
-            kept = {k: v for k, v in kept.items() if Path(k.split("|", 1)[0]).exists()}  # (gone files' entries go)
+            where = key.split("|", 1)[0]  # (entries of files gone, or of this file before it changed, go)
+            kept = {k: v for k, v in kept.items()
+                    if k.split("|", 1)[0] != where and Path(k.split("|", 1)[0]).exists()}
             write_json_cache(record, {**kept, key: digest})
     _known[key] = digest
     return digest
