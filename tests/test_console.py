@@ -67,7 +67,10 @@ def test_the_terminal_gets_raycse_s_lines_problems_and_results_and_the_log_gets_
     assert out.splitlines() == results  # the command's results, and nothing a worker printed
     shown = err.splitlines()
     assert shown[0].startswith(f"[raycse] log: {tmp_path / 'logs' / 'train.log'}")
-    assert shown[1:] == OURS[:1] + PROBLEMS + TRACEBACK[:4] + OURS[1:] + [WORKER + "[raycse] a line in two writes"]
+    # (not a terminal: without Ray's colours, as in a CI log or a redirected file; issue 109)
+    assert shown[1:] == [con.ANSI.sub("", t) for t in OURS[:1] + PROBLEMS + TRACEBACK[:4] + OURS[1:]
+                         + [WORKER + "[raycse] a line in two writes"]]
+    assert "\x1b" not in err
     # the log: every line once, in order, without colours; a bar's redraws only in its last state
     logged = log.splitlines()
     plain = [con.ANSI.sub("", t) for t in RAY_NOISE + OURS[:1] + PROBLEMS + TRACEBACK + OURS[1:]]
@@ -75,6 +78,12 @@ def test_the_terminal_gets_raycse_s_lines_problems_and_results_and_the_log_gets_
     assert logged[len(plain):] == results + ["(RayTrainWorker pid=12) a worker's print()",
                                              "Loading weights: 100%|##| 39/39",
                                              "(RayTrainWorker pid=12) [raycse] a line in two writes"]
+
+
+def test_a_terminal_keeps_rays_colours(tmp_path, monkeypatch):
+    _, err, log = routed(tmp_path, monkeypatch, lines(RAY_NOISE + OURS), terminal=True, bar=False)
+    assert [line for line in err.splitlines() if not line.startswith("[raycse] log:")] == OURS
+    assert "\x1b" not in log
 
 
 def test_verbose_shows_everything_as_it_comes(tmp_path, monkeypatch):
@@ -112,7 +121,7 @@ def test_on_a_terminal_the_step_lines_drive_one_bar_with_its_eta(tmp_path, monke
 
 def test_off_a_terminal_the_step_lines_stay_plain_lines(tmp_path, monkeypatch):
     _, err, _ = routed(tmp_path, monkeypatch, lines([step(10), step(40)]))
-    assert err.splitlines() == [step(10), step(40)] and "training:" not in err
+    assert err.splitlines() == [con.ANSI.sub("", step(n)) for n in (10, 40)] and "training:" not in err
 
 
 def test_a_resumed_or_restarted_fit_moves_the_bar_where_the_fit_stands(tmp_path, monkeypatch):
@@ -141,7 +150,7 @@ def test_a_log_directory_that_cannot_be_written_leaves_the_console_as_it_was(tmp
     monkeypatch.setattr(sys, "stderr", err)
     with con.console("train", log_path=blocked / "logs" / "train.log"):
         sys.stderr.write(RAY_NOISE[0] + "\n" + RAY_NOISE[1] + "\n")
-    assert err.getvalue().splitlines()[1:] == RAY_NOISE[:2]
+    assert err.getvalue().splitlines()[1:] == [con.ANSI.sub("", t) for t in RAY_NOISE[:2]]  # (not a terminal)
     assert err.getvalue().startswith("[raycse] no log file (") and "RAYCSE_LOG_DIR" in err.getvalue()
 
 
@@ -181,7 +190,7 @@ def test_lines_written_from_two_threads_at_once_stay_whole(tmp_path, monkeypatch
     assert len([line for line in shown if line.startswith("[raycse] log: ")]) == 1
     for name in ("a", "b"):
         assert [line for line in shown if f" {name} line " in line] == \
-            [f"{WORKER}[raycse] {name} line {i}" for i in range(2000)]
+            [con.ANSI.sub("", f"{WORKER}[raycse] {name} line {i}") for i in range(2000)]
     assert len(shown) == 4001 and len((tmp_path / "train.log").read_text().splitlines()) == 8000
 
 

@@ -146,6 +146,8 @@ class Console:
     def _show(self, text: str, out, transient: bool) -> None:
         if self.bar is not None:
             self.bar.clear()
+        if not _is_terminal(out):  # (Ray colours its workers' prefixes whatever the stream: not in a file or CI log)
+            text = ANSI.sub("", text)
         out.write(text + ("\r" if transient else "\n"))
         out.flush()
         if self.bar is not None:
