@@ -177,6 +177,9 @@ def _train_parser(sub) -> None:
                    help="the run's name under --storage-path: a run resumes only checkpoints of its own name and "
                         "definition (config and corpus); another run there is refused, naming what differs")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="run every check, print the plan (workers, memory a worker, steps) and exit: no Ray started, "
+                        "nothing written")
     add_verbose_flag(p, bar=True)
 
 
@@ -340,6 +343,11 @@ def cmd_train(args) -> int:
     run = resolve_train_config(args)  # a bad flag or config is refused before the driver's imports (torch, Ray)
     if args.print_config:
         print(yaml.safe_dump(run.to_dict(), sort_keys=False))
+        return 0
+    if args.dry_run:
+        from raycse.train.dry_run import dry_run
+
+        print(dry_run(run, overwrite=args.overwrite, storage_path=args.storage_path))
         return 0
     from raycse.platform.console import console
     from raycse.train import train

@@ -245,6 +245,11 @@ class FailureSettings:
     worker_start_attempts: int = detail(3,
                                         'attempts to start the workers before the run fails, naming what holds the '
                                         'cluster')
+    # Before Ray starts, each worker's memory is estimated (raycse.train.memory) and a run that will not fit this
+    # machine's memory or GPU is refused; false trusts the run as it is.
+    memory_check: bool = detail(True,
+                                "refuse, before Ray starts, a run whose workers' estimated memory (weights, gradients, "
+                                "AdamW, activations) exceeds this machine's memory or GPU")
 
     def validate(self) -> None:
         if not self.worker_start_timeout_s > 0:

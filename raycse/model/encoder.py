@@ -352,12 +352,7 @@ class Encoder(nn.Module):
         ``activation_checkpointing_enable`` (``gradient_checkpointing_enable`` in older transformers; non-reentrant)
         on the padded path, ``torch.utils.checkpoint`` per
         layer on raycse's unpadded one. A model without it is refused in one line."""
-        check_checkpointing(self.backbone)
-        options = {"use_reentrant": False}
-        if hasattr(self.backbone, "activation_checkpointing_enable"):  # (its name since transformers 5.2x)
-            self.backbone.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
-        else:
-            self.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+        enable_checkpointing(self.backbone)
         self.checkpoint_layers = True
 
     def hidden_states(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Optional[Tensor] = None,
@@ -699,6 +694,18 @@ def append_eos(tokenizer) -> bool:
     current = backend.post_processor
     backend.post_processor = template if current is None else processors.Sequence([current, template])
     return appends()
+
+
+def enable_checkpointing(backbone: nn.Module) -> None:
+    """The model's own activation checkpointing, non-reentrant (one line where it has none)."""
+    check_checkpointing(backbone)
+    if getattr(backbone.config, "use_cache", False):  # (a decoder's cache is for generation: off, and said nothing)
+        backbone.config.use_cache = False
+    options = {"use_reentrant": False}
+    if hasattr(backbone, "activation_checkpointing_enable"):  # (its name since transformers 5.2x)
+        backbone.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+    else:
+        backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
 
 
 def check_checkpointing(backbone: nn.Module) -> None:

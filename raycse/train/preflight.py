@@ -27,6 +27,7 @@ from raycse.platform import object_store
 from raycse.platform.redact import refuse_credentials
 from raycse.platform.staging import check_not_inside
 from raycse.train import tracking as tracking_mod
+from raycse.train.memory import check_fits
 from raycse.train.model_checks import check_models, text_sample
 from raycse.train.module import check_model_fits_objective
 
@@ -184,6 +185,7 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     if sources:
         check_one_global_batch(run, sources)
     check_model_fits_objective(run, model_path)
+    check_fits(run, model_path)  # (each worker's memory, estimated)
     remote = run.output_dir if object_store.is_uri(run.output_dir) else None
     # (an output on object storage is built in the system's temporary directory first)
     local_out = Path(tempfile.gettempdir()) if remote else Path(os.path.expanduser(run.output_dir)).resolve()

@@ -1,0 +1,166 @@
+"""A Train worker's memory, estimated before Ray starts, and the run refused where it will not fit.
+
+Each data-parallel worker holds (fp32, AdamW):
+- the weights, 4 bytes a parameter (SG-OPT's frozen copy once more);
+- the gradients, 4 bytes a trainable parameter, and DDP's gradient buckets as much again with several workers;
+- AdamW's two moments, 8 bytes a trainable parameter;
+- the activations autograd keeps between a step's forward and its backward. These are counted, not guessed:
+  the model's own forward runs on the meta device (shapes, no memory, no weights) at the run's rows a worker
+  (batch x the sentences each example adds) and ``--max-length`` tokens, every token real, and a saved-tensor
+  hook adds up what autograd saves (with ``--gradient-checkpointing``: what the checkpointed layers keep);
+- the backward's working memory: :data:`WORKING_LAYERS` layers' activations (one more under checkpointing,
+  the layer being recomputed), as measured (benchmarks/results/speed-cpu.md, "Memory estimate").
+
+Tokens at full length make it an upper bound where sentences are shorter (raycse's unpadded BERT layers keep
+only real tokens).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from raycse.config import RunConfig
+from raycse.errors import ConfigError
+
+WORKING_LAYERS = 2
+GB = 1 << 30
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes a worker holds, by part; ``rows`` x ``tokens``: the activations' shape."""
+
+    params: int
+    trainable: int
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    rows: int
+    tokens: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.activations
+
+    def breakdown(self) -> str:
+        parts = (("weights", self.weights), ("gradients", self.gradients), ("AdamW", self.optimizer),
+                 (f"activations of {self.rows} x {self.tokens} tokens", self.activations))
+        return ", ".join(f"{what} {size / GB:.2f}" for what, size in parts)
+
+
+def rows_per_worker(run: RunConfig) -> int:
+    """Sentences a worker encodes with gradients at once: two views of each sentence, or the pair's two
+    sentences, and each hard negative; under GradCache, one chunk."""
+    d, t = run.data, run.train
+    per_example = 2 + (len(d.negative_columns) if d.negative_column else 0)
+    return t.cache_chunk_size if t.cache_chunk_size is not None else t.batch_size * per_example
+
+
+def estimate(run: RunConfig, model_path: str) -> Optional[MemoryEstimate]:
+    """A worker's memory for ``run`` (resolved) on the model at ``model_path``; None where the model cannot be
+    built on the meta device here (a hub name not in the cache, a model of its own code)."""
+    from raycse.model.encoder import empty_backbone_of
+
+    backbone = empty_backbone_of(model_path)
+    if backbone is None:
+        return None
+    params = sum(p.numel() for p in backbone.parameters())
+    layers = int(getattr(backbone.config, "num_hidden_layers", 0) or 0)
+    rows, tokens = rows_per_worker(run), run.model.max_length
+    full = _saved_bytes(backbone, rows, tokens, checkpointing=False)
+    if full is None:
+        return None
+    working = (WORKING_LAYERS * full // layers) if layers else full
+    kept = full
+    if run.train.gradient_checkpointing:
+        checkpointed = _saved_bytes(backbone, rows, tokens, checkpointing=True)
+        if checkpointed is not None:
+            kept = checkpointed + (full // layers if layers else 0)
+    trainable = _trainable(backbone, run)
+    frozen = params if run.objective.name == "sgopt" else 0
+    buckets = 2 if run.train.num_workers > 1 else 1
+    return MemoryEstimate(params=params, trainable=trainable, weights=4 * (params + frozen),
+                          gradients=4 * trainable * buckets, optimizer=8 * trainable, activations=kept + working,
+                          rows=rows, tokens=tokens)
+
+
+def _trainable(backbone, run: RunConfig) -> int:
+    if not run.model.lora:
+        return sum(p.numel() for n, p in backbone.named_parameters() if not n.startswith("pooler."))
+    from raycse.model.adapters import add_lora
+
+    wrapped = add_lora(backbone, run.model.lora)
+    return sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+
+
+def _saved_bytes(backbone, rows: int, tokens: int, checkpointing: bool) -> Optional[int]:
+    """What autograd saves in one training forward of ``backbone`` (on the meta device) at ``rows`` x ``tokens``."""
+    import torch
+
+    total = [0]  # (the plain forward first: checkpointing, once on, stays on for this weightless copy)
+
+    def pack(t):
+        total[0] += t.numel() * t.element_size()
+        return t
+
+    from raycse.errors import ModelError
+    from raycse.model.encoder import enable_checkpointing
+
+    backbone.train()
+    if checkpointing:
+        try:
+            enable_checkpointing(backbone)
+        except ModelError:  # (refused where the run is built, in one line)
+            return None
+    ids = torch.zeros(rows, tokens, dtype=torch.long, device="meta")
+    try:  # (no attention mask: every token real; a mask's checks read values, which meta tensors have none of)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            backbone(input_ids=ids)
+    except Exception:  # noqa: BLE001 - a model whose forward needs real values: no estimate
+        return None
+    return total[0]
+
+
+def worker_memory(run: RunConfig) -> Optional[tuple[int, str]]:
+    """(bytes, what they are) a worker may use, where this machine's private Ray runs the workers: its GPU's memory
+    times the worker's share of it, or its memory shared by the workers; None on a cluster (RAY_ADDRESS), whose
+    nodes are not known before Ray starts."""
+    import torch
+
+    t = run.train
+    if os.environ.get("RAY_ADDRESS"):
+        return None
+    if t.use_gpu and torch.cuda.is_available():
+        share = t.gpu_share or 1.0
+        total = torch.cuda.get_device_properties(0).total_memory
+        return int(total * min(share, 1.0)), f"{min(share, 1.0):g} of a {total / GB:.0f} GB GPU"
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+    return total // t.num_workers, f"this machine's {total / GB:.0f} GB shared by {t.num_workers} worker(s)"
+
+
+def check_fits(run: RunConfig, model_path: str) -> Optional[MemoryEstimate]:
+    """Refuse, in one line and before Ray starts, a run whose workers will not fit their memory (train.memory_check
+    false skips it); the estimate (None where there is none)."""
+    if not run.train.memory_check:
+        return None
+    found = estimate(run, model_path)
+    room = worker_memory(run) if found is not None else None
+    if found is None or room is None or found.total <= room[0]:
+        return found
+    t, fixes = run.train, []
+    if not t.gradient_checkpointing:
+        fixes.append("--gradient-checkpointing")
+    if not run.model.lora:
+        fixes.append("LoRA (--lora '{r: 8}')")
+    if t.cache_chunk_size is None:
+        fixes.append("GradCache (--set train.cache_chunk_size=32)")
+    fixes += ["a smaller --batch-size or --max-length"] + (["fewer --num-workers"] if not t.use_gpu else [])
+    raise ConfigError(f"each worker needs about {found.total / GB:.1f} GB ({found.breakdown()} GB) and has "
+                      f"{room[0] / GB:.1f} GB ({room[1]}); try {', '.join(fixes)} (or --set train.memory_check=false "
+                      f"if the estimate is wrong)")

@@ -1,0 +1,101 @@
+"""Issue 107 item 6: each worker's memory estimated before Ray starts (raycse.train.memory), a run that will not
+fit refused in one line naming what would make it fit, and ``raycse train --dry-run`` printing the plan without
+starting Ray or writing anything. The activations are counted on the meta device; the second way here is the
+real step on the tiny BERT, whose saved tensors are added up as it runs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from conftest import WORDS
+from raycse.config import RunConfig
+from raycse.errors import ConfigError
+from raycse.train import memory
+
+
+def _run(model, **train) -> RunConfig:
+    run = RunConfig()
+    run.model.name_or_path, run.model.max_length = str(model), 32
+    run.train = dataclasses.replace(run.train, **{"batch_size": 8, **train})
+    return run.resolved()
+
+
+def _measured_saved_bytes(run: RunConfig) -> int:
+    """What autograd saves in one real SimCSE forward of raycse's module, every sentence at the full length."""
+    from raycse.train.module import build_module
+
+    module = build_module(run).train()
+    texts = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(60)) for i in range(run.train.batch_size)]
+    batch = module.objective.collate(texts, module.encoder.tokenizer, run.model.max_length)
+    assert batch["input_ids"].shape[1] == run.model.max_length
+    module(batch)  # (a first forward outside the count: the oneDNN kernel probe may run in it, once a machine)
+    total = [0]
+
+    def pack(t):
+        total[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(batch)
+    return total[0]
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_counted_activations_are_what_a_real_step_keeps(tiny_model, checkpointing):
+    """The meta-device count of the backbone against the real step's forward (raycse's module: the backbone, the
+    pooling, the MLP head, the loss), with and without checkpointing, HF's padded layers."""
+    from raycse.model.encoder import empty_backbone_of
+
+    run = _run(tiny_model, unpad=False, gradient_checkpointing=checkpointing)
+    counted = memory._saved_bytes(empty_backbone_of(str(tiny_model)), memory.rows_per_worker(run),
+                                  run.model.max_length, checkpointing)
+    real = _measured_saved_bytes(run)
+    assert 0.8 * real <= counted <= 1.25 * real, (counted, real)
+
+
+def test_each_part_follows_the_run(tiny_model):
+    plain = memory.estimate(_run(tiny_model), str(tiny_model))
+    assert plain.weights == 4 * plain.params and plain.optimizer == 8 * plain.trainable
+    assert plain.rows == 16 and plain.tokens == 32  # (two views of each of 8 sentences)
+    two = memory.estimate(_run(tiny_model, num_workers=2), str(tiny_model))
+    assert two.gradients == 2 * plain.gradients  # (DDP's buckets)
+    ckpt = memory.estimate(_run(tiny_model, gradient_checkpointing=True), str(tiny_model))
+    assert ckpt.activations < plain.activations
+    cached = memory.estimate(_run(tiny_model, cache_chunk_size=4), str(tiny_model))
+    assert cached.rows == 4 and cached.activations < plain.activations
+    run = _run(tiny_model)
+    run = run.resolved({"objective.name": "sgopt"})
+    assert memory.estimate(run, str(tiny_model)).weights == 2 * plain.weights  # (the frozen copy)
+
+
+def test_a_run_that_will_not_fit_is_refused_in_one_line_naming_the_fixes(tiny_model, monkeypatch):
+    run = _run(tiny_model)
+    monkeypatch.setattr(memory, "worker_memory", lambda r: (1 << 16, "64 KB, for this test"))
+    with pytest.raises(ConfigError, match=r"each worker needs about .* GB .* and has 0.0 GB \(64 KB, for this test\); "
+                                          r"try --gradient-checkpointing, LoRA .*GradCache") as err:
+        memory.check_fits(run, str(tiny_model))
+    assert "\n" not in str(err.value)
+    assert memory.check_fits(run.resolved({"train.memory_check": False}), str(tiny_model)) is None
+    monkeypatch.undo()
+    assert memory.check_fits(run, str(tiny_model)).total < (1 << 30)  # (the tiny BERT fits this machine)
+
+
+def test_dry_run_prints_the_plan_and_starts_and_writes_nothing(tiny_model, tmp_path, capsys, monkeypatch):
+    from conftest import make_sentences
+    from raycse.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.txt").write_text("\n".join(make_sentences(100)) + "\n")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    assert main(["train", "--model", str(tiny_model), "--corpus", "c.txt", "--stsb-dev", "none", "--output", "out",
+                 "--num-workers", "2", "--batch-size", "16", "--gradient-checkpointing", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "workers: 2" in out and "DDP" in out and "gradient checkpointing" in out
+    assert "memory a worker: about" in out and "100 usable examples" in out and "3 steps an epoch" in out
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+    import ray
+
+    assert not ray.is_initialized()
