@@ -7,9 +7,13 @@ Each data-parallel worker holds (fp32, AdamW):
 - the activations autograd keeps between a step's forward and its backward. These are counted, not guessed:
   the model's own forward runs on the meta device (shapes, no memory, no weights) at the run's rows a worker
   (batch x the sentences each example adds) and ``--max-length`` tokens, every token real, and a saved-tensor
-  hook adds up what autograd saves (with ``--gradient-checkpointing``: what the checkpointed layers keep);
+  hook adds up what autograd saves (with ``--gradient-checkpointing``: each layer's input, and one layer's
+  activations for its recomputation);
 - the backward's working memory: :data:`WORKING_LAYERS` layers' activations (one more under checkpointing,
-  the layer being recomputed), as measured (benchmarks/results/speed-cpu.md, "Memory estimate").
+  the layer being recomputed), and the optimizer step's: :data:`STEP_COPIES` fp32 copies of the trainable
+  parameters (AdamW's temporaries beside the gradients and moments), as measured
+  (benchmarks/results/speed-cpu.md, "Memory estimate": within 25% of the measured peak for MiniLM and a
+  150M-parameter Qwen3, with and without checkpointing).
 
 Tokens at full length make it an upper bound where sentences are shorter (raycse's unpadded BERT layers keep
 only real tokens).
@@ -25,6 +29,7 @@ from raycse.config import RunConfig
 from raycse.errors import ConfigError
 
 WORKING_LAYERS = 2
+STEP_COPIES = 2
 GB = 1 << 30
 
 
@@ -47,7 +52,7 @@ class MemoryEstimate:
 
     def breakdown(self) -> str:
         parts = (("weights", self.weights), ("gradients", self.gradients), ("AdamW", self.optimizer),
-                 (f"activations of {self.rows} x {self.tokens} tokens", self.activations))
+                 (f"activations of {self.rows} x {self.tokens} tokens", self.activations))  # (AdamW: moments and step)
         return ", ".join(f"{what} {size / GB:.2f}" for what, size in parts)
 
 
@@ -70,20 +75,22 @@ def estimate(run: RunConfig, model_path: str) -> Optional[MemoryEstimate]:
     params = sum(p.numel() for p in backbone.parameters())
     layers = int(getattr(backbone.config, "num_hidden_layers", 0) or 0)
     rows, tokens = rows_per_worker(run), run.model.max_length
-    full = _saved_bytes(backbone, rows, tokens, checkpointing=False)
+    full = _saved_bytes(backbone, rows, tokens)
     if full is None:
         return None
-    working = (WORKING_LAYERS * full // layers) if layers else full
-    kept = full
-    if run.train.gradient_checkpointing:
-        checkpointed = _saved_bytes(backbone, rows, tokens, checkpointing=True)
-        if checkpointed is not None:
-            kept = checkpointed + (full // layers if layers else 0)
+    per_layer = full // layers if layers else full
+    working, kept = WORKING_LAYERS * per_layer, full
+    if run.train.gradient_checkpointing and layers:
+        # each layer keeps its input alone (the embeddings' output and every layer's: layers + 1 hidden states),
+        # and the layer being recomputed holds its own activations once more
+        hidden = int(getattr(backbone.config, "hidden_size", 0) or 0)
+        kept = 4 * rows * tokens * hidden * (layers + 1) + per_layer
     trainable = _trainable(backbone, run)
     frozen = params if run.objective.name == "sgopt" else 0
     buckets = 2 if run.train.num_workers > 1 else 1
     return MemoryEstimate(params=params, trainable=trainable, weights=4 * (params + frozen),
-                          gradients=4 * trainable * buckets, optimizer=8 * trainable, activations=kept + working,
+                          gradients=4 * trainable * buckets, optimizer=(8 + 4 * STEP_COPIES) * trainable,
+                          activations=kept + working,
                           rows=rows, tokens=tokens)
 
 
@@ -96,32 +103,29 @@ def _trainable(backbone, run: RunConfig) -> int:
     return sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
 
 
-def _saved_bytes(backbone, rows: int, tokens: int, checkpointing: bool) -> Optional[int]:
-    """What autograd saves in one training forward of ``backbone`` (on the meta device) at ``rows`` x ``tokens``."""
+def _saved_bytes(backbone, rows: int, tokens: int) -> Optional[int]:
+    """What autograd keeps in one training forward of ``backbone`` (on the meta device) at ``rows`` x ``tokens``:
+    each saved tensor once (a tensor, or the tensor it is a view of, saved by several ops is held once), the
+    parameters left out (they are the weights, counted as such)."""
     import torch
 
-    total = [0]  # (the plain forward first: checkpointing, once on, stays on for this weightless copy)
+    params = {id(p) for p in backbone.parameters()}
+    held: dict = {}
 
     def pack(t):
-        total[0] += t.numel() * t.element_size()
+        base = t._base if t._base is not None else t
+        if id(base) not in params:
+            held[id(base)] = max(held.get(id(base), 0), base.numel() * base.element_size())
         return t
 
-    from raycse.errors import ModelError
-    from raycse.model.encoder import enable_checkpointing
-
     backbone.train()
-    if checkpointing:
-        try:
-            enable_checkpointing(backbone)
-        except ModelError:  # (refused where the run is built, in one line)
-            return None
     ids = torch.zeros(rows, tokens, dtype=torch.long, device="meta")
     try:  # (no attention mask: every token real; a mask's checks read values, which meta tensors have none of)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             backbone(input_ids=ids)
     except Exception:  # noqa: BLE001 - a model whose forward needs real values: no estimate
         return None
-    return total[0]
+    return sum(held.values())
 
 
 def worker_memory(run: RunConfig) -> Optional[tuple[int, str]]:
