@@ -164,7 +164,8 @@ def check_fits(run: RunConfig, model_path: str) -> Optional[MemoryEstimate]:
         fixes.append("LoRA (--lora '{r: 8}')")
     if t.cache_chunk_size is None:
         fixes.append("GradCache (--set train.cache_chunk_size=32)")
-    fixes += ["a smaller --batch-size or --max-length"] + (["fewer --num-workers"] if not t.use_gpu else [])
+    fixes += ["a smaller --batch-size or --max-length"] + (["fewer --num-workers"] if not t.use_gpu
+                                                             and t.num_workers > 1 else [])
     raise ConfigError(f"each worker needs about {found.total / GB:.1f} GB ({found.breakdown()} GB) and has "
                       f"{room[0] / GB:.1f} GB ({room[1]}); try {', '.join(fixes)} (or --set train.memory_check=false "
                       f"if the estimate is wrong)")
