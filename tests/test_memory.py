@@ -6,6 +6,7 @@ real step on the tiny BERT, whose saved tensors are added up as it runs."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -90,8 +91,16 @@ def test_dry_run_prints_the_plan_and_starts_and_writes_nothing(tiny_model, tmp_p
     from conftest import make_sentences
     from raycse.cli import main
 
+    import ray
+
+    from conftest import ray_sessions
+
     monkeypatch.chdir(tmp_path)
     (tmp_path / "c.txt").write_text("\n".join(make_sentences(100)) + "\n")
+    def own():  # (this process's Ray sessions: the suite's other process starts its own meanwhile)
+        return {s for s in ray_sessions() if s[1] == os.getpid()}
+
+    joined, sessions = ray.is_initialized(), own()  # (this process may hold the suite's shared Ray)
     before = sorted(p.name for p in tmp_path.rglob("*"))
     assert main(["train", "--model", str(tiny_model), "--corpus", "c.txt", "--stsb-dev", "none", "--output", "out",
                  "--num-workers", "2", "--batch-size", "16", "--gradient-checkpointing", "--dry-run"]) == 0
@@ -99,6 +108,4 @@ def test_dry_run_prints_the_plan_and_starts_and_writes_nothing(tiny_model, tmp_p
     assert "workers: 2" in out and "DDP" in out and "gradient checkpointing" in out
     assert "memory a worker: about" in out and "100 usable examples" in out and "3 steps an epoch" in out
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
-    import ray
-
-    assert not ray.is_initialized()
+    assert ray.is_initialized() == joined and own() == sessions  # no Ray started, none joined
