@@ -74,7 +74,8 @@ group_hf() {
     "tokenizers==0.22.1" "huggingface-hub==1.31.0"
   echo "== transformers $(floor transformers), sentence-transformers $(floor sentence-transformers)"
   PYTHONPATH=$dir timeout 1800 "$PY" -m pytest -q -p no:cacheprovider tests/test_encoder.py tests/test_unpad.py \
-    tests/test_st_roundtrip.py tests/test_prompts.py tests/test_matryoshka.py
+    tests/test_st_roundtrip.py tests/test_prompts.py tests/test_matryoshka.py tests/test_checkpointing.py tests/test_decoders.py \
+    tests/test_memory.py
   # the exported files and quantized scores against the floor's transformers and sentence-transformers (their
   # tests that need Ray or S3 run on the newest set)
   PYTHONPATH=$dir timeout 900 "$PY" -m pytest -q -p no:cacheprovider tests/test_export.py tests/test_quantized.py \
