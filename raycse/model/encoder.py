@@ -631,28 +631,18 @@ def embedding_width_of(model_path: str) -> Optional[int]:
     layout = _layout_of(path)
     if layout.dense:
         return layout.dense[-1].out_features
-    try:
-        from transformers import AutoConfig
-
-        return int(AutoConfig.from_pretrained(str(path / layout.transformer_dir), local_files_only=True,
-                                          trust_remote_code=False).hidden_size)
-    except Exception:  # the workers load the model and report what is wrong with it
-        return None
+    config = _config_of(model_path)
+    return int(config.hidden_size) if config is not None and hasattr(config, "hidden_size") else None
 
 
 def empty_backbone_of(model_path: str) -> Optional[nn.Module]:
     """The model's architecture with no weights (meta tensors: no memory, no loading), for checks of
     its module names on the driver; None where its config cannot be read here."""
-    path = Path(model_path)
-    if not path.is_dir():
+    config = _config_of(model_path) if Path(model_path).is_dir() else None
+    if config is None:
         return None
-    from transformers import AutoConfig, AutoModel
+    from transformers import AutoModel
 
-    try:
-        config = AutoConfig.from_pretrained(str(path / _layout_of(path).transformer_dir), local_files_only=True,
-                                            trust_remote_code=False)
-    except Exception:  # the workers load the model and report what is wrong with it
-        return None
     with torch.device("meta"):
         try:
             return AutoModel.from_config(config, trust_remote_code=False)

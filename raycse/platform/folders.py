@@ -11,7 +11,8 @@ Copies take regular files only, never raycse's own staging folders, and are dige
 (the format object-storage publishes use) lists every file's size and SHA-256, and :func:`check_digests`
 refuses a file that no longer matches.
 
-Ground floor: no raycse imports but :mod:`raycse.errors`.
+Ground floor: no raycse imports but :mod:`raycse.errors` and, for the digests kept per machine,
+:mod:`raycse.platform.caches`.
 """
 
 from __future__ import annotations

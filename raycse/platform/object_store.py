@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from raycse.errors import DataError, RaycseError
+from raycse.platform.folders import sha256_of as _sha256
 from raycse.platform.staging import MANIFEST, write_text_atomic
 
 
@@ -42,12 +43,6 @@ def _fs(uri: str):
 def filesystem(uri: str):
     """(pyarrow filesystem, path inside it) of a URI, for libraries that take both (Ray Tune's)."""
     return _fs(uri)
-
-
-def _sha256(path: Path) -> str:
-    from raycse.platform.folders import sha256_of
-
-    return sha256_of(path)
 
 
 def _files(local: Path) -> list[Path]:
