@@ -44,6 +44,10 @@ class RunConfig(Section):
                               "sentences; set data.pair_column or grouping.by: first")
         if self.model.teacher or self.model.guide:
             self.check_references()
+        if self.train.sharding == "fsdp" and self.grouping.regroups_in_fit:
+            raise ConfigError(f"--sharding fsdp does not regroup in the fit (grouping.regroup_every_epoch): the workers "
+                              f"embed unequal shares of the corpus, and a sharded model must run the same batches on "
+                              f"every worker; group once before the fit (grouping.regroup_every_epoch: false)")
         if not self.output_dir:
             raise ConfigError("output_dir must be a non-empty path")
         return self

@@ -22,6 +22,14 @@ class ScalingSettings:
 
     num_workers: int = knob(1, '--num-workers',
                             'Ray Train workers (data-parallel)')
+    # ddp: every worker holds the whole model, its gradients and AdamW's moments (~16 bytes a parameter);
+    # fsdp: PyTorch's FSDP2 shards them across the workers, each holding ~1/N (raycse.train.sharding).
+    sharding: str = knob("ddp", '--sharding',
+                         'ddp (each worker holds the whole model) | fsdp (FSDP2: parameters, gradients and AdamW '
+                         'state sharded across the workers, for models that outgrow one worker)')
+    fsdp_offload: str = detail("none",
+                               "with --sharding fsdp: none | cpu (each worker's shards and its optimizer step in host "
+                               "memory: CPUOffloadPolicy)")
     use_gpu: bool = detail(False, 'train on GPUs: one per worker with NCCL, or --gpus-per-worker each')
     cpus_per_worker: Optional[float] = knob(None, '--cpus-per-worker',
                                             'CPUs each worker reserves and uses as torch threads (default: all CPUs /'
@@ -60,6 +68,13 @@ class ScalingSettings:
                 raise ConfigError(f"train.gpus_per_worker must be a fraction in (0, 1] or a whole number, got {g:g} "
                                   f"(Ray splits only single GPUs); e.g. 0.5 or 0.25")
         at_least("train.num_workers", self.num_workers, 1)
+        one_of("train.sharding", self.sharding, ("ddp", "fsdp"))
+        one_of("train.fsdp_offload", self.fsdp_offload, ("none", "cpu"))
+        if self.sharding != "fsdp" and self.fsdp_offload != "none":
+            raise ConfigError("train.fsdp_offload applies to sharded runs only; add --sharding fsdp")
+        if self.sharding == "fsdp" and self.num_workers == 1 and self.fsdp_offload == "none":
+            raise ConfigError("--sharding fsdp with 1 worker shards nothing: use --num-workers 2 or more, or offload "
+                              "the one worker's weights and optimizer to host memory with --set train.fsdp_offload=cpu")
         if self.cpus_per_worker is not None and self.cpus_per_worker <= 0:
             raise ConfigError(f"train.cpus_per_worker must be > 0, got {self.cpus_per_worker}")
 
@@ -313,6 +328,22 @@ class TrainConfig(TrackingSettings, FailureSettings, CheckpointSettings, Precisi
         for concern in self.CONCERNS:
             concern.validate(self)
         self.validate_compile()
+        self.validate_sharding()
+
+    def validate_sharding(self) -> None:
+        """What a sharded run (FSDP2) cannot do with the other concerns' settings."""
+        if self.sharding != "fsdp":
+            return
+        if self.cache_chunk_size:
+            raise ConfigError("--sharding fsdp does not apply with GradCache (train.cache_chunk_size): GradCache runs the "
+                              "encoder outside the module's forward, where FSDP2 gathers the shards; use "
+                              "--gradient-checkpointing for less activation memory instead")
+        if self.compile_mode is not None:
+            raise ConfigError("--sharding fsdp does not apply with --compile here (raycse compiles the module before "
+                              "sharding it); drop --compile")
+        if self.precision == "fp16":
+            raise ConfigError("--sharding fsdp trains in fp32 or bf16 (fp16's loss scaling is not sharded here); use "
+                              "--precision bf16")
 
     def validate_compile(self) -> None:
         """What train.compile cannot do with the other concerns' settings."""

@@ -196,7 +196,10 @@ class SGOPT(Objective):
         total = 0.0
         for p_t, p_f in zip(encoder.backbone.parameters(), self.frozen.parameters()):
             if p_t.requires_grad:
-                total = total + (p_t - p_f).pow(2).sum()
+                term = (p_t - p_f).pow(2).sum()
+                # a sharded run's block weights are each worker's shard (DTensor) outside their forward: the
+                # sum of the shards' sums is the whole weight's (an all-reduce; its gradient stays with the shard)
+                total = total + (term.full_tensor() if hasattr(term, "full_tensor") else term)
         return total
 
     def forward(self, encoder, batch) -> LossOutput:

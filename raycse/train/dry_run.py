@@ -44,8 +44,11 @@ def dry_run(run: RunConfig, overwrite: bool = False, storage_path: Optional[str]
     device = (f"{t.gpu_share or 1:g} GPU each" if t.use_gpu
               else f"{t.cpus_per_worker:g} CPU(s) each" if t.cpus_per_worker else "CPUs shared")
     lines = [f"[raycse] dry run: nothing started, nothing written",
-             f"workers: {t.num_workers} ({device}); sharding: none, data-parallel (DDP: each worker holds the whole "
-             f"model, its gradients and AdamW's moments)",
+             f"workers: {t.num_workers} ({device}); " + (
+                 f"sharding: FSDP2 over {t.num_workers} worker(s) (each holds 1/{t.num_workers} of the weights, "
+                 f"gradients and AdamW's moments{', offloaded to host memory' if t.fsdp_offload == 'cpu' else ''})"
+                 if t.sharding == "fsdp" else "sharding: none, data-parallel (DDP: each worker holds the whole "
+                 "model, its gradients and AdamW's moments)"),
              f"model: {run.model.name_or_path}" + (", gradient checkpointing" if t.gradient_checkpointing else "")
              + (", LoRA" if run.model.lora else "")]
     found = estimate(run, model_path)

@@ -34,7 +34,13 @@ OPERATIONAL = frozenset({
     "train.checkpoint_upload_timeout_s", "train.collate_ahead", "train.cpus_per_worker", "train.max_failures",
     "train.keep_checkpoints", "train.checkpoint_steps", "eval.eval_steps", "eval.before_training",
     "eval.batch_size", "train.max_steps", "train.epochs",
+    # how the model is held (whole or sharded, offloaded) and whether activations are recomputed: the same
+    # gradients either way, and a sharded checkpoint loads into any of them
+    "train.sharding", "train.fsdp_offload", "train.gradient_checkpointing",
 })
+# A run may resume on another worker count with the same global batch (workers x batch per worker): its steps
+# take the same rows in the same order (batch b goes to worker b % N at step b // N).
+GLOBAL_BATCH = ("train.num_workers", "train.batch_size")
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -100,10 +106,19 @@ def check(storage_path: str, run_name: str, current: dict) -> None:
         raise ConfigError(f"{where} holds checkpoints of a run that did not record what it trains (an older "
                           f"raycse or another tool); {ways_out}")
     differ = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+    if set(differ) & set(GLOBAL_BATCH) and _global_batch(saved) == _global_batch(current):
+        differ = [k for k in differ if k not in GLOBAL_BATCH]
     if differ:
         shown = ", ".join(differ[:8]) + (f" and {len(differ) - 8} more" if len(differ) > 8 else "")
         raise ConfigError(f"{where} holds checkpoints of another run (different: {shown}); resume it with its "
                           f"own settings, or {ways_out}")
+
+
+def _global_batch(definition: dict) -> Optional[int]:
+    try:
+        return int(definition["train.num_workers"]) * int(definition["train.batch_size"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def record(storage_path: str, run_name: str, current: dict) -> None:

@@ -18,6 +18,7 @@ from concurrent import futures
 import torch
 
 from raycse.evaluation.targets import GOALS
+from raycse.model.precision import resolve_precision
 from raycse.platform import compat
 from raycse.platform import release
 from raycse.platform.process_state import seed_everything
@@ -30,6 +31,7 @@ from raycse.train.plan import FitPlan
 from raycse.train.profile import StepProfiler, describe, fit_window, span
 from raycse.train.progress import Progress
 from raycse.train.reporter import Reporter, log
+from raycse.train.sharding import shard
 from raycse.train.steps import StepEngine, move
 
 
@@ -49,7 +51,11 @@ class WorkerRun:
         module = compile_module(build_module(run), run.train.compile_mode)
         seed_everything(run.train.seed + 1000 * self.rank)
         device = worker_device(run.train)
-        module = ray.train.torch.prepare_model(module, move_to_device=device)
+        if run.train.sharding == "fsdp":  # (every rank built the same weights: each keeps its shard of them)
+            module = shard(module.to(device), device, self.world_size, resolve_precision(run.train.precision, device),
+                           run.train.fsdp_offload)
+        else:
+            module = ray.train.torch.prepare_model(module, move_to_device=device)
         self.engine = StepEngine(run, module, device, plan.total_steps)
         self.progress = Progress()
         self.batches = BatchSource(plan, self.rank, self.world_size, self.engine)

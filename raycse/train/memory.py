@@ -15,6 +15,12 @@ Each data-parallel worker holds (fp32, AdamW):
   (benchmarks/results/speed-cpu.md, "Memory estimate": within 25% of the measured peak for MiniLM and a
   150M-parameter Qwen3, with and without checkpointing).
 
+Sharded (``--sharding fsdp``, N workers): the weights, gradients and AdamW state above are each 1/N a worker, plus
+what FSDP2 holds whole while it computes: the root group (embeddings, heads: everything outside the transformer
+blocks) through the step, and two blocks' weights (the one running and the next, gathered ahead) and one block's
+gradients before they are reduce-scattered. With ``train.fsdp_offload: cpu`` on GPUs, the shards and AdamW live in
+host memory and only what is held whole counts against the GPU.
+
 Tokens at full length make it an upper bound where sentences are shorter (raycse's unpadded BERT layers keep
 only real tokens).
 """
@@ -87,10 +93,29 @@ def estimate(run: RunConfig, model_path: str) -> Optional[MemoryEstimate]:
         kept = 4 * rows * tokens * hidden * (layers + 1) + per_layer
     trainable = _trainable(backbone, run)
     frozen = params if run.objective.name == "sgopt" else 0
-    buckets = 2 if run.train.num_workers > 1 else 1
+    t = run.train
+    if t.sharding == "fsdp":
+        return _sharded(run, backbone, params, frozen, trainable, kept + working, rows, tokens)
+    buckets = 2 if t.num_workers > 1 else 1
     return MemoryEstimate(params=params, trainable=trainable, weights=4 * (params + frozen),
                           gradients=4 * trainable * buckets, optimizer=(8 + 4 * STEP_COPIES) * trainable,
                           activations=kept + working,
+                          rows=rows, tokens=tokens)
+
+
+def _sharded(run: RunConfig, backbone, params: int, frozen: int, trainable: int, activations: int, rows: int,
+             tokens: int) -> MemoryEstimate:
+    """A sharded worker's part (module docstring): 1/N of each, and what FSDP2 holds whole while it computes."""
+    from raycse.train.sharding import blocks
+
+    t, n = run.train, run.train.num_workers
+    sizes = [sum(p.numel() for p in b.parameters()) for b in blocks(backbone)] or [params]
+    block, root = max(sizes), params - sum(sizes)
+    held = 4 * ((params + frozen) // n), 4 * (trainable // n), (8 + 4 * STEP_COPIES) * (trainable // n)
+    if t.fsdp_offload == "cpu" and t.use_gpu:  # (in host memory)
+        held = (0, 0, 0)
+    return MemoryEstimate(params=params, trainable=trainable, weights=held[0] + 4 * (root + 2 * block),
+                          gradients=held[1] + 4 * block, optimizer=held[2], activations=activations,
                           rows=rows, tokens=tokens)
 
 
@@ -158,6 +183,8 @@ def check_fits(run: RunConfig, model_path: str) -> Optional[MemoryEstimate]:
     if found is None or room is None or found.total <= room[0]:
         return found
     t, fixes = run.train, []
+    if t.sharding != "fsdp":
+        fixes.append("--sharding fsdp" + (" on 2 or more workers" if t.num_workers == 1 else ""))
     if not t.gradient_checkpointing:
         fixes.append("--gradient-checkpointing")
     if not run.model.lora:

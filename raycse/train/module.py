@@ -4,7 +4,7 @@ its optimizer and learning-rate schedule."""
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -42,9 +42,12 @@ def build_module(run: RunConfig) -> TrainModule:
     # compiled: the padded forward, PyTorch's dropout and inductor's own CPU kernels; raycse's unpadding
     # (data-dependent row counts), drawn masks (dtype views) and the oneDNN probe (file reads, a Python
     # mode) would break its graph in every layer
+    # sharded (FSDP2): a block's weights are gathered by its own forward, which the unpadded path and the
+    # oneDNN probe go around (they call the block's parts, or read weights, directly)
     eager = run.train.compile_mode is None
-    encoder.unpad = run.train.unpad and eager
-    encoder.onednn = encoder.onednn and eager
+    whole = eager and run.train.sharding == "ddp"
+    encoder.unpad = run.train.unpad and whole
+    encoder.onednn = encoder.onednn and whole
     if run.train.fast_dropout and eager:
         use_fast_dropout(encoder.backbone)
     encoder.add_prompts(run.data.prompts)
@@ -61,6 +64,30 @@ def build_module(run: RunConfig) -> TrainModule:
         if isinstance(part, Objective):
             part.pad_multiple, part.prompts = multiple, prompts
     return TrainModule(encoder, objective)
+
+
+def export_encoder(run: RunConfig) -> Callable[[dict], Encoder]:
+    """For a sharded run's rank 0: a whole encoder on the CPU, built as :func:`build_module` builds the trained one
+    (prompts, adapters, Matryoshka sizes), that takes the whole module's state dict (keys ``encoder.*``) and
+    saves as the trained model (built at the first call, then reused: one more copy of the weights)."""
+    made: list[Encoder] = []
+
+    def export(state: dict) -> Encoder:
+        if not made:
+            m = run.model
+            encoder = Encoder.from_pretrained(m.name_or_path, pooling=m.pooling, mlp_head=m.resolved_mlp_head,
+                                              trust_remote_code=m.trust_remote_code)
+            encoder.add_prompts(run.data.prompts)
+            if m.lora:
+                encoder.backbone = add_lora(encoder.backbone, m.lora)
+            spec = run.objective.matryoshka()
+            encoder.matryoshka_dims = list(spec.dims) if spec else None
+            made.append(encoder)
+        prefix = "encoder."
+        made[0].load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+        return made[0]
+
+    return export
 
 
 def compile_module(module: nn.Module, mode: Optional[str]) -> nn.Module:

@@ -23,6 +23,7 @@ from raycse.train.callbacks import Callbacks
 from raycse.train.module import compiled_note, shape_bound, what_trains
 from raycse.train.plan import FitPlan
 from raycse.train.progress import Progress, run_line
+from raycse.train.sharding import broadcast_from_rank0, gathered
 
 SCORE_METRIC = "stsb_dev_spearman"  # the default model-selection key (eval.metric: stsb_dev)
 # Workers log instead of print: Ray Train V2 patches print() into its logger and would echo each line twice.
@@ -35,8 +36,12 @@ class Reporter:
     def __init__(self, plan: FitPlan, rank: int, world_size: int, engine, progress: Progress):
         self.plan, self.run, self.rank, self.world_size = plan, plan.run, rank, world_size
         self.engine, self.progress = engine, progress
-        self.dev = fetch(plan.dev, "the scoring data") if plan.dev is not None and rank == 0 else None
-        self.targets = fetch(plan.targets, "the goals' data") if plan.targets is not None and rank == 0 else None
+        # a sharded model encodes on every worker at once (each forward gathers every worker's shards): every
+        # rank reads the scoring data and encodes it, rank 0 keeps the score
+        self.collective = plan.run.train.sharding == "fsdp" and world_size > 1
+        scores = rank == 0 or self.collective
+        self.dev = fetch(plan.dev, "the scoring data") if plan.dev is not None and scores else None
+        self.targets = fetch(plan.targets, "the goals' data") if plan.targets is not None and scores else None
         self.extras: dict = {}  # the last scoring's other goals (a search's --objectives)
         self.key = self.run.eval.score_key()
         self.eval_dtype = (engine.dtype if self.run.eval.precision == "train"
@@ -46,13 +51,18 @@ class Reporter:
         self.hooks = Callbacks(plan.callbacks, rank)  # (the Python API's user callbacks: rank 0 only)
 
     def evaluate(self) -> Optional[float]:
-        """Rank 0's model-selection score of the current weights (None elsewhere or without dev data)."""
+        """Rank 0's model-selection score of the current weights (None elsewhere or without dev data); a
+        sharded model's ranks all encode (a collective), rank 0 keeps the score."""
         if self.dev is None:
             return None
         encoder, size = self.engine.core.encoder, self.run.eval.batch_size
-        score, self.extras = score_model(self.dev, self.targets, lambda xs, **how: encoder.encode(
-            xs, batch_size=size, autocast_dtype=self.eval_dtype, **how), encoder)
+        with gathered(self.engine.module):
+            score, self.extras = score_model(self.dev, self.targets, lambda xs, **how: encoder.encode(
+                xs, batch_size=size, autocast_dtype=self.eval_dtype, **how), encoder)
         release_freed_memory()  # (encode() switched the encoder to eval mode and back by itself)
+        if self.rank != 0:
+            self.extras = {}
+            return None
         return score
 
     def score_before_training(self) -> bool:
@@ -61,11 +71,14 @@ class Reporter:
         if p.step != 0 or before == "false" or self.dev is None:
             return False
         p.initial = initial_scores.lookup(self.plan.initial_key, self.plan.initial_file)
+        if self.collective:  # (rank 0's machine decides whether every rank encodes)
+            p.initial = broadcast_from_rank0(p.initial if self.rank == 0 else None)
         remembered = p.initial is not None
         if p.initial is None and before == "true":
             p.initial = self.evaluate()
-            initial_scores.store(self.plan.initial_key, p.initial, self.plan.initial_file)
-        if p.initial is not None:
+            if self.rank == 0:
+                initial_scores.store(self.plan.initial_key, p.initial, self.plan.initial_file)
+        if p.initial is not None and self.rank == 0:
             self.tlog.log({self.key: p.initial}, 0)
         return remembered
 

@@ -9,6 +9,16 @@ Layout of one checkpoint directory (Ray Train merges the files every worker repo
     state/rng_rank{r}.pt   each worker's torch RNG state (dropout masks continue, not repeat)
     state/MANIFEST.json    sizes and BLAKE2 digests of rank 0's files, written last
 
+A sharded run (``--sharding fsdp``) writes, instead of ``module.safetensors`` and the optimizer's state:
+
+    state/dcp/             PyTorch Distributed Checkpoint of the module and the optimizer: each worker's shards
+                           (``__{r}_0.distcp``, written by rank r) and the plan (``.metadata``, rank 0's)
+    state/sharding.json    the worker count that wrote it
+    state/MANIFEST.rank{r}.json   sizes and digests of rank r's shard files (r >= 1; rank 0's are in MANIFEST.json)
+
+and ``model/`` from the whole state, gathered to rank 0 on the CPU. A DCP checkpoint loads into a sharded or a
+whole module on any number of workers (DCP reshards it), so a run can resume on fewer or more workers.
+
 Safety: weights are safetensors; ``optim.pt`` and the RNG files load with
 ``torch.load(weights_only=True)``, which refuses to unpickle arbitrary objects. A checkpoint
 whose manifest is missing or does not match its files (a copy cut short) is rejected with a
@@ -28,6 +38,7 @@ import torch
 from raycse.platform import object_store
 
 MODEL_DIR, STATE_DIR, MANIFEST = "model", "state", "MANIFEST.json"
+DCP_DIR, SHARDING = "dcp", "sharding.json"
 log = logging.getLogger("raycse.train")
 
 
@@ -49,9 +60,39 @@ def write(root: Path, module, optimizer, scheduler, state: dict) -> None:
     save_model(module, str(sdir / "module.safetensors"))
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, sdir / "optim.pt")
     (sdir / "train.json").write_text(json.dumps(state, default=float))
-    files = [p for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST and "rng_rank" not in p.name]
+    _write_manifest(root, sdir / MANIFEST)
+
+
+def _write_manifest(root: Path, path: Path) -> None:
+    """Sizes and digests of this process's files under ``root`` (no manifest, no random state), written last."""
+    files = [p for p in sorted(root.rglob("*")) if p.is_file() and not p.name.startswith("MANIFEST")
+             and "rng_rank" not in p.name]
     manifest = {str(p.relative_to(root)): {"bytes": p.stat().st_size, "blake2b": _digest(p)} for p in files}
-    (sdir / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    path.write_text(json.dumps(manifest, indent=1))
+
+
+def write_sharded(root: Path, module, optimizer, scheduler, state: dict, rank: int, world_size: int,
+                  export) -> None:
+    """Every rank's part of a sharded module's checkpoint (a collective): its shards of the module and optimizer
+    (Distributed Checkpoint) and their manifest; rank 0 also the model exported from the whole state (``export``:
+    the whole state dict -> an Encoder to save), the schedule, the counters and the worker count."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+
+    sdir = root / STATE_DIR
+    sdir.mkdir(parents=True, exist_ok=True)
+    model_state, optim_state = get_state_dict(module, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(sdir / DCP_DIR))
+    whole = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank != 0:  # (rank 0 alone received the whole state)
+        _write_manifest(root, sdir / f"MANIFEST.rank{rank}.json")
+        return
+    export(whole).save(root / MODEL_DIR)
+    del whole
+    torch.save({"scheduler": scheduler.state_dict()}, sdir / "optim.pt")
+    (sdir / "train.json").write_text(json.dumps(state, default=float))
+    (sdir / SHARDING).write_text(json.dumps({"world_size": world_size}))
+    _write_manifest(root, sdir / MANIFEST)
 
 
 def write_rng(root: Path, rank: int) -> None:
@@ -64,10 +105,24 @@ def write_rng(root: Path, rank: int) -> None:
 
 
 def verify(root: Path) -> Optional[str]:
-    """None if the checkpoint is whole, else what is wrong with it."""
-    mpath = root / STATE_DIR / MANIFEST
+    """None if the checkpoint is whole (a sharded one: every rank's part), else what is wrong with it."""
+    problem = _verify_manifest(root, root / STATE_DIR / MANIFEST)
+    if problem is not None or not (root / STATE_DIR / SHARDING).is_file():
+        return problem
+    for r in range(1, _world_size(json.loads((root / STATE_DIR / SHARDING).read_text()))):
+        problem = _verify_manifest(root, root / STATE_DIR / f"MANIFEST.rank{r}.json", f"rank {r}'s part")
+        if problem is not None:
+            return problem
+    return None
+
+
+def _world_size(sharding: dict) -> int:
+    return int(sharding["world_size"])
+
+
+def _verify_manifest(root: Path, mpath: Path, part: str = "the checkpoint") -> Optional[str]:
     if not mpath.is_file():
-        return "no manifest (the checkpoint was not finished)"
+        return f"no manifest of {part} (the checkpoint was not finished)"
     try:
         manifest = json.loads(mpath.read_text())
     except (ValueError, OSError) as exc:
@@ -84,13 +139,23 @@ def verify(root: Path) -> Optional[str]:
 
 
 def load(root: Path, module, optimizer, scheduler, rank: int) -> dict:
-    """Restore module tensors, optimizer, scheduler and this rank's RNG; return the counters."""
+    """Restore module tensors, optimizer, scheduler and this rank's RNG; return the counters. A sharded
+    checkpoint loads into a sharded or whole ``module`` of any worker count (every rank calls it: a collective)."""
     from safetensors.torch import load_model
 
+    from raycse.train.sharding import is_sharded
+
     sdir = root / STATE_DIR
-    load_model(module, str(sdir / "module.safetensors"))
+    if (sdir / DCP_DIR).is_dir():
+        _load_sharded(sdir / DCP_DIR, module, optimizer)
+    elif is_sharded(module):
+        raise RuntimeError(f"checkpoint {root} was written by a run with --sharding ddp; resume it with --sharding "
+                           f"ddp (a sharded run resumes from sharded checkpoints)")
+    else:
+        load_model(module, str(sdir / "module.safetensors"))
     opt = torch.load(sdir / "optim.pt", weights_only=True, map_location="cpu")
-    optimizer.load_state_dict(opt["optimizer"])
+    if "optimizer" in opt:
+        optimizer.load_state_dict(opt["optimizer"])
     scheduler.load_state_dict(opt["scheduler"])
     rng = sdir / f"rng_rank{rank}.pt"
     if rng.is_file():
@@ -101,6 +166,17 @@ def load(root: Path, module, optimizer, scheduler, rank: int) -> dict:
     else:
         log.warning(f"[raycse] checkpoint has no RNG state for rank {rank}; continuing with a fresh seed")
     return json.loads((sdir / "train.json").read_text())
+
+
+def _load_sharded(path: Path, module, optimizer) -> None:
+    """The module's and optimizer's state from a Distributed Checkpoint, resharded to this run's workers."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(module, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
 def step_of(root: Path) -> int:
@@ -133,6 +209,17 @@ def _verify_remote(fs, root: str) -> tuple[Optional[str], Optional[int]]:
             step = int(json.loads(fh.read())["step"])
     except (OSError, ValueError, KeyError):
         return "no readable manifest (the checkpoint was not finished)", None
+    try:  # a sharded checkpoint: every rank's manifest too
+        with fs.open_input_stream(f"{root}/{STATE_DIR}/{SHARDING}") as fh:
+            world = _world_size(json.loads(fh.read()))
+    except (OSError, ValueError, KeyError):
+        world = 1
+    for r in range(1, world):
+        try:
+            with fs.open_input_stream(f"{root}/{STATE_DIR}/MANIFEST.rank{r}.json") as fh:
+                manifest = {**manifest, **json.loads(fh.read())}
+        except (OSError, ValueError):
+            return f"no readable manifest of rank {r}'s part (the checkpoint was not finished)", None
     infos = {i.path: i for i in fs.get_file_info([f"{root}/{rel}" for rel in manifest])}
     for rel, meta in manifest.items():
         info = infos.get(f"{root}/{rel}")

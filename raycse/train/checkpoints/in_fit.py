@@ -15,7 +15,9 @@ from raycse.platform import object_store
 from raycse.platform.staging import private_tempdir
 from raycse.train.checkpoints import files as ckpt
 from raycse.train.checkpoints.choice import choose_checkpoint
+from raycse.train.module import export_encoder
 from raycse.train.plan import FitPlan
+from raycse.train.sharding import is_sharded
 
 CHECKPOINT_RANK = "checkpoint_rank"
 log = logging.getLogger("raycse.train")
@@ -48,6 +50,7 @@ class Checkpointer:
         mode = plan.run.train.checkpoint_upload  # async: copied to storage while training goes on
         self.upload_async = mode == "async" or (mode == "auto" and object_store.is_uri(plan.checkpoint_dir))
         self.seconds, self.uploading = 0.0, None  # the training thread's time in checkpoints; the copy in flight
+        self.export = None  # a sharded run's whole model for saving (rank 0; built at the first checkpoint)
 
     def resume(self, grouping: dict) -> Optional[tuple[dict, str, list]]:
         """Load the furthest whole checkpoint (every rank the same): (its state, its path, the damaged
@@ -75,10 +78,15 @@ class Checkpointer:
         # checkpoint on this machine to remove: it holds the weights and optimizer state
         tmp = private_tempdir("raycse-ckpt-")
         try:
-            if self.rank == 0:
-                if layout is not None:
-                    layout.save(tmp / ckpt.STATE_DIR)
-                ckpt.write(tmp, self.engine.core, self.engine.opt, self.engine.sched, {**metrics, "initial": initial})
+            state, e = {**metrics, "initial": initial}, self.engine
+            if self.rank == 0 and layout is not None:
+                layout.save(tmp / ckpt.STATE_DIR)
+            if is_sharded(e.core):  # (every rank: its shards, and its part of gathering the whole model)
+                if self.export is None:
+                    self.export = export_encoder(self.plan.run) if self.rank == 0 else (lambda whole: None)
+                ckpt.write_sharded(tmp, e.core, e.opt, e.sched, state, self.rank, self.world_size, self.export)
+            elif self.rank == 0:
+                ckpt.write(tmp, e.core, e.opt, e.sched, state)
             ckpt.write_rng(tmp, self.rank)
             mode = CheckpointUploadMode.ASYNC if self.upload_async else CheckpointUploadMode.SYNC
             ray.train.report({**metrics, "checkpoint_seconds": self.seconds,

@@ -1,0 +1,162 @@
+"""Issue 107: ``--sharding fsdp`` (FSDP2) trains what DDP trains, holding about half of it a worker at 2 workers, and
+its checkpoints (PyTorch Distributed Checkpoint) resume on another worker count.
+
+The second way of computing the same thing is DDP (``DistributedDataParallel``, what Ray Train's ``prepare_model``
+wraps) on the same 2 gloo processes, seeds and batches; the checkpoint is read back in one process without any
+process group, as a 1-worker run resumes it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import make_sentences, make_tiny_model
+
+pytestmark = pytest.mark.full_tier  # (two spawned torch processes a case: ~20 s each)
+
+STEPS, ROWS = 6, 4  # 6 steps of 4 rows a worker; the checkpoint after 5
+
+
+def _run(model: str, objective: str, sharding: str = "ddp", workers: int = 1):
+    from raycse.config import RunConfig
+
+    run = RunConfig()
+    run.model.name_or_path, run.model.pooling, run.objective.name = model, "mean", objective
+    run.train.precision, run.train.length_buckets, run.train.unpad = "fp32", 1, False  # (FSDP: padded, as here)
+    run.train.sharding, run.train.num_workers = sharding, workers
+    return run.resolved()
+
+
+def _batch(engine, step: int, rank: int, rows: int):
+    texts = make_sentences(64, seed=3, min_len=4)[step * 8 + rank * rows: step * 8 + rank * rows + rows]
+    return engine.core.objective.collate(texts, engine.core.encoder.tokenizer, 32)
+
+
+def _worker(rank: int, world: int, port: int, model: str, objective: str, out: str) -> None:
+    """DDP, then FSDP, each from the same seed: the losses, the whole weights after 5 and 6 steps, the local bytes;
+    FSDP's sharded checkpoint after 5 steps into ``out/rank{r}`` (each worker's own folder, as Ray's are)."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.nn.parallel import DistributedDataParallel
+
+    from raycse.platform.process_state import seed_everything
+    from raycse.train.checkpoints import files as ckpt
+    from raycse.train.module import build_module, export_encoder
+    from raycse.train.sharding import local_bytes, shard
+    from raycse.train.steps import StepEngine
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    cpu, got = torch.device("cpu"), {}
+    whole = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    for mode in ("ddp", "fsdp"):
+        run = _run(model, objective, mode, world)
+        seed_everything(0)
+        module = build_module(run)
+        # the same kernels in both (a sharded run's linears are PyTorch's): AdamW turns a gradient's last-bit
+        # difference into a whole step of the learning rate on the rows whose gradients are near zero
+        module.encoder.onednn = False
+        module = (DistributedDataParallel(module) if mode == "ddp"
+                  else shard(module, cpu, world, torch.float32))
+        seed_everything(1 + rank)
+        engine = StepEngine(run, module, cpu, 10)
+        losses, weights = [], []
+        for step in range(STEPS):
+            losses.append(float(engine.step(_batch(engine, step, rank, ROWS), step).loss.detach()))
+            # (cloned: a whole module's state dict shares its tensors with the parameters, which move on)
+            weights.append({k: v.clone() for k, v in get_model_state_dict(engine.core, options=whole).items()})
+            if step == STEPS - 2 and mode == "fsdp":
+                root = Path(out) / f"rank{rank}"
+                ckpt.write_sharded(root, engine.core, engine.opt, engine.sched, {"step": step + 1}, rank, world,
+                                   export_encoder(run) if rank == 0 else (lambda state: None))
+                ckpt.write_rng(root, rank)
+        got[mode] = {"losses": losses, "weights": weights, "bytes": local_bytes(engine.core, engine.opt)}
+    if rank == 0:
+        torch.save(got, Path(out) / "got.pt")
+    dist.destroy_process_group()
+
+
+def _spawn(tmp_path: Path, objective: str) -> tuple[str, dict]:
+    import torch.multiprocessing as mp
+
+    model = str(make_tiny_model(tmp_path / "tiny", dropout=0.0))  # (no dropout: 1 worker draws no 2 workers' masks)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_worker, args=(2, port, model, objective, str(tmp_path)), nprocs=2, join=True,
+                       start_method="spawn")
+    return model, torch.load(tmp_path / "got.pt", weights_only=False)
+
+
+@pytest.mark.parametrize("objective", ["simcse", "compcse", "sgopt"])
+def test_two_sharded_workers_train_what_two_ddp_workers_train_holding_half(tmp_path, objective):
+    """Item 7: after each of 5 fp32 steps the losses and the gathered weights equal DDP's to 1e-5 (SG-OPT: its
+    regularizer sums each shard's part, its frozen copy sharded too); each worker holds <= 0.55x DDP's parameter and
+    optimizer bytes."""
+    _, got = _spawn(tmp_path, objective)
+    ddp, fsdp = got["ddp"], got["fsdp"]
+    torch.testing.assert_close(torch.tensor(fsdp["losses"]), torch.tensor(ddp["losses"]), atol=1e-5, rtol=0)
+    assert len(set(ddp["losses"])) > 1  # (the weights moved)
+    for step, (a, b) in enumerate(zip(ddp["weights"], fsdp["weights"])):
+        assert a.keys() == b.keys()
+        for name in a:
+            torch.testing.assert_close(b[name], a[name], atol=1e-5, rtol=0, msg=f"step {step + 1}: {name}")
+    assert fsdp["bytes"] <= 0.55 * ddp["bytes"], (fsdp["bytes"], ddp["bytes"])
+
+
+def test_a_two_worker_sharded_checkpoint_resumes_on_one_worker_as_the_run_goes_on(tmp_path):
+    """Item 2: the checkpoint after step 5 of 2 sharded workers, each worker's files in its own folder as Ray's are,
+    merged as Ray Train's storage merges them: whole (a damaged or missing part is named), its model folder the
+    whole weights (sentence-transformers and AutoModel load it), and loaded into one whole module without any
+    process group (DCP reshards) it takes step 6 on the 8 rows of the global batch as DDP's 2 workers did."""
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel
+
+    from raycse.platform.process_state import seed_everything
+    from raycse.train.checkpoints import files as ckpt
+    from raycse.train.module import build_module
+    from raycse.train.steps import StepEngine
+
+    model, got = _spawn(tmp_path, "simcse")
+    merged = tmp_path / "merged"
+    for rank in (0, 1):
+        shutil.copytree(tmp_path / f"rank{rank}", merged, dirs_exist_ok=True)
+    assert ckpt.verify(merged) is None
+    names = sorted(p.name for p in (merged / ckpt.STATE_DIR / ckpt.DCP_DIR).iterdir())
+    assert names == [".metadata", "__0_0.distcp", "__1_0.distcp"], names
+
+    # the published model: the whole weights after 5 steps, loadable by both libraries
+    after5 = got["ddp"]["weights"][STEPS - 2]
+    hf = AutoModel.from_pretrained(merged / ckpt.MODEL_DIR)
+    for name, value in hf.state_dict().items():
+        torch.testing.assert_close(value, after5[f"encoder.backbone.{name}"], atol=1e-5, rtol=0, msg=name)
+    assert SentenceTransformer(str(merged / ckpt.MODEL_DIR), device="cpu").encode(["the city river"]).shape == (1, 32)
+
+    # resumed on one worker: the next step on the global batch of 8 rows
+    run = _run(model, "simcse")
+    seed_everything(0)
+    engine = StepEngine(run, build_module(run), torch.device("cpu"), 10)
+    state = ckpt.load(merged, engine.core, engine.opt, engine.sched, 0)
+    assert state["step"] == STEPS - 1
+    for name, value in engine.core.state_dict().items():
+        torch.testing.assert_close(value, after5[name], atol=1e-6, rtol=0, msg=name)
+    engine.step(_batch(engine, STEPS - 1, 0, 2 * ROWS), STEPS - 1)
+    for name, value in engine.core.state_dict().items():
+        torch.testing.assert_close(value, got["ddp"]["weights"][STEPS - 1][name], atol=1e-5, rtol=0, msg=name)
+
+    # a part missing or changed: the checkpoint is not whole, and says whose part
+    shard1 = merged / ckpt.STATE_DIR / ckpt.DCP_DIR / "__1_0.distcp"
+    data = shard1.read_bytes()
+    shard1.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    assert "__1_0.distcp" in ckpt.verify(merged)
+    (merged / ckpt.STATE_DIR / "MANIFEST.rank1.json").unlink()
+    assert "rank 1's part" in ckpt.verify(merged)
+    assert json.loads((merged / ckpt.STATE_DIR / ckpt.SHARDING).read_text()) == {"world_size": 2}
