@@ -45,3 +45,20 @@ def release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+def return_large_frees(threshold: int = 1 << 20) -> None:
+    """Serve allocations of ``threshold`` bytes or more by their own mappings (glibc ``mallopt(M_MMAP_THRESHOLD)``),
+    so that freeing one returns it to the OS at once; a no-op elsewhere.
+
+    Why: a sharded (FSDP2) CPU worker gathers and frees each block's whole weights and gradients every step. glibc
+    raises its mapping threshold after the first such frees and serves the rest from its heap, which keeps them: a
+    2-worker run of a 150M decoder held 3.5 GB resident a worker where its live tensors were 1.3 GB, more than DDP
+    (benchmarks/results/speed-cpu.md, "Sharded training").
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(-3, int(threshold))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass

@@ -22,6 +22,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from raycse.platform.process_state import return_large_frees
+
 SHARDINGS = ("ddp", "fsdp")
 OFFLOADS = ("none", "cpu")
 
@@ -64,6 +66,8 @@ def shard(module: nn.Module, device: torch.device, world_size: int, dtype: torch
 
     if device.type == "cuda":  # (NCCL's communicator is bound to the current device)
         torch.cuda.set_device(device)
+    else:  # (the blocks' gathered weights and gradients, freed each step, go back to the OS)
+        return_large_frees()
     mesh = init_device_mesh(device.type, (world_size,))
     options = {"mesh": mesh, "mp_policy": mixed_precision(dtype),
                "offload_policy": CPUOffloadPolicy() if offload == "cpu" else OffloadPolicy()}
