@@ -51,7 +51,7 @@ def _worker(rank: int, port: int, model: str, sharding: str, checkpointing: bool
     from raycse.platform.process_state import seed_everything
     from raycse.train.memory import estimate
     from raycse.train.module import build_module
-    from raycse.train.sharding import local_bytes, shard
+    from raycse.train.sharding import local_bytes, shard_from_rank0
     from raycse.train.steps import StepEngine
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -59,8 +59,12 @@ def _worker(rank: int, port: int, model: str, sharding: str, checkpointing: bool
     torch.set_num_threads(1)
     run, cpu = _run(model, sharding, checkpointing, batch, length), torch.device("cpu")
     seed_everything(0)
-    module = build_module(run)
-    module = (shard(module, cpu, 2, torch.float32) if sharding == "fsdp" else DistributedDataParallel(module))
+    # as the workers do (in training mode: HF's checkpointing and dropout act only then); sharded, rank 0 reads the
+    # weights and rank 1 builds on the meta device and receives its shards
+    if sharding == "fsdp":
+        module = shard_from_rank0(lambda weights: build_module(run, weights).train(), cpu, rank, 2, torch.float32)
+    else:
+        module = DistributedDataParallel(build_module(run).train())
     engine = StepEngine(run, module, cpu, 100)
     texts = [" ".join([t] * 6) for t in first_sentences(2 * batch * (steps + 1))]  # (long enough for --length)
     mine = [texts[(2 * s + rank) * batch:(2 * s + rank + 1) * batch] for s in range(steps + 1)]

@@ -316,6 +316,16 @@ def _cases(i: dict) -> list:
         (["tune", "--space", str(i["space"]), "--set", f"run.model.teacher={i['remote']}"],
          "model.teacher (--teacher): model", None),
         ([*train, "--objective", "raises_at_import:X"], "failed while its module was imported", plugin_path),
+        # issue 107: sharded runs
+        ([*train, "--sharding", "fsdp"], "--sharding fsdp with 1 worker shards nothing", None),
+        ([*train, "--sharding", "zero3"], "train.sharding must be one of ddp, fsdp; got 'zero3'", None),
+        ([*train, "--sharding", "fsdp", "--num-workers", "2", "--set", "train.cache_chunk_size=4"],
+         "--sharding fsdp does not apply with GradCache", None),
+        ([*train, "--sharding", "fsdp", "--num-workers", "2", "--compile", "true"],
+         "--sharding fsdp does not apply with --compile", None),
+        ([*train, "--sharding", "fsdp", "--num-workers", "2", "--grouping", "knn"],
+         "--sharding fsdp does not regroup in the fit", None),
+        ([*train, "--set", "train.fsdp_offload=cpu"], "train.fsdp_offload applies to sharded runs only", None),
         ([*train, "--grouping", "broken_syntax:X"], "failed while its module was imported", plugin_path),
     ]
 

@@ -89,3 +89,40 @@ def test_lora_targets_a_decoders_attention_projections(tmp_path, kind):
     wrapped = add_lora(enc.backbone, {"r": 4})
     targets = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in wrapped.named_parameters() if ".lora_A" in n}
     assert targets == {"q_proj", "v_proj"}
+
+
+def test_model_dtype_bf16_loads_and_trains_every_weight_in_bf16_and_the_estimate_halves(tmp_path):
+    """Item 4: --model-dtype bf16 loads the weights in bf16 (never an fp32 copy first: the loaded tensors are bf16 as
+    they come from the file) and keeps the heads in bf16 too, so a step trains them all in bf16; the memory estimate's
+    weights, gradients and AdamW halve; bf16 weights under --precision fp32 are refused in one line."""
+    import torch
+
+    from raycse.config import RunConfig
+    from raycse.errors import ConfigError
+    from raycse.train import memory
+    from raycse.train.module import build_module
+    from raycse.train.steps import StepEngine
+
+    model = str(make_decoder(tmp_path / "qwen3", "qwen3"))
+
+    def run_of(dtype: str, precision: str = "bf16") -> RunConfig:
+        run = RunConfig()
+        run.model.name_or_path, run.model.pooling, run.model.mlp_head, run.model.dtype = model, "cls", "train_only", dtype
+        run.train.precision = precision
+        return run.resolved()
+
+    module = build_module(run_of("bf16"))
+    assert {p.dtype for p in module.parameters()} == {torch.bfloat16}
+    assert module.encoder.mlp is not None  # (the MLP head, built in fp32, follows the backbone)
+    engine = StepEngine(run_of("bf16"), module, torch.device("cpu"), 10)
+    batch = module.objective.collate(make_sentences(8, seed=2, min_len=4), module.encoder.tokenizer, 16)
+    before = {n: p.detach().clone() for n, p in module.named_parameters()}
+    engine.step(batch, 0)
+    assert all(p.dtype == torch.bfloat16 for p in module.parameters())
+    assert any(not torch.equal(p, before[n]) for n, p in module.named_parameters())
+    assert {p.dtype for p in build_module(run_of("fp32")).parameters()} == {torch.float32}
+    half, full = memory.estimate(run_of("bf16"), model), memory.estimate(run_of("fp32"), model)
+    assert (half.weights, half.gradients, half.optimizer) == (full.weights // 2, full.gradients // 2,
+                                                              full.optimizer // 2)
+    with pytest.raises(ConfigError, match="--model-dtype bf16 computes in bf16, not fp32; use --precision bf16"):
+        run_of("bf16", "fp32").validate()

@@ -75,11 +75,33 @@ def test_each_part_follows_the_run(tiny_model):
     assert memory.estimate(run, str(tiny_model)).weights == 2 * plain.weights  # (the frozen copy)
 
 
+def test_a_sharded_worker_holds_its_share_and_what_fsdp_gathers(tiny_model):
+    """--sharding fsdp: 1/N of the weights, gradients and AdamW a worker, plus the root group (everything outside the
+    blocks) and two blocks' weights and one block's gradients held whole; the same activations as DDP's."""
+    from raycse.model.encoder import empty_backbone_of
+
+    backbone = empty_backbone_of(str(tiny_model))
+    params = sum(p.numel() for p in backbone.parameters())
+    # FSDP's groups: BERT names BertEmbeddings and BertLayer in _no_split_modules; the rest (the pooler) is the root's
+    units = [backbone.embeddings, *backbone.encoder.layer]
+    sizes = [sum(p.numel() for p in unit.parameters()) for unit in units]
+    block, root = max(sizes), params - sum(sizes)
+    ddp = memory.estimate(_run(tiny_model, num_workers=4), str(tiny_model))
+    fsdp = memory.estimate(_run(tiny_model, num_workers=4, sharding="fsdp"), str(tiny_model))
+    assert fsdp.weights == 4 * (params // 4) + 4 * (root + 2 * block)
+    assert fsdp.gradients == 4 * (ddp.trainable // 4) + 4 * block
+    assert fsdp.optimizer == (8 + 4 * memory.STEP_COPIES) * (ddp.trainable // 4)
+    assert fsdp.activations == ddp.activations and fsdp.total < ddp.total
+    offloaded = memory.estimate(_run(tiny_model, num_workers=4, sharding="fsdp", fsdp_offload="cpu", use_gpu=True),
+                                str(tiny_model))
+    assert offloaded.optimizer == 0 and offloaded.weights == 4 * (root + 2 * block)  # (the GPU holds what is gathered)
+
+
 def test_a_run_that_will_not_fit_is_refused_in_one_line_naming_the_fixes(tiny_model, monkeypatch):
     run = _run(tiny_model)
     monkeypatch.setattr(memory, "worker_memory", lambda r: (1 << 16, "64 KB, for this test"))
     with pytest.raises(ConfigError, match=r"each worker needs about .* GB .* and has 0.0 GB \(64 KB, for this test\); "
-                                          r"try --gradient-checkpointing, LoRA .*GradCache") as err:
+                                          r"try --sharding fsdp on 2 or more workers, --gradient-checkpointing, LoRA .*GradCache") as err:
         memory.check_fits(run, str(tiny_model))
     assert "\n" not in str(err.value)
     assert memory.check_fits(run.resolved({"train.memory_check": False}), str(tiny_model)) is None
@@ -109,3 +131,6 @@ def test_dry_run_prints_the_plan_and_starts_and_writes_nothing(tiny_model, tmp_p
     assert "memory a worker: about" in out and "100 usable examples" in out and "3 steps an epoch" in out
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
     assert ray.is_initialized() == joined and own() == sessions  # no Ray started, none joined
+    assert main(["train", "--model", str(tiny_model), "--corpus", "c.txt", "--stsb-dev", "none", "--output", "out",
+                 "--num-workers", "2", "--batch-size", "16", "--sharding", "fsdp", "--dry-run"]) == 0
+    assert "sharding: FSDP2 over 2 worker(s) (each holds 1/2" in capsys.readouterr().out

@@ -17,7 +17,7 @@ import torch
 
 from conftest import make_sentences, make_tiny_model
 
-pytestmark = pytest.mark.full_tier  # (two spawned torch processes a case: ~20 s each)
+SPAWNS = pytest.mark.full_tier  # (two spawned torch processes a case: ~20 s each)
 
 STEPS, ROWS = 6, 4  # 6 steps of 4 rows a worker; the checkpoint after 5
 
@@ -26,7 +26,8 @@ def _run(model: str, objective: str, sharding: str = "ddp", workers: int = 1):
     from raycse.config import RunConfig
 
     run = RunConfig()
-    run.model.name_or_path, run.model.pooling, run.objective.name = model, "mean", objective
+    pooling = "lasttoken" if "qwen3" in model else "mean"
+    run.model.name_or_path, run.model.pooling, run.objective.name = model, pooling, objective
     run.train.precision, run.train.length_buckets, run.train.unpad = "fp32", 1, False  # (FSDP: padded, as here)
     run.train.sharding, run.train.num_workers = sharding, workers
     return run.resolved()
@@ -49,7 +50,7 @@ def _worker(rank: int, world: int, port: int, model: str, objective: str, out: s
     from raycse.platform.process_state import seed_everything
     from raycse.train.checkpoints import files as ckpt
     from raycse.train.module import build_module, export_encoder
-    from raycse.train.sharding import local_bytes, shard
+    from raycse.train.sharding import local_bytes, shard_from_rank0
     from raycse.train.steps import StepEngine
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -60,12 +61,15 @@ def _worker(rank: int, world: int, port: int, model: str, objective: str, out: s
     for mode in ("ddp", "fsdp"):
         run = _run(model, objective, mode, world)
         seed_everything(0)
-        module = build_module(run)
-        # the same kernels in both (a sharded run's linears are PyTorch's): AdamW turns a gradient's last-bit
-        # difference into a whole step of the learning rate on the rows whose gradients are near zero
-        module.encoder.onednn = False
-        module = (DistributedDataParallel(module) if mode == "ddp"
-                  else shard(module, cpu, world, torch.float32))
+        if mode == "ddp":
+            module = build_module(run).train()
+            # the same kernels in both (a sharded run's linears are PyTorch's): AdamW turns a gradient's last-bit
+            # difference into a whole step of the learning rate on the rows whose gradients are near zero
+            module.encoder.onednn = False
+            module = DistributedDataParallel(module)
+        else:  # (as the workers do: rank 0 reads the weights, rank 1 builds on the meta device and receives its shards)
+            module = shard_from_rank0(lambda weights: build_module(run, weights).train(), cpu, rank, world,
+                                      torch.float32)
         seed_everything(1 + rank)
         engine = StepEngine(run, module, cpu, 10)
         losses, weights = [], []
@@ -84,10 +88,14 @@ def _worker(rank: int, world: int, port: int, model: str, objective: str, out: s
     dist.destroy_process_group()
 
 
-def _spawn(tmp_path: Path, objective: str) -> tuple[str, dict]:
+def _spawn(tmp_path: Path, objective: str, decoder: bool = False) -> tuple[str, dict]:
     import torch.multiprocessing as mp
 
-    model = str(make_tiny_model(tmp_path / "tiny", dropout=0.0))  # (no dropout: 1 worker draws no 2 workers' masks)
+    from conftest import make_tiny_decoder
+
+    # (no dropout: 1 worker draws no 2 workers' masks; the Qwen3's rotary frequencies are a buffer outside the state
+    # dict, which rank 1, built on the meta device, receives from rank 0)
+    model = str(make_tiny_decoder(tmp_path / "qwen3") if decoder else make_tiny_model(tmp_path / "tiny", dropout=0.0))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -96,12 +104,15 @@ def _spawn(tmp_path: Path, objective: str) -> tuple[str, dict]:
     return model, torch.load(tmp_path / "got.pt", weights_only=False)
 
 
-@pytest.mark.parametrize("objective", ["simcse", "compcse", "sgopt"])
-def test_two_sharded_workers_train_what_two_ddp_workers_train_holding_half(tmp_path, objective):
-    """Item 7: after each of 5 fp32 steps the losses and the gathered weights equal DDP's to 1e-5 (SG-OPT: its
-    regularizer sums each shard's part, its frozen copy sharded too); each worker holds <= 0.55x DDP's parameter and
-    optimizer bytes."""
-    _, got = _spawn(tmp_path, objective)
+@SPAWNS
+@pytest.mark.parametrize("objective, decoder", [("simcse", False), ("compcse", False), ("sgopt", False),
+                                                ("simcse", True)])
+def test_two_sharded_workers_train_what_two_ddp_workers_train_holding_half(tmp_path, objective, decoder):
+    """Item 7: after each of 6 fp32 steps the losses and the gathered weights equal DDP's to 1e-5 (SG-OPT: its
+    regularizer sums each shard's part, its frozen copy sharded too; a tiny Qwen3 with last-token pooling); each
+    worker holds <= 0.55x DDP's parameter and optimizer bytes. Rank 1 builds on the meta device and receives its
+    shards from rank 0 (items 1 and 4)."""
+    _, got = _spawn(tmp_path, objective, decoder)
     ddp, fsdp = got["ddp"], got["fsdp"]
     torch.testing.assert_close(torch.tensor(fsdp["losses"]), torch.tensor(ddp["losses"]), atol=1e-5, rtol=0)
     assert len(set(ddp["losses"])) > 1  # (the weights moved)
@@ -112,6 +123,7 @@ def test_two_sharded_workers_train_what_two_ddp_workers_train_holding_half(tmp_p
     assert fsdp["bytes"] <= 0.55 * ddp["bytes"], (fsdp["bytes"], ddp["bytes"])
 
 
+@SPAWNS
 def test_a_two_worker_sharded_checkpoint_resumes_on_one_worker_as_the_run_goes_on(tmp_path):
     """Item 2: the checkpoint after step 5 of 2 sharded workers, each worker's files in its own folder as Ray's are,
     merged as Ray Train's storage merges them: whole (a damaged or missing part is named), its model folder the
@@ -160,3 +172,88 @@ def test_a_two_worker_sharded_checkpoint_resumes_on_one_worker_as_the_run_goes_o
     (merged / ckpt.STATE_DIR / "MANIFEST.rank1.json").unlink()
     assert "rank 1's part" in ckpt.verify(merged)
     assert json.loads((merged / ckpt.STATE_DIR / ckpt.SHARDING).read_text()) == {"world_size": 2}
+
+
+def test_a_sharded_fit_of_a_decoder_publishes_a_whole_model_and_resumes_on_one_worker(ray_cluster, corpus, stsb_dev,
+                                                                                     tmp_path, capsys):
+    """Items 1-3 through Ray Train: a tiny Qwen3 on 2 workers with --sharding fsdp --gradient-checkpointing, scored
+    on STS-B dev (every worker encodes, rank 0 scores), checkpointed by every worker (DCP) into the run's storage;
+    the published model is whole (sentence-transformers and AutoModel load it; its weights moved). The same run
+    again on 1 unsharded worker with the same global batch resumes from the sharded checkpoint."""
+    from safetensors.torch import load_file
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel
+
+    from conftest import make_tiny_decoder
+    from raycse.cli import main
+
+    model, out, store = make_tiny_decoder(tmp_path / "qwen3"), tmp_path / "out", tmp_path / "store"
+    argv = ["train", "--model", str(model), "--pooling", "lasttoken", "--corpus", str(corpus), "--stsb-dev",
+            str(stsb_dev), "--output", str(out), "--storage-path", str(store), "--max-length", "16",
+            "--eval-steps", "2", "--log-steps", "2", "--set", "train.lr=1e-3"]
+    assert main([*argv, "--max-steps", "4", "--num-workers", "2", "--batch-size", "4", "--sharding", "fsdp",
+                 "--gradient-checkpointing"]) == 0
+    said = capsys.readouterr()
+    assert "STS-B dev Spearman" in said.out + said.err
+    checkpoints = sorted(p for p in (store / "train").glob("checkpoint_*") if p.is_dir())
+    assert checkpoints
+    shards = sorted(p.name for p in (checkpoints[-1] / "state" / "dcp").iterdir())
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"], shards
+    base, saved = load_file(str(model / "model.safetensors")), load_file(str(out / "model" / "model.safetensors"))
+    assert saved.keys() == base.keys() and any(not torch.equal(saved[k], base[k]) for k in saved)
+    AutoModel.from_pretrained(out / "model")
+    assert SentenceTransformer(str(out / "model"), device="cpu").encode(["the city river"]).shape == (1, 32)
+    assert json.loads((out / "metrics.json").read_text())["last"]["step"] == 4
+
+    assert main([*argv, "--max-steps", "6", "--num-workers", "1", "--batch-size", "8",
+                 "--overwrite"]) == 0
+    assert "resumed from step 4" in capsys.readouterr().out
+    assert json.loads((out / "metrics.json").read_text())["last"]["step"] == 6
+
+
+REFUSES = """
+from raycse.objectives.simcse import SimCSE
+
+
+class ReadsWeights(SimCSE):
+    name = "reads_weights"
+
+    def sharding_refusal(self):
+        return "it reads every weight of the backbone outside the forward"
+"""
+
+
+def test_an_objective_that_cannot_shard_is_refused_in_one_line(tiny_model, tmp_path, monkeypatch):
+    """Item 7: an objective saying it cannot train a sharded model (Objective.sharding_refusal; a plug-in's here: every
+    built-in shards) is refused before Ray starts, naming the objective and why; under ddp it trains."""
+    from raycse.config import RunConfig
+    from raycse.errors import ConfigError
+    from raycse.train.module import check_model_fits_objective
+
+    (tmp_path / "reads_weights.py").write_text(REFUSES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = RunConfig()
+    run.model.name_or_path, run.objective.name = str(tiny_model), "reads_weights:ReadsWeights"
+    run.train.num_workers = 2
+    check_model_fits_objective(run.resolved(), str(tiny_model))
+    with pytest.raises(ConfigError, match=r"^--sharding fsdp with objective 'reads_weights': it reads every weight of "
+                                          r"the backbone outside the forward; use --sharding ddp$"):
+        check_model_fits_objective(run.resolved({"train.sharding": "fsdp"}), str(tiny_model))
+
+
+def test_a_module_built_without_weights_holds_none_of_the_transformers(tmp_path):
+    """Item 4: a sharded worker other than rank 0 builds the transformer on the meta device (no weights read, no
+    memory), as from_pretrained would shape and type it; the small heads are real and get rank 0's values later."""
+    from conftest import make_tiny_decoder
+    from raycse.train.module import build_module
+
+    model = str(make_tiny_decoder(tmp_path / "qwen3"))
+    for dtype, expected in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        run = _run(model, "simcse", "fsdp", 2).resolved({"model.dtype": dtype, "train.precision": "bf16",
+                                                         "model.mlp_head": "train_only"})
+        empty, full = build_module(run, weights=False), build_module(run)
+        assert all(p.is_meta for p in empty.encoder.backbone.parameters())
+        assert {n: (p.shape, p.dtype) for n, p in empty.named_parameters()} == {
+            n: (p.shape, p.dtype) for n, p in full.named_parameters()}
+        assert {p.dtype for p in empty.parameters()} == {expected}
+        assert not any(p.is_meta for p in empty.encoder.mlp.parameters())

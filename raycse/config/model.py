@@ -11,6 +11,7 @@ POOLINGS = ("cls", "cls_before_pooler", "mean", "max", "mean_sqrt_len_tokens", "
 
 
 MLP_MODES = ("auto", "train_only", "always", "none")
+MODEL_DTYPES = ("fp32", "bf16", "auto")
 TRUST_REMOTE_CODE = ("run the model's own Python (its configs' auto_map) to load it; without it such a model is "
                      "refused, since a model from someone else may run anything")
 
@@ -31,6 +32,11 @@ class ModelConfig(Section):
                          'none otherwise)')
     max_length: int = knob(32, '--max-length',
                            'max tokens per training sentence')
+    # The trained (master) weights' dtype, as loaded: bf16 halves the weights, gradients and AdamW's moments (every
+    # update rounded to bf16); the weights never pass through fp32 on the way. auto: the checkpoint's own dtype.
+    dtype: str = knob("fp32", '--model-dtype',
+                      "fp32 | bf16 | auto: the dtype the model's weights are loaded and trained in (auto: the "
+                      "checkpoint's own; --precision sets the compute's)")
     lora: dict = knob({}, '--lora',
                       "LoRA adapters (extra raycse[peft]) instead of training every weight, as YAML: '{r: 8, alpha:"
                       " 16, dropout: 0.0, target_modules: [query, value]}' (any key may be left out: r 8, alpha 2 r, "
@@ -51,6 +57,7 @@ class ModelConfig(Section):
         one_of("model.pooling", self.pooling, POOLINGS)
         one_of("model.mlp_head", self.mlp_head, MLP_MODES)
         at_least("model.max_length", self.max_length, 2)
+        one_of("model.dtype", self.dtype, MODEL_DTYPES)
         if self.lora:
             lora_settings(self.lora)
 

@@ -44,6 +44,9 @@ class RunConfig(Section):
                               "sentences; set data.pair_column or grouping.by: first")
         if self.model.teacher or self.model.guide:
             self.check_references()
+        if self.model.dtype == "bf16" and self.train.precision in ("fp32", "fp16"):
+            raise ConfigError(f"--model-dtype bf16 computes in bf16, not {self.train.precision}; use --precision bf16 "
+                              f"(or auto), or --model-dtype fp32")
         if self.train.sharding == "fsdp" and self.grouping.regroups_in_fit:
             raise ConfigError(f"--sharding fsdp does not regroup in the fit (grouping.regroup_every_epoch): the workers "
                               f"embed unequal shares of the corpus, and a sharded model must run the same batches on "

@@ -72,9 +72,13 @@ class ScalingSettings:
         one_of("train.fsdp_offload", self.fsdp_offload, ("none", "cpu"))
         if self.sharding != "fsdp" and self.fsdp_offload != "none":
             raise ConfigError("train.fsdp_offload applies to sharded runs only; add --sharding fsdp")
+        if self.fsdp_offload == "cpu" and not self.use_gpu:
+            raise ConfigError("train.fsdp_offload=cpu moves GPU workers' shards to host memory, where CPU workers hold "
+                              "them already; add --use-gpu, or drop train.fsdp_offload")
         if self.sharding == "fsdp" and self.num_workers == 1 and self.fsdp_offload == "none":
-            raise ConfigError("--sharding fsdp with 1 worker shards nothing: use --num-workers 2 or more, or offload "
-                              "the one worker's weights and optimizer to host memory with --set train.fsdp_offload=cpu")
+            raise ConfigError("--sharding fsdp with 1 worker shards nothing: use --num-workers 2 or more, or (GPUs) "
+                              "offload the one worker's weights and optimizer to host memory with --set "
+                              "train.fsdp_offload=cpu")
         if self.cpus_per_worker is not None and self.cpus_per_worker <= 0:
             raise ConfigError(f"train.cpus_per_worker must be > 0, got {self.cpus_per_worker}")
 

@@ -249,13 +249,16 @@ class Encoder(nn.Module):
     @classmethod
     def from_pretrained(cls, name_or_path: str, pooling: Optional[str] = None, mlp_head: Optional[str] = None,
                         max_seq_length: Optional[int] = None, trust_remote_code: bool = False,
-                        backend: str = "torch", onnx_file: Optional[str] = None) -> "Encoder":
+                        backend: str = "torch", onnx_file: Optional[str] = None,
+                        dtype: Optional[str] = None, weights: bool = True) -> "Encoder":
         """Load any HF encoder or sentence-transformers model (its pooling, Dense and Normalize modules);
         a directory saved by raycse restores its MLP head too. A model's own Python (``auto_map``) runs
         only with ``trust_remote_code``; without it such a model is refused (:func:`check_remote_code`).
         ``backend`` ``onnx`` or ``openvino`` runs the transformer from the folder's exported file
         (``raycse export``; ``onnx_file``: which ``onnx/*.onnx``) under the same pooling and modules
-        (:mod:`raycse.model.exported`), for inference only.
+        (:mod:`raycse.model.exported`), for inference only. ``dtype`` (fp32, bf16 or auto: the checkpoint's
+        own) loads the weights in it directly; None: the library's default. ``weights`` False: the transformer's
+        architecture on the meta device, no weights read (a sharded worker that receives its shards).
 
         >>> enc = Encoder.from_pretrained("default")  # the embedded all-MiniLM-L6-v2
         >>> enc.encode(["a sentence"]).shape
@@ -288,7 +291,10 @@ class Encoder(nn.Module):
 
             try:
                 with quiet_libraries():
-                    backbone = AutoModel.from_pretrained(body, trust_remote_code=trust)
+                    if weights:
+                        backbone = AutoModel.from_pretrained(body, trust_remote_code=trust, **load_dtype(dtype))
+                    else:
+                        backbone = _empty_backbone(body, trust, dtype)
             except Exception as exc:
                 raise ModelError(f"cannot load model from {body}: {_load_failure(exc)}") from None
         pooling = pooling or meta.get("pooling") or _st_pooling(layout.pooling) or "cls"
@@ -522,6 +528,27 @@ class Encoder(nn.Module):
                       str(path / "mlp_head.safetensors"))
         (path / RAYCSE_META).write_text(json.dumps(meta, indent=2))
         return path
+
+
+def _empty_backbone(body: Path, trust: bool, dtype: Optional[str]) -> nn.Module:
+    """The HF model at ``body`` without its weights: parameters and buffers on the meta device, in the dtype
+    ``from_pretrained`` would give them (``auto``: the checkpoint's)."""
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.from_pretrained(body, trust_remote_code=trust)
+    chosen = load_dtype(dtype).get("dtype", torch.float32)
+    if chosen == "auto":
+        chosen = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+        chosen = getattr(torch, chosen) if isinstance(chosen, str) else chosen
+    with torch.device("meta"):
+        return AutoModel.from_config(config, trust_remote_code=trust, dtype=chosen).train(False)
+
+
+def load_dtype(dtype: Optional[str]) -> dict:
+    """``from_pretrained``'s keyword for loading in ``dtype`` (fp32 | bf16 | auto), or none (the library's default)."""
+    if dtype is None:
+        return {}
+    return {"dtype": {"fp32": torch.float32, "bf16": torch.bfloat16, "auto": "auto"}[dtype]}
 
 
 def _read_meta(path: Path) -> dict:

@@ -106,6 +106,12 @@ class Objective(nn.Module):
         weights (raycse.model.adapters), or None."""
         return None
 
+    def sharding_refusal(self) -> Optional[str]:
+        """Why this objective cannot train a sharded model (``--sharding fsdp``: outside a block's forward its weights
+        are each worker's shard, a ``DTensor``; an objective that reads weights directly must reduce across workers,
+        as SG-OPT's regularizer does), or None."""
+        return None
+
     def custom_lr(self) -> dict[str, float]:
         """Learning rates for this objective's own parameters, by name (e.g. a trainable tau)."""
         return {}

@@ -31,7 +31,7 @@ from raycse.train.plan import FitPlan
 from raycse.train.profile import StepProfiler, describe, fit_window, span
 from raycse.train.progress import Progress
 from raycse.train.reporter import Reporter, log
-from raycse.train.sharding import shard
+from raycse.train.sharding import shard_from_rank0
 from raycse.train.steps import StepEngine, move
 
 
@@ -48,14 +48,18 @@ class WorkerRun:
         torch.set_num_threads(max(1, plan.threads))
         # Same init everywhere (DDP also broadcasts rank 0's weights); different dropout masks per rank.
         seed_everything(run.train.seed)
-        module = compile_module(build_module(run), run.train.compile_mode)
-        seed_everything(run.train.seed + 1000 * self.rank)
         device = worker_device(run.train)
-        if run.train.sharding == "fsdp":  # (every rank built the same weights: each keeps its shard of them)
-            module = shard(module.to(device), device, self.world_size, resolve_precision(run.train.precision, device),
-                           run.train.fsdp_offload)
+        if run.train.sharding == "fsdp":
+            # rank 0 reads the weights and sends each rank its shards (the others build on the meta device); FSDP2
+            # moves each block to the device as it shards it, so no GPU, and no rank's memory but 0's, holds the
+            # whole model
+            module = shard_from_rank0(lambda weights: build_module(run, weights), device, self.rank,
+                                      self.world_size, resolve_precision(run.train.precision, device),
+                                      run.train.fsdp_offload)
         else:
+            module = compile_module(build_module(run), run.train.compile_mode)
             module = ray.train.torch.prepare_model(module, move_to_device=device)
+        seed_everything(run.train.seed + 1000 * self.rank)
         self.engine = StepEngine(run, module, device, plan.total_steps)
         self.progress = Progress()
         self.batches = BatchSource(plan, self.rank, self.world_size, self.engine)

@@ -1,6 +1,6 @@
 """A Train worker's memory, estimated before Ray starts, and the run refused where it will not fit.
 
-Each data-parallel worker holds (fp32, AdamW):
+Each data-parallel worker holds (fp32 weights, AdamW; half of the first three with ``--model-dtype bf16``):
 - the weights, 4 bytes a parameter (SG-OPT's frozen copy once more);
 - the gradients, 4 bytes a trainable parameter, and DDP's gradient buckets as much again with several workers;
 - AdamW's two moments, 8 bytes a trainable parameter;
@@ -97,8 +97,9 @@ def estimate(run: RunConfig, model_path: str) -> Optional[MemoryEstimate]:
     if t.sharding == "fsdp":
         return _sharded(run, backbone, params, frozen, trainable, kept + working, rows, tokens)
     buckets = 2 if t.num_workers > 1 else 1
-    return MemoryEstimate(params=params, trainable=trainable, weights=4 * (params + frozen),
-                          gradients=4 * trainable * buckets, optimizer=(8 + 4 * STEP_COPIES) * trainable,
+    b = weight_bytes(run, backbone.config)
+    return MemoryEstimate(params=params, trainable=trainable, weights=b * (params + frozen),
+                          gradients=b * trainable * buckets, optimizer=(2 + STEP_COPIES) * b * trainable,
                           activations=kept + working,
                           rows=rows, tokens=tokens)
 
@@ -108,15 +109,23 @@ def _sharded(run: RunConfig, backbone, params: int, frozen: int, trainable: int,
     """A sharded worker's part (module docstring): 1/N of each, and what FSDP2 holds whole while it computes."""
     from raycse.train.sharding import blocks
 
-    t, n = run.train, run.train.num_workers
+    t, n, b = run.train, run.train.num_workers, weight_bytes(run, backbone.config)
     sizes = [sum(p.numel() for p in b.parameters()) for b in blocks(backbone)] or [params]
     block, root = max(sizes), params - sum(sizes)
-    held = 4 * ((params + frozen) // n), 4 * (trainable // n), (8 + 4 * STEP_COPIES) * (trainable // n)
+    held = b * ((params + frozen) // n), b * (trainable // n), (2 + STEP_COPIES) * b * (trainable // n)
     if t.fsdp_offload == "cpu" and t.use_gpu:  # (in host memory)
         held = (0, 0, 0)
-    return MemoryEstimate(params=params, trainable=trainable, weights=held[0] + 4 * (root + 2 * block),
-                          gradients=held[1] + 4 * block, optimizer=held[2], activations=activations,
+    return MemoryEstimate(params=params, trainable=trainable, weights=held[0] + b * (root + 2 * block),
+                          gradients=held[1] + b * block, optimizer=held[2], activations=activations,
                           rows=rows, tokens=tokens)
+
+
+def weight_bytes(run: RunConfig, config) -> int:
+    """Bytes a weight (and its gradient, and each AdamW moment: kept in the weight's dtype) takes: 2 where the model
+    loads in bf16 (model.dtype bf16, or auto on a checkpoint stored in 16 bits), else 4."""
+    stored = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "")
+    half = run.model.dtype == "bf16" or (run.model.dtype == "auto" and stored.endswith(("bfloat16", "float16")))
+    return 2 if half else 4
 
 
 def _trainable(backbone, run: RunConfig) -> int:

@@ -34,10 +34,14 @@ class TrainModule(nn.Module):
         return self.objective(self.encoder, batch)
 
 
-def build_module(run: RunConfig) -> TrainModule:
+def build_module(run: RunConfig, weights: bool = True) -> TrainModule:
+    """The encoder and objective a worker trains. ``weights`` False: the encoder's transformer on the meta device,
+    its weights not read (a sharded worker that receives its shards from rank 0; with LoRA, read all the same: peft
+    wraps real modules)."""
     encoder = Encoder.from_pretrained(run.model.name_or_path, pooling=run.model.pooling,
                                       mlp_head=run.model.resolved_mlp_head,
-                                      trust_remote_code=run.model.trust_remote_code)
+                                      trust_remote_code=run.model.trust_remote_code, dtype=run.model.dtype,
+                                      weights=weights or bool(run.model.lora))
     encoder.length_buckets = length_buckets(run)
     # compiled: the padded forward, PyTorch's dropout and inductor's own CPU kernels; raycse's unpadding
     # (data-dependent row counts), drawn masks (dtype views) and the oneDNN probe (file reads, a Python
@@ -63,7 +67,11 @@ def build_module(run: RunConfig) -> TrainModule:
     for part in objective.modules():  # (HiCL's base objective collates too)
         if isinstance(part, Objective):
             part.pad_multiple, part.prompts = multiple, prompts
-    return TrainModule(encoder, objective)
+    module = TrainModule(encoder, objective)
+    stored = next(encoder.backbone.parameters()).dtype
+    if stored != torch.float32:  # (--model-dtype bf16, or auto on a 16-bit checkpoint): the heads as the backbone
+        module.to(stored)
+    return module
 
 
 def export_encoder(run: RunConfig) -> Callable[[dict], Encoder]:
@@ -76,7 +84,7 @@ def export_encoder(run: RunConfig) -> Callable[[dict], Encoder]:
         if not made:
             m = run.model
             encoder = Encoder.from_pretrained(m.name_or_path, pooling=m.pooling, mlp_head=m.resolved_mlp_head,
-                                              trust_remote_code=m.trust_remote_code)
+                                              trust_remote_code=m.trust_remote_code, dtype=m.dtype)
             encoder.add_prompts(run.data.prompts)
             if m.lora:
                 encoder.backbone = add_lora(encoder.backbone, m.lora)
@@ -126,7 +134,7 @@ def column_prompts(run: RunConfig, default: str, objective: Objective, include_p
 def check_model_fits_objective(run: RunConfig, model_path: str) -> None:
     """On the driver, before anything starts, from the model's files (no weights loaded): the prompts
     it and the run put before sentences fit the objective, the Matryoshka sizes fit its width, and the
-    objective can train LoRA adapters where asked."""
+    objective can train LoRA adapters and a sharded model where asked."""
     default, keeps_prompt = default_prompt_of(model_path)
     objective = run.build_objective()
     column_prompts(run, default, objective, keeps_prompt)
@@ -138,6 +146,11 @@ def check_model_fits_objective(run: RunConfig, model_path: str) -> None:
         empty = empty_backbone_of(model_path)
         if empty is not None:  # peft's own matching of target_modules, on the weightless architecture
             add_lora(empty, run.model.lora)
+    if run.train.sharding == "fsdp":
+        refusals = [(part.name, why) for part in objective.modules()
+                    if isinstance(part, Objective) and (why := part.sharding_refusal())]
+        if refusals:
+            raise ConfigError(f"--sharding fsdp with objective '{refusals[0][0]}': {refusals[0][1]}; use --sharding ddp")
     spec, width = run.objective.matryoshka(), embedding_width_of(model_path)
     if spec and width:
         check_fits(spec, width)

@@ -87,9 +87,10 @@ class Reporter:
         log.setLevel(logging.INFO)
         if self.rank != 0:
             return
-        kernels = onednn.kernels_note(self.engine.device, self.engine.dtype, self.eval_dtype)
+        chosen = self.engine.core.encoder.onednn  # (off where the run cannot use it: compiled or sharded)
+        kernels = onednn.kernels_note(self.engine.device, self.engine.dtype, self.eval_dtype) if chosen else ""
         log.info(f"[raycse] rank 0 on {machine.describe()}, torch {torch.__version__}{kernels}")
-        detail = onednn.kernels_detail(self.engine.device, self.engine.dtype, self.eval_dtype)
+        detail = onednn.kernels_detail(self.engine.device, self.engine.dtype, self.eval_dtype) if chosen else ""
         if detail:  # (not raycse-marked: the console keeps it for the log file)
             log.info(detail)
         log.info(run_line(self.plan, self.world_size, self.progress, self.engine.dtype, self.dev, remembered))

@@ -17,7 +17,7 @@ gradients reduced in fp32 (``MixedPrecisionPolicy``); the sharded master weights
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -70,10 +70,33 @@ def shard(module: nn.Module, device: torch.device, world_size: int, dtype: torch
         return_large_frees()
     mesh = init_device_mesh(device.type, (world_size,))
     options = {"mesh": mesh, "mp_policy": mixed_precision(dtype),
-               "offload_policy": CPUOffloadPolicy() if offload == "cpu" else OffloadPolicy()}
+               # (pinned host memory, for fast copies to the GPU, needs CUDA)
+               "offload_policy": (CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload == "cpu"
+                                  else OffloadPolicy())}
     for block in blocks(module):
         fully_shard(block, **options)
     fully_shard(module, **options)
+    return module
+
+
+def shard_from_rank0(build: Callable[[bool], nn.Module], device: torch.device, rank: int, world_size: int,
+                     dtype: torch.dtype, offload: str = "none") -> nn.Module:
+    """A sharded module whose weights only rank 0 reads: ``build(True)`` there, ``build(False)`` (the transformer on
+    the meta device) elsewhere; every rank shards it (:func:`shard`), the others allocate their shards, and rank 0's
+    whole state is sent out shard by shard (``set_model_state_dict(broadcast_from_rank0=True)``), its buffers too
+    (those outside the state dict, e.g. rotary frequencies, included). So no rank but 0 ever holds the whole model."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    module = build(rank == 0)
+    whole = dict(module.state_dict()) if rank == 0 else {}  # (rank 0's tensors, kept until they are sent)
+    shard(module, device, world_size, dtype, offload)
+    if rank != 0:
+        module.to_empty(device=torch.device("cpu") if offload == "cpu" else device)
+    set_model_state_dict(module, whole, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    del whole
+    for buffer in module.buffers():  # (not sharded: each rank holds them whole)
+        dist.broadcast(buffer.data, src=0)
     return module
 
 
