@@ -79,7 +79,8 @@ def test_before_training_scores_reads_back_or_skips_as_asked(tmp_path):
 
     def choose(before: str, step: int = 0, dev=True) -> tuple:
         scored, logged = [], []
-        rep = SimpleNamespace(run=SimpleNamespace(eval=SimpleNamespace(before_training=before)),
+        rep = SimpleNamespace(run=SimpleNamespace(eval=SimpleNamespace(before_training=before)), rank=0,
+                              collective=False,
                               progress=Progress(step=step),
                               plan=SimpleNamespace(initial_key="k", initial_file=str(cache)),
                               dev=object() if dev else None, key="stsb_dev_spearman",

@@ -57,3 +57,19 @@ def run_line(plan: FitPlan, world_size: int, p: Progress, dtype, dev, remembered
             + (" (remembered from an earlier run: raycse.evaluation.initial_scores)" if remembered else "")
             + (f", {dev.label} before: not measured (--score-before true measures it)"
                if fresh and p.initial is None and run.eval.before_training == "auto" else ""))
+
+
+def start_lines(plan: FitPlan, world_size: int, progress: Progress, engine, eval_dtype, dev, remembered: bool
+                ) -> list[str]:
+    """Rank 0's first lines: the machine and the CPU kernels chosen (the detail unmarked: the console keeps it for
+    the log file), the run's shape and starting score, its batch shapes and what trains."""
+    from raycse.model import onednn
+    from raycse.platform import machine
+    from raycse.train.module import shape_bound, what_trains
+
+    chosen = engine.core.encoder.onednn  # (off where the run cannot use it: compiled or sharded)
+    kernels = onednn.kernels_note(engine.device, engine.dtype, eval_dtype) if chosen else ""
+    detail = onednn.kernels_detail(engine.device, engine.dtype, eval_dtype) if chosen else ""
+    return ([f"[raycse] rank 0 on {machine.describe()}, torch {torch.__version__}{kernels}"] + ([detail] if detail else [])
+            + [run_line(plan, world_size, progress, engine.dtype, dev, remembered)]
+            + [f"[raycse] {line}" for line in (shape_bound(plan.run, engine.core.objective), what_trains(engine.core))])

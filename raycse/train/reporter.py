@@ -6,23 +6,19 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-import torch
-
 from raycse.evaluation import initial_scores
 from raycse.evaluation.targets import GOALS, score_model
-from raycse.model import onednn
 from raycse.model.precision import resolve_precision
 from raycse.objectives.base import LossOutput
 from raycse.objectives.references import step_notes
-from raycse.platform import machine
 from raycse.platform.console import step_line
 from raycse.platform.process_state import release_freed_memory
 from raycse.platform.ray_session import fetch
 from raycse.train import tracking
 from raycse.train.callbacks import Callbacks
-from raycse.train.module import compiled_note, shape_bound, what_trains
+from raycse.train.module import compiled_note
 from raycse.train.plan import FitPlan
-from raycse.train.progress import Progress, run_line
+from raycse.train.progress import Progress, start_lines
 from raycse.train.sharding import broadcast_from_rank0, gathered
 
 SCORE_METRIC = "stsb_dev_spearman"  # the default model-selection key (eval.metric: stsb_dev)
@@ -36,8 +32,7 @@ class Reporter:
     def __init__(self, plan: FitPlan, rank: int, world_size: int, engine, progress: Progress):
         self.plan, self.run, self.rank, self.world_size = plan, plan.run, rank, world_size
         self.engine, self.progress = engine, progress
-        # a sharded model encodes on every worker at once (each forward gathers every worker's shards): every
-        # rank reads the scoring data and encodes it, rank 0 keeps the score
+        # a sharded model encodes on every rank at once (its forward gathers every rank's shards); rank 0 scores
         self.collective = plan.run.train.sharding == "fsdp" and world_size > 1
         scores = rank == 0 or self.collective
         self.dev = fetch(plan.dev, "the scoring data") if plan.dev is not None and scores else None
@@ -57,13 +52,11 @@ class Reporter:
             return None
         encoder, size = self.engine.core.encoder, self.run.eval.batch_size
         with gathered(self.engine.module):
-            score, self.extras = score_model(self.dev, self.targets, lambda xs, **how: encoder.encode(
+            score, extras = score_model(self.dev, self.targets, lambda xs, **how: encoder.encode(
                 xs, batch_size=size, autocast_dtype=self.eval_dtype, **how), encoder)
         release_freed_memory()  # (encode() switched the encoder to eval mode and back by itself)
-        if self.rank != 0:
-            self.extras = {}
-            return None
-        return score
+        self.extras = extras if self.rank == 0 else {}
+        return score if self.rank == 0 else None
 
     def score_before_training(self) -> bool:
         """The starting model's score when asked (eval.before_training), once per machine; True if remembered."""
@@ -72,30 +65,23 @@ class Reporter:
             return False
         p.initial = initial_scores.lookup(self.plan.initial_key, self.plan.initial_file)
         if self.collective:  # (rank 0's machine decides whether every rank encodes)
-            p.initial = broadcast_from_rank0(p.initial if self.rank == 0 else None)
+            p.initial = broadcast_from_rank0(p.initial)
         remembered = p.initial is not None
         if p.initial is None and before == "true":
             p.initial = self.evaluate()
             if self.rank == 0:
                 initial_scores.store(self.plan.initial_key, p.initial, self.plan.initial_file)
-        if p.initial is not None and self.rank == 0:
-            self.tlog.log({self.key: p.initial}, 0)
+        if p.initial is not None:
+            self.tlog.log({self.key: p.initial}, 0)  # (rank 0's logger; a no-op elsewhere)
         return remembered
 
     def log_start(self, remembered: bool) -> None:
         """Rank 0's first lines: the machine and kernels, then the run's shape and starting score."""
         log.setLevel(logging.INFO)
-        if self.rank != 0:
-            return
-        chosen = self.engine.core.encoder.onednn  # (off where the run cannot use it: compiled or sharded)
-        kernels = onednn.kernels_note(self.engine.device, self.engine.dtype, self.eval_dtype) if chosen else ""
-        log.info(f"[raycse] rank 0 on {machine.describe()}, torch {torch.__version__}{kernels}")
-        detail = onednn.kernels_detail(self.engine.device, self.engine.dtype, self.eval_dtype) if chosen else ""
-        if detail:  # (not raycse-marked: the console keeps it for the log file)
-            log.info(detail)
-        log.info(run_line(self.plan, self.world_size, self.progress, self.engine.dtype, self.dev, remembered))
-        for line in (shape_bound(self.run, self.engine.core.objective), what_trains(self.engine.core)):
-            log.info(f"[raycse] {line}")
+        if self.rank == 0:
+            for line in start_lines(self.plan, self.world_size, self.progress, self.engine, self.eval_dtype, self.dev,
+                                    remembered):
+                log.info(line)
 
     def note_warmup(self, started: float) -> None:
         """The time this fit took to its 10th step (first shapes, kernel choice, allocator warm-up)."""
