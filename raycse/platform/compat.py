@@ -21,6 +21,8 @@ looked for, never the version compared, and each has a working path when it is g
 - torch's functional all-gather with autograd (:func:`all_gather_autograd`), the successor torch names for
   ``torch.distributed.nn.functional.all_gather`` (deprecated in torch 2.13: a FutureWarning on every worker
   of every run): without it, the older public one.
+- FSDP2 (:func:`fsdp2`): public as ``torch.distributed.fsdp`` from torch 2.6, under
+  ``torch.distributed._composable.fsdp`` in 2.4-2.5; without either, ``--sharding fsdp`` is refused in one line.
 """
 
 from __future__ import annotations
@@ -182,3 +184,13 @@ def all_gather_autograd(x):
     from torch.distributed.nn.functional import all_gather
 
     return torch.cat(all_gather(x), dim=0)
+
+
+FSDP2_NAMES = ("fully_shard", "MixedPrecisionPolicy", "CPUOffloadPolicy", "OffloadPolicy", "FSDPModule")
+
+
+def fsdp2() -> Optional[tuple]:
+    """torch's FSDP2: (fully_shard, MixedPrecisionPolicy, CPUOffloadPolicy, OffloadPolicy, FSDPModule), or None where
+    this torch has none."""
+    return (_lookup("torch.distributed.fsdp", *FSDP2_NAMES)
+            or _lookup("torch.distributed._composable.fsdp", *FSDP2_NAMES))

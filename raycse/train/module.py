@@ -18,6 +18,7 @@ from raycse.model.unpad import use_fast_dropout
 from raycse.objectives.base import LossOutput, Objective
 from raycse.objectives.matryoshka import check_fits
 from raycse.platform import compat
+from raycse.train.sharding import check_available
 
 GPU_STAND_IN = "RAYCSE_GPU_STAND_IN"  # =cpu: workers holding declared GPUs train on the CPU (tests)
 
@@ -147,6 +148,7 @@ def check_model_fits_objective(run: RunConfig, model_path: str) -> None:
         if empty is not None:  # peft's own matching of target_modules, on the weightless architecture
             add_lora(empty, run.model.lora)
     if run.train.sharding == "fsdp":
+        check_available()
         refusals = [(part.name, why) for part in objective.modules()
                     if isinstance(part, Objective) and (why := part.sharding_refusal())]
         if refusals:

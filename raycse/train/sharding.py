@@ -22,6 +22,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
+from raycse.platform import compat
 from raycse.platform.process_state import return_large_frees
 
 SHARDINGS = ("ddp", "fsdp")
@@ -49,8 +50,7 @@ def blocks(module: nn.Module) -> list[nn.Module]:
 def mixed_precision(dtype: torch.dtype):
     """FSDP2's policy for a run computing in ``dtype``: weights cast to it for compute, gradients reduced in
     fp32 (a bf16 sum over many workers loses the small updates); fp32: no casts."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
+    MixedPrecisionPolicy = compat.fsdp2()[1]
     if dtype == torch.float32:
         return MixedPrecisionPolicy()
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
@@ -62,7 +62,8 @@ def shard(module: nn.Module, device: torch.device, world_size: int, dtype: torch
     block of :func:`blocks`, then the whole (FSDP2). ``module`` is on ``device`` (or on the meta device,
     to be filled by a state dict afterwards)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+    fully_shard, _, CPUOffloadPolicy, OffloadPolicy, _ = compat.fsdp2()
 
     if device.type == "cuda":  # (NCCL's communicator is bound to the current device)
         torch.cuda.set_device(device)
@@ -77,6 +78,15 @@ def shard(module: nn.Module, device: torch.device, world_size: int, dtype: torch
         fully_shard(block, **options)
     fully_shard(module, **options)
     return module
+
+
+def check_available() -> None:
+    """Refuse, in one line, ``--sharding fsdp`` on a torch without FSDP2."""
+    if compat.fsdp2() is None:
+        from raycse.errors import ConfigError
+
+        raise ConfigError(f"--sharding fsdp needs PyTorch's FSDP2 (torch >= 2.4); this torch is {torch.__version__}: "
+                          f"upgrade torch, or use --sharding ddp")
 
 
 def shard_from_rank0(build: Callable[[bool], nn.Module], device: torch.device, rank: int, world_size: int,
@@ -102,11 +112,8 @@ def shard_from_rank0(build: Callable[[bool], nn.Module], device: torch.device, r
 
 def is_sharded(module: nn.Module) -> bool:
     """Whether ``module`` went through :func:`shard` (FSDP2 makes its class a subclass of ``FSDPModule``)."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:
-        return False
-    return isinstance(module, FSDPModule)
+    found = compat.fsdp2()
+    return found is not None and isinstance(module, found[4])
 
 
 def local_bytes(module: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None) -> int:
