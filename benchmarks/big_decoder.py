@@ -127,7 +127,8 @@ def main() -> None:
     root = Path(tempfile.gettempdir()) / "raycse-big-decoder"
     root.mkdir(exist_ok=True)
     rows = []
-    for label, dtype, ckpt, offload in WAYS:
+    ways = [w for w in WAYS if device.type == "cuda" or not w[3]]  # (offload moves a GPU's shards: none on a CPU)
+    for label, dtype, ckpt, offload in ways:
         at = attempt(model_dir(root, args.hidden, args.layers), dtype, ckpt, offload, args.batch, args.length,
                      args.steps, device)
         rows.append({"way": label, **at, "largest_layers": args.layers if not at["oom"] else 0})
@@ -135,7 +136,7 @@ def main() -> None:
     previous = args.layers
     for depth in sorted(d for d in args.ladder if d > args.layers):
         path = model_dir(root, args.hidden, depth)
-        for row, (label, dtype, ckpt, offload) in zip(rows, WAYS):
+        for row, (label, dtype, ckpt, offload) in zip(rows, ways):
             if row["largest_layers"] == previous:
                 if not attempt(path, dtype, ckpt, offload, args.batch, args.length, 0, device)["oom"]:
                     row["largest_layers"] = depth

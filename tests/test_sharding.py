@@ -124,9 +124,10 @@ def test_two_sharded_workers_train_what_two_ddp_workers_train_holding_half(tmp_p
 
 
 @SPAWNS
-def test_a_two_worker_sharded_checkpoint_resumes_on_one_worker_as_the_run_goes_on(tmp_path):
+def test_a_two_worker_sharded_checkpoint_resumes_on_one_worker_as_the_run_goes_on(tmp_path, s3_server):
     """Item 2: the checkpoint after step 5 of 2 sharded workers, each worker's files in its own folder as Ray's are,
-    merged as Ray Train's storage merges them: whole (a damaged or missing part is named), its model folder the
+    merged as Ray Train's storage merges them: whole, on local disk and on S3 (a damaged or missing part is named), its
+    model folder the
     whole weights (sentence-transformers and AutoModel load it), and loaded into one whole module without any
     process group (DCP reshards) it takes step 6 on the 8 rows of the global batch as DDP's 2 workers did."""
     from sentence_transformers import SentenceTransformer
@@ -163,6 +164,20 @@ def test_a_two_worker_sharded_checkpoint_resumes_on_one_worker_as_the_run_goes_o
     engine.step(_batch(engine, STEPS - 1, 0, 2 * ROWS), STEPS - 1)
     for name, value in engine.core.state_dict().items():
         torch.testing.assert_close(value, got["ddp"]["weights"][STEPS - 1][name], atol=1e-5, rtol=0, msg=name)
+
+    # on object storage (moto's S3 on 127.0.0.1): found whole with both ranks' parts; one without rank 1's manifest
+    # (its upload cut short) is passed over, naming the part
+    import boto3
+
+    bucket, s3 = s3_server(), boto3.client("s3")
+    for name in ("checkpoint_000001", "checkpoint_000002"):
+        for f in (p for p in merged.rglob("*") if p.is_file()):
+            if not (name.endswith("2") and f.name == "MANIFEST.rank1.json"):
+                s3.put_object(Bucket=bucket, Key=f"run/{name}/{f.relative_to(merged)}", Body=f.read_bytes())
+    skipped: list = []
+    found = ckpt.whole_checkpoints(f"s3://{bucket}/run", skipped)
+    assert [path.rsplit("/", 1)[-1] for _, path in found] == ["checkpoint_000001"]
+    assert skipped == ["checkpoint_000002: no readable manifest of rank 1's part (the checkpoint was not finished)"]
 
     # a part missing or changed: the checkpoint is not whole, and says whose part
     shard1 = merged / ckpt.STATE_DIR / ckpt.DCP_DIR / "__1_0.distcp"
