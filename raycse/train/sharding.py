@@ -25,10 +25,6 @@ from torch import nn
 from raycse.platform import compat
 from raycse.platform.process_state import return_large_frees
 
-SHARDINGS = ("ddp", "fsdp")
-OFFLOADS = ("none", "cpu")
-
-
 def block_names(module: nn.Module) -> set[str]:
     """The class names of the transformer blocks of every Hugging Face model inside ``module`` (their
     ``_no_split_modules``: the units that must stay whole on one device, so the units to shard by)."""
@@ -101,8 +97,11 @@ def shard_from_rank0(build: Callable[[bool], nn.Module], device: torch.device, r
     module = build(rank == 0)
     whole = dict(module.state_dict()) if rank == 0 else {}  # (rank 0's tensors, kept until they are sent)
     shard(module, device, world_size, dtype, offload)
-    if rank != 0:
+    if rank != 0:  # (offloaded shards live in host memory; buffers stay where the forward runs, as rank 0's do)
         module.to_empty(device=torch.device("cpu") if offload == "cpu" else device)
+        for part in module.modules():
+            for name, buffer in part.named_buffers(recurse=False):
+                setattr(part, name, buffer.to(device))  # (an existing buffer: replaced, its persistence kept)
     set_model_state_dict(module, whole, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     del whole
     for buffer in module.buffers():  # (not sharded: each rank holds them whole)
