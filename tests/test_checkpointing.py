@@ -16,6 +16,13 @@ from raycse.train.module import build_module
 TEXTS = make_sentences(8, seed=4, min_len=4)
 
 
+@pytest.fixture(autouse=True)
+def onednn_chosen(monkeypatch):
+    """As on a machine whose kernel probe chose oneDNN's fp32 linears: a checkpointed layer's recomputation ran
+    outside their context and failed ("Recomputed values ... have different metadata"), where the probe chose so."""
+    monkeypatch.setenv("RAYCSE_ONEDNN", "1")
+
+
 def _loss_grads_saved(model: str, pooling: str, checkpointing: bool, unpad: bool) -> tuple:
     """One SimCSE step's loss, its gradients and the bytes autograd saved for backward."""
     run = RunConfig()

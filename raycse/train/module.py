@@ -52,7 +52,9 @@ def build_module(run: RunConfig, weights: bool = True) -> TrainModule:
     eager = run.train.compile_mode is None
     whole = eager and run.train.sharding == "ddp"
     encoder.unpad = run.train.unpad and whole
-    encoder.onednn = encoder.onednn and whole
+    # checkpointed layers recompute their forward in the backward pass, outside the oneDNN context the forward ran
+    # in: PyTorch's linear there saves other tensors (W transposed) than oneDNN's did, and the backward stops
+    encoder.onednn = encoder.onednn and whole and not run.train.gradient_checkpointing
     if run.train.fast_dropout and eager:
         use_fast_dropout(encoder.backbone)
     encoder.add_prompts(run.data.prompts)
