@@ -59,6 +59,31 @@ def test_the_counted_activations_are_what_a_real_step_keeps(tiny_model):
     assert 0.8 * real <= counted <= 1.25 * real, (counted, real)
 
 
+def test_the_fake_tensor_count_is_what_the_same_forward_keeps_on_real_tensors(tmp_path):
+    """The estimate's fallback where a model refuses the meta device (transformers 5.0's rotary embeddings, so every
+    decoder on the floor release): the forward on fake CPU tensors saves what the same forward on real CPU tensors
+    saves, storage by storage, for a tiny Qwen3."""
+    from test_decoders import make_decoder
+    from transformers import AutoModel
+
+    model = make_decoder(tmp_path / "qwen3", "qwen3")
+    backbone = AutoModel.from_pretrained(str(model)).train()
+    rows, tokens = 6, 24
+    params = {p.data_ptr() for p in backbone.parameters()}
+    storages: dict = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        backbone(input_ids=torch.randint(5, 90, (rows, tokens)))
+    counted = memory.fake_saved_bytes(backbone.config, rows, tokens)
+    assert counted == sum(storages.values()) > 0
+
+
 def test_each_part_follows_the_run(tiny_model):
     plain = memory.estimate(_run(tiny_model), str(tiny_model))
     assert plain.weights == 4 * plain.params

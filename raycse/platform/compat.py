@@ -23,6 +23,8 @@ looked for, never the version compared, and each has a working path when it is g
   of every run): without it, the older public one.
 - FSDP2 (:func:`fsdp2`): public as ``torch.distributed.fsdp`` from torch 2.6, under
   ``torch.distributed._composable.fsdp`` in 2.4-2.5; without either, ``--sharding fsdp`` is refused in one line.
+- torch's fake tensors (:func:`fake_tensor_mode`): the memory estimate's forward where a model's own code refuses
+  the meta device; without them, no estimate for that model.
 """
 
 from __future__ import annotations
@@ -194,3 +196,10 @@ def fsdp2() -> Optional[tuple]:
     this torch has none."""
     return (_lookup("torch.distributed.fsdp", *FSDP2_NAMES)
             or _lookup("torch.distributed._composable.fsdp", *FSDP2_NAMES))
+
+
+def fake_tensor_mode():
+    """A context in which tensors have shapes, dtypes and devices but no memory (torch's FakeTensorMode), or None
+    where this torch has none. For the memory estimate's forward where the meta device is refused."""
+    found = _lookup("torch._subclasses.fake_tensor", "FakeTensorMode")
+    return found[0](allow_non_fake_inputs=True) if found else None

@@ -140,7 +140,37 @@ def _trainable(backbone, run: RunConfig) -> int:
 def _saved_bytes(backbone, rows: int, tokens: int) -> Optional[int]:
     """What autograd keeps in one training forward of ``backbone`` (on the meta device) at ``rows`` x ``tokens``:
     each saved tensor once (a tensor, or the tensor it is a view of, saved by several ops is held once), the
-    parameters left out (they are the weights, counted as such)."""
+    parameters left out (they are the weights, counted as such). Where the model's own code refuses the meta
+    device (transformers 5.0's rotary embeddings ask autocast about it), the same forward runs on fake CPU
+    tensors (shapes without memory) instead."""
+    import torch
+
+    found = _forward_saved(backbone, torch.zeros(rows, tokens, dtype=torch.long, device="meta"))
+    return found if found is not None else fake_saved_bytes(backbone.config, rows, tokens)
+
+
+def fake_saved_bytes(config, rows: int, tokens: int) -> Optional[int]:
+    """:func:`_saved_bytes` of the model of ``config`` built and run on fake CPU tensors; None where this torch has
+    none or the model cannot be built from its config here."""
+    import torch
+    from transformers import AutoModel
+
+    from raycse.platform import compat
+
+    fake = compat.fake_tensor_mode()
+    if fake is None:
+        return None
+    with fake:
+        try:
+            twin = AutoModel.from_config(config, trust_remote_code=False)
+        except Exception:  # noqa: BLE001 - a model of its own classes: no estimate
+            return None
+        return _forward_saved(twin, torch.zeros(rows, tokens, dtype=torch.long))
+
+
+def _forward_saved(backbone, ids) -> Optional[int]:
+    """Bytes autograd saves in ``backbone``'s training forward of ``ids`` (see :func:`_saved_bytes`); None where
+    the forward fails on tensors without values."""
     import torch
 
     params = {id(p) for p in backbone.parameters()}
@@ -153,7 +183,6 @@ def _saved_bytes(backbone, rows: int, tokens: int) -> Optional[int]:
         return t
 
     backbone.train()
-    ids = torch.zeros(rows, tokens, dtype=torch.long, device="meta")
     try:  # (no attention mask: every token real; a mask's checks read values, which meta tensors have none of)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             backbone(input_ids=ids)
