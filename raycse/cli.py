@@ -98,6 +98,8 @@ def settings_from_args(cls, args: argparse.Namespace, **given):
 RESOURCE_KEYS = ("train.num_workers", "train.cpus_per_worker", "train.gpus_per_worker", "train.use_gpu")
 
 
+SOURCE_KEY = "data.sources"  # --source NAME=PATH, repeated: data.sources.NAME.corpus
+
 # run settings whose flag is an on switch (the others take a value)
 SWITCHES = {"train.use_gpu": "--use-gpu", "model.trust_remote_code": "--trust-remote-code"}
 
@@ -115,6 +117,10 @@ def add_run_flags(p: argparse.ArgumentParser, keys: Optional[tuple] = None, of: 
         # (an on/off setting given alone is on: --gradient-checkpointing, as --gradient-checkpointing true)
         bare = {"nargs": "?", "const": "true"} if typ is bool else {}
         p.add_argument(flag, dest=key, type=str, default=None, metavar=metavar, help=text, **bare)
+    if keys is None:  # (raycse train's: a search's sources come from its space's run)
+        p.add_argument("--source", dest=SOURCE_KEY, action="append", default=None, metavar="NAME=PATH",
+                       help="a source of a mixture (data.sources): its name and corpus, once per source; "
+                            "--set data.sources.NAME.KEY=VALUE sets its other settings (format, share, objective, ...)")
     helps = {key: text for key, text, _ in unflagged_fields()}
     for key, flag in SWITCHES.items():
         if keys is None or key in keys:
@@ -133,6 +139,11 @@ def run_overrides(args: argparse.Namespace, prefix: str = "") -> list[tuple[str,
     ``--set KEY=VALUE`` (``prefix`` + KEY: tune's ``run.``), in the order they apply."""
     given = [(key, getattr(args, key)) for _, key, *_ in flag_fields() + [(None, key) for key in SWITCHES]
              if getattr(args, key, None) is not None]
+    for item in getattr(args, SOURCE_KEY, None) or []:
+        name, eq, path = item.partition("=")
+        if not eq or not name.strip() or not path.strip():
+            raise RaycseError(f"--source expects NAME=PATH, got {item!r}")
+        given.append((f"{SOURCE_KEY}.{name.strip()}.corpus", path.strip()))
     for item in args.set:
         key, eq, value = item.partition("=")
         if not eq or not key.strip().startswith(prefix):

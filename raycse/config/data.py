@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from raycse.config.fields import Section, at_least, detail, knob, one_of
+from raycse.config.sources import check_sources
 from raycse.errors import ConfigError
 from raycse.platform.conversion import shown
 
@@ -65,7 +66,24 @@ class DataConfig(Section):
                          'pair: "passage: "}\' (E5/BGE-style instructions); the model keeps them as its "query" and '
                          '"document" prompts, the text column\'s as its default (default: none)')
 
+    sources: dict = detail({},
+                           'several datasets in one run (a mixture), NAME -> its settings: corpus, format, columns, '
+                           'prompts as the data section takes them, objective (name and knobs), grouping, share of '
+                           'the steps; what a source leaves out is the run\'s. Each batch comes from one source. '
+                           '--source NAME=PATH adds one, --set data.sources.NAME.KEY=VALUE sets its KEY')
+    mixing: str = knob("proportional", '--mixing',
+                       'with data.sources, which source each step\'s batch comes from: proportional (a source\'s '
+                       'share of the steps is its share of the examples) | round_robin (equal shares, in turn) | '
+                       'temperature (shares ~ examples^(1/T), T = data.mixing_temperature); a source\'s share '
+                       'overrides them')
+    mixing_temperature: float = detail(2.0, 'the T of data.mixing temperature (1: proportional; larger: more even)')
+
+    @property
+    def is_mixture(self) -> bool:
+        return bool(self.sources)
+
     def validate(self) -> None:
+        check_sources(self.sources, self.corpus, self.mixing, self.mixing_temperature)
         one_of("data.format", self.format, CORPUS_FORMATS)
         self.check_prompts()
         one_of("data.on_decode_error", self.on_decode_error, DECODE_POLICIES)

@@ -15,6 +15,7 @@ from raycse.config.files import parse_scalar
 from raycse.config.grouping import GroupingConfig
 from raycse.config.model import ModelConfig
 from raycse.config.objective import OWN_SETTINGS, ObjectiveConfig
+from raycse.config.sources import set_source, source_changes
 from raycse.config.train import TrainConfig
 from raycse.errors import ConfigError
 from raycse.platform.conversion import coerce
@@ -53,7 +54,52 @@ class RunConfig(Section):
                               f"every worker; group once before the fit (grouping.regroup_every_epoch: false)")
         if not self.output_dir:
             raise ConfigError("output_dir must be a non-empty path")
+        if self.data.is_mixture:
+            self.check_mixture()
         return self
+
+    def check_mixture(self) -> None:
+        """What a mixture cannot do (yet), refused in one line; each source's run validated."""
+        if self.model.teacher or self.model.guide:
+            raise ConfigError("--teacher and --guide do not take data.sources yet; train a mixture without them, or "
+                              "one source with them")
+        if self.grouping.regroups_in_fit:
+            raise ConfigError("data.sources group each source once before the fit; set "
+                              "grouping.regroup_every_epoch: false")
+        for name, run in self.source_runs().items():
+            if run.grouping.regroups_in_fit:
+                raise ConfigError(f"data.sources.{name}: a source is grouped once before the fit; set its "
+                                  f"grouping.regroup_every_epoch: false")
+
+    def source_runs(self) -> dict:
+        """Each source of a mixture (``data.sources``) as the run that trains it alone: this run with the source's
+        settings over its own (raycse.config.sources), validated and frozen; {} for one corpus."""
+        import copy
+
+        cached = self.__dict__.get("_source_runs")
+        if cached is not None:
+            return cached
+        out = {}
+        for name, settings in self.data.sources.items():
+            run = copy.deepcopy(self)
+            for part in (run, *run.sections()):
+                part.__dict__.pop("_frozen", None)
+            run.__dict__.pop("_source_runs", None)
+            changes = source_changes(settings, run.objective.name)
+            if "objective.params" in changes:
+                run.objective.params = dict(changes.pop("objective.params") or {})
+            try:
+                for key, value in changes.items():
+                    set_dotted(run, key, value, _from_yaml=True)
+                run.validate()
+            except ConfigError as exc:
+                raise ConfigError(f"data.sources.{name}: {exc}") from None
+            for part in (run, *run.sections()):
+                part.__dict__["_frozen"] = True
+            out[name] = run
+        if self.__dict__.get("_frozen"):
+            self.__dict__["_source_runs"] = out  # (not a field: to_dict and equality ignore it)
+        return out
 
     def check_references(self) -> None:
         """A teacher's term and a guide's mask that this run's objective and data can take."""
@@ -84,6 +130,7 @@ class RunConfig(Section):
             return self
 
         run = copy.deepcopy(self)
+        run.__dict__.pop("_source_runs", None)
         for part in (run, *run.sections()):
             part.__dict__.pop("_frozen", None)
         for key, value in (changes or {}).items():
@@ -154,6 +201,9 @@ def set_dotted(cfg: RunConfig, key: str, value: Any, _from_yaml: bool = False) -
         cfg.output_dir = str(value)
         return
     section = getattr(cfg, head)
+    if head == "data" and parts[1:2] == ["sources"]:  # (a mixture's sources: raycse.config.sources)
+        set_source(section.sources, parts[2:], value, tuple(f.name for f in dataclasses.fields(section)), _from_yaml)
+        return
     if len(parts) == 1:
         if not isinstance(value, dict):
             raise ConfigError(f"config section '{head}' must be a mapping, got {value!r}")

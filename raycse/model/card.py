@@ -102,8 +102,9 @@ def _training(run: dict, summary: dict) -> list[str]:
     return [
         "## Training", "",
         f"- **Objective:** `{obj['name']}` ({PAPERS.get(obj['name'], 'see raycse objectives')}), knobs {knobs}",
-        f"- **Data:** `{data.get('corpus')}` (format {data.get('format')}): {summary.get('num_examples', '?')} "
-        f"training examples ({counts})",
+        *(_sources(summary["sources"]) if summary.get("sources") else [
+            f"- **Data:** `{data.get('corpus')}` (format {data.get('format')}): {summary.get('num_examples', '?')} "
+            f"training examples ({counts})"]),
         f"- **Steps:** {steps} of batch {train['batch_size']} x {train['num_workers']} worker(s), "
         f"{train['epochs']} epoch(s), lr {train['lr']}, warm-up {train['warmup_ratio']}, precision "
         f"{train['precision']}, seed {train['seed']}; batch order `{run['grouping']['strategy']}`",
@@ -111,6 +112,14 @@ def _training(run: dict, summary: dict) -> list[str]:
         *_references(run),
         "",
     ]
+
+
+def _sources(sources: list) -> list[str]:
+    """A mixture's lines: each source's corpus, rows, objective, share of the steps and the steps it got (its
+    prompts, where it has them, are the model's prompts named after it)."""
+    return [f"- **Data:** a mixture of {len(sources)} sources, each batch from one:"] + [
+        f"  - `{s['name']}`: `{s['corpus']}`, {s['rows']} examples, objective `{s['objective']}`, "
+        f"{s['share']:.0%} of the steps ({s['steps']} trained)" for s in sources]
 
 
 def _references(run: dict) -> list[str]:

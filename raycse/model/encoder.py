@@ -444,6 +444,15 @@ class Encoder(nn.Module):
             self.st_config["default_prompt_name"] = PROMPT_NAMES["text"]
         self.prompt()  # a Pooling that leaves prompts out is refused now, not at the first batch
 
+    def add_source_prompts(self, source: str, prompts: dict[str, str]) -> None:
+        """Keep a mixture's source's ``prompts`` with the model, named after the source (its text column's as
+        ``SOURCE``, its pair column's as ``SOURCE_document``), so ``encode(texts, prompt_name=SOURCE)`` embeds as
+        that source trained."""
+        names = {"text": source, "pair": f"{source}_document"}
+        if prompts:
+            self.st_config["prompts"] = {**self.prompts, **{names[role]: text for role, text in prompts.items()}}
+            self.prompt()
+
     def tokenize(self, texts: list[str], max_length: Optional[int] = None) -> dict[str, Tensor]:
         enc = self.tokenizer(list(texts), padding=True, truncation=True,
                              max_length=max_length or self.max_seq_length, return_tensors="pt")

@@ -42,7 +42,8 @@ from raycse.train.checkpoints import files as ckpt
 from raycse.train.fit import build_trainer, fit_and_release, report_resume, say_devices, worker_resources
 from raycse.train.plan import FitPlan, TuneHooks, plan_steps
 from raycse.train.preflight import check_inputs, check_local_gpus, check_run_name, resolve_storage_path
-from raycse.train.prepare import data_key, fit_data, objective_knobs, prepare_references, read_corpus
+from raycse.train.prepare import (data_key, fit_data, objective_knobs, prepare_references, read_corpus,
+                                  source_specs)
 from raycse.train.publishing import best_checkpoint, close_tracking, log_model, publish, write_output
 
 
@@ -162,6 +163,7 @@ def _fit(run: RunConfig, inputs: _Inputs, hooks: TuneHooks, source, staging: Pat
     say_devices(run.train)
     blocks, layouts, grouping_log = fit_data(run, corpus, prepared, spe, total, inputs.model_path)
     references = prepared.references if prepared is not None else prepare_references(run, corpus, inputs.model_path)
+    sources = prepared.sources if prepared is not None else source_specs(run, corpus)
     cpus = run.train.cpus_per_worker or default_cpus_per_worker(run.train.num_workers, run.train.gpu_share,
                                                                 cluster_ceiling(), ray.cluster_resources().get("CPU", 1))
     storage = inputs.storage_path or str(staging / "ray")
@@ -175,7 +177,7 @@ def _fit(run: RunConfig, inputs: _Inputs, hooks: TuneHooks, source, staging: Pat
                    initial_file=initial_scores.cache_file(), eval_at=tuple(int(s) for s in hooks.eval_at),
                    score_sink=hooks.score_sink, tracking=tracking, corpus=tuple(blocks),
                    layouts=ray.put(layouts) if layouts is not None else None, references=references, progress=live,
-                   callbacks=inputs.callbacks)
+                   callbacks=inputs.callbacks, sources=sources)
     trainer = build_trainer(plan, cpus, storage, inputs.run_name, release.register_run(registry, run_key),
                             dev is not None)
     started = time.perf_counter()
@@ -184,10 +186,23 @@ def _fit(run: RunConfig, inputs: _Inputs, hooks: TuneHooks, source, staging: Pat
     grouping_log += (result.metrics or {}).get("grouping") or []  # (the in-fit regroups' record)
     report_resume((result.metrics or {}).get("resumed"))
     best, best_metrics = best_checkpoint(result, dev)
-    return best, {"best": best_metrics, "last": result.metrics, "corpus": stats.__dict__,
+    mixture = {"sources": sources_record(run, sources, layouts, result.metrics)} if sources else {}
+    return best, {**mixture, "best": best_metrics, "last": result.metrics,
+                  "corpus": stats.record() if sources else stats.__dict__,
                   "num_examples": num_examples, "steps_per_epoch": spe, "grouping": grouping_log,
                   "data_prepared_before": prepared is not None, "fit_seconds": fit_seconds,
                   "objective_knobs": objective_knobs(run), "score_key": run.eval.score_key()}
+
+
+def sources_record(run: RunConfig, sources: tuple, layouts, last: Optional[dict]) -> list:
+    """A mixture's sources for metrics.json and the model card: each one's corpus, rows, objective, share of an
+    epoch's steps and the steps it got."""
+    subs, steps = run.source_runs(), ((last or {}).get("source_steps") or {})
+    planned = (layouts[0].info.get("sources") or {}) if layouts else {}
+    total = sum(planned.values()) or 1
+    return [{"name": s.name, "corpus": subs[s.name].data.corpus, "rows": s.rows,
+             "objective": subs[s.name].objective.name, "share": planned.get(s.name, 0) / total,
+             "steps": int(steps.get(s.name, 0))} for s in sources]
 
 
 def interrupted_detail(run: RunConfig, storage_path: Optional[str], run_name: str, registry, run_key: Optional[str],

@@ -59,6 +59,10 @@ def dry_run(run: RunConfig, overwrite: bool = False, storage_path: Optional[str]
                      f"{found.params:,} parameters, {found.trainable:,} trained){fits}")
     else:
         lines.append("memory a worker: not estimated (the model cannot be built without its weights here)")
+    if run.data.is_mixture:
+        lines += mixture_lines(run)
+        lines.append(f"output: {run.output_dir}")
+        return "\n".join(lines)
     examples = count_examples(run, sources)
     if examples is not None:
         spe, total = plan_steps(run, examples)
@@ -70,3 +74,23 @@ def dry_run(run: RunConfig, overwrite: bool = False, storage_path: Optional[str]
                      f"{t.num_workers}")
     lines.append(f"output: {run.output_dir}")
     return "\n".join(lines)
+
+
+def mixture_lines(run: RunConfig) -> list[str]:
+    """A mixture's plan: each source's examples, objective and steps an epoch (raycse.train.mixture.epoch_steps)."""
+    from raycse.data.dataset import resolve_sources
+    from raycse.train.mixture import epoch_steps
+
+    subs, t = run.source_runs(), run.train
+    counts = {n: count_examples(sub, None if sub.data.format == "hf" else resolve_sources(sub.data.corpus))
+              for n, sub in subs.items()}
+    if any(c is None for c in counts.values()):
+        return [f"data: {len(subs)} sources (counted when the run reads them); global batch {t.batch_size} x "
+                f"{t.num_workers}, one source a step ({run.data.mixing})"]
+    spe, total = plan_steps(run, list(counts.values()))
+    steps = epoch_steps(run, list(counts.values()))
+    return [f"data: {len(subs)} sources, one a step ({run.data.mixing}); global batch {t.batch_size} x {t.num_workers}; "
+            f"{spe:,} steps an epoch, {total:,} steps ({t.epochs} epoch(s)"
+            f"{', max_steps ' + str(t.max_steps) if t.max_steps else ''})"] + [
+        f"  source {n}: {counts[n]:,} usable examples, objective {subs[n].objective.name}, {int(k):,} steps an epoch "
+        f"({k / max(spe, 1):.0%})" for n, k in zip(subs, steps)]

@@ -58,7 +58,9 @@ def build_module(run: RunConfig, weights: bool = True) -> TrainModule:
     if run.train.fast_dropout and eager:
         use_fast_dropout(encoder.backbone)
     encoder.add_prompts(run.data.prompts)
-    objective = run.build_objective()
+    for name, sub in run.source_runs().items():  # (a mixture: each source's prompts, named after it)
+        encoder.add_source_prompts(name, sub.data.prompts)
+    objective = build_objective(run)
     objective.setup(encoder)  # (before the adapters: SG-OPT's frozen copy is the plain backbone)
     if run.train.gradient_checkpointing:  # (after the frozen copy, which has no gradients to save memory for)
         encoder.enable_gradient_checkpointing()
@@ -66,15 +68,33 @@ def build_module(run: RunConfig, weights: bool = True) -> TrainModule:
         encoder.backbone = add_lora(encoder.backbone, run.model.lora)
     spec = run.objective.matryoshka()
     encoder.matryoshka_dims = list(spec.dims) if spec else None
-    multiple, prompts = pad_multiple(run), column_prompts(run, encoder.prompt(), objective, encoder.include_prompt)
-    for part in objective.modules():  # (HiCL's base objective collates too)
-        if isinstance(part, Objective):
-            part.pad_multiple, part.prompts = multiple, prompts
+    multiple = pad_multiple(run)
+    for sub, each in objectives_of(run, objective):
+        prompts = column_prompts(sub, encoder.prompt(), each, encoder.include_prompt)
+        for part in each.modules():  # (HiCL's base objective collates too)
+            if isinstance(part, Objective):
+                part.pad_multiple, part.prompts = multiple, prompts
     module = TrainModule(encoder, objective)
     stored = next(encoder.backbone.parameters()).dtype
     if stored != torch.float32:  # (--model-dtype bf16, or auto on a 16-bit checkpoint): the heads as the backbone
         module.to(stored)
     return module
+
+
+def build_objective(run: RunConfig) -> Objective:
+    """The run's objective; a mixture's (data.sources): each source's, by its source (raycse.objectives.by_source)."""
+    if not run.data.is_mixture:
+        return run.build_objective()
+    from raycse.objectives.by_source import BySource
+
+    return BySource({name: sub.build_objective() for name, sub in run.source_runs().items()})
+
+
+def objectives_of(run: RunConfig, objective: Objective) -> list[tuple[RunConfig, Objective]]:
+    """(the run it trains alone, the objective) of each objective in ``objective``: the run's own, or each source's."""
+    if not run.data.is_mixture:
+        return [(run, objective)]
+    return [(sub, objective.parts[name]) for name, sub in run.source_runs().items()]
 
 
 def export_encoder(run: RunConfig) -> Callable[[dict], Encoder]:
@@ -139,8 +159,9 @@ def check_model_fits_objective(run: RunConfig, model_path: str) -> None:
     it and the run put before sentences fit the objective, the Matryoshka sizes fit its width, and the
     objective can train LoRA adapters and a sharded model where asked."""
     default, keeps_prompt = default_prompt_of(model_path)
-    objective = run.build_objective()
-    column_prompts(run, default, objective, keeps_prompt)
+    objective = build_objective(run)
+    for sub, each in objectives_of(run, objective):
+        column_prompts(sub, default, each, keeps_prompt)
     if run.model.lora:
         refusals = [(part.name, why) for part in objective.modules()
                     if isinstance(part, Objective) and (why := part.lora_refusal())]

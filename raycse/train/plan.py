@@ -14,13 +14,33 @@ from raycse.config import RunConfig
 from raycse.errors import DataError
 
 
-def plan_steps(run: RunConfig, num_examples: int) -> tuple[int, int]:
-    """(steps per epoch, total steps) of ``run`` on a corpus of ``num_examples``."""
+def plan_steps(run: RunConfig, num_examples) -> tuple[int, int]:
+    """(steps per epoch, total steps) of ``run`` on a corpus of ``num_examples``; a mixture's (``data.sources``):
+    ``num_examples`` has each source's count, and its epoch the steps of all its sources' batches."""
     t = run.train
+    if run.data.is_mixture:
+        return _mixture_steps(run, list(num_examples))
     spe = (num_examples // t.batch_size) // t.num_workers
     if spe == 0:
         raise DataError(f"corpus has {num_examples} usable examples, fewer than one global batch "
                         f"({t.batch_size} x {t.num_workers} workers); lower --batch-size or add text")
+    return spe, min(spe * t.epochs, t.max_steps or spe * t.epochs)
+
+
+def source_steps(run: RunConfig, counts: list) -> list[int]:
+    """Each source's steps alone: its batches of ``train.batch_size`` a worker, one a worker a step."""
+    t = run.train
+    steps = [(n // t.batch_size) // t.num_workers for n in counts]
+    for name, n, s in zip(run.data.sources, counts, steps):
+        if s == 0:
+            raise DataError(f"source {name} has {n} usable example(s), fewer than one global batch ({t.batch_size} x "
+                            f"{t.num_workers} workers); lower --batch-size, add rows, or drop the source")
+    return steps
+
+
+def _mixture_steps(run: RunConfig, counts: list) -> tuple[int, int]:
+    t = run.train
+    spe = sum(source_steps(run, counts))
     return spe, min(spe * t.epochs, t.max_steps or spe * t.epochs)
 
 
@@ -58,6 +78,19 @@ class FitPlan:
     references: Any = None
     progress: Any = None  # (RunRegistry, run key): rank 0 notes each logged step there (said on an interrupt)
     callbacks: tuple = ()  # the Python API's user callbacks (raycse.train.callbacks.Callback), run on rank 0
+    sources: tuple = ()  # a mixture's sources (SourceSpec), in data.sources' order; () for one corpus
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One source of a mixture as the workers see it: its name, its rows' ids (``offset`` on, ``rows`` of them)
+    and what its rows hold."""
+
+    name: str
+    offset: int
+    rows: int
+    pairs: bool
+    negatives: bool
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 
 from raycse.config import RunConfig
-from raycse.errors import ConfigError
+from raycse.errors import ConfigError, RaycseError
 from raycse.evaluation.selection import load_selection
 from raycse.model.encoder import resolve_model
 from raycse.platform import object_store
@@ -164,14 +164,24 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     if starts_private_ray():  # what torch sees here is all a private Ray could get: say so before starting it
         check_local_gpus(run.train, torch.cuda.device_count())
         check_local_cpus(run.train, os.cpu_count() or 1)
-    if not run.data.corpus:
+    if not run.data.corpus and not run.data.is_mixture:
         raise ConfigError("no corpus given: pass --corpus FILE (text, .jsonl or .parquet) or set data.corpus")
-    check_data_fits_objective(run)
-    sources = None if run.data.format == "hf" or in_memory else resolve_sources(run.data.corpus)  # a missing file
-    if sources:
-        check_not_empty(sources)
-    elif not in_memory:
-        check_hub_dataset(run.data)
+    if run.data.is_mixture and in_memory:
+        raise ConfigError("a corpus handed over as an object goes alone; give data.sources as paths or URIs")
+    by_source = {}
+    for name, sub in (run.source_runs() or {None: run}).items():
+        try:
+            check_data_fits_objective(sub)
+            found = None if sub.data.format == "hf" or in_memory else resolve_sources(sub.data.corpus)  # a missing file
+            if found:
+                check_not_empty(found)
+            elif not in_memory:
+                check_hub_dataset(sub.data)
+        except RaycseError as exc:
+            raise type(exc)(f"source {name}: {exc}" if name else str(exc)) from None
+        by_source[name] = found
+    sources = ([f for found in by_source.values() for f in found or []] or None if run.data.is_mixture
+               else by_source[None])
     refuse_credentials("--storage-path", storage_path)
     check_apart_from_output(run, storage_path)
     if storage_path and object_store.is_uri(storage_path):
@@ -181,9 +191,14 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     # a relative path means nothing in a worker's directory
     run = run.resolved({"model.name_or_path": model_path} if local_model else None)
     dev = load_selection(run.eval)  # the model-selection data (STS-B dev or BEIR)
-    run = check_models(run, model_path, text_sample(run, sources, dev))
-    if sources:
-        check_one_global_batch(run, sources)
+    first = next(iter(by_source))  # (a mixture: its first source's sentences)
+    run = check_models(run, model_path, text_sample(run.source_runs()[first] if first else run, by_source[first], dev))
+    for name, sub in (run.source_runs() or {None: run}).items():
+        if by_source[name]:
+            try:
+                check_one_global_batch(sub, by_source[name])
+            except RaycseError as exc:
+                raise type(exc)(f"source {name}: {exc}" if name else str(exc)) from None
     check_model_fits_objective(run, model_path)
     check_fits(run, model_path)  # (each worker's memory, estimated)
     remote = run.output_dir if object_store.is_uri(run.output_dir) else None
@@ -251,6 +266,7 @@ def check_apart_from_output(run: RunConfig, storage_path: Optional[str]) -> None
 
     guide = run.model.guide if run.model.guide != INITIAL else None
     check_not_inside(run.output_dir, "--output",
-                     {"--corpus": run.data.corpus, "--model": run.model.name_or_path, "--teacher": run.model.teacher,
+                     {"--corpus": run.data.corpus, **{f"--source {n}": s.get("corpus") for n, s in run.data.sources.items()},
+                      "--model": run.model.name_or_path, "--teacher": run.model.teacher,
                       "--guide": guide, "--stsb-dev": run.eval.resolved_stsb_dev(), "--eval-metric": directory},
                      writes={"--storage-path": storage_path})

@@ -36,6 +36,10 @@ def load_run_corpus(run: RunConfig, source=None, paths: Optional[list] = None):
     from raycse.data.dataset import load_corpus
     from raycse.platform.capacity import CpuWait
 
+    if run.data.is_mixture:  # (each source as its own run reads it, numbered one after the other)
+        from raycse.train.mixture import load_sources
+
+        return load_sources(run)
     t = run.train
     wait = CpuWait(t.worker_start_timeout_s * t.worker_start_attempts, knob="train.worker_start_timeout_s")
     return load_corpus(run.data, t.seed, expand=row_expander(run), shuffle=run.grouping.strategy != "none",
@@ -69,6 +73,7 @@ class PreparedData:
     layouts: list  # raycse.grouping.layout.Layout per epoch
     grouping_log: list
     references: dict  # the teacher's and guide's vectors by row id (ObjectRefs): prepare_references
+    sources: tuple = ()  # a mixture's sources (raycse.train.plan.SourceSpec)
 
 
 def prepare_data(run: RunConfig) -> Optional[PreparedData]:
@@ -84,7 +89,16 @@ def prepare_data(run: RunConfig) -> Optional[PreparedData]:
     model_path = resolve_model(run.model.name_or_path, run.model.trust_remote_code)
     layouts, logs = lay_out_epochs(run, corpus, spe, total, model_path)
     return PreparedData(data_key(run), corpus.stats, corpus.num_examples, corpus.blocks, layouts, logs,
-                        prepare_references(run, corpus, model_path))
+                        prepare_references(run, corpus, model_path), source_specs(run, corpus))
+
+
+def source_specs(run: RunConfig, corpus) -> tuple:
+    """A mixture's sources as its workers take them (raycse.train.mixture.specs); () for one corpus."""
+    if not run.data.is_mixture:
+        return ()
+    from raycse.train.mixture import specs
+
+    return specs(run, corpus)
 
 
 def read_corpus(run: RunConfig, prepared: Optional[PreparedData], source=None, paths: Optional[list] = None):
@@ -92,7 +106,8 @@ def read_corpus(run: RunConfig, prepared: Optional[PreparedData], source=None, p
     corpus = None if prepared is not None else load_run_corpus(run, source, paths)
     stats = prepared.stats if prepared is not None else corpus.stats
     num_examples = prepared.num_examples if prepared is not None else corpus.num_examples
-    print(f"[raycse] corpus {run.data.corpus}: {stats.summary()}"
+    what = f"sources {stats.summary()}" if run.data.is_mixture else f"corpus {run.data.corpus}: {stats.summary()}"
+    print(f"[raycse] {what}"
           + (" (read and laid out once for this experiment)" if prepared is not None else ""), flush=True)
     repeated = stats.repetition_warning(run.data.dedup)
     if repeated:
@@ -106,7 +121,22 @@ def read_corpus(run: RunConfig, prepared: Optional[PreparedData], source=None, p
 def lay_out_epochs(run: RunConfig, corpus, spe: int, total: int, embed_from: str) -> tuple[list, list]:
     """The fit's epochs as layouts of row ids (raycse.grouping.layout) and each epoch's grouping log.
     Strategies that group by embeddings embed the corpus once, with ``embed_from``."""
-    from raycse.grouping import layouts, plan_epoch
+    from raycse.grouping import layouts
+
+    if run.data.is_mixture:
+        from raycse.train.mixture import lay_out_mixture
+
+        return lay_out_mixture(run, corpus, spe, total, embed_from)
+    plan = epoch_planner(run, corpus, embed_from)
+    plans = [plan(epoch, epoch * spe, total - epoch * spe) for epoch in planned_epochs(run, spe, total)]
+    return layouts(plans), [{"epoch": p.epoch, **p.info} for p in plans]
+
+
+def epoch_planner(run: RunConfig, corpus, embed_from: str, say: str = ""):
+    """``plan(epoch, first_step, max_steps)``: one epoch of ``run``'s grouping on ``corpus`` packed into batches
+    (raycse.grouping.plan_epoch), said in the log (``say``: whose); embeddings, where the grouping needs them, made
+    once with ``embed_from``."""
+    from raycse.grouping import plan_epoch
     from raycse.grouping.embed import check_room_to_group, embed_corpus, grouping_prompt_name
     from raycse.model.encoder import embedding_width_of
 
@@ -117,18 +147,18 @@ def lay_out_epochs(run: RunConfig, corpus, spe: int, total: int, embed_from: str
                              run.grouping.embed_batch_size, t.use_gpu, t.precision, run.grouping.by,
                              t.gpu_share or 1.0, grouping_prompt_name(prompts, run.grouping.by), prompts,
                              dtype="auto", trust_remote_code=run.model.trust_remote_code))
-    plans = []
-    for epoch in planned_epochs(run, spe, total):
-        first = epoch * spe
-        plan = plan_epoch(corpus, run.grouping, t.batch_size, t.num_workers, t.seed, epoch, first,
-                          vectors=vectors, max_steps=total - first)
-        plans.append(plan)
+
+    def plan(epoch: int, first: int, max_steps):
+        planned = plan_epoch(corpus, run.grouping, t.batch_size, t.num_workers, t.seed, epoch, first,
+                             vectors=vectors, max_steps=max_steps)
         if run.grouping.strategy not in ("random", "none"):
-            print(f"[raycse] epoch {epoch}: {run.grouping.strategy} grouping: {plan.info['groups']} groups, "
-                  f"mean size {plan.info['mean_group_size']:.2f}, {plan.info['split_groups']} split"
-                  + (f", kNN {plan.info['knn_method']} recall {plan.info['knn_recall']:.3f}"
-                     if plan.info.get("knn_recall") is not None else ""), flush=True)
-    return layouts(plans), [{"epoch": p.epoch, **p.info} for p in plans]
+            print(f"[raycse] {say}epoch {epoch}: {run.grouping.strategy} grouping: {planned.info['groups']} groups, "
+                  f"mean size {planned.info['mean_group_size']:.2f}, {planned.info['split_groups']} split"
+                  + (f", kNN {planned.info['knn_method']} recall {planned.info['knn_recall']:.3f}"
+                     if planned.info.get("knn_recall") is not None else ""), flush=True)
+        return planned
+
+    return plan
 
 
 def fit_data(run: RunConfig, corpus, prepared, spe: int, total: int, model_path: str) -> tuple:

@@ -24,6 +24,26 @@ class Progress:
     seen: int = 0
     to_step_10: Optional[float] = None  # seconds this fit took to its 10th step
     places: list = field(default_factory=list)  # every rank's (Ray node, GPU ids)
+    sources: tuple = ()  # a mixture's source names (data.sources), by index
+    source_window: list = field(default_factory=list)  # each step's source since the last checkpoint, as ``window``
+    source_steps: dict = field(default_factory=dict)  # each source's steps so far (restored on resume)
+
+    def note_source(self, batch: dict) -> None:
+        """A mixture's step: which source its batch came from (raycse.objectives.by_source)."""
+        index = batch.get("source")
+        if index is not None:
+            self.source_window.append(int(index))
+            name = self.sources[int(index)]
+            self.source_steps[name] = self.source_steps.get(name, 0) + 1
+
+    def source_losses(self, last: Optional[int] = None) -> dict:
+        """Each source's mean loss over the window's steps (its ``last`` ones), by name; {} for one corpus."""
+        losses, marks = (self.window, self.source_window) if last is None else (self.window[-last:],
+                                                                                self.source_window[-last:])
+        by: dict = {}
+        for loss, index in zip(losses, marks):
+            by.setdefault(self.sources[index], []).append(loss)
+        return {name: sum(v) / len(v) for name, v in by.items()}
 
     @property
     def speed(self) -> float:
@@ -33,10 +53,12 @@ class Progress:
                            total_steps: int, memory: dict) -> dict:
         """A checkpoint's metrics (``last``: the step's loss diagnostics; ``memory``: the device's peaks);
         closes the loss window."""
+        by_source = self.source_losses()
         if self.window:
             self.history.append(sum(self.window) / len(self.window))
-            self.window = []
-        return {"step": self.step, "epoch": epoch, "loss": self.history[-1], "loss_history": list(self.history),
+            self.window, self.source_window = [], []
+        mixture = {"source_losses": by_source, "source_steps": dict(self.source_steps)} if self.sources else {}
+        return {**mixture, "step": self.step, "epoch": epoch, "loss": self.history[-1], "loss_history": list(self.history),
                 "worker_nodes": [node for node, _ in self.places], "worker_gpus": [gpus for _, gpus in self.places],
                 "resumed": self.resumed, **({"grouping": list(grouping_log)} if grouping_log else {}),
                 "train_examples_per_s": self.speed, "train_seconds": self.train_time,

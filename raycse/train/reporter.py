@@ -97,8 +97,13 @@ class Reporter:
             return
         recent, (extra, said) = p.window[-every:], step_notes(out.metrics if out is not None else {})
         loss, lr = sum(recent) / len(recent), self.engine.lr
+        by_source = p.source_losses(len(recent))
+        said += "".join(f", {name} {by_source[name]:.4f} (its step {p.source_steps.get(name, 0)})"
+                        for name in p.sources if name in by_source)
         log.info(step_line(p.step, total, epoch, loss, lr, p.speed) + said)  # (the console's bar reads it back)
-        metrics = {"loss": loss, "lr": lr, "examples_per_s": p.speed, "epoch": epoch, **extra}
+        metrics = {"loss": loss, "lr": lr, "examples_per_s": p.speed, "epoch": epoch, **extra,
+                   **{f"loss_{name}": value for name, value in by_source.items()},
+                   **{f"steps_{name}": count for name, count in p.source_steps.items()}}
         self.tlog.log(metrics, p.step)
         self.hooks.on_step(p.step, metrics)
         if self.plan.progress is not None:  # (not waited for: a note, not a report)
