@@ -161,6 +161,8 @@ def inputs(tmp_path_factory):
 def _cases(i: dict) -> list:
     m, c, d, r = str(i["model"]), str(i["corpus"]), str(i["dev"]), i["root"]
     train = ["train", "--model", m, "--corpus", c, "--stsb-dev", d, "--output", "out", "--max-steps", "2"]
+    mix = ["train", "--model", m, "--source", f"wiki={c}", "--source", f"sts={d}", "--set", "data.sources.sts.format=stsb",
+           "--set", "data.sources.sts.objective=bsc", "--stsb-dev", d, "--output", "out", "--max-steps", "2"]
     mine = ["mine", "--corpus", str(i["pairs"]), "--text-column", "q", "--pair-column", "a", "--model", m,
             "--output", "mined.jsonl"]
     ev = ["eval", m, "--stsb-dev", d]
@@ -327,6 +329,14 @@ def _cases(i: dict) -> list:
          "--sharding fsdp does not regroup in the fit", None),
         ([*train, "--set", "train.fsdp_offload=cpu"], "train.fsdp_offload applies to sharded runs only", None),
         ([*train, "--grouping", "broken_syntax:X"], "failed while its module was imported", plugin_path),
+        # issue 108: a mixture's sources
+        (mix + ["--source", f"blank={r / 'blank.txt'}"], "source blank: the corpus has no usable text", None),
+        (mix + ["--set", "data.sources.wiki.share=0", "--set", "data.sources.sts.share=0"],
+         "the sources' shares sum to 0", None),
+        (mix + ["--set", "data.sources.stsx.share=0.5"], "names an unknown source 'stsx'", None),
+        (mix + ["--set", "data.sources.sts.objective=sgopt"], "source sts: objective 'sgopt' trains on single sentences",
+         None),
+        (mix + ["--corpus", c], "data.corpus and data.sources are both set", None),
     ]
 
 

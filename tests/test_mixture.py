@@ -1,0 +1,253 @@
+"""Issue 108: training on a mixture of sources (data.sources), one source a batch.
+
+The mixing rules are checked against their formulas written out here; the step against each source's objective
+trained alone; the mixture of one source against the corpus alone, batch by batch and weight by weight (below Ray
+Train, in this process); and one 2-worker fit for what only a fit shows (every worker on the same source each
+step, the record in metrics.json, the card and the saved prompts)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import make_sentences, write_stsb
+from raycse.config import RunConfig, set_dotted
+from raycse.errors import ConfigError
+from raycse.grouping import mixing
+
+
+def _mixture(model, text: Path, pairs: Path, **extra) -> RunConfig:
+    run = RunConfig()
+    run.model.name_or_path, run.model.max_length = str(model), 32
+    run.train.batch_size = 8
+    for key, value in {"data.sources.wiki.corpus": str(text), "data.sources.sts.corpus": str(pairs),
+                       "data.sources.sts.format": "stsb", "data.sources.sts.objective": "bsc", **extra}.items():
+        set_dotted(run, key, value)
+    return run.resolved()
+
+
+# ----------------------------------------------------------------------------------------------- the plan
+@pytest.mark.parametrize("rule", ["proportional", "round_robin", "temperature"])
+@pytest.mark.parametrize("given", [None, (0.6, None, None), (0.1, 0.3, 0.6)])
+def test_each_sources_steps_are_its_share_to_within_one_step(rule, given):
+    """p_i by the rule's formula (proportional n_i / sum n, round robin 1/k, temperature n_i^(1/T) normalised),
+    explicit shares taken as given and the rest shared by the rule; each source's steps within one of p_i * total."""
+    examples, own, t = [900, 300, 60], [28, 9, 1], 3.0
+    total = sum(own)
+    if rule == "proportional":
+        base = [n / sum(examples) for n in examples]
+    elif rule == "round_robin":
+        base = [1 / 3] * 3
+    else:
+        powered = [n ** (1 / t) for n in examples]
+        base = [x / sum(powered) for x in powered]
+    if given is None:
+        want = base
+    elif all(g is not None for g in given):
+        want = [g / sum(given) for g in given]
+    else:
+        free = sum(b for b, g in zip(base, given) if g is None)
+        left = 1 - sum(g for g in given if g is not None)
+        want = [g if g is not None else left * b / free for b, g in zip(base, given)]
+    steps = mixing.planned_steps(own, mixing.shares(examples, rule, list(given) if given else None, t))
+    assert steps.sum() == total
+    for got, p in zip(steps, want):
+        assert abs(got - p * total) < 1, (rule, given, steps.tolist(), want)
+
+
+def test_every_step_takes_one_source_on_every_worker():
+    """Each step's batches (one a worker: batch b -> step b // W, rank b % W) hold rows of one source only, and the
+    step order uses each source's planned steps; round robin takes the sources in turn."""
+    offsets, world = np.array([0, 1000, 1500]), 2
+    counts = np.array([5, 3, 2])
+    own = [np.arange(o, o + k * world * 4).reshape(-1, 4) for o, k in zip(offsets, counts)]
+    for rule in ("proportional", "round_robin"):
+        order = mixing.step_sources(counts, rule, seed=3, epoch=1)
+        assert np.bincount(order, minlength=3).tolist() == counts.tolist()
+        batches = mix = mixing.mix(own, order, world)
+        assert len(mix) == counts.sum() * world
+        for step in range(counts.sum()):
+            ranks = [batches[step * world + r] for r in range(world)]
+            found = {int(np.searchsorted(offsets, i, side="right") - 1) for ids in ranks for i in ids}
+            assert found == {order[step]}
+            assert all(mixing.source_of(ids, offsets) == order[step] for ids in ranks)
+        if rule == "round_robin":
+            assert order[:6].tolist() == [0, 1, 2, 0, 1, 2]
+
+
+def test_sources_are_set_from_flags_and_keys_and_refused_in_one_line(tmp_path):
+    """--set data.sources.NAME.KEY reaches a source's settings, its objective and its knobs; what the source leaves out
+    is the run's (the run's objective knobs only where the source keeps the run's objective)."""
+    run = RunConfig()
+    set_dotted(run, "objective.tau", "0.07")
+    set_dotted(run, "data.sources.wiki.corpus", "a.txt")
+    set_dotted(run, "data.sources.sts.corpus", "b.csv")
+    set_dotted(run, "data.sources.sts.objective.name", "bsc")
+    set_dotted(run, "data.sources.sts.objective.mu", "0.5")
+    set_dotted(run, "data.sources.wiki.prompts.text", "query: ")
+    subs = run.resolved().source_runs()
+    assert (subs["wiki"].objective.name, subs["wiki"].objective.params) == ("simcse", {"tau": 0.07})
+    assert (subs["sts"].objective.name, subs["sts"].objective.params) == ("bsc", {"mu": 0.5})
+    assert subs["wiki"].data.prompts == {"text": "query: "} and subs["sts"].data.prompts == {}
+    for key, value, said in (("data.sources.nosuch.share", "0.5", "unknown source 'nosuch'"),
+                             ("data.sources.wiki.colour", "red", "unknown key data.sources.wiki.colour"),
+                             ("data.sources.wiki.share", "-1", "share must be a number >= 0"),
+                             ("data.sources.wiki.objective.tau", "-1", "data.sources.wiki: objective.tau must be > 0")):
+        bad = RunConfig()
+        set_dotted(bad, "data.sources.wiki.corpus", "a.txt")
+        with pytest.raises(ConfigError, match=said.replace("(", r"\(").replace(".", r"\.")):
+            set_dotted(bad, key, value)
+            bad.resolved()
+
+
+# ----------------------------------------------------------------------------------------------- the step
+def test_a_sources_loss_is_its_objectives_loss_on_the_batch_alone(tiny_model, tmp_path):
+    """The mixture's module gives a batch of a source exactly the loss that source's objective, in a run of that
+    source alone, gives the same batch (same weights, same dropout draws)."""
+    from raycse.train.batches import row_examples
+    from raycse.train.module import build_module
+
+    text = tmp_path / "wiki.txt"
+    text.write_text("\n".join(make_sentences(40, seed=3)) + "\n")
+    run = _mixture(tiny_model, text, write_stsb(tmp_path / "sts.csv", 40),
+                   **{"data.sources.sts.objective.tau": "0.1"})
+    mixed = build_module(run)
+    single = "\n".join(make_sentences(8, seed=5)).split("\n")
+    pairs = row_examples({"text": single, "pair": single[::-1], "score": [0.2 * i for i in range(8)]})
+    for index, (name, examples) in enumerate((("wiki", single), ("sts", pairs))):
+        alone = build_module(run.source_runs()[name])
+        alone.load_state_dict({k: v for k, v in mixed.state_dict().items() if not k.startswith("objective.")},
+                              strict=False)
+        batch = mixed.objective.collate_source(index, examples, mixed.encoder.tokenizer, 32)
+        assert batch["source"] == index
+        torch.manual_seed(11)
+        got = mixed(batch).loss
+        torch.manual_seed(11)
+        want = alone(alone.objective.collate(examples, alone.encoder.tokenizer, 32)).loss
+        assert torch.equal(got, want), (name, got, want)
+
+
+# ----------------------------------------------------------------------------------------------- with Ray
+def test_a_mixture_of_one_source_is_the_corpus_alone_batch_by_batch_and_weight_by_weight(ray_cluster, tiny_model,
+                                                                                           tmp_path):
+    """Read and laid out by the driver's own functions (Ray Data, in this process), a mixture of one source has the
+    corpus's batches, epoch by epoch; trained by the step engine on them, its losses and weights are the corpus
+    run's to the bit."""
+    import ray
+
+    from raycse.grouping.layout import CorpusTable, epoch_rows
+    from raycse.platform.process_state import seed_everything
+    from raycse.train.batches import row_examples
+    from raycse.train.module import build_module
+    from raycse.train.plan import plan_steps
+    from raycse.train.prepare import lay_out_epochs, load_run_corpus
+    from raycse.train.steps import StepEngine
+
+    text = tmp_path / "wiki.txt"
+    text.write_text("\n".join(make_sentences(70, seed=8)) + "\n")
+    runs = {}
+    for kind in ("corpus", "mixture"):
+        run = RunConfig()
+        run.model.name_or_path, run.model.max_length = str(tiny_model), 16
+        run.train.batch_size, run.train.epochs = 8, 2
+        set_dotted(run, "data.corpus" if kind == "corpus" else "data.sources.only.corpus", str(text))
+        runs[kind] = run.resolved()
+    seen = {}
+    for kind, run in runs.items():
+        corpus = load_run_corpus(run)
+        spe, total = plan_steps(run, corpus.num_examples)
+        layouts, _ = lay_out_epochs(run, corpus, spe, total, str(tiny_model))
+        table = CorpusTable(ray.get(list(corpus.blocks)))
+        seed_everything(run.train.seed)
+        module = build_module(run)
+        engine = StepEngine(run, module, torch.device("cpu"), total)
+        losses, batches = [], [layout.batches for layout in layouts]
+        for layout in layouts:
+            for row in epoch_rows(table, layout, 0, 1, layout.epoch * spe):
+                examples = row_examples(row)
+                batch = (module.objective.collate(examples, module.encoder.tokenizer, 16) if kind == "corpus" else
+                         module.objective.collate_source(0, examples, module.encoder.tokenizer, 16))
+                engine.step(batch, int(row["step"]))
+                losses.append(engine.read_losses(int(row["step"]) + 1)[0])
+        seen[kind] = (spe, total, batches, table.values("text"), losses, module.encoder.state_dict())
+    (spe, total, batches, texts, losses, weights), mixed = seen["corpus"], seen["mixture"]
+    assert (spe, total) == mixed[:2] == (8, 16)
+    assert all(np.array_equal(a, b) for a, b in zip(batches, mixed[2])) and texts == mixed[3]
+    assert losses == mixed[4] and len(losses) == 16
+    assert all(torch.equal(weights[k], mixed[5][k]) for k in weights)
+
+
+def _records(directory: Path) -> dict:
+    """(rank, step) -> the examples trained at that step, the last time (a restart trains some steps again)."""
+    out = {}
+    for rank in (0, 1):
+        for line in (directory / f"rank{rank}.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            out.setdefault((rank, r["step"]), []).append(r["examples"])
+    return out
+
+
+def test_a_two_worker_mixture_trains_one_source_a_step_and_resumes_where_it_stopped(ray_cluster, tiny_model,
+                                                                                    tmp_path):
+    """2 workers: at every step both take the same source (sentences, or scored pairs); each source gets the steps
+    its share plans; a worker killed mid-epoch, the run resumes from its checkpoint and trains each step on the
+    batches it had; metrics.json, the card and the saved prompts name the sources."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from raycse.train.driver import train
+
+    text = tmp_path / "wiki.txt"
+    text.write_text("\n".join(make_sentences(160, seed=4)) + "\n")
+    run = RunConfig()
+    run.model.name_or_path, run.model.max_length = str(tiny_model), 16
+    run.train.num_workers, run.train.cpus_per_worker, run.train.batch_size = 2, 1, 8
+    run.train.checkpoint_steps, run.train.log_steps, run.train.max_failures = 4, 100, 1
+    run.train.record_batches = str(tmp_path / "rec")
+    run.eval.stsb_dev, run.output_dir = "none", str(tmp_path / "out")
+    for key, value in {"data.sources.wiki.corpus": str(text), "data.sources.wiki.prompts.text": "query: ",
+                       "data.sources.sts.corpus": str(write_stsb(tmp_path / "sts.csv", 64)),
+                       "data.sources.sts.format": "stsb", "data.sources.sts.objective": "bsc",
+                       "data.sources.sts.share": "0.5"}.items():
+        set_dotted(run, key, value)
+    box = {}
+    thread = threading.Thread(target=lambda: box.update(result=train(run, storage_path=str(tmp_path / "ckpt"))))
+    thread.start()
+    killed_at, deadline, rec = None, time.time() + 240, tmp_path / "rec" / "rank1.jsonl"
+    while time.time() < deadline and thread.is_alive():
+        lines = rec.read_text().splitlines() if rec.is_file() else []
+        if lines and json.loads(lines[-1])["step"] >= 9:  # past the checkpoint of step 8
+            last = json.loads(lines[-1])
+            try:
+                os.kill(last["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            killed_at = last["step"]
+            break
+        time.sleep(0.05)
+    thread.join(timeout=300)
+    assert killed_at is not None, "the run finished before a worker could be killed"
+    m = box["result"].metrics
+    total = m["last"]["step"]
+    assert m["steps_per_epoch"] == 14 == total  # (160 // 8 // 2 = 10 steps of wiki, 64 // 8 // 2 = 4 of sts)
+    records = _records(tmp_path / "rec")
+    assert sorted({s for _, s in records}) == list(range(total))
+    kinds = {}
+    for (rank, step), tries in records.items():
+        assert all(t == tries[0] for t in tries), f"step {step} trained on other batches after the restart"
+        kinds.setdefault(step, set()).add("sts" if isinstance(tries[0][0], list) else "wiki")
+    assert all(len(k) == 1 for k in kinds.values())  # both workers on one source each step
+    steps = {name: sum(1 for k in kinds.values() if name in k) for name in ("wiki", "sts")}
+    assert steps == {"wiki": 7, "sts": 7}  # (share 0.5 of 14: the sts batches taken twice)
+    assert {s["name"]: s["steps"] for s in m["sources"]} == steps
+    assert {s["name"]: s["objective"] for s in m["sources"]} == {"wiki": "simcse", "sts": "bsc"}
+    saved = json.loads((tmp_path / "out" / "model" / "config_sentence_transformers.json").read_text())
+    assert saved["prompts"] == {"wiki": "query: "}
+    card = (tmp_path / "out" / "model" / "README.md").read_text()
+    assert "a mixture of 2 sources" in card and "`sts`" in card
