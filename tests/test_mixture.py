@@ -104,6 +104,30 @@ def test_sources_are_set_from_flags_and_keys_and_refused_in_one_line(tmp_path):
             bad.resolved()
 
 
+def test_the_command_line_and_a_search_space_reach_the_sources(tmp_path):
+    """--source NAME=PATH and --set data.sources.NAME.KEY make the sources; the shipped mixture space, its corpora
+    named with tune's --set run.data.sources.NAME.corpus, searches a source's share and each source's tau."""
+    from raycse.cli import build_parser, resolve_train_config
+    from raycse.tune.space import load_space
+
+    args = build_parser().parse_args(["train", "--source", "wiki=a.txt", "--source", "sts=b.csv", "--set",
+                                      "data.sources.sts.format=stsb", "--set", "data.sources.sts.share=0.25"])
+    run = resolve_train_config(args)
+    assert run.data.sources == {"wiki": {"corpus": "a.txt"}, "sts": {"corpus": "b.csv", "format": "stsb",
+                                                                     "share": 0.25}}
+    with pytest.raises(Exception, match="--source expects NAME=PATH"):
+        resolve_train_config(build_parser().parse_args(["train", "--source", "a.txt"]))
+    space = load_space("search_spaces/mixture.yaml", overrides=[("data.sources.wiki.corpus", "a.txt"),
+                                                                 ("data.sources.sts.corpus", "b.csv")])
+    run = space.run_config({"data.sources.wiki.share": 0.3, "data.sources.wiki.objective.tau": 0.07,
+                            "data.sources.sts.objective.tau": 0.03}, seed=2)
+    subs = run.source_runs()
+    assert run.data.sources["wiki"]["share"] == 0.3 and "share" not in run.data.sources["sts"]
+    assert (subs["wiki"].objective.name, subs["wiki"].objective.params["tau"]) == ("simcse", 0.07)
+    assert (subs["sts"].objective.name, subs["sts"].objective.params["tau"]) == ("bsc", 0.03)
+    assert subs["sts"].train.seed == 2 and subs["sts"].data.format == "stsb"
+
+
 # ----------------------------------------------------------------------------------------------- the step
 def test_a_sources_loss_is_its_objectives_loss_on_the_batch_alone(tiny_model, tmp_path):
     """The mixture's module gives a batch of a source exactly the loss that source's objective, in a run of that

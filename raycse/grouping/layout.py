@@ -75,3 +75,17 @@ def epoch_rows(table: CorpusTable, layout: Layout, rank: int, world: int, first_
         step = first_step + b // world
         if step >= from_step:
             yield table.row(layout.batches[b], step, layout.epoch)
+
+
+def row_examples(row: dict, pairs: Optional[bool] = None, negatives: Optional[bool] = None) -> list:
+    """One dataset row (a whole batch) -> the examples the objective collates: texts or pairs (with hard
+    negatives): as a mixture's source says, else as the row's columns say."""
+    from raycse.objectives.base import Pair
+
+    texts = list(row["text"])
+    if not (("pair" in row) if pairs is None else pairs):
+        return texts
+    scores = [None if s is None or s != s else float(s) for s in row["score"]]
+    if ("negatives" in row) if negatives is None else negatives:  # triplets: hard negatives with each pair
+        return [Pair(t, p, s, tuple(n)) for t, p, s, n in zip(texts, list(row["pair"]), scores, list(row["negatives"]))]
+    return [Pair(t, p, s) for t, p, s in zip(texts, list(row["pair"]), scores)]

@@ -12,30 +12,16 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator
 
 import numpy as np
 import torch
 
-from raycse.grouping.layout import CorpusTable, epoch_rows
+from raycse.grouping.layout import CorpusTable, epoch_rows, row_examples
 from raycse.grouping.mixing import source_of
-from raycse.objectives.base import Pair
 from raycse.platform.ray_session import fetch
 from raycse.train import ahead, regroup
 from raycse.train.plan import FitPlan
-
-
-def row_examples(row: dict, pairs: Optional[bool] = None, negatives: Optional[bool] = None) -> list:
-    """One dataset row (a whole batch) -> the examples the objective collates: texts or pairs. ``pairs`` and
-    ``negatives``: whether the rows are pairs and have hard negatives (a mixture's source says; by default, the
-    columns the row has)."""
-    texts = list(row["text"])
-    if not (("pair" in row) if pairs is None else pairs):
-        return texts
-    scores = [None if s is None or s != s else float(s) for s in row["score"]]
-    if ("negatives" in row) if negatives is None else negatives:  # triplets: hard negatives with each pair
-        return [Pair(t, p, s, tuple(n)) for t, p, s, n in zip(texts, list(row["pair"]), scores, list(row["negatives"]))]
-    return [Pair(t, p, s) for t, p, s in zip(texts, list(row["pair"]), scores)]
 
 
 def reference_rows(references: dict, ids, corpus_rows: int) -> dict:
@@ -112,11 +98,11 @@ class BatchSource:
 
     def collate(self, row: dict, tokenizer) -> tuple[list, dict]:
         """A row -> (its examples, the objective's batch of tensors, with the row's reference vectors)."""
-        sources, length = self.plan.sources, self.plan.run.model.max_length
+        length, sources = self.plan.run.model.max_length, self.plan.sources
         if sources:  # a mixture: the batch's source collates it (its rows are of one source)
-            index = source_of(row["ids"], self.offsets)
-            examples = row_examples(row, sources[index].pairs, sources[index].negatives)
-            return examples, self.objective.collate_source(index, examples, tokenizer, length)
+            i = source_of(row["ids"], self.offsets)
+            examples = row_examples(row, sources[i].pairs, sources[i].negatives)
+            return examples, self.objective.collate_source(i, examples, tokenizer, length)
         examples = row_examples(row)
         batch = self.objective.collate(examples, tokenizer, length)
         if self.references():

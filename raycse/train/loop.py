@@ -26,7 +26,7 @@ from raycse.platform.ray_session import setup_ray_data
 from raycse.train import ahead
 from raycse.train.batches import BatchSource
 from raycse.train.checkpoints.in_fit import Checkpointer, checkpoint_rank, CHECKPOINT_RANK
-from raycse.train.module import build_module, compile_module, unwrap, worker_device
+from raycse.train.module import build_module, compile_module, prepare_data_parallel, worker_device
 from raycse.train.plan import FitPlan
 from raycse.train.profile import StepProfiler, describe, fit_window, span
 from raycse.train.progress import Progress
@@ -40,7 +40,6 @@ class WorkerRun:
 
     def __init__(self, plan: FitPlan):
         import ray.train
-        import ray.train.torch
 
         self.plan, run = plan, plan.run
         ctx = ray.train.get_context()
@@ -57,11 +56,7 @@ class WorkerRun:
                                       self.world_size, resolve_precision(run.train.precision, device),
                                       run.train.fsdp_offload)
         else:
-            module = compile_module(build_module(run), run.train.compile_mode)
-            # a mixture's step trains one source's objective: the others' own parameters get no gradient then
-            unused = run.data.is_mixture and any(p.requires_grad for p in unwrap(module).objective.parameters())
-            module = ray.train.torch.prepare_model(module, move_to_device=device, parallel_strategy_kwargs=(
-                {"find_unused_parameters": True} if unused else None))
+            module = prepare_data_parallel(compile_module(build_module(run), run.train.compile_mode), run, device)
         seed_everything(run.train.seed + 1000 * self.rank)
         self.engine = StepEngine(run, module, device, plan.total_steps)
         self.progress = Progress(sources=tuple(s.name for s in plan.sources))
@@ -79,7 +74,7 @@ class WorkerRun:
         p, key = self.progress, self.reporter.key
         p.step, p.history, p.initial = int(state["step"]), list(state["loss_history"]), state.get("initial")
         p.resumed = {"step": p.step, "path": path, "skipped": skipped}  # (the driver says it after the fit)
-        p.source_steps = dict(state.get("source_steps") or {})
+        p.source_steps = dict(state.get("source_steps") or {})  # (a mixture's)
         self.reporter.post(p.step, state.get(key), state.get(GOALS, {}))  # scored before the restart; maybe unread
 
     def due(self, step: int) -> tuple[bool, bool]:

@@ -53,14 +53,12 @@ class MixedCorpus:
         return [c.num_examples for c in self.corpora.values()]
 
 
-def load_sources(run: RunConfig) -> MixedCorpus:
-    """Each source of ``run`` read as its own run reads its corpus (raycse.train.prepare.load_run_corpus), then
-    numbered after the sources before it."""
+def load_sources(run: RunConfig, load) -> MixedCorpus:
+    """Each source of ``run`` read as its own run reads its corpus (``load(run)``: raycse.train.prepare's
+    load_run_corpus), then numbered after the sources before it."""
     import ray
 
-    from raycse.train.prepare import load_run_corpus
-
-    corpora = {name: load_run_corpus(sub) for name, sub in run.source_runs().items()}
+    corpora = {name: load(sub) for name, sub in run.source_runs().items()}
     counts = [c.num_examples for c in corpora.values()]
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     shift = ray.remote(scheduling_strategy="DEFAULT")(_shifted)
@@ -94,16 +92,16 @@ def epoch_steps(run: RunConfig, counts: list) -> np.ndarray:
     return mixing.planned_steps(source_steps(run, counts), share)
 
 
-def lay_out_mixture(run: RunConfig, corpus: MixedCorpus, spe: int, total: int, embed_from: str) -> tuple[list, list]:
+def lay_out_mixture(run: RunConfig, corpus: MixedCorpus, spe: int, total: int, planner) -> tuple[list, list]:
     """The fit's epochs as layouts (raycse.grouping.layout.Layout), every step's batches of one source, and each
-    epoch's record: the steps each source got, and each source's grouping. A source planned more steps than its
-    batches make takes its order again, grouped with the next seed (epoch ``e + k * train.epochs``)."""
+    epoch's record: the steps each source got, and each source's grouping. ``planner(run, corpus, say)``: a source's
+    epoch planner (raycse.train.prepare.epoch_planner). A source planned more steps than its batches make takes its
+    order again, grouped with the next seed (epoch ``e + k * train.epochs``)."""
     from raycse.grouping import mixing
     from raycse.grouping.layout import Layout
-    from raycse.train.prepare import epoch_planner
 
     subs, names = run.source_runs(), list(corpus.corpora)
-    planners = {n: epoch_planner(subs[n], corpus.corpora[n], embed_from, say=f"source {n}: ") for n in names}
+    planners = {n: planner(subs[n], corpus.corpora[n], f"source {n}: ") for n in names}
     counts, w = corpus.num_examples, run.train.num_workers
     steps = epoch_steps(run, counts)
     out, logs = [], []

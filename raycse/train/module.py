@@ -81,6 +81,16 @@ def build_module(run: RunConfig, weights: bool = True) -> TrainModule:
     return module
 
 
+def prepare_data_parallel(module: nn.Module, run: RunConfig, device: torch.device) -> nn.Module:
+    """``module`` on ``device`` under DDP (Ray Train's prepare_model). A mixture's step trains one source's objective,
+    so the other sources' own parameters (a learned tau) get no gradient in it: DDP is told to expect that."""
+    import ray.train.torch
+
+    unused = run.data.is_mixture and any(p.requires_grad for p in unwrap(module).objective.parameters())
+    return ray.train.torch.prepare_model(module, move_to_device=device, parallel_strategy_kwargs=(
+        {"find_unused_parameters": True} if unused else None))
+
+
 def build_objective(run: RunConfig) -> Objective:
     """The run's objective; a mixture's (data.sources): each source's, by its source (raycse.objectives.by_source)."""
     if not run.data.is_mixture:

@@ -39,7 +39,7 @@ def load_run_corpus(run: RunConfig, source=None, paths: Optional[list] = None):
     if run.data.is_mixture:  # (each source as its own run reads it, numbered one after the other)
         from raycse.train.mixture import load_sources
 
-        return load_sources(run)
+        return load_sources(run, load_run_corpus)
     t = run.train
     wait = CpuWait(t.worker_start_timeout_s * t.worker_start_attempts, knob="train.worker_start_timeout_s")
     return load_corpus(run.data, t.seed, expand=row_expander(run), shuffle=run.grouping.strategy != "none",
@@ -126,7 +126,8 @@ def lay_out_epochs(run: RunConfig, corpus, spe: int, total: int, embed_from: str
     if run.data.is_mixture:
         from raycse.train.mixture import lay_out_mixture
 
-        return lay_out_mixture(run, corpus, spe, total, embed_from)
+        return lay_out_mixture(run, corpus, spe, total,
+                               lambda sub, part, say: epoch_planner(sub, part, embed_from, say))
     plan = epoch_planner(run, corpus, embed_from)
     plans = [plan(epoch, epoch * spe, total - epoch * spe) for epoch in planned_epochs(run, spe, total)]
     return layouts(plans), [{"epoch": p.epoch, **p.info} for p in plans]

@@ -49,6 +49,15 @@ class Progress:
     def speed(self) -> float:
         return self.seen / max(self.train_time, 1e-9)
 
+    def source_notes(self, last: int) -> tuple[dict, str]:
+        """A mixture's log step: each source's mean loss over the ``last`` steps and its steps so far, as tracked
+        metrics and as the log line's end; ({}, "") for one corpus."""
+        losses = self.source_losses(last)
+        said = "".join(f", {n} {losses[n]:.4f} (its step {self.source_steps.get(n, 0)})" for n in self.sources
+                       if n in losses)
+        return {**{f"loss_{n}": v for n, v in losses.items()},
+                **{f"steps_{n}": k for n, k in self.source_steps.items()}}, said
+
     def checkpoint_metrics(self, epoch: int, last: dict, grouping_log: list, profile: Optional[dict],
                            total_steps: int, memory: dict) -> dict:
         """A checkpoint's metrics (``last``: the step's loss diagnostics; ``memory``: the device's peaks);

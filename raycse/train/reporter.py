@@ -78,10 +78,9 @@ class Reporter:
     def log_start(self, remembered: bool) -> None:
         """Rank 0's first lines: the machine and kernels, then the run's shape and starting score."""
         log.setLevel(logging.INFO)
-        if self.rank == 0:
-            for line in start_lines(self.plan, self.world_size, self.progress, self.engine, self.eval_dtype, self.dev,
-                                    remembered):
-                log.info(line)
+        for line in start_lines(self.plan, self.world_size, self.progress, self.engine, self.eval_dtype, self.dev,
+                                remembered) if self.rank == 0 else ():
+            log.info(line)
 
     def note_warmup(self, started: float) -> None:
         """The time this fit took to its 10th step (first shapes, kernel choice, allocator warm-up)."""
@@ -96,14 +95,9 @@ class Reporter:
         if self.rank != 0 or not (p.step % every == 0 or p.step == total):
             return
         recent, (extra, said) = p.window[-every:], step_notes(out.metrics if out is not None else {})
-        loss, lr = sum(recent) / len(recent), self.engine.lr
-        by_source = p.source_losses(len(recent))
-        said += "".join(f", {name} {by_source[name]:.4f} (its step {p.source_steps.get(name, 0)})"
-                        for name in p.sources if name in by_source)
-        log.info(step_line(p.step, total, epoch, loss, lr, p.speed) + said)  # (the console's bar reads it back)
-        metrics = {"loss": loss, "lr": lr, "examples_per_s": p.speed, "epoch": epoch, **extra,
-                   **{f"loss_{name}": value for name, value in by_source.items()},
-                   **{f"steps_{name}": count for name, count in p.source_steps.items()}}
+        loss, lr, (by_source, of_sources) = sum(recent) / len(recent), self.engine.lr, p.source_notes(len(recent))
+        log.info(step_line(p.step, total, epoch, loss, lr, p.speed) + said + of_sources)  # (the console's bar reads it)
+        metrics = {"loss": loss, "lr": lr, "examples_per_s": p.speed, "epoch": epoch, **extra, **by_source}
         self.tlog.log(metrics, p.step)
         self.hooks.on_step(p.step, metrics)
         if self.plan.progress is not None:  # (not waited for: a note, not a report)

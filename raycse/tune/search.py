@@ -163,14 +163,16 @@ def _checked_run(space: SearchSpace):
     from raycse.train.preflight import check_data_fits_objective
 
     run = space.run_config({})
-    if not run.data.corpus:
+    if not run.data.corpus and not run.data.is_mixture:
         raise ConfigError(f"{space.path}: run.data.corpus is not set; pass --corpus FILE or name the training "
                           f"corpus in the space file")
-    check_data_fits_objective(run)
+    alone = list(run.source_runs().values()) or [run]  # (a mixture: each source as its own run)
+    for each in alone:
+        check_data_fits_objective(each)
     model_path = resolve_model(run.model.name_or_path, run.model.trust_remote_code)
     # the teacher and the guide as the student (each trial's own run checks them again, after its knobs)
-    sources = None if run.data.format == "hf" else resolve_sources(run.data.corpus)
-    check_models(run, model_path, text_sample(run, sources, None))
+    sources = [None if each.data.format == "hf" else resolve_sources(each.data.corpus) for each in alone]
+    check_models(run, model_path, text_sample(alone[0], sources[0], None))
     if run.eval.selection()[0] == "stsb_dev":
         from raycse.evaluation.selection import stsb_dev
 

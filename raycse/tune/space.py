@@ -215,7 +215,10 @@ def with_run_settings(raw: dict, corpus: Optional[str] = None, overrides: Sequen
     if corpus:
         run.setdefault("data", {})["corpus"] = corpus
     for key, text in overrides:
-        cfg = RunConfig()
+        try:  # (on the space's own run: a key of one of its sources names a source it has)
+            cfg = RunConfig.from_dict(copy.deepcopy(run))
+        except ConfigError:  # (said when the space is read)
+            cfg = RunConfig()
         try:
             set_dotted(cfg, key, text)
             value = get_dotted(cfg, key)
