@@ -311,3 +311,26 @@ def test_bsc_unsupervised_sentences_become_symmetric_simcse(tiny_model):
     assert batch["q_key"][0] == batch["q_key"][2] != batch["q_key"][1]  # duplicates found by text
     with pytest.raises(ConfigError, match="mu < 1 needs scored pairs"):
         _bsc(mu=0.5).collate(["a", "b"], tok, 16)
+
+
+def test_a_checkpoint_with_the_earlier_0d_learned_scale_resumes():
+    """BSC's learned scale is 1-d (FSDP2 shards no 0-d parameter); a checkpoint of an earlier release, its scale and
+    AdamW's moments 0-d, loads into it and the next step runs."""
+    import torch
+
+    from raycse.objectives.bsc import BSC, BSCParams
+    from raycse.train.checkpoints.files import shape_state_as_parameters
+
+    obj = BSC(BSCParams(trainable_tau=True))
+    assert obj.scale.shape == (1,)
+    obj.load_state_dict({"scale": torch.tensor(1.25)})
+    assert obj.scale.tolist() == [1.25]
+    opt = torch.optim.AdamW(obj.parameters(), lr=0.1)
+    old = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.tensor(0.5), "exp_avg_sq": torch.tensor(0.25)}},
+           "param_groups": [{**{k: v for k, v in opt.param_groups[0].items() if k != "params"}, "params": [0]}]}
+    opt.load_state_dict(old)
+    shape_state_as_parameters(opt)
+    assert opt.state[obj.scale]["exp_avg"].shape == (1,) and opt.state[obj.scale]["step"].shape == ()
+    obj.scale.grad = torch.ones(1)
+    opt.step()
+    assert obj.scale.shape == (1,) and obj.scale.item() != 1.25

@@ -30,12 +30,23 @@ def _run(model: str, objective: str, sharding: str = "ddp", workers: int = 1):
     run.model.name_or_path, run.model.pooling, run.objective.name = model, pooling, objective
     run.train.precision, run.train.length_buckets, run.train.unpad = "fp32", 1, False  # (FSDP: padded, as here)
     run.train.sharding, run.train.num_workers = sharding, workers
+    if objective == "mixture":  # (issue 108: SimCSE on sentences beside BSC, its tau learned, on scored pairs)
+        run.objective.name = "simcse"
+        run.data.sources = {"wiki": {"corpus": "wiki.txt"}, "sts": {"corpus": "sts.csv", "format": "stsb",
+                                                                   "objective": {"name": "bsc", "trainable_tau": True}}}
     return run.resolved()
 
 
 def _batch(engine, step: int, rank: int, rows: int):
+    from raycse.objectives.base import Pair
+
     texts = make_sentences(64, seed=3, min_len=4)[step * 8 + rank * rows: step * 8 + rank * rows + rows]
-    return engine.core.objective.collate(texts, engine.core.encoder.tokenizer, 32)
+    objective, tokenizer = engine.core.objective, engine.core.encoder.tokenizer
+    if not engine.run.data.is_mixture:
+        return objective.collate(texts, tokenizer, 32)
+    source = step % 2  # (both workers on one source a step, as a mixture's layout has them)
+    examples = [Pair(t, t[::-1], 0.25 * i) for i, t in enumerate(texts)] if source else texts
+    return objective.collate_source(source, examples, tokenizer, 32)
 
 
 def _worker(rank: int, world: int, port: int, model: str, objective: str, out: str) -> None:
@@ -66,7 +77,7 @@ def _worker(rank: int, world: int, port: int, model: str, objective: str, out: s
             # the same kernels in both (a sharded run's linears are PyTorch's): AdamW turns a gradient's last-bit
             # difference into a whole step of the learning rate on the rows whose gradients are near zero
             module.encoder.onednn = False
-            module = DistributedDataParallel(module)
+            module = DistributedDataParallel(module, find_unused_parameters=run.data.is_mixture)
         else:  # (as the workers do: rank 0 reads the weights, rank 1 builds on the meta device and receives its shards)
             module = shard_from_rank0(lambda weights: build_module(run, weights).train(), cpu, rank, world,
                                       torch.float32)
@@ -106,10 +117,11 @@ def _spawn(tmp_path: Path, objective: str, decoder: bool = False) -> tuple[str, 
 
 @SPAWNS
 @pytest.mark.parametrize("objective, decoder", [("simcse", False), ("compcse", False), ("sgopt", False),
-                                                ("simcse", True)])
+                                                ("simcse", True), ("mixture", False)])
 def test_two_sharded_workers_train_what_two_ddp_workers_train_holding_half(tmp_path, objective, decoder):
     """Item 7: after each of 6 fp32 steps the losses and the gathered weights equal DDP's to 1e-5 (SG-OPT: its
-    regularizer sums each shard's part, its frozen copy sharded too; a tiny Qwen3 with last-token pooling); each
+    regularizer sums each shard's part, its frozen copy sharded too; a tiny Qwen3 with last-token pooling; a mixture of
+    SimCSE and BSC with a learned tau, one source a step, issue 108); each
     worker holds <= 0.55x DDP's parameter and optimizer bytes. Rank 1 builds on the meta device and receives its
     shards from rank 0 (items 1 and 4)."""
     _, got = _spawn(tmp_path, objective, decoder)

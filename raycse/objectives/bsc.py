@@ -89,6 +89,13 @@ def supcon_rows(logits: Tensor, pos: Tensor, row_weight: Tensor) -> Tensor:
     return (per_row * weight).sum() / logits.shape[0]
 
 
+def _scalar_scale_as_1d(module, state_dict, prefix, *_args) -> None:
+    """A checkpoint written when the learned scale was 0-d loads into its 1-d parameter."""
+    key = prefix + "scale"
+    if key in state_dict and state_dict[key].dim() == 0:
+        state_dict[key] = state_dict[key].reshape(1)
+
+
 class BSC(Objective):
     name = "bsc"
     Params = BSCParams
@@ -97,7 +104,9 @@ class BSC(Objective):
 
     def __init__(self, params: BSCParams):
         super().__init__(params)
-        self.scale = nn.Parameter(torch.ones(())) if params.trainable_tau else None
+        # 1-d (one element), not 0-d: FSDP2 shards no scalar parameter (--sharding fsdp)
+        self.scale = nn.Parameter(torch.ones(1)) if params.trainable_tau else None
+        self.register_load_state_dict_pre_hook(_scalar_scale_as_1d)
 
     def custom_lr(self) -> dict:
         return {"scale": self.params.tau_lr} if self.scale is not None else {}

@@ -65,9 +65,10 @@ class MemoryEstimate:
 def rows_per_worker(run: RunConfig) -> int:
     """Sentences a worker encodes with gradients at once: two views of each sentence, or the pair's two
     sentences, and each hard negative; under GradCache, one chunk."""
-    d, t = run.data, run.train
-    per_example = 2 + (len(d.negative_columns) if d.negative_column else 0)
-    return t.cache_chunk_size if t.cache_chunk_size is not None else t.batch_size * per_example
+    t = run.train
+    negatives = max(len(d.negative_columns) if d.negative_column else 0  # (a mixture: its widest source's)
+                    for d in [s.data for s in run.source_runs().values()] or [run.data])
+    return t.cache_chunk_size if t.cache_chunk_size is not None else t.batch_size * (2 + negatives)
 
 
 def estimate(run: RunConfig, model_path: str) -> Optional[MemoryEstimate]:

@@ -138,6 +138,17 @@ def _verify_manifest(root: Path, mpath: Path, part: str = "the checkpoint") -> O
     return None
 
 
+def shape_state_as_parameters(optimizer) -> None:
+    """AdamW's moments saved for a parameter of the same size in another shape (BSC's learned scale, 0-d in
+    checkpoints of earlier releases, is 1-d) take their parameter's shape; the step counter is left as it is."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            for key, value in optimizer.state.get(param, {}).items():
+                if (key != "step" and torch.is_tensor(value) and value.shape != param.shape
+                        and value.numel() == param.numel()):
+                    optimizer.state[param][key] = value.reshape(param.shape)
+
+
 def load(root: Path, module, optimizer, scheduler, rank: int) -> dict:
     """Restore module tensors, optimizer, scheduler and this rank's RNG; return the counters. A sharded
     checkpoint loads into a sharded or whole ``module`` of any worker count (every rank calls it: a collective)."""
@@ -156,6 +167,7 @@ def load(root: Path, module, optimizer, scheduler, rank: int) -> dict:
     opt = torch.load(sdir / "optim.pt", weights_only=True, map_location="cpu")
     if "optimizer" in opt:
         optimizer.load_state_dict(opt["optimizer"])
+        shape_state_as_parameters(optimizer)
     scheduler.load_state_dict(opt["scheduler"])
     rng = sdir / f"rng_rank{rank}.pt"
     if rng.is_file():
