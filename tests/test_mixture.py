@@ -275,3 +275,34 @@ def test_a_two_worker_mixture_trains_one_source_a_step_and_resumes_where_it_stop
     assert saved["prompts"] == {"wiki": "query: "}
     card = (tmp_path / "out" / "model" / "README.md").read_text()
     assert "a mixture of 2 sources" in card and "`sts`" in card
+
+
+def test_gradcache_and_matryoshka_train_every_sources_batches_as_without(tiny_model_no_dropout, tmp_path):
+    """GradCache (train.cache_chunk_size) on a mixture: each source's step gives the loss and the weights the plain
+    step gives (float tolerance: chunked sums), with Matryoshka sizes on every source's objective."""
+    from raycse.platform.process_state import seed_everything
+    from raycse.train.batches import row_examples
+    from raycse.train.module import build_module
+    from raycse.train.steps import StepEngine
+
+    text = tmp_path / "wiki.txt"
+    text.write_text("\n".join(make_sentences(40, seed=3)) + "\n")
+    sentences = make_sentences(8, seed=5)
+    batches = [(0, sentences), (1, row_examples({"text": sentences, "pair": sentences[::-1],
+                                                 "score": [0.1 * i for i in range(8)]}))]
+    got = {}
+    for chunk in (None, 4):
+        extra = {"objective.matryoshka_dims": [32, 16], "train.precision": "fp32"}
+        if chunk:
+            extra["train.cache_chunk_size"] = chunk
+        run = _mixture(tiny_model_no_dropout, text, write_stsb(tmp_path / "sts.csv", 40), **extra)
+        seed_everything(0)
+        module = build_module(run)
+        engine = StepEngine(run, module, torch.device("cpu"), 10)
+        collate = module.objective.collate_source
+        losses = [float(engine.step(collate(i, ex, module.encoder.tokenizer, 32), s).loss.detach())
+                  for s, (i, ex) in enumerate(batches * 2)]
+        got[chunk] = (losses, {k: v.clone() for k, v in module.state_dict().items()})
+    torch.testing.assert_close(torch.tensor(got[4][0]), torch.tensor(got[None][0]), atol=1e-5, rtol=1e-5)
+    for name, value in got[None][1].items():
+        torch.testing.assert_close(got[4][1][name], value, atol=1e-5, rtol=1e-4)
