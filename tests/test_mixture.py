@@ -306,3 +306,15 @@ def test_gradcache_and_matryoshka_train_every_sources_batches_as_without(tiny_mo
     torch.testing.assert_close(torch.tensor(got[4][0]), torch.tensor(got[None][0]), atol=1e-5, rtol=1e-5)
     for name, value in got[None][1].items():
         torch.testing.assert_close(got[4][1][name], value, atol=1e-5, rtol=1e-4)
+
+
+def test_a_trials_folder_names_each_sources_knob_apart():
+    """Two sources' tau in one search: the trial's folder says whose each is."""
+    from types import SimpleNamespace
+
+    from raycse.tune.search import trial_dirname
+
+    trial = SimpleNamespace(trial_id="a1", config={"data.sources.wiki.objective.tau": 0.05, "train.lr": 3e-5,
+                                                   "data.sources.sts.objective.tau": 0.1,
+                                                   "data.sources.wiki.share": 0.25})
+    assert trial_dirname(trial) == "trial_a1_sts.tau=0.1,wiki.tau=0.05,wiki.share=0.25,lr=3e-05"

@@ -69,7 +69,9 @@ class DataConfig(Section):
     sources: dict = detail({},
                            'several datasets in one run (a mixture), NAME -> its settings: corpus, format, columns, '
                            'prompts as the data section takes them, objective (name and knobs), grouping, share of '
-                           'the steps; what a source leaves out is the run\'s. Each batch comes from one source. '
+                           'the steps (every source\'s given: scaled to sum to 1; some given: the others share '
+                           'what is left by data.mixing); what a source leaves out is the run\'s. Each batch comes '
+                           'from one source. '
                            '--source NAME=PATH adds one, --set data.sources.NAME.KEY=VALUE sets its KEY')
     mixing: str = knob("proportional", '--mixing',
                        'with data.sources, which source each step\'s batch comes from: proportional (a source\'s '

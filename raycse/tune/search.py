@@ -482,9 +482,15 @@ def knob_text(value) -> str:
     return str(value)
 
 
+def short_knob(key: str) -> str:
+    """A knob's name in a trial's folder: its last part (tau), with its source for a mixture's (wiki.tau, sts.tau)."""
+    parts = key.split(".")
+    return f"{parts[2]}.{parts[-1]}" if key.startswith("data.sources.") and len(parts) > 3 else parts[-1]
+
+
 def trial_dirname(trial) -> str:
     """``trial_<id>_<knob=value,...>``: Tune's default formats floats to 4 decimals (lr=0.0000)."""
-    knobs = ",".join(f"{k.rsplit('.', 1)[-1]}={knob_text(v)}" for k, v in sorted(trial.config.items())
+    knobs = ",".join(f"{short_knob(k)}={knob_text(v)}" for k, v in sorted(trial.config.items())
                      if isinstance(v, (int, float, str, bool)))
     safe = "".join(ch if ch.isalnum() or ch in "=,.-+_" else "_" for ch in knobs)
     return f"trial_{trial.trial_id}_{safe}"[:120]
