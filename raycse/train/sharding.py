@@ -55,8 +55,9 @@ def mixed_precision(dtype: torch.dtype):
 def shard(module: nn.Module, device: torch.device, world_size: int, dtype: torch.dtype,
           offload: str = "none") -> nn.Module:
     """``module`` sharded in place across the ``world_size`` workers of the default process group: each
-    block of :func:`blocks`, then the whole (FSDP2). ``module`` is on ``device`` (or on the meta device,
-    to be filled by a state dict afterwards)."""
+    block of :func:`blocks`, then the whole (FSDP2). ``module`` arrives on the CPU (FSDP2 moves each shard to
+    ``device`` as it shards it) or on the meta device (to be allocated and filled from rank 0 afterwards,
+    :func:`shard_from_rank0`)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     fully_shard, _, CPUOffloadPolicy, OffloadPolicy, _ = compat.fsdp2()
