@@ -61,7 +61,7 @@ def settings(args, row: str, seed: int, select: Path, share=None, start=None) ->
     out = base(args, seed, select)
     if row == ALONE_WIKI:
         out.update({"data.corpus": str(WIKI), "data.max_sentences": args.sentences, "objective.name": "simcse"})
-    elif row == ALONE_STS:
+    elif row in (ALONE_STS, SEQUENTIAL):  # (the second of the two runs: from the wiki run's model, with ``start``)
         out.update({"data.corpus": str(STSB_TRAIN), "data.format": "stsb", "data.max_sentences": args.pairs,
                     "objective.name": "bsc"})
     else:
