@@ -318,3 +318,64 @@ def test_a_trials_folder_names_each_sources_knob_apart():
                                                    "data.sources.sts.objective.tau": 0.1,
                                                    "data.sources.wiki.share": 0.25})
     assert trial_dirname(trial) == "trial_a1_sts.tau=0.1,wiki.tau=0.05,wiki.share=0.25,lr=3e-05"
+
+
+def test_lora_adapters_train_on_every_sources_batches_and_the_backbone_stays(tiny_model, tmp_path):
+    """LoRA on a mixture: a step of each source moves the adapters only (the backbone's own weights frozen)."""
+    from raycse.train.batches import row_examples
+    from raycse.train.module import build_module
+    from raycse.train.steps import StepEngine
+
+    text = tmp_path / "wiki.txt"
+    text.write_text("\n".join(make_sentences(40, seed=3)) + "\n")
+    run = _mixture(tiny_model, text, write_stsb(tmp_path / "sts.csv", 40),
+                   **{"model.lora": {"r": 4, "alpha": 8, "target_modules": ["query", "value"]}, "train.lr": 1e-2})
+    module = build_module(run)
+    engine = StepEngine(run, module, torch.device("cpu"), 10)
+    before = {n: p.detach().clone() for n, p in module.named_parameters()}
+    sentences = make_sentences(8, seed=5)
+    pairs = row_examples({"text": sentences, "pair": sentences[::-1], "score": [0.1 * i for i in range(8)]})
+    for step, (index, examples) in enumerate([(0, sentences), (1, pairs)]):
+        engine.step(module.objective.collate_source(index, examples, module.encoder.tokenizer, 32), step)
+    moved = {n for n, p in module.named_parameters() if not torch.equal(p, before[n])}
+    assert moved and all("lora_" in n for n in moved)
+    assert {n for n, p in module.named_parameters() if p.requires_grad} == {n for n in before if "lora_" in n}
+
+
+def test_a_sources_teacher_gives_its_own_batches_their_vectors_and_no_other(ray_cluster, tiny_model, tmp_path):
+    """data.sources.wiki.teacher: the teacher embeds that source's rows alone (by its own row ids); a wiki batch
+    carries its rows' vectors and trains the distillation term, an STS-B batch neither."""
+    import ray
+
+    from raycse.grouping.layout import CorpusTable
+    from raycse.train.batches import BatchSource
+    from raycse.train.mixture import specs
+    from raycse.train.module import build_module
+    from raycse.train.plan import FitPlan
+    from raycse.train.prepare import load_run_corpus, prepare_references
+    from raycse.train.steps import StepEngine
+
+    text = tmp_path / "wiki.txt"
+    text.write_text("\n".join(make_sentences(48, seed=6)) + "\n")
+    run = _mixture(tiny_model, text, write_stsb(tmp_path / "sts.csv", 40),
+                   **{"data.sources.wiki.teacher": str(tiny_model), "train.precision": "fp32"})
+    corpus = load_run_corpus(run)
+    refs = prepare_references(run, corpus, str(tiny_model))
+    assert set(refs) == {"0/teacher.text"} and ray.get(refs["0/teacher.text"]).shape == (48, 32)
+    module = build_module(run)
+    engine = StepEngine(run, module, torch.device("cpu"), 4)
+    plan = FitPlan(run=run, total_steps=4, stop_at=4, steps_per_epoch=4, regroup_in_fit=False, checkpoint_dir="",
+                   threads=1, corpus=tuple(corpus.blocks), references=refs, sources=specs(run, corpus))
+    batches = BatchSource(plan, 0, 1, engine)
+    table = CorpusTable(ray.get(list(corpus.blocks)))
+    vectors = ray.get(refs["0/teacher.text"])
+    for ids, source in ((np.arange(3, 11), 0), (np.arange(50, 58), 1)):
+        examples, batch = batches.collate(table.row(ids, 0, 0), module.encoder.tokenizer)
+        assert batch["source"] == source
+        if source == 0:
+            assert examples == table.values("text")[3:11]
+            assert torch.equal(batch["teacher.text"], torch.from_numpy(np.array(vectors[3:11])))
+        else:
+            assert "teacher.text" not in batch and all(len(e) == 4 for e in examples)  # (pairs)
+        out = engine.step(batch, source)
+        assert ("distill" in out.metrics) == (source == 0)

@@ -43,7 +43,7 @@ class RunConfig(Section):
         if self.grouping.by == "second" and not self.data.is_pairs:
             raise ConfigError("grouping.by: second groups pairs by their second text, but the corpus has single "
                               "sentences; set data.pair_column or grouping.by: first")
-        if self.model.teacher or self.model.guide:
+        if (self.model.teacher or self.model.guide) and not self.data.is_mixture:  # (a mixture's: each source's)
             self.check_references()
         if self.model.dtype == "bf16" and self.train.precision in ("fp32", "fp16"):
             raise ConfigError(f"--model-dtype bf16 computes in bf16, not {self.train.precision}; use --precision bf16 "
@@ -60,9 +60,6 @@ class RunConfig(Section):
 
     def check_mixture(self) -> None:
         """What a mixture cannot do (yet), refused in one line; each source's run validated."""
-        if self.model.teacher or self.model.guide:
-            raise ConfigError("--teacher and --guide do not take data.sources yet; train a mixture without them, or "
-                              "one source with them")
         if self.grouping.regroups_in_fit:
             raise ConfigError("data.sources group each source once before the fit; set "
                               "grouping.regroup_every_epoch: false")

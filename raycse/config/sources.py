@@ -2,7 +2,7 @@
 
 A source names its corpus and its data settings (format, columns, prompts, ...: the ``data`` section's keys), and
 may name its ``objective`` (a mapping: ``name`` and knobs; or just a name), its ``grouping`` (the ``grouping``
-section's keys) and its ``share`` of the steps. What it leaves out is the run's: the run's objective and its knobs
+section's keys), its ``teacher`` and ``guide`` (``model.teacher``, ``model.guide``) and its ``share`` of the steps. What it leaves out is the run's: the run's objective and its knobs
 (the knobs only where the source keeps the run's objective), the run's grouping, the run's data settings. Each
 source is trained as its own run would be (:meth:`raycse.config.RunConfig.source_runs`), one source per batch.
 """
@@ -16,7 +16,7 @@ from raycse.errors import ConfigError
 from raycse.platform.conversion import shown
 
 MIXING = ("proportional", "round_robin", "temperature")
-OWN_KEYS = ("share", "objective", "grouping")  # a source's settings beside the data section's keys
+OWN_KEYS = ("share", "objective", "grouping", "teacher", "guide")  # a source's settings beside the data section's
 MAPPINGS = ("objective", "grouping", "prompts")  # a source's keys that hold a mapping of their own
 NOT_PER_SOURCE = ("sources", "mixing", "mixing_temperature")  # data keys of the whole run
 
@@ -129,6 +129,9 @@ def source_changes(settings: dict, run_objective: str) -> dict:
         changes[f"objective.{key}"] = value
     for key, value in (settings.get("grouping") or {}).items():
         changes[f"grouping.{key}"] = value
+    for key in ("teacher", "guide"):  # (the model section's: whose vectors this source's step reads)
+        if key in settings:
+            changes[f"model.{key}"] = settings[key]
     for key, value in settings.items():
         if key not in OWN_KEYS:
             changes[f"data.{key}"] = value

@@ -90,23 +90,27 @@ class BatchSource:
                 return
 
     def references(self) -> dict:
-        """The teacher's and guide's vectors by row id (``teacher.text``, ...), fetched once; {} without them."""
+        """The teacher's and guide's vectors by row id (``teacher.text``, ...; a mixture's ``I/teacher.text`` by
+        source I's own row ids), fetched once; {} without them."""
         if self._references is None:
-            self._references = {key: fetch(ref, f"the {key.split('.')[0]}'s embeddings")
+            self._references = {key: fetch(ref, f"the {key.split('/')[-1].split('.')[0]}'s embeddings")
                                 for key, ref in (self.plan.references or {}).items()}
         return self._references
 
     def collate(self, row: dict, tokenizer) -> tuple[list, dict]:
         """A row -> (its examples, the objective's batch of tensors, with the row's reference vectors)."""
-        length, sources = self.plan.run.model.max_length, self.plan.sources
-        if sources:  # a mixture: the batch's source collates it (its rows are of one source)
-            i = source_of(row["ids"], self.offsets)
+        length, sources, ids = self.plan.run.model.max_length, self.plan.sources, np.asarray(row["ids"])
+        if sources:  # a mixture: the batch's source collates it (its rows are of one source), with its references
+            i = source_of(ids, self.offsets)
             examples = row_examples(row, sources[i].pairs, sources[i].negatives)
-            return examples, self.objective.collate_source(i, examples, tokenizer, length)
-        examples = row_examples(row)
-        batch = self.objective.collate(examples, tokenizer, length)
-        if self.references():
-            batch.update(reference_rows(self.references(), row["ids"], self.table().n))
+            batch = self.objective.collate_source(i, examples, tokenizer, length)
+            refs = {k.split("/", 1)[1]: v for k, v in self.references().items() if k.startswith(f"{i}/")}
+            ids, rows = ids - sources[i].offset, sources[i].rows  # (a source's references are by its own row ids)
+        else:
+            examples, refs, rows = row_examples(row), self.references(), None
+            batch = self.objective.collate(examples, tokenizer, length)
+        if refs:
+            batch.update(reference_rows(refs, ids, rows if rows is not None else self.table().n))
         return examples, batch
 
     def looks_ahead(self, step: int, helper: ahead.CollateAhead) -> bool:

@@ -33,6 +33,23 @@ def check_models(run: RunConfig, model_path: str, sample: list[str]) -> RunConfi
     return run
 
 
+def check_source_models(run: RunConfig, model_path: str, sample: list[str]) -> RunConfig:
+    """A mixture's sources' own teachers and guides (``data.sources.NAME.teacher``), checked as the run's are
+    (:func:`check_models`); the run, each local one made absolute in its source's settings."""
+    changes = {}
+    for name, sub in run.source_runs().items():
+        own = {k: v for k, v in run.data.sources[name].items() if k in ("teacher", "guide") and v}
+        if not own:
+            continue
+        try:
+            checked = check_models(sub, model_path, sample)
+        except RaycseError as exc:
+            raise type(exc)(f"source {name}: {exc}") from None
+        changes.update({f"data.sources.{name}.{key}": getattr(checked.model, key) for key, given in own.items()
+                        if getattr(checked.model, key) != given})
+    return run.resolved(changes) if changes else run
+
+
 def resolve_references(run: RunConfig, model_path: str) -> tuple[RunConfig, dict[str, str]]:
     """The teacher and the guide resolved as the model is (a local path made absolute in the run; a URI fetched
     and a hub name found in the cache, both kept in the run as given; one line where one does not load), and mse

@@ -28,7 +28,7 @@ from raycse.platform.redact import refuse_credentials
 from raycse.platform.staging import check_not_inside
 from raycse.train import tracking as tracking_mod
 from raycse.train.memory import check_fits
-from raycse.train.model_checks import check_models, text_sample
+from raycse.train.model_checks import check_models, check_source_models, text_sample
 from raycse.train.module import check_model_fits_objective
 
 CHECKPOINT_MODEL_COPIES = 5  # model export + module tensors (up to 2 with SG-OPT's copy) + Adam's 2 moments
@@ -192,7 +192,8 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     run = run.resolved({"model.name_or_path": model_path} if local_model else None)
     dev = load_selection(run.eval)  # the model-selection data (STS-B dev or BEIR)
     first = next(iter(by_source))  # (a mixture: its first source's sentences)
-    run = check_models(run, model_path, text_sample(run.source_runs()[first] if first else run, by_source[first], dev))
+    sample = text_sample(run.source_runs()[first] if first else run, by_source[first], dev)
+    run = check_source_models(check_models(run, model_path, sample), model_path, sample)
     for name, sub in (run.source_runs() or {None: run}).items():
         if by_source[name]:
             try:
@@ -266,7 +267,8 @@ def check_apart_from_output(run: RunConfig, storage_path: Optional[str]) -> None
 
     guide = run.model.guide if run.model.guide != INITIAL else None
     check_not_inside(run.output_dir, "--output",
-                     {"--corpus": run.data.corpus, **{f"--source {n}": s.get("corpus") for n, s in run.data.sources.items()},
+                     {"--corpus": run.data.corpus, **{f"data.sources.{n}.{k}": s.get(k) for n, s in run.data.sources.items()
+                                                      for k in ("corpus", "teacher", "guide") if s.get(k) != INITIAL},
                       "--model": run.model.name_or_path, "--teacher": run.model.teacher,
                       "--guide": guide, "--stsb-dev": run.eval.resolved_stsb_dev(), "--eval-metric": directory},
                      writes={"--storage-path": storage_path})

@@ -182,6 +182,9 @@ def prepare_references(run: RunConfig, corpus, model_path: str) -> dict:
     from raycse.grouping.embed import grouping_prompt_name
     from raycse.grouping.references import INITIAL, column_texts, reference_vectors
 
+    if run.data.is_mixture:  # each source's, by its own row ids: I/teacher.text for source I
+        return {f"{i}/{key}": ref for i, (name, sub) in enumerate(run.source_runs().items())
+                for key, ref in prepare_references(sub, corpus.corpora[name], model_path).items()}
     m, t, d = run.model, run.train, run.data
     spec = run.objective.references(bool(m.teacher), bool(m.guide))
     if spec is None:
