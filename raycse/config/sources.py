@@ -89,10 +89,6 @@ def check_sources(sources: dict, corpus: Optional[str], mixing: str, temperature
         raise ConfigError(f"data.mixing must be one of {', '.join(MIXING)}; got {mixing!r}")
     if not temperature > 0:
         raise ConfigError(f"data.mixing_temperature must be > 0, got {temperature}")
-    for name, settings in sources.items():
-        if not settings.get("corpus"):
-            raise ConfigError(f"data.sources.{name} has no corpus; set data.sources.{name}.corpus or pass "
-                              f"--source {name}=PATH")
     shares = explicit_shares(sources)
     if shares and len(shares) == len(sources) and not sum(shares.values()) > 0:
         raise ConfigError(f"the sources' shares sum to {sum(shares.values()):g}; give at least one source a share "
@@ -101,6 +97,15 @@ def check_sources(sources: dict, corpus: Optional[str], mixing: str, temperature
         rest = ", ".join(n for n in sources if n not in shares)
         raise ConfigError(f"the shares given sum to {sum(shares.values()):g}, leaving nothing for {rest}; give "
                           f"shares below 1 in all, or a share to every source")
+
+
+def check_corpora(sources: dict, how: str = "--source {name}=PATH") -> None:
+    """Every source names its corpus (checked where a run starts: a search space may leave it to the command line,
+    as it does a single corpus); ``how``: the hint, with ``{name}``."""
+    for name, settings in sources.items():
+        if not settings.get("corpus"):
+            raise ConfigError(f"data.sources.{name} has no corpus; set data.sources.{name}.corpus or pass "
+                              f"{how.format(name=name)}")
 
 
 def explicit_shares(sources: dict) -> dict:

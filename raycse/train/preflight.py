@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -157,29 +158,12 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     absolute), the resolved model path, the model-selection data (or None), the output URI (None for a local
     output) and the corpus's sources (None for a dataset named by a hub id or handed over as an object,
     ``in_memory``)."""
-    from raycse.data.dataset import check_hub_dataset, check_not_empty, resolve_sources
-
     run = run.resolved()  # (validated once: the CLI's run comes resolved)
     check_extras(run)
     if starts_private_ray():  # what torch sees here is all a private Ray could get: say so before starting it
         check_local_gpus(run.train, torch.cuda.device_count())
         check_local_cpus(run.train, os.cpu_count() or 1)
-    if not run.data.corpus and not run.data.is_mixture:
-        raise ConfigError("no corpus given: pass --corpus FILE (text, .jsonl or .parquet) or set data.corpus")
-    if run.data.is_mixture and in_memory:
-        raise ConfigError("a corpus handed over as an object goes alone; give data.sources as paths or URIs")
-    by_source = {}
-    for name, sub in (run.source_runs() or {None: run}).items():
-        try:
-            check_data_fits_objective(sub)
-            found = None if sub.data.format == "hf" or in_memory else resolve_sources(sub.data.corpus)  # a missing file
-            if found:
-                check_not_empty(found)
-            elif not in_memory:
-                check_hub_dataset(sub.data)
-        except RaycseError as exc:
-            raise type(exc)(f"source {name}: {exc}" if name else str(exc)) from None
-        by_source[name] = found
+    by_source = check_corpora_of(run, in_memory)
     sources = ([f for found in by_source.values() for f in found or []] or None if run.data.is_mixture
                else by_source[None])
     refuse_credentials("--storage-path", storage_path)
@@ -196,10 +180,8 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
     run = check_source_models(check_models(run, model_path, sample), model_path, sample)
     for name, sub in (run.source_runs() or {None: run}).items():
         if by_source[name]:
-            try:
+            with said_of(name):
                 check_one_global_batch(sub, by_source[name])
-            except RaycseError as exc:
-                raise type(exc)(f"source {name}: {exc}" if name else str(exc)) from None
     check_model_fits_objective(run, model_path)
     check_fits(run, model_path)  # (each worker's memory, estimated)
     remote = run.output_dir if object_store.is_uri(run.output_dir) else None
@@ -212,6 +194,42 @@ def check_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str] = 
                               f"--overwrite")
         object_store.check_replaceable_prefix(remote)
     return run, model_path, dev, remote, sources
+
+
+def check_corpora_of(run: RunConfig, in_memory: bool) -> dict:
+    """Each corpus the run reads (a mixture's: each source's) named, there, not empty, and fitting its objective;
+    each one's files (None for a dataset named by a hub id or handed over as an object), by source name (None: the
+    run's one corpus)."""
+    from raycse.config.sources import check_corpora
+    from raycse.data.dataset import check_hub_dataset, check_not_empty, resolve_sources
+
+    if not run.data.corpus and not run.data.is_mixture:
+        raise ConfigError("no corpus given: pass --corpus FILE (text, .jsonl or .parquet) or set data.corpus")
+    if run.data.is_mixture and in_memory:
+        raise ConfigError("a corpus handed over as an object goes alone; give data.sources as paths or URIs")
+    check_corpora(run.data.sources)
+    by_source = {}
+    for name, sub in (run.source_runs() or {None: run}).items():
+        with said_of(name):
+            check_data_fits_objective(sub)
+            found = None if sub.data.format == "hf" or in_memory else resolve_sources(sub.data.corpus)  # a missing file
+            if found:
+                check_not_empty(found)
+            elif not in_memory:
+                check_hub_dataset(sub.data)
+        by_source[name] = found
+    return by_source
+
+
+@contextmanager
+def said_of(source: Optional[str]):
+    """A refusal about a mixture's source names it (``source {name}: ...``)."""
+    try:
+        yield
+    except RaycseError as exc:
+        if source is None:
+            raise
+        raise type(exc)(f"source {source}: {exc}") from None
 
 
 def check_one_global_batch(run: RunConfig, sources: list) -> None:

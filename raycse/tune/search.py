@@ -157,6 +157,7 @@ def preflight(space: SearchSpace, settings: TuneSettings, run=None) -> tuple[int
 def _checked_run(space: SearchSpace):
     """The space's run without knobs, checked as a training run is (corpus named, data fits the objective,
     model found)."""
+    from raycse.config.sources import check_corpora
     from raycse.data.dataset import resolve_sources
     from raycse.model.encoder import resolve_model
     from raycse.train.model_checks import check_models, text_sample
@@ -166,6 +167,7 @@ def _checked_run(space: SearchSpace):
     if not run.data.corpus and not run.data.is_mixture:
         raise ConfigError(f"{space.path}: run.data.corpus is not set; pass --corpus FILE or name the training "
                           f"corpus in the space file")
+    check_corpora(run.data.sources, "--set run.data.sources.{name}.corpus=PATH")
     alone = list(run.source_runs().values()) or [run]  # (a mixture: each source as its own run)
     for each in alone:
         check_data_fits_objective(each)
