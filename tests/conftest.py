@@ -362,6 +362,27 @@ def own_lines(stderr: str) -> list[str]:
     return [line for line in stderr.strip().split("\n") if line.strip() and not RAY_FORWARDED.match(line)]
 
 
+def kill_worker_at(record: Path, step: int, thread, bound_s: float = 240.0):
+    """SIGKILL the Train worker whose batch record (``train.record_batches``' rank file ``record``) reaches ``step``
+    while ``thread`` (the fit) runs; the step it was killed at, or None where the fit ended first."""
+    import json
+    import signal
+    import time
+
+    deadline = time.time() + bound_s
+    while time.time() < deadline and thread.is_alive():
+        lines = record.read_text().splitlines() if record.is_file() else []
+        if lines and json.loads(lines[-1])["step"] >= step:
+            last = json.loads(lines[-1])
+            try:
+                os.kill(last["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            return last["step"]
+        time.sleep(0.05)
+    return None
+
+
 def make_sentences(n: int, seed: int = 0, min_len: int = 4, max_len: int = 14) -> list[str]:
     rng = random.Random(seed)
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(min_len, max_len))) for _ in range(n)]

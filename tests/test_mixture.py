@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import make_sentences, write_stsb
+from conftest import kill_worker_at, make_sentences, write_stsb
 from raycse.config import RunConfig, set_dotted
 from raycse.errors import ConfigError
 from raycse.grouping import mixing
@@ -220,10 +220,7 @@ def test_a_two_worker_mixture_trains_one_source_a_step_and_resumes_where_it_stop
     """2 workers: at every step both take the same source (sentences, or scored pairs); each source gets the steps
     its share plans; a worker killed mid-epoch, the run resumes from its checkpoint and trains each step on the
     batches it had; metrics.json, the card and the saved prompts name the sources."""
-    import os
-    import signal
     import threading
-    import time
 
     from raycse.train.driver import train
 
@@ -243,18 +240,7 @@ def test_a_two_worker_mixture_trains_one_source_a_step_and_resumes_where_it_stop
     box = {}
     thread = threading.Thread(target=lambda: box.update(result=train(run, storage_path=str(tmp_path / "ckpt"))))
     thread.start()
-    killed_at, deadline, rec = None, time.time() + 240, tmp_path / "rec" / "rank1.jsonl"
-    while time.time() < deadline and thread.is_alive():
-        lines = rec.read_text().splitlines() if rec.is_file() else []
-        if lines and json.loads(lines[-1])["step"] >= 9:  # past the checkpoint of step 8
-            last = json.loads(lines[-1])
-            try:
-                os.kill(last["pid"], signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-            killed_at = last["step"]
-            break
-        time.sleep(0.05)
+    killed_at = kill_worker_at(tmp_path / "rec" / "rank1.jsonl", 9, thread)  # (past the checkpoint of step 8)
     thread.join(timeout=300)
     assert killed_at is not None, "the run finished before a worker could be killed"
     m = box["result"].metrics

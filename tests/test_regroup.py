@@ -5,12 +5,9 @@ weights to the bit)."""
 
 import collections
 import json
-import os
-import signal
 import threading
-import time
 
-from conftest import make_sentences
+from conftest import kill_worker_at, make_sentences
 
 
 def _run(tiny_model, corpus, out, records, max_failures=0, collate_ahead="false"):
@@ -70,19 +67,8 @@ def test_knn_regroups_in_one_fit_and_a_restart_replays_the_same_batches(ray_clus
     box = {}
     thread = threading.Thread(target=lambda: box.update(result=train(run, storage_path=str(tmp_path / "sb"))))
     thread.start()
-    killed_at, deadline = None, time.time() + 240
-    rec = tmp_path / "rec-b" / "rank1.jsonl"
-    while time.time() < deadline and thread.is_alive():
-        lines = rec.read_text().splitlines() if rec.is_file() else []
-        if lines and json.loads(lines[-1])["step"] >= 27:  # in epoch 1, past its first checkpoint (25)
-            last = json.loads(lines[-1])
-            try:
-                os.kill(last["pid"], signal.SIGKILL)  # the Train worker of rank 1
-            except ProcessLookupError:
-                continue
-            killed_at = last["step"]
-            break
-        time.sleep(0.05)
+    # the Train worker of rank 1, in epoch 1, past its first checkpoint (25)
+    killed_at = kill_worker_at(tmp_path / "rec-b" / "rank1.jsonl", 27, thread)
     thread.join(timeout=300)
     assert killed_at is not None and killed_at < 59, "the run finished before a worker could be killed"
     assert box["result"].metrics["last"]["step"] == 60
