@@ -34,6 +34,10 @@ class CorpusStats:
     def summary(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in asdict(self).items())
 
+    def record(self) -> dict:
+        """The counts for metrics.json (a mixture's stats record each source's: raycse.train.mixture)."""
+        return asdict(self)
+
     def repetition_warning(self, dedup: bool) -> Optional[str]:
         """A warning when more than half the examples repeat another, else None."""
         total = self.kept + self.duplicates_dropped

@@ -188,7 +188,7 @@ def _fit(run: RunConfig, inputs: _Inputs, hooks: TuneHooks, source, staging: Pat
     best, best_metrics = best_checkpoint(result, dev)
     mixture = {"sources": sources_record(run, sources, layouts, result.metrics)} if sources else {}
     return best, {**mixture, "best": best_metrics, "last": result.metrics,
-                  "corpus": stats.record() if sources else stats.__dict__,
+                  "corpus": stats.record(),
                   "num_examples": num_examples, "steps_per_epoch": spe, "grouping": grouping_log,
                   "data_prepared_before": prepared is not None, "fit_seconds": fit_seconds,
                   "objective_knobs": objective_knobs(run), "score_key": run.eval.score_key()}

@@ -34,7 +34,7 @@ class SourcesStats:
         return "; ".join(f"source {name}: {w}" for name, w in found if w) or None
 
     def record(self) -> dict:
-        return {name: dict(s.__dict__) for name, s in self.sources.items()}
+        return {name: s.record() for name, s in self.sources.items()}
 
 
 @dataclass
