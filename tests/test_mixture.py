@@ -155,6 +155,59 @@ def test_a_sources_loss_is_its_objectives_loss_on_the_batch_alone(tiny_model, tm
         assert torch.equal(got, want), (name, got, want)
 
 
+def test_the_workers_regroup_a_source_on_its_own_rows_beside_the_drivers_batches(tiny_model_no_dropout, tmp_path):
+    """A source that regroups every epoch (knn) is regrouped in the fit on its own rows, embedded after its own
+    prompt, and its batches are the grouping of those vectors by its row ids in the mixture; the other source's
+    batches are taken as the driver grouped them; every step is of one source, each source its planned steps."""
+    import pyarrow as pa
+
+    from raycse.grouping.batches import pack_epoch
+    from raycse.grouping.layout import CorpusTable
+    from raycse.grouping.registry import group_order
+    from raycse.train.mixture import epoch_steps
+    from raycse.train.module import build_module
+    from raycse.train.plan import SourceSpec
+    from raycse.train.regroup import regroup_mixture
+
+    texts = make_sentences(40, seed=3)
+    (tmp_path / "wiki.txt").write_text("\n".join(texts) + "\n")
+    run = RunConfig()
+    run.model.name_or_path, run.model.max_length = str(tiny_model_no_dropout), 32
+    run.train.batch_size = 8
+    for key, value in {"data.sources.sts.corpus": str(write_stsb(tmp_path / "sts.csv", 24)),
+                       "data.sources.sts.format": "stsb", "data.sources.sts.objective": "bsc",
+                       "data.sources.wiki.corpus": str(tmp_path / "wiki.txt"),
+                       "data.sources.wiki.prompts.text": "query: ", "data.sources.wiki.grouping.strategy": "knn",
+                       "data.sources.wiki.grouping.group_size": "4"}.items():
+        set_dotted(run, key, value)
+    run = run.resolved()
+    assert run.regroups_in_fit and not run.source_runs()["sts"].grouping.regroups_in_fit
+    sts = [f"pair {i}" for i in range(24)]
+    table = CorpusTable([pa.table({"_id": np.arange(24), "text": sts, "pair": sts[::-1], "score": [1.0] * 24}),
+                         pa.table({"_id": np.arange(24, 64), "text": texts})])
+    sources = (SourceSpec("sts", 0, 24, True, False), SourceSpec("wiki", 24, 40, False, False))
+    steps = epoch_steps(run, [24, 40])
+    assert steps.tolist() == [3, 5]
+    fixed = np.random.default_rng(0).permutation(24).reshape(3, 8)
+    encoder = build_module(run).encoder
+    layout = regroup_mixture(encoder, table, run, sources, ([fixed, None], {"sts": {"groups": 24}}), 0, 1,
+                             torch.device("cpu"), None, epoch=0)
+
+    # the second way: the source's sentences embedded with its prompt written out, grouped, numbered after sts's
+    sub = run.source_runs()["wiki"]
+    vectors = encoder.encode(["query: " + t for t in texts], batch_size=sub.grouping.embed_batch_size, max_length=32)
+    order = group_order(sub.grouping, 40, sub.train.seed, 0, vectors=lambda: vectors)
+    want = pack_epoch(order, 8, 1)[0].batches[:5] + 24
+    assert len(layout.batches) == 8
+    of = ["wiki" if b.min() >= 24 else "sts" for b in layout.batches]
+    assert all((b >= 24).all() or (b < 24).all() for b in layout.batches)  # one source a step
+    assert of.count("sts") == 3 and of.count("wiki") == 5
+    assert np.array_equal(np.stack([b for b, o in zip(layout.batches, of) if o == "sts"]), fixed)
+    assert np.array_equal(np.stack([b for b, o in zip(layout.batches, of) if o == "wiki"]), want)
+    assert layout.info["sources"] == {"sts": 3, "wiki": 5}
+    assert layout.info["source_groupings"]["wiki"]["in_fit"] and layout.info["source_groupings"]["sts"]["groups"] == 24
+
+
 # ----------------------------------------------------------------------------------------------- with Ray
 def test_a_mixture_of_one_source_is_the_corpus_alone_batch_by_batch_and_weight_by_weight(ray_cluster, tiny_model,
                                                                                            tmp_path):
@@ -217,9 +270,10 @@ def _records(directory: Path) -> dict:
 
 def test_a_two_worker_mixture_trains_one_source_a_step_and_resumes_where_it_stopped(ray_cluster, tiny_model,
                                                                                     tmp_path):
-    """2 workers: at every step both take the same source (sentences, or scored pairs); each source gets the steps
-    its share plans; a worker killed mid-epoch, the run resumes from its checkpoint and trains each step on the
-    batches it had; metrics.json, the card and the saved prompts name the sources."""
+    """2 workers: at every step both take the same source (sentences, regrouped by knn in the fit, or scored pairs
+    grouped by the driver); each source gets the steps its share plans; a worker killed mid-epoch, the run resumes
+    from its checkpoint and trains each step on the batches it had; metrics.json, the card and the saved prompts
+    name the sources."""
     import threading
 
     from raycse.train.driver import train
@@ -233,6 +287,7 @@ def test_a_two_worker_mixture_trains_one_source_a_step_and_resumes_where_it_stop
     run.train.record_batches = str(tmp_path / "rec")
     run.eval.stsb_dev, run.output_dir = "none", str(tmp_path / "out")
     for key, value in {"data.sources.wiki.corpus": str(text), "data.sources.wiki.prompts.text": "query: ",
+                       "data.sources.wiki.grouping.strategy": "knn", "data.sources.wiki.grouping.group_size": "4",
                        "data.sources.sts.corpus": str(write_stsb(tmp_path / "sts.csv", 64)),
                        "data.sources.sts.format": "stsb", "data.sources.sts.objective": "bsc",
                        "data.sources.sts.share": "0.5"}.items():
@@ -257,6 +312,9 @@ def test_a_two_worker_mixture_trains_one_source_a_step_and_resumes_where_it_stop
     assert steps == {"wiki": 7, "sts": 7}  # (share 0.5 of 14: the sts batches taken twice)
     assert {s["name"]: s["steps"] for s in m["sources"]} == steps
     assert {s["name"]: s["objective"] for s in m["sources"]} == {"wiki": "simcse", "sts": "bsc"}
+    regrouped = [e for e in m["grouping"] if e.get("epoch") == 0 and "source_groupings" in e]
+    assert regrouped and regrouped[-1]["source_groupings"]["wiki"]["in_fit"]  # (the workers' knn, with the weights)
+    assert regrouped[-1]["source_groupings"]["wiki"]["groups"] >= 160 // 4
     saved = json.loads((tmp_path / "out" / "model" / "config_sentence_transformers.json").read_text())
     assert saved["prompts"] == {"wiki": "query: "}
     card = (tmp_path / "out" / "model" / "README.md").read_text()

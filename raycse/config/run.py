@@ -59,14 +59,16 @@ class RunConfig(Section):
         return self
 
     def check_mixture(self) -> None:
-        """What a mixture cannot do (yet), refused in one line; each source's run validated."""
-        if self.grouping.regroups_in_fit:
-            raise ConfigError("data.sources group each source once before the fit; set "
-                              "grouping.regroup_every_epoch: false")
-        for name, run in self.source_runs().items():
-            if run.grouping.regroups_in_fit:
-                raise ConfigError(f"data.sources.{name}: a source is grouped once before the fit; set its "
-                                  f"grouping.regroup_every_epoch: false")
+        """Each source's run validated (what one source cannot do is refused in one line naming it)."""
+        self.source_runs()
+
+    @property
+    def regroups_in_fit(self) -> bool:
+        """The training workers regroup before every epoch with their current weights (raycse.train.regroup): the
+        run's grouping says so, or, in a mixture, any source's."""
+        if self.data.is_mixture:
+            return any(sub.grouping.regroups_in_fit for sub in self.source_runs().values())
+        return self.grouping.regroups_in_fit
 
     def source_runs(self) -> dict:
         """Each source of a mixture (``data.sources``) as the run that trains it alone: this run with the source's

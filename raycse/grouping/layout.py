@@ -36,9 +36,9 @@ class CorpusTable:
         self.n = table.num_rows
         self.columns = {c: table[c].combine_chunks() for c in COLUMNS if c in table.column_names}
 
-    def values(self, column: str, start: int = 0, step: int = 1) -> list:
-        """Rows ``start::step`` of one column, as Python values."""
-        return self.columns[column].take(np.arange(start, self.n, step)).to_pylist()
+    def values(self, column: str, start: int = 0, step: int = 1, stop: Optional[int] = None) -> list:
+        """Rows ``start:stop:step`` of one column, as Python values."""
+        return self.columns[column].take(np.arange(start, self.n if stop is None else stop, step)).to_pylist()
 
     def row(self, ids: np.ndarray, step: int, epoch: int) -> dict:
         """One batch as the loop reads it: its step and epoch, its row ids, and a list per column."""

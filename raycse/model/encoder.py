@@ -547,7 +547,7 @@ def _empty_backbone(body: Path, trust: bool, dtype: Optional[str]) -> nn.Module:
     config = AutoConfig.from_pretrained(body, trust_remote_code=trust)
     chosen = load_dtype(dtype).get("dtype", torch.float32)
     if chosen == "auto":
-        chosen = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+        chosen = getattr(config, "dtype", None) or torch.float32  # (torch_dtype only warns on transformers 5)
         chosen = getattr(torch, chosen) if isinstance(chosen, str) else chosen
     with torch.device("meta"):
         return AutoModel.from_config(config, trust_remote_code=trust, dtype=chosen).train(False)

@@ -64,10 +64,12 @@ class BatchSource:
 
     def rows(self, start: int) -> Iterator[dict]:
         """Rows from step ``start`` on: the driver's layouts, or regrouped epoch by epoch in the fit."""
-        p, e = self.plan, self.engine
+        p = self.plan
         if p.regroup_in_fit:
-            return regroup.regrouped_rows(e.core.encoder, self.table, p.run, self.rank, self.world_size, e.device,
-                                          e.dtype, p.steps_per_epoch, p.total_steps, p.stop_at, start, self.grouping)
+            build = lambda epoch, most: regroup.regroup_epoch(p, self.table(), self.engine, self.rank,  # noqa: E731
+                                                              self.world_size, epoch, most)
+            return regroup.regrouped_rows(build, self.table, p.run, self.rank, self.world_size, p.steps_per_epoch,
+                                          p.total_steps, p.stop_at, start, self.grouping)
         layouts = fetch(p.layouts, "the batch layouts")
         return (row for layout in layouts
                 for row in epoch_rows(self.table(), layout, self.rank, self.world_size,

@@ -42,8 +42,8 @@ from raycse.train.checkpoints import files as ckpt
 from raycse.train.fit import build_trainer, fit_and_release, report_resume, say_devices, worker_resources
 from raycse.train.plan import FitPlan, TuneHooks, plan_steps
 from raycse.train.preflight import check_inputs, check_local_gpus, check_run_name, resolve_storage_path
-from raycse.train.prepare import (data_key, fit_data, objective_knobs, prepare_references, read_corpus,
-                                  source_specs)
+from raycse.train.prepare import (data_key, fit_data, fixed_sources, objective_knobs, prepare_references,
+                                  read_corpus, source_specs)
 from raycse.train.publishing import best_checkpoint, close_tracking, log_model, publish, write_output
 
 
@@ -164,20 +164,22 @@ def _fit(run: RunConfig, inputs: _Inputs, hooks: TuneHooks, source, staging: Pat
     blocks, layouts, grouping_log = fit_data(run, corpus, prepared, spe, total, inputs.model_path)
     references = prepared.references if prepared is not None else prepare_references(run, corpus, inputs.model_path)
     sources = prepared.sources if prepared is not None else source_specs(run, corpus)
+    fixed = fixed_sources(run, corpus, spe, total, inputs.model_path) if prepared is None else None
     cpus = run.train.cpus_per_worker or default_cpus_per_worker(run.train.num_workers, run.train.gpu_share,
                                                                 cluster_ceiling(), ray.cluster_resources().get("CPU", 1))
     storage = inputs.storage_path or str(staging / "ray")
     if inputs.storage_path:
         identity.record(inputs.storage_path, inputs.run_name, inputs.definition)
     plan = FitPlan(run=run, total_steps=total, stop_at=min(total, hooks.stop_at or total), steps_per_epoch=spe,
-                   regroup_in_fit=run.grouping.regroups_in_fit, checkpoint_dir=object_store.join(storage, inputs.run_name),
+                   regroup_in_fit=run.regroups_in_fit, checkpoint_dir=object_store.join(storage, inputs.run_name),
                    threads=max(1, round(cpus)), dev=ray.put(dev) if dev is not None else None,
                    targets=ray.put(load_targets(hooks.targets, run.eval, dev)) if hooks.targets else None,
                    initial_key=initial_scores.key(inputs.model_path, run, dev) if dev is not None else None,
                    initial_file=initial_scores.cache_file(), eval_at=tuple(int(s) for s in hooks.eval_at),
                    score_sink=hooks.score_sink, tracking=tracking, corpus=tuple(blocks),
                    layouts=ray.put(layouts) if layouts is not None else None, references=references, progress=live,
-                   callbacks=inputs.callbacks, sources=sources)
+                   callbacks=inputs.callbacks, sources=sources,
+                   fixed_sources=ray.put(fixed) if fixed is not None else None)
     trainer = build_trainer(plan, cpus, storage, inputs.run_name, release.register_run(registry, run_key),
                             dev is not None)
     started = time.perf_counter()
@@ -186,7 +188,7 @@ def _fit(run: RunConfig, inputs: _Inputs, hooks: TuneHooks, source, staging: Pat
     grouping_log += (result.metrics or {}).get("grouping") or []  # (the in-fit regroups' record)
     report_resume((result.metrics or {}).get("resumed"))
     best, best_metrics = best_checkpoint(result, dev)
-    mixture = {"sources": sources_record(run, sources, layouts, result.metrics)} if sources else {}
+    mixture = {"sources": sources_record(run, sources, result.metrics)} if sources else {}
     return best, {**mixture, "best": best_metrics, "last": result.metrics,
                   "corpus": stats.record(),
                   "num_examples": num_examples, "steps_per_epoch": spe, "grouping": grouping_log,
@@ -194,15 +196,17 @@ def _fit(run: RunConfig, inputs: _Inputs, hooks: TuneHooks, source, staging: Pat
                   "objective_knobs": objective_knobs(run), "score_key": run.eval.score_key()}
 
 
-def sources_record(run: RunConfig, sources: tuple, layouts, last: Optional[dict]) -> list:
+def sources_record(run: RunConfig, sources: tuple, last: Optional[dict]) -> list:
     """A mixture's sources for metrics.json and the model card: each one's corpus, rows, objective, share of an
     epoch's steps and the steps it got."""
+    from raycse.train.mixture import epoch_steps
+
     subs, steps = run.source_runs(), ((last or {}).get("source_steps") or {})
-    planned = (layouts[0].info.get("sources") or {}) if layouts else {}
-    total = sum(planned.values()) or 1
+    planned = epoch_steps(run, [s.rows for s in sources])
+    total = int(planned.sum()) or 1
     return [{"name": s.name, "corpus": subs[s.name].data.corpus, "rows": s.rows,
-             "objective": subs[s.name].objective.name, "share": planned.get(s.name, 0) / total,
-             "steps": int(steps.get(s.name, 0))} for s in sources]
+             "objective": subs[s.name].objective.name, "share": int(k) / total,
+             "steps": int(steps.get(s.name, 0))} for s, k in zip(sources, planned)]
 
 
 def interrupted_detail(run: RunConfig, storage_path: Optional[str], run_name: str, registry, run_key: Optional[str],

@@ -124,7 +124,7 @@ def _sharded(run: RunConfig, backbone, params: int, frozen: int, trainable: int,
 def weight_bytes(run: RunConfig, config) -> int:
     """Bytes a weight (and its gradient, and each AdamW moment: kept in the weight's dtype) takes: 2 where the model
     loads in bf16 (model.dtype bf16, or auto on a checkpoint stored in 16 bits), else 4."""
-    stored = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "")
+    stored = str(getattr(config, "dtype", None) or "")  # (transformers >= 5: torch_dtype only warns)
     half = run.model.dtype == "bf16" or (run.model.dtype == "auto" and stored.endswith(("bfloat16", "float16")))
     return 2 if half else 4
 

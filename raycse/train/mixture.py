@@ -95,19 +95,31 @@ def epoch_steps(run: RunConfig, counts: list) -> np.ndarray:
 def lay_out_mixture(run: RunConfig, corpus: MixedCorpus, spe: int, total: int, planner) -> tuple[list, list]:
     """The fit's epochs as layouts (raycse.grouping.layout.Layout), every step's batches of one source, and each
     epoch's record: the steps each source got, and each source's grouping. ``planner(run, corpus, say)``: a source's
-    epoch planner (raycse.train.prepare.epoch_planner). A source planned more steps than its batches make takes its
-    order again, grouped with the next seed (epoch ``e + k * train.epochs``)."""
-    from raycse.grouping import mixing
-    from raycse.grouping.layout import Layout
-
-    subs, names = run.source_runs(), list(corpus.corpora)
-    planners = {n: planner(subs[n], corpus.corpora[n], f"source {n}: ") for n in names}
-    counts, w = corpus.num_examples, run.train.num_workers
-    steps = epoch_steps(run, counts)
+    epoch planner (raycse.train.prepare.epoch_planner)."""
     out, logs = [], []
+    for epoch, (batches, groupings) in sources_batches(run, corpus, spe, total, planner).items():
+        layout = mixed_layout(run, epoch, batches, groupings)
+        out.append(layout)
+        logs.append({"epoch": epoch, "sources": layout.info["sources"], "strategy": run.grouping.strategy})
+    return out, logs
+
+
+def sources_batches(run: RunConfig, corpus: MixedCorpus, spe: int, total: int, planner) -> dict:
+    """epoch -> (each source's batches for its steps of that epoch, by the row ids of the mixture, and their
+    groupings' records), as the driver groups them before the fit; None for a source that the workers regroup in it
+    (its grouping.regroup_every_epoch). A source planned more steps than its batches make takes its order again,
+    grouped with the next seed (epoch ``e + k * train.epochs``)."""
+    subs, names = run.source_runs(), list(corpus.corpora)
+    planners = {n: planner(subs[n], corpus.corpora[n], f"source {n}: ") for n in names
+                if not subs[n].grouping.regroups_in_fit}
+    steps, w = epoch_steps(run, corpus.num_examples), run.train.num_workers
+    out = {}
     for epoch in planned_epochs(run, spe, total):
         batches, groupings = [], {}
         for i, name in enumerate(names):
+            if name not in planners:
+                batches.append(None)
+                continue
             need, parts, again = int(steps[i]) * w, [], 0
             while sum(len(p) for p in parts) < need:
                 planned = planners[name](epoch + again * run.train.epochs, epoch * spe, None)
@@ -115,8 +127,19 @@ def lay_out_mixture(run: RunConfig, corpus: MixedCorpus, spe: int, total: int, p
                 groupings.setdefault(name, {k: v for k, v in planned.info.items() if k != "seconds"})
                 again += 1
             batches.append(np.concatenate(parts)[:need] if parts else np.zeros((0, run.train.batch_size), np.int64))
-        order = mixing.step_sources(steps, run.data.mixing, run.train.seed, epoch)
-        info = {"sources": {n: int(k) for n, k in zip(names, steps)}, "source_groupings": groupings}
-        out.append(Layout(epoch, mixing.mix(batches, order, w), info))
-        logs.append({"epoch": epoch, "sources": info["sources"], "strategy": run.grouping.strategy})
-    return out, logs
+        out[epoch] = (batches, groupings)
+    return out
+
+
+def mixed_layout(run: RunConfig, epoch: int, batches: list, groupings: dict):
+    """One epoch of a mixture laid out one source a step (``batches``: each source's, ``train.num_workers`` a step
+    of it), the steps in the order data.mixing gives (raycse.grouping.mixing); its info: the steps each source got
+    and the sources' groupings."""
+    from raycse.grouping import mixing
+    from raycse.grouping.layout import Layout
+
+    w = run.train.num_workers
+    steps = np.array([len(b) // w for b in batches], dtype=np.int64)
+    order = mixing.step_sources(steps, run.data.mixing, run.train.seed, epoch)
+    info = {"sources": {n: int(k) for n, k in zip(run.data.sources, steps)}, "source_groupings": groupings}
+    return Layout(epoch, mixing.mix(batches, order, w), info)

@@ -79,6 +79,9 @@ class FitPlan:
     progress: Any = None  # (RunRegistry, run key): rank 0 notes each logged step there (said on an interrupt)
     callbacks: tuple = ()  # the Python API's user callbacks (raycse.train.callbacks.Callback), run on rank 0
     sources: tuple = ()  # a mixture's sources (SourceSpec), in data.sources' order; () for one corpus
+    # a mixture that regroups some sources in the fit: ObjectRef of {epoch: (the other sources' batches, None for
+    # those regrouped, their groupings)} (raycse.train.prepare.fixed_sources), or None
+    fixed_sources: Any = None
 
 
 @dataclass(frozen=True)

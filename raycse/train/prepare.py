@@ -84,7 +84,7 @@ def prepare_data(run: RunConfig) -> Optional[PreparedData]:
     setup_ray_data()
     corpus = load_run_corpus(run)
     spe, total = plan_steps(run, corpus.num_examples)
-    if run.grouping.regroups_in_fit:
+    if run.regroups_in_fit:
         return None  # every trial's workers group with their own weights
     model_path = resolve_model(run.model.name_or_path, run.model.trust_remote_code)
     layouts, logs = lay_out_epochs(run, corpus, spe, total, model_path)
@@ -168,9 +168,19 @@ def fit_data(run: RunConfig, corpus, prepared, spe: int, total: int, model_path:
     (None), or laid out now with the starting model."""
     if prepared is not None:
         return prepared.blocks, prepared.layouts, list(prepared.grouping_log)
-    if run.grouping.regroups_in_fit:
+    if run.regroups_in_fit:
         return corpus.blocks, None, []
     return (corpus.blocks, *lay_out_epochs(run, corpus, spe, total, model_path))
+
+
+def fixed_sources(run: RunConfig, corpus, spe: int, total: int, embed_from: str) -> Optional[dict]:
+    """A mixture whose workers regroup some sources in the fit: epoch -> (each other source's batches, grouped now
+    with ``embed_from``, None for those the workers regroup; their groupings' records); None for any other run."""
+    if not (run.data.is_mixture and run.regroups_in_fit):
+        return None
+    from raycse.train.mixture import sources_batches
+
+    return sources_batches(run, corpus, spe, total, lambda sub, part, say: epoch_planner(sub, part, embed_from, say))
 
 
 def prepare_references(run: RunConfig, corpus, model_path: str) -> dict:
