@@ -3,17 +3,47 @@
 import collections
 import importlib
 import json
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
 from raycse.config import DataConfig, GroupingConfig
 from raycse.errors import DataError
-from raycse.grouping import epoch_batches
+from raycse.grouping import layouts, plan_epoch
+from raycse.grouping.layout import CorpusTable, epoch_rows
 from raycse.grouping import knn as knn_mod
 from raycse.grouping.batches import pack
 from raycse.grouping.strategies import GroupOrder, keyed_order, knn_order, random_order
 from raycse.train.batches import row_examples
+
+
+def lay_out(corpus, plans: list, world_size: int) -> dict:
+    """The planned epochs' batch rows as the workers read them (raycse.train.batches): ``rank{r}`` -> rows in step
+    order."""
+    import ray
+
+    table = CorpusTable(ray.get(corpus.blocks))
+    return {f"rank{r}": [row for p, layout in zip(plans, layouts(plans))
+                         for row in epoch_rows(table, layout, r, world_size, p.first_step)]
+            for r in range(world_size)}
+
+
+@dataclass
+class EpochBatches:
+    rows: dict  # rank{r} -> that rank's batch rows, in step order
+    steps: int
+    packing: object
+    order: object
+    info: dict
+
+
+def epoch_batches(corpus, grouping, batch_size: int, world_size: int, seed: int, epoch: int, first_step: int,
+                  vectors=None, max_steps=None) -> EpochBatches:
+    """One epoch planned (raycse.grouping.plan_epoch) and read as the workers read it."""
+    plan = plan_epoch(corpus, grouping, batch_size, world_size, seed, epoch, first_step, vectors, max_steps)
+    return EpochBatches(lay_out(corpus, [plan], world_size), plan.packing.steps(world_size), plan.packing,
+                        plan.order, plan.info)
 
 
 # ----------------------------------------------------------------------------- pure parts
@@ -508,7 +538,6 @@ def test_grouping_none_keeps_the_files_order_every_epoch(ray_cluster, tmp_path):
     the files' own order (files in name order, lines in file order), the same each epoch."""
     from conftest import make_sentences
     from raycse.data.dataset import load_corpus
-    from raycse.grouping import lay_out, plan_epoch
 
     folder = tmp_path / "docs"
     folder.mkdir()
@@ -535,7 +564,6 @@ def test_several_epochs_laid_out_in_one_pass_follow_each_epochs_plan(ray_cluster
     once, in order, and each (step, rank) row holds exactly the texts of the plan's batch, in its order."""
     from conftest import make_sentences
     from raycse.data.dataset import load_corpus
-    from raycse.grouping import lay_out, plan_epoch
 
     path = _corpus_file(tmp_path, make_sentences(100, seed=5))
     corpus = load_corpus(DataConfig(corpus=str(path)), seed=3)

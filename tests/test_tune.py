@@ -95,7 +95,8 @@ def test_a_knob_has_one_name_and_old_names_print_the_new_one(tmp_path, capsys):
     from raycse.config import flag_fields
     from raycse.objectives import registry
     from raycse.tune import space as space_module
-    from raycse.tune.space import knob_key, space_files
+    from raycse.config.files import recipe, shipped
+    from raycse.tune.space import knob_key
 
     flags = {flag[2:].replace("-", "_"): key for flag, key, *_ in flag_fields()}
     objective_knobs = {name for obj in registry.names() for name in registry.knobs(obj)}
@@ -109,8 +110,8 @@ def test_a_knob_has_one_name_and_old_names_print_the_new_one(tmp_path, capsys):
     for name in set(flags) | objective_knobs:
         names_of.setdefault(knob_key(name), set()).add(name)
     assert {k: v for k, v in names_of.items() if len(v) > 1} == {}
-    for path in space_files():
-        load_space(str(path))
+    for name in shipped("search_spaces"):
+        load_space(recipe("search_spaces", name))
     err = capsys.readouterr().err  # the shipped spaces use no old name: their one note is a teacher's knob left out
     assert all("is not searched: it acts only with model.teacher" in line for line in err.splitlines()), err
 
@@ -153,15 +154,14 @@ def test_conditional_knobs_and_combined_space(tmp_path):
         study.tell(trial, 0.0)
     assert seen == {"simcse", "hicl"}
     # the shipped spaces all validate (with their paper ranges)
-    from raycse.tune.space import space_files
+    from raycse.config.files import recipe, shipped
 
-    names = {p.stem for p in space_files()}
+    names = set(shipped("search_spaces"))
     assert {"simcse", "hicl", "bsc", "sgopt", "compcse", "laser", "combined"} <= names
-    for p in space_files():
-        load_space(str(p))
+    for name in names:
+        load_space(recipe("search_spaces", name))
     # HiCL's space samples HiCLv1 (beta = 0, no entailment term) as well as v2 (issue 44)
-    beta = next(k for k in load_space(str(next(p for p in space_files() if p.stem == "hicl"))).knobs
-                if k.name == "beta")
+    beta = next(k for k in load_space(recipe("search_spaces", "hicl")).knobs if k.name == "beta")
     assert 0.0 in beta.args and any(v > 0 for v in beta.args)
 
 
@@ -170,9 +170,9 @@ def test_combined_space_searches_the_guide_and_a_teachers_weight_only_with_a_tea
     (0: no teacher term); the weight only where the run names a teacher, said once, as a trial spent on a
     setting without effect would be lost. A knob whose ``when`` reads such an idle knob is refused."""
     from raycse.objectives.references import WithReferences
-    from raycse.tune.space import space_files
+    from raycse.config.files import recipe
 
-    combined = str(next(p for p in space_files() if p.stem == "combined"))
+    combined = recipe("search_spaces", "combined")
     monkeypatch.setattr("raycse.tune.space._told", set())  # (said once a process: maybe already, by another test)
     bare = load_space(combined, corpus="c.txt")
     names = [k.name for k in bare.knobs]
@@ -200,9 +200,9 @@ def test_combined_space_holds_the_best_recipe_and_records_trials_run_elsewhere()
     import optuna
 
     from raycse.config import RECIPES
-    from raycse.tune.space import space_files
+    from raycse.config.files import recipe as shipped_recipe
 
-    space = load_space(str(next(p for p in space_files() if p.stem == "combined")))
+    space = load_space(shipped_recipe("search_spaces", "combined"))
     recipe = yaml.safe_load((RECIPES / "configs" / "compcse.yaml").read_text())
     point = {"objective": "compcse", "grouping": "random", "tau": recipe["objective"]["tau"],
              "lr": recipe["train"]["lr"], "mlp_head": recipe["model"]["mlp_head"], "d0": recipe["objective"]["d0"],

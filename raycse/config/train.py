@@ -162,8 +162,8 @@ class PrecisionSettings:
     unpad: bool = knob(True, '--unpad',
                        'BERT-family encoders run their layers on real tokens only (padding only inside attention; '
                        'same loss, faster)')
-    # On CPU, draw dropout masks four to a 64-bit random word instead of with bernoulli_ (~4x
-    # cheaper; p rounded to 1/32768; raycse.model.unpad.dropout). GPUs always use PyTorch's dropout.
+    # On CPU, draw dropout masks four to a 64-bit random word instead of with bernoulli_ (cheaper:
+    # benchmarks/results/speed-cpu.md; p rounded to 1/32768; raycse.model.unpad.dropout). GPUs use PyTorch's.
     fast_dropout: bool = detail(True,
                                 'on CPUs, dropout masks drawn four to a 64-bit random word (~4x cheaper, p rounded to'
                                 " 1/32768); GPUs use PyTorch's")
@@ -186,9 +186,9 @@ class PrecisionSettings:
                                                "pad each batch's token width to a multiple of N, so that few batch "
                                                'shapes appear (default: 8 on GPUs, 1 on CPUs)')
 
-    # torch.compile (inductor) of the module's forward: on an H200 the engine's step ran 1.57x the
-    # plain eager one with it (benchmarks/results/gpu.md, 2026-12-04), after ~30 s of compiling; off
-    # by default until `raycse train` itself is measured with it on a GPU.
+    # torch.compile (inductor) of the module's forward: faster steps on GPUs after tens of seconds of
+    # compiling (figures: benchmarks/results/gpu.md); off by default until `raycse train` itself is
+    # measured with it on a GPU.
     compile: str = knob("false", '--compile',
                         "compile the step's forward with torch.compile: false | true (inductor's default mode) | "
                         'reduce-overhead (CUDA graphs; GPUs) | max-autotune | max-autotune-no-cudagraphs; '

@@ -2,8 +2,8 @@
 
 corpus (raycse.data.dataset) -> features (embed) -> group order (strategies, knn) -> batches (layout).
 :func:`plan_epoch` groups and packs one epoch; :func:`layouts` makes the planned epochs the
-:class:`~raycse.grouping.layout.Layout` list the train workers read their rows by, and
-:func:`lay_out` reads those rows here, per rank, as the workers do (for tests and tools).
+:class:`~raycse.grouping.layout.Layout` list the train workers read their rows by
+(:func:`raycse.grouping.layout.epoch_rows`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from raycse.grouping.batches import Packing, pack_epoch
-from raycse.grouping.layout import CorpusTable, Layout, epoch_rows
+from raycse.grouping.layout import Layout
 from raycse.grouping.registry import group_order
 from raycse.grouping.strategies import GroupOrder
 
@@ -27,15 +27,6 @@ class EpochPlan:
     """One epoch's group order packed into batches (row ids), before any Ray Data work."""
     epoch: int
     first_step: int
-    packing: Packing
-    order: GroupOrder
-    info: dict = field(default_factory=dict)
-
-
-@dataclass
-class EpochBatches:
-    rows: dict  # rank{r} -> that rank's batch rows, in step order
-    steps: int
     packing: Packing
     order: GroupOrder
     info: dict = field(default_factory=dict)
@@ -66,21 +57,3 @@ def plan_epoch(corpus, grouping, batch_size: int, world_size: int, seed: int, ep
 def layouts(plans: list[EpochPlan]) -> list[Layout]:
     """The planned epochs as the layouts a fit's workers read (FitPlan.layouts)."""
     return [Layout(p.epoch, p.packing.batches, p.info) for p in plans]
-
-
-def lay_out(corpus, plans: list[EpochPlan], world_size: int) -> dict:
-    """The planned epochs' batch rows as the workers read them: ``rank{r}`` -> rows in step order."""
-    import ray
-
-    table = CorpusTable(ray.get(corpus.blocks))  # as the workers read it (raycse.train.batches)
-    return {f"rank{r}": [row for p, layout in zip(plans, layouts(plans))
-                         for row in epoch_rows(table, layout, r, world_size, p.first_step)]
-            for r in range(world_size)}
-
-
-def epoch_batches(corpus, grouping, batch_size: int, world_size: int, seed: int, epoch: int, first_step: int,
-                  vectors: Optional[Callable[[], np.ndarray]] = None, max_steps: Optional[int] = None) -> EpochBatches:
-    """One epoch planned and laid out (:func:`plan_epoch` + :func:`lay_out`)."""
-    plan = plan_epoch(corpus, grouping, batch_size, world_size, seed, epoch, first_step, vectors, max_steps)
-    return EpochBatches(lay_out(corpus, [plan], world_size), plan.packing.steps(world_size), plan.packing,
-                        plan.order, plan.info)

@@ -1,4 +1,4 @@
-"""All-pairs kNN whose cost grows linearly with N: a cell join (issue 67).
+"""All-pairs kNN whose cost grows linearly with N: a cell join.
 
 Grouping needs every example's neighbours among all examples, not answers to outside queries.
 So instead of N single-query searches (IVF: each query scans ``nprobe`` lists, costing

@@ -1,4 +1,4 @@
-"""Name -> grouping strategy, so configs, the CLI and search spaces can name one (issue 87, item 2).
+"""Name -> grouping strategy, so configs, the CLI and search spaces can name one.
 
 Three ways in, looked up in this order: raycse's own (``random``, ``knn``, ``shingle``, ``cluster``,
 ``none``: raycse.config.grouping.GROUPINGS); an installed package's entry point in the group

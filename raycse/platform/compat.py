@@ -1,4 +1,4 @@
-"""The only places raycse reaches into what Ray, its W&B integration or torch mark as internal (issue 92).
+"""The only places raycse reaches into what Ray, its W&B integration or torch mark as internal.
 
 raycse runs on a range of Ray releases (pyproject.toml), so nothing else in it imports a private name
 (``tests/test_compat.py`` reads the source to keep it so). Each lookup here is by feature: the name is

@@ -1,4 +1,4 @@
-"""A long command's console (`raycse train`, `raycse tune`; issue 87, item 4): raycse's own lines, warnings,
+"""A long command's console (`raycse train`, `raycse tune`): raycse's own lines, warnings,
 errors, tracebacks and the command's results on the terminal, and for train one progress bar there (steps,
 loss, examples/s, ETA) when it is a terminal; every line, Ray's INFO lines and the workers'
 weight-loading bars among them, in the command's log file, whose path is said once. ``--verbose`` puts

@@ -1,4 +1,4 @@
-"""A user's own extension, found by name without editing raycse (issue 87, item 2): an installed
+"""A user's own extension, found by name without editing raycse: an installed
 package's entry point in one of raycse's groups (``[project.entry-points."raycse.objectives"]
 my_method = "my_pkg.module:MyObjective"``), or an import path ``my_pkg.module:Name``.
 
@@ -29,11 +29,6 @@ from raycse.errors import ConfigError
 def entry_point_names(group: str) -> list[str]:
     """The names installed packages register in ``group``."""
     return sorted({ep.name for ep in entry_points(group=group)})
-
-
-def is_named(group: str, name: str) -> bool:
-    """``name`` could be an extension: an entry point of ``group``, or an import path ``module:Name``."""
-    return ":" in name or name in entry_point_names(group)
 
 
 def load(group: str, name: str, kind: str) -> Optional[object]:

@@ -4,7 +4,7 @@ Why: Ray Train removes a run's placement group when its controller shuts down, a
 ``PlacementGroupCleaner`` is meant to remove it when the controller dies instead. A Tune trial that
 ASHA stops ends its seeds' runs only by owner death (trial actor -> seed task -> controller), and
 with the CPUs busy at that moment two such groups were seen to stay CREATED for good: the next
-trial's runs waited for those CPUs for ever (issue 18). So raycse ends its runs itself.
+trial's runs waited for those CPUs for ever. So raycse ends its runs itself.
 
 - Each run's controller registers itself, and each placement group it starts, in a
   :class:`RunRegistry` actor under a key (``TRIAL_ID/seedS`` in Tune, one key per ``train()``; the

@@ -238,8 +238,8 @@ def drop_train_checkpoints(trial_path: str, fs=None) -> None:
     of seed runs that were cut short (``seed*/.model_out.partial-*``), keeping each seed's final model.
 
     Why: a trial never runs again once Tune has ended it (complete, stopped by ASHA, errored), and
-    each seed's resumable checkpoints hold weights + optimizer state (~360 MB each for MiniLM):
-    ten trials of 2 seeds filled 50 GB before this. A seed run that ASHA's stop killed never got to
+    each seed's resumable checkpoints hold weights + optimizer state (~360 MB each for MiniLM), so a
+    search's disk would grow with every trial. A seed run that ASHA's stop killed never got to
     remove its staging directory itself. A local path, a URI, or (Tune's ``trial.path`` on object
     storage) a path within ``fs``."""
     import pyarrow.fs as pafs

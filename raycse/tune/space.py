@@ -29,7 +29,7 @@ from typing import Any, Optional, Sequence
 
 import yaml
 
-from raycse.config import RECIPES, RunConfig, flag_fields, get_dotted, load_yaml, set_dotted
+from raycse.config import RunConfig, flag_fields, get_dotted, load_yaml, set_dotted
 from raycse.config.objective import OWN_SETTINGS
 from raycse.errors import ConfigError
 
@@ -339,8 +339,3 @@ def _check_knobs(space: SearchSpace) -> None:
                 except ConfigError as exc:
                     raise ConfigError(f"{space.path}: knob '{knob.name}' = {value!r}"
                                       f"{f' (objective {obj})' if objective_knob else ''}: {exc}") from None
-
-
-def space_files(directory: Optional[str] = None) -> list[Path]:
-    base = Path(directory) if directory else RECIPES / "search_spaces"
-    return sorted(base.glob("*.yaml"))
