@@ -114,7 +114,7 @@ def test_the_train_report_logger_is_quieted_by_its_name():
 def test_the_wandb_callback_uses_a_flushing_actor_on_this_ray():
     pytest.importorskip("wandb")
     from raycse.platform import compat
-    from raycse.tune.wandb_logging import FlushingWandbLoggerCallback
+    from raycse.train.wandb_logging import FlushingWandbLoggerCallback
 
     actor = compat.wandb_logging_actor()
     assert actor is not None

@@ -5,7 +5,7 @@
   metrics into that run by id (loss, lr, throughput, the model-selection score); the driver closes it
   with the final scores and FINISHED, or FAILED. Why not Ray's ``setup_mlflow``: it starts a new
   MLflow run per call, and a raycse run can be several fits (regrouping every epoch, seeds in
-  turn). Tune experiments use Ray's own ``MLflowLoggerCallback`` (``raycse.tune.search``).
+  turn). Tune experiments use Ray's own ``MLflowLoggerCallback`` (raycse.train.tune_loggers).
 - TensorBoard: rank 0 writes scalars with tensorboardX (what Ray's TBX logger uses) under
   ``DIR/<output name>``; every fit appends to the same directory.
 - W&B: Ray's own ``setup_wandb`` on rank 0 of every fit, each fit resuming the one W&B run the driver
@@ -61,6 +61,12 @@ def flat_params(d: dict, prefix: str = "") -> dict[str, str]:
 
 class MLflowTracker(Tracker):
     kind = "mlflow"
+
+    def tune_callback(self, target: str, experiment: str):
+        from raycse.train import tune_loggers
+
+        mlflow_env()  # before mlflow is first imported
+        return tune_loggers.mlflow_callback(target, experiment)
 
     def check(self, target: str) -> None:
         from raycse.errors import ConfigError, require
@@ -135,6 +141,11 @@ class _MLflowSink:
 class TensorBoardTracker(Tracker):
     kind = "tensorboard"
 
+    def tune_callback(self, target: str, experiment: str):
+        from raycse.train import tune_loggers
+
+        return tune_loggers.tensorboard_callback(target, experiment)
+
     def check(self, target: str) -> None:
         from raycse.errors import require
 
@@ -179,6 +190,12 @@ def wandb_project(target: str) -> tuple[Optional[str], str]:
 
 class WandbTracker(Tracker):
     kind = "wandb"
+
+    def tune_callback(self, target: str, experiment: str):
+        from raycse.train import tune_loggers
+
+        entity, project = wandb_project(target)
+        return tune_loggers.wandb_callback(entity, project, experiment, wandb_dir())
 
     def check(self, target: str) -> None:
         """wandb installed, and a way to log in unless W&B runs offline."""

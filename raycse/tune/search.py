@@ -17,13 +17,11 @@ from pathlib import Path
 from typing import Optional
 
 from ray.tune import Callback
-from ray.tune.logger import LoggerCallback
 
 from raycse.config import EvalConfig, parse_tracking
 from raycse.errors import ConfigError, require
 from raycse.platform import object_store
 from raycse.platform.redact import refuse_credentials
-from raycse.train import trackers
 from raycse.train import tracking as train_tracking
 from raycse.tune import study
 from raycse.tune.settings import TuneSettings
@@ -405,76 +403,13 @@ def _tracking_callbacks(tracking: Optional[str], experiment: str) -> list:
 
 
 def _tracking_callback(kind: str, target: str, experiment: str):
-    """raycse's own trackers through Ray Tune's integrations; a user's tracker through its ``tune_callback``."""
-    own = {"mlflow": _mlflow_callback, "wandb": _wandb_callback, "tensorboard": _tensorboard_callback}.get(kind)
-    callback = own(target, experiment) if own else train_tracking.get(kind).tune_callback(target, experiment)
+    """The tracker's Ray Tune callback (raycse.train.tracker.Tracker.tune_callback: raycse's own and a user's
+    alike)."""
+    callback = train_tracking.get(kind).tune_callback(target, experiment)
     if callback is None:
         raise ConfigError(f"the tracker '{kind}' gives no Ray Tune callback (Tracker.tune_callback), so raycse tune "
                           f"cannot log trials to it; drop it from --tracking")
     return callback
-
-
-def _mlflow_callback(target: str, experiment: str):
-    trackers.mlflow_env()  # before mlflow is first imported
-    from ray.air.integrations.mlflow import MLflowLoggerCallback
-
-    return MLflowLoggerCallback(tracking_uri=target, experiment_name=experiment, save_artifact=False,
-                                tags={"raycse.experiment": experiment})
-
-
-def _wandb_callback(target: str, experiment: str):
-    from raycse.tune.wandb_logging import FlushingWandbLoggerCallback
-
-    entity, project = trackers.wandb_project(target)
-    # (mode and dir passed on: the logging actors need not share the driver's environment; a bound
-    # on the wait for their last upload at the end of the experiment)
-    mode = {"mode": os.environ["WANDB_MODE"]} if os.environ.get("WANDB_MODE") else {}
-    return FlushingWandbLoggerCallback(project=project, entity=entity, group=experiment,
-                                       dir=trackers.wandb_dir(), upload_timeout=120, **mode)
-
-
-def _tensorboard_callback(target: str, experiment: str):
-    return TensorBoardTo(str(Path(target) / experiment))
-
-
-class TensorBoardTo(LoggerCallback):
-    """Each trial's reports as TensorBoard scalars under DIR/<trial directory name>, the tags Ray's
-    TBXLoggerCallback writes (``ray/tune/<metric>`` at each training iteration), through Ray's public
-    LoggerCallback hooks: Ray's own callback can only write into the trial's directory, and
-    ``--tracking tensorboard:DIR`` names where TensorBoard looks."""
-
-    def __init__(self, root: str):
-        from tensorboardX import SummaryWriter
-
-        self.root, self.writer_cls, self.writers = root, SummaryWriter, {}
-
-    def log_trial_start(self, trial) -> None:
-        if trial in self.writers:  # a restarted trial appends to its own events
-            self.writers[trial].close()
-        self.writers[trial] = self.writer_cls(os.path.join(self.root, trial_dirname(trial)), flush_secs=30)
-
-    def log_trial_result(self, iteration: int, trial, result: dict) -> None:
-        if trial not in self.writers:
-            self.log_trial_start(trial)
-        step = result.get("training_iteration", iteration)
-        for key, value in _scalars(result):
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                self.writers[trial].add_scalar(f"ray/tune/{key}", value, global_step=step)
-        self.writers[trial].flush()
-
-    def log_trial_end(self, trial, failed: bool = False) -> None:
-        writer = self.writers.pop(trial, None)
-        if writer is not None:
-            writer.close()
-
-
-def _scalars(result: dict, prefix: str = ""):
-    """(slash-joined key, value) of every leaf of a nested result."""
-    for key, value in result.items():
-        if isinstance(value, dict):
-            yield from _scalars(value, f"{prefix}{key}/")
-        else:
-            yield f"{prefix}{key}", value
 
 
 def knob_text(value) -> str:
