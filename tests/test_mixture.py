@@ -137,12 +137,20 @@ def test_a_sources_loss_is_its_objectives_loss_on_the_batch_alone(tiny_model, tm
 
     text = tmp_path / "wiki.txt"
     text.write_text("\n".join(make_sentences(40, seed=3)) + "\n")
+    mined = tmp_path / "triplets.jsonl"  # (as raycse mine writes them: a source's own hard negatives)
+    mined.write_text("".join(json.dumps({"q": t, "a": t[::-1], "negative_1": t.upper()}) + "\n"
+                             for t in make_sentences(40, seed=6)))
     run = _mixture(tiny_model, text, write_stsb(tmp_path / "sts.csv", 40),
-                   **{"data.sources.sts.objective.tau": "0.1"})
+                   **{"data.sources.sts.objective.tau": "0.1", "data.sources.mined.corpus": str(mined),
+                      "data.sources.mined.text_column": "q", "data.sources.mined.pair_column": "a",
+                      "data.sources.mined.negative_column": "negative_1"})
     mixed = build_module(run)
     single = "\n".join(make_sentences(8, seed=5)).split("\n")
-    pairs = row_examples({"text": single, "pair": single[::-1], "score": [0.2 * i for i in range(8)]})
-    for index, (name, examples) in enumerate((("wiki", single), ("sts", pairs))):
+    row = {"text": single, "pair": single[::-1], "score": [0.2 * i for i in range(8)], "negatives": [None] * 8}
+    pairs = row_examples(row, pairs=True, negatives=False)  # (a mixture's rows hold every source's columns)
+    triplets = row_examples({**row, "score": [None] * 8, "negatives": [[t.upper()] for t in single]}, True, True)
+    assert all(len(t.negatives) == 1 for t in triplets)
+    for index, (name, examples) in enumerate((("wiki", single), ("sts", pairs), ("mined", triplets))):
         alone = build_module(run.source_runs()[name])
         alone.load_state_dict({k: v for k, v in mixed.state_dict().items() if not k.startswith("objective.")},
                               strict=False)
@@ -153,6 +161,10 @@ def test_a_sources_loss_is_its_objectives_loss_on_the_batch_alone(tiny_model, tm
         torch.manual_seed(11)
         want = alone(alone.objective.collate(examples, alone.encoder.tokenizer, 32)).loss
         assert torch.equal(got, want), (name, got, want)
+    torch.manual_seed(11)  # (the mined source's negatives count: without them its loss differs)
+    bare = mixed(mixed.objective.collate_source(2, [t._replace(negatives=()) for t in triplets],
+                                                mixed.encoder.tokenizer, 32)).loss
+    assert not torch.equal(bare, got)
 
 
 def test_the_workers_regroup_a_source_on_its_own_rows_beside_the_drivers_batches(tiny_model_no_dropout, tmp_path):
