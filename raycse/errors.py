@@ -25,6 +25,11 @@ class ModelError(RaycseError):
 def require(module: str, extra: str, what: str) -> None:
     """Fail at once, in one line naming the extra to install, when ``what`` needs ``module`` and it is
     not installed (not after Ray started, or after an hour of embedding)."""
+    require_installed(module, f"raycse[{extra}]", what)
+
+
+def require_installed(module: str, requirement: str, what: str) -> None:
+    """:func:`require` for any package: ``requirement`` is what pip installs it by."""
     import importlib.util
 
     try:
@@ -33,7 +38,7 @@ def require(module: str, extra: str, what: str) -> None:
         missing = True
     if missing:
         raise RaycseError(f"{what} needs the '{module}' package, which is not installed: pip install "
-                          f"'raycse[{extra}]'")
+                          f"'{requirement}'")
 
 
 class LossNotFinite(RaycseError, FloatingPointError):

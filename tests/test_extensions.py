@@ -342,6 +342,36 @@ def test_a_strategy_whose_order_loses_rows_is_refused(monkeypatch):
         groupings.get("bad_groupings_for_test:Plain")
 
 
+def test_a_strategy_says_what_it_imports_and_a_run_without_it_is_refused_before_anything_starts(
+        tiny_model, corpus, tmp_path, monkeypatch, capsys):
+    """A strategy's ``requires`` (module -> what pip installs it by) is checked before a run starts, raycse's own
+    (knn: faiss) through the same door as a user's; a requires that is no such mapping is one line."""
+    import types
+
+    from raycse.cli import main
+    from raycse.config import GroupingConfig
+    from raycse.config.grouping import strategy_requires
+    from raycse.grouping import registry as groupings
+
+    assert strategy_requires("knn") == strategy_requires("cluster") == {"faiss": "raycse[grouping]"}
+    assert strategy_requires("random") == strategy_requires("shingle") == {}
+    module = types.ModuleType("needy_groupings_for_test")
+    module.Needy = type("Needy", (groupings.Strategy,), {"order": _Repeats.order,
+                                                        "requires": {"no_such_module_xyz": "thing-pkg>=1"}})
+    module.Odd = type("Odd", (groupings.Strategy,), {"order": _Repeats.order, "requires": ["faiss"]})
+    monkeypatch.setitem(sys.modules, "needy_groupings_for_test", module)
+    out = tmp_path / "out"
+    assert main(["train", "--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", "none", "--output",
+                 str(out), "--grouping", "needy_groupings_for_test:Needy"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("raycse: error: --grouping needy_groupings_for_test:Needy needs the 'no_such_module_xyz' "
+                       "package, which is not installed: pip install 'thing-pkg>=1'"), err
+    assert not out.exists()
+    with pytest.raises(ConfigError, match="maps each module it imports to what pip installs it by") as got:
+        GroupingConfig(strategy="needy_groupings_for_test:Odd").validate()
+    assert "\n" not in str(got.value)
+
+
 # A tracker of one's own (issue 87, item 2): examples/jsonl_tracker.py registered by an installed package's
 # entry point (a tracking spec is KIND:TARGET, so a kind is a name, not an import path), refused in one line
 # when unknown or no Tracker, and followed through a whole `raycse train`.

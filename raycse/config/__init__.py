@@ -15,7 +15,7 @@ from raycse.config.data import CORPUS_FORMATS, DECODE_POLICIES, DataConfig
 from raycse.config.evaluation import DATA_ENV, STSB_DEV_IN_DATA, EvalConfig
 from raycse.config.fields import PRECISIONS, Section, knob, setting
 from raycse.config.files import MAX_YAML_DEPTH, RECIPES, YamlLoader, load_yaml, recipe, shipped
-from raycse.config.grouping import GROUPINGS, KNN_SEARCH, GroupingConfig
+from raycse.config.grouping import KNN_SEARCH, STRATEGIES, GroupingConfig
 from raycse.config.model import MLP_MODES, POOLINGS, TRUST_REMOTE_CODE, ModelConfig
 from raycse.config.objective import ObjectiveConfig
 from raycse.config.run import RunConfig, flag_fields, get_dotted, set_dotted, unflagged_fields
@@ -26,7 +26,7 @@ __all__ = [
     "TRUST_REMOTE_CODE",
     "CORPUS_FORMATS", "DECODE_POLICIES", "DataConfig", "DATA_ENV", "STSB_DEV_IN_DATA", "EvalConfig",
     "PRECISIONS", "Section", "knob", "setting", "MAX_YAML_DEPTH", "RECIPES", "YamlLoader", "load_yaml",
-    "recipe", "shipped", "GROUPINGS", "KNN_SEARCH", "GroupingConfig", "MLP_MODES", "POOLINGS", "ModelConfig",
+    "recipe", "shipped", "STRATEGIES", "KNN_SEARCH", "GroupingConfig", "MLP_MODES", "POOLINGS", "ModelConfig",
     "ObjectiveConfig", "RunConfig", "flag_fields", "get_dotted", "set_dotted", "CheckpointSettings",
     "FailureSettings", "OptimizerSettings", "PrecisionSettings", "ScalingSettings", "TrackingSettings",
     "TrainConfig", "parse_tracking", "unflagged_fields",

@@ -9,22 +9,23 @@ from raycse.config.fields import Section, at_least, detail, knob, one_of
 from raycse.errors import ConfigError
 from raycse.platform import plugins
 
-# raycse's own strategies (raycse.grouping.registry), each with what its order is given (its features)
-GROUPINGS = {"random": "none", "knn": "embeddings", "shingle": "shingles", "cluster": "embeddings", "none": "none"}
+# raycse's own strategies: each name's class (raycse.grouping.builtin), loaded as an installed package's or a user's
+# is (raycse.platform.plugins); the class says what it is given (features) and what it imports (requires)
+STRATEGIES = {"random": "raycse.grouping.builtin:Random", "knn": "raycse.grouping.builtin:Knn",
+              "shingle": "raycse.grouping.builtin:Shingle", "cluster": "raycse.grouping.builtin:Cluster",
+              "none": "raycse.grouping.builtin:FileOrder"}
 FEATURES = ("none", "embeddings", "shingles")
 STRATEGY_GROUP = "raycse.groupings"  # the entry-point group of installed packages' strategies
 
 KNN_SEARCH = ("auto", "exact", "cells", "ivf")
 
 
-def strategy_features(name: str) -> str:
-    """What strategy ``name`` groups by (:data:`FEATURES`): raycse's own from :data:`GROUPINGS`, a user's
-    from its ``features`` (its module imported, as raycse.platform.plugins imports)."""
-    if name in GROUPINGS:
-        return GROUPINGS[name]
-    found = plugins.load(STRATEGY_GROUP, name, "grouping strategy")
+def strategy_of(name: str):
+    """The strategy ``name`` means, as its module gives it (a Strategy subclass or an instance): raycse's own by its
+    name (:data:`STRATEGIES`), a user's by entry point or import path; checked to declare what a Strategy does."""
+    found = plugins.load(STRATEGY_GROUP, STRATEGIES.get(name, name), "grouping strategy")
     if found is None:
-        raise ConfigError(f"grouping.strategy must be one of {', '.join(GROUPINGS)}, or your own as "
+        raise ConfigError(f"grouping.strategy must be one of {', '.join(STRATEGIES)}, or your own as "
                           f"my_pkg.module:MyStrategy (raycse.grouping.registry.Strategy); got {name!r}")
     if not callable(getattr(found, "order", None)):
         raise ConfigError(f"grouping strategy '{name}' is {found!r}, not a grouping strategy; name a subclass of "
@@ -33,8 +34,21 @@ def strategy_features(name: str) -> str:
     if features not in FEATURES:
         raise ConfigError(f"grouping strategy '{name}' has features {features!r}; a Strategy's features are one "
                           f"of {', '.join(FEATURES)}")
-    return features
+    requires = getattr(found, "requires", None) or {}
+    if not isinstance(requires, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in requires.items()):
+        raise ConfigError(f"grouping strategy '{name}' has requires {requires!r}; a Strategy's requires maps each "
+                          f"module it imports to what pip installs it by, e.g. {{'faiss': 'raycse[grouping]'}}")
+    return found
 
+
+def strategy_features(name: str) -> str:
+    """What strategy ``name`` groups by (:data:`FEATURES`)."""
+    return strategy_of(name).features
+
+
+def strategy_requires(name: str) -> dict:
+    """The optional modules strategy ``name`` imports, each with what pip installs it by."""
+    return dict(getattr(strategy_of(name), "requires", None) or {})
 
 
 @dataclass

@@ -1,14 +1,14 @@
 """Name -> grouping strategy, so configs, the CLI and search spaces can name one.
 
 Three ways in, looked up in this order: raycse's own (``random``, ``knn``, ``shingle``, ``cluster``,
-``none``: raycse.config.grouping.GROUPINGS); an installed package's entry point in the group
-``raycse.groupings``; any importable one by its import path, ``grouping.strategy: my_pkg.module:MyStrategy``
+``none``: the classes of raycse.grouping.builtin, named in raycse.config.grouping.STRATEGIES and loaded as the
+others are); an installed package's entry point in the group ``raycse.groupings``; any importable one by its import path, ``grouping.strategy: my_pkg.module:MyStrategy``
 (``--grouping my_pkg.module:MyStrategy``; found as raycse.platform.plugins finds objectives, never in the
 working directory). ``examples/projection_groups.py`` is one.
 
 A strategy from outside raycse subclasses :class:`Strategy` (a class, made with no arguments, or an
-instance): ``features`` says what its :meth:`~Strategy.order` is given, and the order it returns is
-checked to hold every row once.
+instance): ``features`` says what its :meth:`~Strategy.order` is given, ``requires`` the optional packages it
+imports (checked before a run starts), and the order it returns is checked to hold every row once.
 
     >>> import numpy as np
     >>> from raycse.config import GroupingConfig
@@ -28,10 +28,9 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from raycse.config.grouping import GROUPINGS, STRATEGY_GROUP
+from raycse.config.grouping import STRATEGIES, STRATEGY_GROUP
 from raycse.errors import ConfigError
-from raycse.grouping import strategies as built_in
-from raycse.grouping.strategies import GroupOrder, epoch_rng
+from raycse.grouping.strategies import GroupOrder
 from raycse.platform import plugins
 
 
@@ -41,9 +40,12 @@ class Strategy:
     ``features``: what :meth:`order` is given as ``features``: ``"none"`` (None), ``"embeddings"`` (the
     corpus's embeddings by row id, ``(n, d)`` float, from the model being trained: the driver embeds
     before the fit, or each worker before every epoch with ``grouping.regroup_every_epoch``) or
-    ``"shingles"`` (an int64 content-word key per row, BSC's shingles)."""
+    ``"shingles"`` (an int64 content-word key per row, BSC's shingles). ``requires``: the optional packages its
+    order imports, each with what pip installs it by (``{"faiss": "raycse[grouping]"}``), checked before a run
+    starts."""
 
     features: str = "none"
+    requires: dict = {}
 
     def order(self, cfg, n: int, seed: int, epoch: int, features: Optional[np.ndarray]) -> GroupOrder:
         """The epoch's group order: every row id in ``range(n)`` once, and the lengths of its consecutive
@@ -52,35 +54,10 @@ class Strategy:
         raise NotImplementedError
 
 
-class _BuiltIn(Strategy):
-    def __init__(self, name: str, order: Callable):
-        self.name, self.features, self._order = name, GROUPINGS[name], order
-
-    def order(self, cfg, n, seed, epoch, features):
-        return self._order(cfg, n, seed, epoch, features)
-
-    def __repr__(self) -> str:
-        return f"<raycse grouping {self.name}>"
-
-
-BUILT_IN = {s.name: s for s in (
-    _BuiltIn("random", lambda cfg, n, seed, epoch, _: built_in.random_order(n, seed, epoch)),
-    # the corpus's own order (it was read without its pre-shuffle)
-    _BuiltIn("none", lambda cfg, n, seed, epoch, _: GroupOrder(np.arange(n), np.ones(n, dtype=np.int64))),
-    _BuiltIn("knn", lambda cfg, n, seed, epoch, x: built_in.knn_order(x, cfg, seed, epoch)),
-    _BuiltIn("cluster", lambda cfg, n, seed, epoch, x: built_in.keyed_order(
-        built_in.cluster_keys(x, cfg.clusters, cfg.group_size, seed + epoch), cfg.group_size,
-        epoch_rng(seed, epoch, 2))),
-    _BuiltIn("shingle", lambda cfg, n, seed, epoch, keys: built_in.keyed_order(keys, cfg.group_size,
-                                                                               epoch_rng(seed, epoch, 3))),
-)}
-
-
 def get(name: str) -> Strategy:
-    """The strategy ``name`` means; one line (ConfigError) for a name that means none."""
-    if name in BUILT_IN:
-        return BUILT_IN[name]
-    found = plugins.load_instance(STRATEGY_GROUP, name, "grouping strategy", Strategy)
+    """The strategy ``name`` means (raycse's own by its name, as a user's by entry point or import path); one line
+    (ConfigError) for a name that means none."""
+    found = plugins.load_instance(STRATEGY_GROUP, STRATEGIES.get(name, name), "grouping strategy", Strategy)
     if found is None:  # (GroupingConfig.validate refuses such a name first)
         raise ConfigError(f"unknown grouping strategy {name!r}")
     return found
@@ -93,7 +70,7 @@ def group_order(cfg, n: int, seed: int, epoch: int, vectors: Optional[Callable[[
     strategy = get(cfg.strategy)
     source = {"embeddings": vectors, "shingles": shingles}.get(strategy.features)
     order = strategy.order(cfg, n, seed, epoch, source() if source is not None else None)
-    return order if strategy is BUILT_IN.get(cfg.strategy) else _checked(cfg.strategy, order, n)
+    return order if cfg.strategy in STRATEGIES else _checked(cfg.strategy, order, n)  # (raycse's own: tested)
 
 
 def _checked(name: str, got, n: int) -> GroupOrder:

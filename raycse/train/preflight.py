@@ -116,10 +116,13 @@ def check_local_cpus(t, cpus: int) -> None:
 
 def check_extras(run: RunConfig) -> None:
     """The optional packages this run needs, before anything starts."""
-    from raycse.errors import require
+    from raycse.errors import require, require_installed
 
-    if run.grouping.strategy in ("knn", "cluster"):
-        require("faiss", "grouping", f"--grouping {run.grouping.strategy}")
+    from raycse.config.grouping import strategy_requires
+
+    for sub in list(run.source_runs().values()) or [run]:  # (a mixture: each source's grouping)
+        for module, installs in strategy_requires(sub.grouping.strategy).items():
+            require_installed(module, installs, f"--grouping {sub.grouping.strategy}")
     selection = run.eval.selection()[0]
     if selection == "beir":
         require("faiss", "grouping", "--eval-metric beir:...")

@@ -19,7 +19,7 @@ from typing import Optional
 from ray.tune import Callback
 
 from raycse.config import EvalConfig, parse_tracking
-from raycse.errors import ConfigError, require
+from raycse.errors import ConfigError, require, require_installed
 from raycse.platform import object_store
 from raycse.platform.redact import refuse_credentials
 from raycse.train import tracking as train_tracking
@@ -456,9 +456,14 @@ def check_space_extras(space: SearchSpace) -> None:
     from raycse.train.preflight import check_extras
 
     check_extras(space.run_config({}))
+    from raycse.config.grouping import strategy_requires
+
     for knob in space.knobs:
-        if knob.key == "grouping.strategy" and {"knn", "cluster"} & set(map(str, knob.args)):
-            require("faiss", "grouping", f"the search space's {knob.name} knob ({', '.join(map(str, knob.args))})")
+        if knob.key == "grouping.strategy" and knob.kind == "choice":
+            for strategy in map(str, knob.args):
+                for module, installs in strategy_requires(strategy).items():
+                    require_installed(module, installs, f"the search space's {knob.name} knob "
+                                                        f"({', '.join(map(str, knob.args))})")
 
 
 def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name: Optional[str] = None):
