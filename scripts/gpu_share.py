@@ -90,11 +90,12 @@ def probe_loop(config: dict) -> None:
 
     from raycse.config import TrainConfig
     from raycse.train.module import worker_device
+    from raycse.train.session import RayTrainSession
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     module, _ = _probe_module(config["model"])
-    device = worker_device(TrainConfig(use_gpu=True, gpus_per_worker=config["share"]))
+    device = worker_device(TrainConfig(use_gpu=True, gpus_per_worker=config["share"]), RayTrainSession())
     module = ray.train.torch.prepare_model(module, move_to_device=device)
     module.eval()
     half = config["batch"] // world

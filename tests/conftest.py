@@ -7,6 +7,7 @@ import os
 import random
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -558,3 +559,40 @@ def hub_off(tmp_path, monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     return cache
+
+
+# ----------------------------------------------------------------------------------------------- batches
+# An epoch's batch rows as the train workers read them (raycse.train.batches), per rank: what the grouping tests
+# look at (the product lays out and reads them in the fit: raycse.train.prepare, raycse.grouping.layout).
+
+def lay_out(corpus, plans: list, world_size: int) -> dict:
+    """The planned epochs' batch rows as the workers read them (raycse.train.batches): ``rank{r}`` -> rows in step
+    order."""
+    import ray
+
+    from raycse.grouping import layouts
+    from raycse.grouping.layout import CorpusTable, epoch_rows
+
+    table = CorpusTable(ray.get(corpus.blocks))
+    return {f"rank{r}": [row for p, layout in zip(plans, layouts(plans))
+                         for row in epoch_rows(table, layout, r, world_size, p.first_step)]
+            for r in range(world_size)}
+
+
+@dataclass
+class EpochBatches:
+    rows: dict  # rank{r} -> that rank's batch rows, in step order
+    steps: int
+    packing: object
+    order: object
+    info: dict
+
+
+def epoch_batches(corpus, grouping, batch_size: int, world_size: int, seed: int, epoch: int, first_step: int,
+                  vectors=None, max_steps=None) -> EpochBatches:
+    """One epoch planned (raycse.grouping.plan_epoch) and read as the workers read it."""
+    from raycse.grouping import plan_epoch
+
+    plan = plan_epoch(corpus, grouping, batch_size, world_size, seed, epoch, first_step, vectors, max_steps)
+    return EpochBatches(lay_out(corpus, [plan], world_size), plan.packing.steps(world_size), plan.packing,
+                        plan.order, plan.info)

@@ -112,25 +112,32 @@ def test_two_workers_cached_equal_one_worker_uncached_double_batch(tiny_model_no
 
 
 def test_same_seed_same_model_with_and_without_the_cache(ray_cluster, tiny_model_no_dropout, corpus, tmp_path, capsys):
-    """Through `raycse train` on 2 Ray Train workers: a few steps with cache_chunk_size a quarter of
-    the batch give the model the uncached run gives; a chunk larger than the batch is refused."""
+    """Through the worker loop (in this process, as a Ray Train worker runs it): a few steps with cache_chunk_size a
+    quarter of the batch give the model the uncached run gives; a chunk larger than the batch is refused. (Two
+    workers: test_two_workers_cached_equal_one_worker_uncached_double_batch.)"""
+    from local_session import fit_in_process
     from raycse.cli import main
+    from raycse.config import RunConfig
     from raycse.model.encoder import Encoder
 
-    def train(out, *extra):
-        return main(["train", "--model", str(tiny_model_no_dropout), "--corpus", str(corpus), "--output", str(out),
-                     "--stsb-dev", "none", "--num-workers", "2", "--cpus-per-worker", "1", "--batch-size", "8",
-                     "--max-length", "16", "--max-steps", "4", "--lr", "5e-4", "--precision", "fp32", *extra])
+    def train(name, **extra):
+        run = RunConfig.from_dict({"model": {"name_or_path": str(tiny_model_no_dropout), "max_length": 16},
+                                   "data": {"corpus": str(corpus)}, "eval": {"stsb_dev": "none"},
+                                   "train": {"batch_size": 8, "max_steps": 4, "lr": 5e-4, "precision": "fp32",
+                                             **extra}, "output_dir": str(tmp_path / name)})
+        return fit_in_process(run, tmp_path / f"{name}-ckpt")
 
-    assert train(tmp_path / "plain") == 0
-    assert train(tmp_path / "cached", "--set", "train.cache_chunk_size=2") == 0
+    plain, cached = train("plain"), train("cached", cache_chunk_size=2)
+    assert plain.last["step"] == cached.last["step"] == 4
     probe = make_sentences(6, seed=9)
-    a = Encoder.from_pretrained(str(tmp_path / "plain" / "model")).encode(probe)
-    b = Encoder.from_pretrained(str(tmp_path / "cached" / "model")).encode(probe)
+    a = Encoder.from_pretrained(str(plain.model_dir())).encode(probe)
+    b = Encoder.from_pretrained(str(cached.model_dir())).encode(probe)
     base = Encoder.from_pretrained(str(tiny_model_no_dropout)).encode(probe)
     assert abs(a - b).max() < 1e-4 and abs(a - base).max() > 1e-3  # trained, and trained alike
     capsys.readouterr()
-    assert train(tmp_path / "bad", "--set", "train.cache_chunk_size=9") == 2
+    assert main(["train", "--model", str(tiny_model_no_dropout), "--corpus", str(corpus), "--output",
+                 str(tmp_path / "bad"), "--stsb-dev", "none", "--batch-size", "8",
+                 "--set", "train.cache_chunk_size=9"]) == 2
     err = own_lines(capsys.readouterr().err)
     assert len(err) == 1 and "cache_chunk_size must be between 1 and the batch size" in err[-1]
     assert not (tmp_path / "bad").exists()

@@ -3,47 +3,19 @@
 import collections
 import importlib
 import json
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
 from raycse.config import DataConfig, GroupingConfig
 from raycse.errors import DataError
-from raycse.grouping import layouts, plan_epoch
-from raycse.grouping.layout import CorpusTable, epoch_rows
+from conftest import epoch_batches, lay_out
+from raycse.grouping import plan_epoch
 from raycse.grouping import knn as knn_mod
 from raycse.grouping.batches import pack
 from raycse.grouping.strategies import GroupOrder, keyed_order, knn_order, random_order
 from raycse.train.batches import row_examples
 
-
-def lay_out(corpus, plans: list, world_size: int) -> dict:
-    """The planned epochs' batch rows as the workers read them (raycse.train.batches): ``rank{r}`` -> rows in step
-    order."""
-    import ray
-
-    table = CorpusTable(ray.get(corpus.blocks))
-    return {f"rank{r}": [row for p, layout in zip(plans, layouts(plans))
-                         for row in epoch_rows(table, layout, r, world_size, p.first_step)]
-            for r in range(world_size)}
-
-
-@dataclass
-class EpochBatches:
-    rows: dict  # rank{r} -> that rank's batch rows, in step order
-    steps: int
-    packing: object
-    order: object
-    info: dict
-
-
-def epoch_batches(corpus, grouping, batch_size: int, world_size: int, seed: int, epoch: int, first_step: int,
-                  vectors=None, max_steps=None) -> EpochBatches:
-    """One epoch planned (raycse.grouping.plan_epoch) and read as the workers read it."""
-    plan = plan_epoch(corpus, grouping, batch_size, world_size, seed, epoch, first_step, vectors, max_steps)
-    return EpochBatches(lay_out(corpus, [plan], world_size), plan.packing.steps(world_size), plan.packing,
-                        plan.order, plan.info)
 
 
 # ----------------------------------------------------------------------------- pure parts

@@ -7,9 +7,8 @@ import json
 from conftest import run_registries, write_stsb
 
 
-def _run(tiny_model, corpus, dev, out, **eval_cfg):
+def _config(tiny_model, corpus, dev, out, **eval_cfg):
     from raycse.config import RunConfig
-    from raycse.train.driver import train
 
     run = RunConfig()
     run.model.name_or_path, run.model.max_length = str(tiny_model), 16
@@ -17,7 +16,13 @@ def _run(tiny_model, corpus, dev, out, **eval_cfg):
     run.train.cpus_per_worker, run.eval.stsb_dev, run.output_dir = 1, str(dev), str(out)
     for k, v in eval_cfg.items():
         setattr(run.eval, k, v)
-    return train(run).metrics["best"].get("stsb_dev_spearman_initial")
+    return run
+
+
+def _run(tiny_model, corpus, dev, out, **eval_cfg):
+    from raycse.train.driver import train
+
+    return train(_config(tiny_model, corpus, dev, out, **eval_cfg)).metrics["best"].get("stsb_dev_spearman_initial")
 
 
 def test_starting_score_is_remembered_and_keyed_by_what_it_depends_on(ray_cluster, tiny_model, corpus, tmp_path,
@@ -42,6 +47,17 @@ def test_starting_score_is_remembered_and_keyed_by_what_it_depends_on(ray_cluste
     assert _run(tiny_model, corpus, dev, tmp_path / "b") == 12.345
     # the train() calls of this driver recorded their fits in its one registry: none started another
     assert len(run_registries()) == started and driver_registry() == registry
+    # the tests' worker loop in their own process (local_session) trains what the Ray Train worker trained
+    import torch
+    from safetensors.torch import load_file
+
+    from local_session import fit_in_process
+
+    local = fit_in_process(_config(tiny_model, corpus, dev, tmp_path / "c"), tmp_path / "c-ckpt")
+    fitted = json.loads((tmp_path / "b" / "metrics.json").read_text())["last"]
+    assert local.last["loss_history"] == fitted["loss_history"] and local.last["step"] == fitted["step"] == 2
+    ours, theirs = (load_file(str(d / "model.safetensors")) for d in (local.model_dir(), tmp_path / "b" / "model"))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
     # the key follows the data, the model's files, the evaluation settings, and refuses a random head
     run = RunConfig()

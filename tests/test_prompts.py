@@ -141,10 +141,13 @@ def test_trained_model_keeps_the_runs_prompts(ray_cluster, tiny_model_no_dropout
     data = tmp_path / "pairs.jsonl"
     rows = make_sentences(64, seed=3)
     data.write_text("".join(json.dumps({"q": a, "p": b}) + "\n" for a, b in zip(rows[::2], rows[1::2])))
-    out = tmp_path / "out"
-    assert main(["train", "--model", str(tiny_model_no_dropout), "--corpus", str(data), "--text-column", "q",
-                 "--pair-column", "p", "--prompts", '{text: "king. ", pair: "north. "}', "--stsb-dev", "none",
-                 "--batch-size", "8", "--max-length", "16", "--max-steps", "2", "--output", str(out)]) == 0
+    from local_session import fit_in_process, run_of
+
+    out = tmp_path / "out"  # (trained through the worker loop in this process, published as the driver does)
+    fit_in_process(run_of(["--model", str(tiny_model_no_dropout), "--corpus", str(data), "--text-column", "q",
+                           "--pair-column", "p", "--prompts", '{text: "king. ", pair: "north. "}', "--stsb-dev",
+                           "none", "--batch-size", "8", "--max-length", "16", "--max-steps", "2", "--output",
+                           str(out)]), tmp_path / "ckpt").publish(out)
     st = st_model(out / "model")
     assert st.prompts == PROMPTS and st.default_prompt_name == "query"
     card = (out / "model" / "README.md").read_text()

@@ -149,12 +149,18 @@ def test_a_selection_score_may_quantize_and_names_its_precision(tmp_path):
         EvalConfig(metric="mteb:STS12@binary").validate()
 
 
-def test_train_selects_on_binary_embeddings(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path, capsys):
+def test_train_selects_on_binary_embeddings(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path, caplog):
+    """--eval-metric sts@binary through the worker loop in this process (local_session): every score, the
+    selection and the card are of binary embeddings."""
+    from local_session import fit_in_process, run_of
+
     out = tmp_path / "run"
-    assert main(["train", "--model", str(tiny_model), "--corpus", str(corpus), "--output", str(out), "--stsb-dev",
-                 str(stsb_dev), "--num-workers", "1", "--batch-size", "16", "--max-length", "16", "--eval-steps", "2",
-                 "--max-steps", "4", "--eval-metric", "sts@binary"]) == 0
+    run = run_of(["--model", str(tiny_model), "--corpus", str(corpus), "--output", str(out), "--stsb-dev",
+                  str(stsb_dev), "--batch-size", "16", "--max-length", "16", "--eval-steps", "2", "--max-steps", "4",
+                  "--eval-metric", "sts@binary"])
+    fit_in_process(run, tmp_path / "ckpt").publish(out)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["score_key"] == "stsb_dev_spearman_binary" and "stsb_dev_spearman" not in metrics["best"]
-    assert "[raycse] STS-B dev Spearman (binary): " in capsys.readouterr().out
+    assert run.eval.score_label() == "STS-B dev Spearman (binary)"  # (the command's last line names it so)
+    assert "step 4: STS-B dev Spearman (binary)" in caplog.text
     assert "STS-B dev Spearman x100 (binary embeddings)" in (out / "model" / "README.md").read_text()

@@ -271,24 +271,22 @@ def test_mse_with_unequal_sizes_and_a_guide_without_infonce_are_refused(tiny_mod
 
 def test_a_run_with_a_teacher_and_a_guide_trains_and_a_second_seed_reads_their_vectors_back(
         ray_cluster, tiny_model, corpus, stsb_dev, tmp_path, capsys, monkeypatch):
-    """`raycse train --teacher T --guide initial` on 2 workers: both terms in the step's metrics, the vectors
-    computed once and kept; another seed (another shuffle of the same sentences) reads them back."""
-    import json
-
+    """`raycse train --teacher T --guide initial` (its worker loop in this process: local_session): both terms in
+    the step's metrics, the vectors computed once and kept; another seed (another shuffle of the same sentences)
+    reads them back. (Two workers gathering them: test_two_workers_gather_the_teachers_and_guides_vectors_...)"""
     from conftest import make_tiny_model
-    from raycse.cli import main
+    from local_session import fit_in_process, run_of
 
     monkeypatch.setenv("RAYCSE_CACHE", str(tmp_path / "cache"))
     teacher = make_tiny_model(tmp_path / "teacher", seed=1)
     said = []
     for seed in (0, 1):
-        out = tmp_path / f"run{seed}"
-        assert main(["train", "--model", str(tiny_model), "--corpus", str(corpus), "--output", str(out), "--stsb-dev",
-                     str(stsb_dev), "--num-workers", "2", "--cpus-per-worker", "1", "--batch-size", "8",
-                     "--max-length", "16", "--max-steps", "4", "--log-steps", "2", "--seed", str(seed),
-                     "--teacher", str(teacher), "--guide", "initial", "--guide-margin", "0.001"]) == 0
+        run = run_of(["--model", str(tiny_model), "--corpus", str(corpus), "--output", str(tmp_path / f"run{seed}"),
+                      "--stsb-dev", str(stsb_dev), "--batch-size", "8", "--max-length", "16", "--max-steps", "4",
+                      "--log-steps", "2", "--seed", str(seed), "--teacher", str(teacher), "--guide", "initial",
+                      "--guide-margin", "0.001"])
+        last = fit_in_process(run, tmp_path / f"ckpt{seed}").last
         said.append(capsys.readouterr().out)
-        last = json.loads((out / "metrics.json").read_text())["last"]
         assert last["step"] == 4 and last["last_distill"] > 0 and 0 <= last["last_guide_masked"] <= 1
     assert "teacher: text: 256 embeddings (32-d) computed" in said[0] and "guide: text: 256 embeddings" in said[0]
     assert "teacher: text: 256 embeddings read back" in said[1] and "guide: text: 256 embeddings read back" in said[1]

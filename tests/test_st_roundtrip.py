@@ -108,7 +108,7 @@ def test_raycse_embeds_as_sentence_transformers_before_and_after_training(tiny_m
 
 def test_a_trained_model_keeps_dense_normalize_prompts_and_similarity(ray_cluster, tiny_model_no_dropout, tmp_path,
                                                                      stsb_dev, capsys):
-    """`raycse train --matryoshka-dims` on a sentence-transformers model (weighted mean, two Dense, Normalize,
+    """`raycse train --matryoshka-dims` (its worker loop in this process) on a sentence-transformers model (weighted mean, two Dense, Normalize,
     prompts, dot similarity), then `raycse eval`: the output loads in sentence-transformers with the same
     modules, prompts and similarity, and eval's score is the one sentence-transformers' embeddings give.
     Matryoshka (issue 68, item 2; one fit for both): the model keeps its sizes, eval scores each prefix (the
@@ -122,10 +122,12 @@ def test_a_trained_model_keeps_dense_normalize_prompts_and_similarity(ray_cluste
     base = build_st(tiny_model_no_dropout, tmp_path / "base", "weightedmean", 2, True, extra)
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(make_sentences(64, seed=5)) + "\n")
-    out = tmp_path / "out"
-    assert main(["train", "--model", str(base), "--pooling", "weightedmean", "--corpus", str(corpus),
-                 "--stsb-dev", "none", "--batch-size", "16", "--max-length", "16", "--max-steps", "3",
-                 "--matryoshka-dims", "16,8,4", "--output", str(out)]) == 0
+    from local_session import fit_in_process, run_of
+
+    out = tmp_path / "out"  # (trained through the worker loop in this process, published as the driver does)
+    fit_in_process(run_of(["--model", str(base), "--pooling", "weightedmean", "--corpus", str(corpus),
+                           "--stsb-dev", "none", "--batch-size", "16", "--max-length", "16", "--max-steps", "3",
+                           "--matryoshka-dims", "16,8,4", "--output", str(out)]), tmp_path / "ckpt").publish(out)
     model = out / "model"
     assert modules_of(model) == ["Transformer", "Pooling", "Dense", "Dense", "Normalize"]
     cfg = json.loads((model / "config_sentence_transformers.json").read_text())

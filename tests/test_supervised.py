@@ -125,7 +125,7 @@ def test_triplets_travel_whole_through_grouping(ray_cluster, tmp_path, fmt):
 
     from raycse.config import DataConfig, GroupingConfig
     from raycse.data.dataset import load_corpus
-    from raycse.grouping import epoch_batches
+    from conftest import epoch_batches
     from raycse.train.batches import row_examples
 
     path, rows = _triplets(tmp_path)
@@ -153,11 +153,13 @@ def test_train_supervised_with_hard_negatives_end_to_end(ray_cluster, tiny_model
     base = ["train", "--model", str(tiny_model), "--corpus", str(path), "--text-column", "q", "--pair-column", "a",
             "--stsb-dev", str(stsb_dev), "--num-workers", "2", "--cpus-per-worker", "1", "--batch-size", "8",
             "--max-length", "16", "--max-steps", "6", "--eval-steps", "3"]
-    out = tmp_path / "sup"
-    assert main(base + ["--negative-column", "neg1,neg2", "--output", str(out),
-                        "--set", "objective.hard_negative_weight=0.5"]) == 0
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["last"]["step"] == 6 and np.isfinite(metrics["last"]["loss"])
+    # trained through the worker loop in this process (local_session); two workers: the equality test above
+    from local_session import fit_in_process, run_of
+
+    last = fit_in_process(run_of(base[1:] + ["--negative-column", "neg1,neg2", "--output", str(tmp_path / "sup"),
+                                             "--set", "objective.hard_negative_weight=0.5", "--num-workers", "1"]),
+                          tmp_path / "ckpt").last
+    assert last["step"] == 6 and np.isfinite(last["loss"])
     capsys.readouterr()
     for extra, message in ((["--negative-column", "nope"], "column 'nope' not found"),
                            (["--negative-column", "neg1", "--objective", "laser"], "trains on single sentences"),

@@ -225,22 +225,22 @@ def test_use_gpu_on_a_machine_without_gpus_fails_at_once(tiny_model, corpus, tmp
 
 
 def test_bsc_on_scored_pairs_trains_end_to_end(ray_cluster, tiny_model, stsb_dev, tmp_path):
+    """BSC with its learned tau on scored pairs, through the worker loop in this process (local_session)."""
     from conftest import make_sentences
+    from local_session import fit_in_process, run_of
 
     # Learnable pairs in the headerless STS-B TSV: (s, s) scored 5, (s, unrelated) scored 0.
     sents = make_sentences(256, seed=5)
     pairs = tmp_path / "sts-train.csv"
     pairs.write_text("".join(f"g\tf\t2012\t{i}\t{5.0 if i % 2 else 0.0}\t{sents[i]}\t{sents[i] if i % 2 else sents[i + 128]}\n"
                              for i in range(128)))
-    out = tmp_path / "bsc"
-    assert main(_train_args(tiny_model, pairs, out, stsb_dev, "--objective", "bsc", "--format", "stsb",
-                            "--set", "objective.mu=0.5", "--set", "objective.trainable_tau=true",
-                            "--batch-size", "8", "--max-steps", "24")) == 0
-    m = json.loads((out / "metrics.json").read_text())
-    assert m["last"]["step"] == 24 and m["corpus"]["kept"] == 128
-    h = m["last"]["loss_history"]  # 6 windows of 4 steps; single windows are noisy at batch 8
+    fit = fit_in_process(run_of(_train_args(tiny_model, pairs, tmp_path / "bsc", stsb_dev, "--objective", "bsc",
+                                            "--format", "stsb", "--set", "objective.mu=0.5",
+                                            "--set", "objective.trainable_tau=true", "--batch-size", "8",
+                                            "--max-steps", "24", "--num-workers", "1")[1:]), tmp_path / "ckpt")
+    assert fit.last["step"] == 24 and fit.planned.stats.record()["kept"] == 128
+    h = fit.last["loss_history"]  # 6 windows of 4 steps; single windows are noisy at batch 8
     assert sum(h[-2:]) < sum(h[:2])
-
 
 
 def test_objective_and_data_mismatch_is_clear(tiny_model, corpus, stsb_dev, tmp_path, capsys):
@@ -254,24 +254,25 @@ def test_objective_and_data_mismatch_is_clear(tiny_model, corpus, stsb_dev, tmp_
 @pytest.mark.parametrize("objective, extra", [
     ("hicl", ["--set", "objective.slice_length=4", "--set", "objective.alpha=0.2", "--set", "objective.beta=0.01",
               "--max-length", "32"]),
-    ("laser", ["--num-workers", "1", "--cpus-per-worker", "2", "--max-length", "48", "--lr", "2e-3"]),
-    ("compcse", ["--num-workers", "1", "--cpus-per-worker", "2", "--pooling", "cls",
-                 "--set", "objective.d0=16"]),
+    ("laser", ["--cpus-per-worker", "2", "--max-length", "48", "--lr", "2e-3"]),
+    ("compcse", ["--cpus-per-worker", "2", "--pooling", "cls", "--set", "objective.d0=16"]),
 ])
 def test_view_objectives_train_end_to_end(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path, objective, extra):
-    out = tmp_path / objective
-    assert main(_train_args(tiny_model, corpus, out, stsb_dev, "--objective", objective, *extra,
-                            "--max-steps", "24")) == 0
-    m = json.loads((out / "metrics.json").read_text())
-    assert m["last"]["step"] == 24
-    h = m["last"]["loss_history"]  # 6 windows of 4 steps
+    """Each objective of token views trains through the worker loop in this process (local_session), 24 steps."""
+    from local_session import fit_in_process, run_of
+
+    fit = fit_in_process(run_of(_train_args(tiny_model, corpus, tmp_path / objective, stsb_dev, "--objective",
+                                            objective, *extra, "--max-steps", "24", "--num-workers", "1")[1:]),
+                         tmp_path / "ckpt")
+    assert fit.last["step"] == 24
+    h = fit.last["loss_history"]  # 6 windows of 4 steps
     assert all(math.isfinite(x) for x in h)
     if objective == "laser":
         # Elongated copies on a random 2-layer BERT give a near-flat signal (loss ~ log 16 for 24 steps
         # at any lr tried); the formula is checked in test_views_objectives. Here: it trained and moved.
         from safetensors.torch import load_file
 
-        before, after = load_file(str(tiny_model / "model.safetensors")), load_file(str(out / "model" / "model.safetensors"))
+        before, after = load_file(str(tiny_model / "model.safetensors")), load_file(str(fit.model_dir() / "model.safetensors"))
         assert any(not torch.equal(before[k], after[k]) for k in after if k in before)
     else:
         assert sum(h[-2:]) < sum(h[:2])  # the first vs the last 8 steps
@@ -394,11 +395,12 @@ def test_eval_tune_analyze_meet_bad_input_like_train(tiny_model, stsb_dev, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "exp", stsb_dev.name] and not list(exp.iterdir())
 
 
-def test_sgopt_trains_end_to_end_selected_by_a_beir_metric(ray_cluster, tiny_model, tmp_path, capsys):
-    """SG-OPT through `raycse train` (its frozen copy and head left out of the saved model), with
-    eval.metric beir:DIR:ndcg@10: retrieval is scored at every eval step and the best checkpoint kept
-    by it (x100); STS-B dev is not scored then. (One fit for both: each fit costs ~20 s of the suite.)"""
+def test_sgopt_trains_end_to_end_selected_by_a_beir_metric(ray_cluster, tiny_model, tmp_path, caplog, capsys):
+    """SG-OPT through the worker loop in this process (local_session; its frozen copy and head left out of the saved
+    model), with eval.metric beir:DIR:ndcg@10: retrieval is scored at every eval step and the best checkpoint kept
+    by it (x100); STS-B dev is not scored then."""
     from conftest import make_beir_dir, make_sentences
+    from local_session import fit_in_process, run_of
 
     beir = make_beir_dir(tmp_path / "beir")
     corpus = tmp_path / "c.txt"
@@ -407,7 +409,7 @@ def test_sgopt_trains_end_to_end_selected_by_a_beir_metric(ray_cluster, tiny_mod
     argv = _train_args(tiny_model, corpus, out, "none", "--objective", "sgopt", "--num-workers", "1",
                        "--cpus-per-worker", "2", "--set", "objective.proj_hidden=64", "--set", "objective.tau=0.1",
                        "--pooling", "cls_before_pooler", "--eval-metric", f"beir:{beir}:ndcg@10")
-    assert main(argv) == 0
+    fit_in_process(run_of(argv[1:]), tmp_path / "ckpt").publish(out)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["last"]["step"] == 16
     assert metrics["last"]["loss_history"][-1] < metrics["last"]["loss_history"][0]
@@ -419,7 +421,7 @@ def test_sgopt_trains_end_to_end_selected_by_a_beir_metric(ray_cluster, tiny_mod
     best, last = metrics["best"], metrics["last"]
     assert 0.0 <= best["beir_ndcg@10"] <= 100.0 and "stsb_dev_spearman" not in best
     assert best["beir_ndcg@10"] >= last["beir_ndcg@10"]
-    assert "BEIR ndcg@10" in capsys.readouterr().out
+    assert "step 16: BEIR ndcg@10 x100" in caplog.text  # (the worker's log line)
     assert "BEIR ndcg@10 x100 (model selection)" in (out / "model" / "README.md").read_text()
     # the score is the one raycse eval computes for the saved model (same retrieval and metric)
     from raycse.evaluation.beir import read_beir, retrieval_metrics, search

@@ -72,7 +72,7 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
     hooks = hooks or TuneHooks()
     if source is not None and not run.data.corpus:
         run = run.resolved({"data.corpus": f"<{type(source).__name__}>"})
-    inputs = _checked_inputs(run, overwrite, storage_path, run_name, source is not None, callbacks)
+    inputs = checked_inputs(run, overwrite, storage_path, run_name, source is not None, callbacks)
     run = inputs.run  # resolved and frozen: nothing below changes it
     # an output on object storage is built in a local directory and published at the end
     local_root = private_tempdir("raycse-output-") if inputs.remote else None
@@ -121,8 +121,9 @@ class _Inputs:
     callbacks: tuple  # the user's (raycse.train.callbacks), each checked to pickle
 
 
-def _checked_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str], run_name: str,
-                    in_memory: bool, callbacks=()) -> _Inputs:
+def checked_inputs(run: RunConfig, overwrite: bool, storage_path: Optional[str], run_name: str,
+                   in_memory: bool, callbacks=()) -> _Inputs:
+    """The pre-flight checks (raycse.train.preflight) and what they resolved: the first step of a run, before Ray."""
     callbacks = user_callbacks.checked(callbacks)
     check_run_name(run_name)
     storage_path = resolve_storage_path(storage_path)
@@ -152,9 +153,48 @@ def _fit(run: RunConfig, inputs: _Inputs, hooks: TuneHooks, source, staging: Pat
          live: tuple) -> tuple:
     """The corpus read (or the experiment's prepared data taken), its batches laid out, the fit run and its
     best checkpoint picked: (that checkpoint, the run's summary for metrics.json)."""
+    registry, run_key = live
+    planned = plan_fit(run, inputs, hooks, source, staging, tracking, live)
+    plan = planned.plan
+    trainer = build_trainer(plan, planned.cpus, planned.storage, inputs.run_name,
+                            release.register_run(registry, run_key), inputs.dev is not None)
+    started = time.perf_counter()
+    result = fit_and_release(trainer, run.train, registry, run_key, worker_resources(run.train, planned.cpus))
+    fit_seconds = [time.perf_counter() - started]
+    report_resume((result.metrics or {}).get("resumed"))
+    best, best_metrics = best_checkpoint(result, inputs.dev)
+    return best, planned.summary(result.metrics, best_metrics, fit_seconds)
+
+
+@dataclass
+class PlannedFit:
+    """A fit made ready (:func:`plan_fit`): the plan every worker gets, and what the run's summary reports of it."""
+
+    plan: FitPlan
+    cpus: float  # each worker's
+    storage: str  # where the fit's checkpoints go
+    stats: object  # the corpus's (or the sources') statistics
+    num_examples: object
+    grouping_log: list
+    prepared: bool  # the data came laid out from a search's preparation
+
+    def summary(self, last: Optional[dict], best: dict, fit_seconds: list) -> dict:
+        """metrics.json's record of the run: the best and last checkpoints' metrics, the data and its grouping."""
+        run, sources = self.plan.run, self.plan.sources
+        grouping_log = self.grouping_log + ((last or {}).get("grouping") or [])  # (the in-fit regroups' record)
+        mixture = {"sources": sources_record(run, sources, last)} if sources else {}
+        return {**mixture, "best": best, "last": last, "corpus": self.stats.record(),
+                "num_examples": self.num_examples, "steps_per_epoch": self.plan.steps_per_epoch,
+                "grouping": grouping_log, "data_prepared_before": self.prepared, "fit_seconds": fit_seconds,
+                "objective_knobs": objective_knobs(run), "score_key": run.eval.score_key()}
+
+
+def plan_fit(run: RunConfig, inputs: _Inputs, hooks: TuneHooks, source, staging: Path, tracking: tuple,
+             live: tuple) -> PlannedFit:
+    """The corpus read (or the experiment's prepared data taken) and its batches laid out, into the plan every
+    worker of the fit gets (raycse.train.plan.FitPlan)."""
     import ray
 
-    registry, run_key = live
     dev = inputs.dev
     prepared = hooks.prepared if hooks.prepared is not None and hooks.prepared.key == data_key(run) else None
     corpus, stats, num_examples = read_corpus(run, prepared, source, inputs.sources)  # (files resolved once)
@@ -180,20 +220,7 @@ def _fit(run: RunConfig, inputs: _Inputs, hooks: TuneHooks, source, staging: Pat
                    layouts=ray.put(layouts) if layouts is not None else None, references=references, progress=live,
                    callbacks=inputs.callbacks, sources=sources,
                    fixed_sources=ray.put(fixed) if fixed is not None else None)
-    trainer = build_trainer(plan, cpus, storage, inputs.run_name, release.register_run(registry, run_key),
-                            dev is not None)
-    started = time.perf_counter()
-    result = fit_and_release(trainer, run.train, registry, run_key, worker_resources(run.train, cpus))
-    fit_seconds = [time.perf_counter() - started]
-    grouping_log += (result.metrics or {}).get("grouping") or []  # (the in-fit regroups' record)
-    report_resume((result.metrics or {}).get("resumed"))
-    best, best_metrics = best_checkpoint(result, dev)
-    mixture = {"sources": sources_record(run, sources, result.metrics)} if sources else {}
-    return best, {**mixture, "best": best_metrics, "last": result.metrics,
-                  "corpus": stats.record(),
-                  "num_examples": num_examples, "steps_per_epoch": spe, "grouping": grouping_log,
-                  "data_prepared_before": prepared is not None, "fit_seconds": fit_seconds,
-                  "objective_knobs": objective_knobs(run), "score_key": run.eval.score_key()}
+    return PlannedFit(plan, cpus, storage, stats, num_examples, grouping_log, prepared is not None)
 
 
 def sources_record(run: RunConfig, sources: tuple, last: Optional[dict]) -> list:

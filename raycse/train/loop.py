@@ -38,16 +38,13 @@ from raycse.train.steps import StepEngine, move
 class WorkerRun:
     """One rank's part of a fit: its four parts over one :class:`Progress`."""
 
-    def __init__(self, plan: FitPlan):
-        import ray.train
-
+    def __init__(self, plan: FitPlan, session):
         self.plan, run = plan, plan.run
-        ctx = ray.train.get_context()
-        self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
+        self.rank, self.world_size = session.rank_and_world()
         torch.set_num_threads(max(1, plan.threads))
         # Same init everywhere (DDP also broadcasts rank 0's weights); different dropout masks per rank.
         seed_everything(run.train.seed)
-        device = worker_device(run.train)
+        device = worker_device(run.train, session)
         if run.train.sharding == "fsdp":
             # rank 0 reads the weights and sends each rank its shards (the others build on the meta device); FSDP2
             # moves each block to the device as it shards it, so no GPU, and no rank's memory but 0's, holds the
@@ -56,13 +53,14 @@ class WorkerRun:
                                       self.world_size, resolve_precision(run.train.precision, device),
                                       run.train.fsdp_offload)
         else:
-            module = prepare_data_parallel(compile_module(build_module(run), run.train.compile_mode), run, device)
+            module = prepare_data_parallel(compile_module(build_module(run), run.train.compile_mode), run, device,
+                                           session)
         seed_everything(run.train.seed + 1000 * self.rank)
         self.engine = StepEngine(run, module, device, plan.total_steps)
         self.progress = Progress(sources=tuple(s.name for s in plan.sources))
         self.batches = BatchSource(plan, self.rank, self.world_size, self.engine)
         self.reporter = Reporter(plan, self.rank, self.world_size, self.engine, self.progress)
-        self.checkpointer = Checkpointer(plan, self.rank, self.world_size, self.engine)
+        self.checkpointer = Checkpointer(plan, self.rank, self.world_size, self.engine, session)
         self.profiler = StepProfiler(fit_window(run, plan.stop_at, self.rank), self.rank, device)
 
     def resume(self) -> None:
@@ -163,21 +161,23 @@ def worker_places(world_size: int) -> list[tuple]:
 
 def train_loop_per_worker(config: dict) -> None:
     from raycse.platform.redact import redacted_streams
+    from raycse.train.session import RayTrainSession
 
     with redacted_streams():  # the worker's log (and the driver's copy of it) holds no credential of a URI
-        _train_worker(config["plan"])
+        run_worker(config["plan"], RayTrainSession())
 
 
-def _train_worker(plan: FitPlan) -> None:
-    import ray.train
-
+def run_worker(plan: FitPlan, session) -> None:
+    """One rank's whole part of ``plan``'s fit under ``session`` (raycse.train.session): resume, score the start,
+    train to ``stop_at``."""
+    rank, _ = session.rank_and_world()
     setup_ray_data(progress_bars=False)
     # Ray Train's per-report INFO line prints the whole metrics dict of every checkpoint (the loss history
     # and grouping record included, growing with the run) after raycse's own line for the same step
     compat.quiet_train_report_logger()
-    if ray.train.get_context().get_world_rank() == 0:  # (where Ray Train's controller hooks could not say it)
+    if rank == 0:  # (where Ray Train's controller hooks could not say it)
         release.register_own_group(plan.progress)
-    worker = WorkerRun(plan)
+    worker = WorkerRun(plan, session)
     worker.resume()
     worker.progress.places = worker_places(worker.world_size)  # (a collective: every rank, in the same order)
     worker.reporter.log_start(worker.reporter.score_before_training())

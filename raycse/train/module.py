@@ -81,14 +81,12 @@ def build_module(run: RunConfig, weights: bool = True) -> TrainModule:
     return module
 
 
-def prepare_data_parallel(module: nn.Module, run: RunConfig, device: torch.device) -> nn.Module:
-    """``module`` on ``device`` under DDP (Ray Train's prepare_model). A mixture's step trains one source's objective,
-    so the other sources' own parameters (a learned tau) get no gradient in it: DDP is told to expect that."""
-    import ray.train.torch
-
+def prepare_data_parallel(module: nn.Module, run: RunConfig, device: torch.device, session) -> nn.Module:
+    """``module`` on ``device`` under DDP (the session's prepare_model: Ray Train's). A mixture's step trains one
+    source's objective, so the other sources' own parameters (a learned tau) get no gradient in it: DDP is told to
+    expect that."""
     unused = run.data.is_mixture and any(p.requires_grad for p in unwrap(module).objective.parameters())
-    return ray.train.torch.prepare_model(module, move_to_device=device, parallel_strategy_kwargs=(
-        {"find_unused_parameters": True} if unused else None))
+    return session.prepare_model(module, device, {"find_unused_parameters": True} if unused else None)
 
 
 def build_objective(run: RunConfig) -> Objective:
@@ -206,13 +204,13 @@ def unwrap(module: nn.Module) -> TrainModule:
     return module.module if hasattr(module, "module") else module
 
 
-def worker_device(t) -> torch.device:
-    """The device Ray gave this worker. A worker that holds GPUs its torch cannot use fails in one
+def worker_device(t, session) -> torch.device:
+    """The device the session (Ray) gave this worker. A worker that holds GPUs its torch cannot use fails in one
     line, unless RAYCSE_GPU_STAND_IN=cpu says to train on the CPU instead: how a CPU machine tests
     GPU scheduling (GPUs declared to Ray, e.g. ``ray.init(num_gpus=1)``)."""
-    import ray.train.torch
+    import ray
 
-    device = ray.train.torch.get_device()
+    device = session.device()
     if device.type == "cuda" and not torch.cuda.is_available():
         if os.environ.get(GPU_STAND_IN) == "cpu":
             return torch.device("cpu")

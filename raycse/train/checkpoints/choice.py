@@ -30,12 +30,12 @@ def latest_in_storage(run_dir: Optional[str], rank: int, world_size: int) -> tup
     return path, skipped
 
 
-def choose_checkpoint(run_dir: Optional[str], rank: int, world_size: int) -> tuple[Optional[object], list]:
-    """The furthest whole checkpoint among Ray's latest and the furthest in storage (a
-    ``ray.train.Checkpoint``, or None), and the damaged ones passed over ("name: problem")."""
+def choose_checkpoint(run_dir: Optional[str], rank: int, world_size: int, handed=None) -> tuple[Optional[object], list]:
+    """The furthest whole checkpoint among the one Ray Train handed the worker (``handed``) and the furthest in
+    storage (a ``ray.train.Checkpoint``, or None), and the damaged ones passed over ("name: problem")."""
     import ray.train
 
-    candidates = [c for c in (ray.train.get_checkpoint(),) if c is not None]
+    candidates = [c for c in (handed,) if c is not None]
     found, skipped = latest_in_storage(run_dir, rank, world_size)
     if found:
         candidates.append(ray.train.Checkpoint(found))

@@ -1,4 +1,4 @@
-"""The checkpointer: each checkpoint written and reported to Ray Train (rank 0: the model,
+"""The checkpointer: each checkpoint written and reported to Ray Train through the worker's session (rank 0: the model,
 optimizer and schedule; every rank: its random state), and the state a fit resumes from
 (chosen by :mod:`raycse.train.checkpoints.choice`). The files' format is :mod:`raycse.train.checkpoints.files`."""
 
@@ -45,8 +45,8 @@ def wait_for_upload(local: Path, step: int, limit_s: float, dest: str) -> None:
 class Checkpointer:
     """Rank ``rank``'s checkpoints of ``plan``'s fit, of the state ``engine`` (StepEngine) trains."""
 
-    def __init__(self, plan: FitPlan, rank: int, world_size: int, engine):
-        self.plan, self.rank, self.world_size, self.engine = plan, rank, world_size, engine
+    def __init__(self, plan: FitPlan, rank: int, world_size: int, engine, session):
+        self.plan, self.rank, self.world_size, self.engine, self.session = plan, rank, world_size, engine, session
         mode = plan.run.train.checkpoint_upload  # async: copied to storage while training goes on
         self.upload_async = mode == "async" or (mode == "auto" and object_store.is_uri(plan.checkpoint_dir))
         self.seconds, self.uploading = 0.0, None  # the training thread's time in checkpoints; the copy in flight
@@ -55,7 +55,8 @@ class Checkpointer:
     def resume(self, grouping: dict) -> Optional[tuple[dict, str, list]]:
         """Load the furthest whole checkpoint (every rank the same): (its state, its path, the damaged
         ones skipped), or None; the epoch's regrouped layout goes into ``grouping``."""
-        chosen, skipped = choose_checkpoint(self.plan.checkpoint_dir, self.rank, self.world_size)
+        chosen, skipped = choose_checkpoint(self.plan.checkpoint_dir, self.rank, self.world_size,
+                                            self.session.handed_checkpoint())
         if chosen is None:
             return None
         e = self.engine
@@ -68,9 +69,6 @@ class Checkpointer:
     def save(self, metrics: dict, layout, initial: Optional[float]) -> None:
         """Write this step's checkpoint and report it with ``metrics`` (``layout``: the epoch's
         regrouped batches or None; ``initial``: the score before training, kept for a restart)."""
-        import ray.train
-        from ray.train import CheckpointUploadMode
-
         t0, t = time.perf_counter(), self.plan.run.train
         if self.uploading is not None:
             wait_for_upload(*self.uploading, t.checkpoint_upload_timeout_s, self.plan.checkpoint_dir)
@@ -88,11 +86,9 @@ class Checkpointer:
             elif self.rank == 0:
                 ckpt.write(tmp, e.core, e.opt, e.sched, state)
             ckpt.write_rng(tmp, self.rank)
-            mode = CheckpointUploadMode.ASYNC if self.upload_async else CheckpointUploadMode.SYNC
-            ray.train.report({**metrics, "checkpoint_seconds": self.seconds,
-                              "checkpoint_upload": "async" if self.upload_async else "sync"},
-                             checkpoint=ray.train.Checkpoint.from_directory(str(tmp)),
-                             checkpoint_upload_mode=mode, delete_local_checkpoint_after_upload=True)
+            self.session.report({**metrics, "checkpoint_seconds": self.seconds,
+                                 "checkpoint_upload": "async" if self.upload_async else "sync"}, str(tmp),
+                                self.upload_async)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -1,0 +1,107 @@
+"""raycse's worker loop, step engine, reporter and checkpointer run in the test process: a training session of
+one worker (raycse.train.session's interface) whose checkpoints go to the run's checkpoint folder, as Ray Train
+puts them there, and whose reports are kept. The plan is the driver's own (raycse.train.driver.plan_fit: the corpus
+read by Ray Data, the batches laid out), so the shared Ray of the suite must be up (the ray_cluster fixture); what
+is left out is Ray Train's start of a controller and a worker process (~35 CPU-seconds a fit on this box)."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+
+class LocalSession:
+    """Rank 0 of 1 on the CPU. ``report`` copies each checkpoint to ``CHECKPOINTS/checkpoint_NNNNNN`` and removes
+    the worker's directory (a synchronous upload); ``handed``: a checkpoint folder handed at a restart."""
+
+    def __init__(self, checkpoints: str, handed: Optional[str] = None):
+        self.root, self.handed, self.reports = Path(checkpoints), handed, []
+
+    def rank_and_world(self) -> tuple[int, int]:
+        return 0, 1
+
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def prepare_model(self, module, device, ddp_kwargs):
+        return module.to(device)  # (one worker: no DDP, as Ray Train's prepare_model does for one)
+
+    def report(self, metrics: dict, directory: str, upload_async: bool) -> None:
+        dest = self.root / f"checkpoint_{len(list(self.root.glob('checkpoint_*'))):06d}"
+        self.root.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(directory, dest)
+        shutil.rmtree(directory)
+        self.reports.append((dict(metrics), dest))
+
+    def handed_checkpoint(self):
+        import ray.train
+
+        return ray.train.Checkpoint(self.handed) if self.handed else None
+
+
+@dataclass
+class LocalFit:
+    """A fit run in this process: its plan (raycse.train.driver.PlannedFit) and its reports (metrics, folder)."""
+
+    planned: object
+    reports: list = field(default_factory=list)
+
+    @property
+    def last(self) -> dict:
+        return self.reports[-1][0]
+
+    def model_dir(self, index: int = -1) -> Path:
+        """The whole model saved in a reported checkpoint (the last by default)."""
+        from raycse.train.checkpoints.files import MODEL_DIR
+
+        return self.reports[index][1] / MODEL_DIR
+
+    def best(self) -> int:
+        """The index of the report the driver publishes: the best scored (a tie to the earlier step), else the last."""
+        key = self.planned.plan.run.eval.score_key()
+        scored = [i for i, (m, _) in enumerate(self.reports) if m.get(key) is not None]
+        return max(scored, key=lambda i: (self.reports[i][0][key], -self.reports[i][0]["step"])) if scored else -1
+
+    def publish(self, out: Path, index: Optional[int] = None) -> Path:
+        """The driver's output of a reported checkpoint (the best by default): the model, its card, metrics.json and
+        config.yaml in ``out``."""
+        import ray.train
+
+        from raycse.train.publishing import write_output
+
+        metrics, path = self.reports[self.best() if index is None else index]
+        out.mkdir(parents=True)
+        write_output(out, self.planned.plan.run, ray.train.Checkpoint(str(path)),
+                     self.planned.summary(self.last, metrics, [0.0]), str(out))
+        return out
+
+
+def fit_in_process(run, storage: Path, run_name: str = "train", hooks=None, callbacks=()) -> LocalFit:
+    """``run`` checked, planned and trained as `raycse train` does, its one worker in this process (checkpoints under
+    ``storage/run_name``)."""
+    from raycse.platform.ray_session import ensure_ray
+    from raycse.train.driver import checked_inputs, plan_fit
+    from raycse.train.loop import run_worker
+    from raycse.train.plan import TuneHooks
+
+    inputs = checked_inputs(run, False, str(storage), run_name, False, callbacks)
+    assert inputs.run.train.num_workers == 1, "a session in this process is one worker"
+    ensure_ray()
+    planned = plan_fit(inputs.run, inputs, hooks or TuneHooks(), None, storage, (), None)
+    session, threads = LocalSession(planned.plan.checkpoint_dir), torch.get_num_threads()
+    try:
+        run_worker(planned.plan, session)
+    finally:
+        torch.set_num_threads(threads)  # (the worker sets its own: this process goes on with its tests)
+    return LocalFit(planned, session.reports)
+
+
+def run_of(argv: list) -> object:
+    """The run `raycse train ARGV` would train (the command line parsed and resolved as the CLI does)."""
+    from raycse.cli import build_parser, resolve_train_config
+
+    return resolve_train_config(build_parser().parse_args(["train", *argv]))
