@@ -13,7 +13,7 @@ Register it under a kind from your own package's pyproject.toml, then name that 
     raycse train --tracking jsonl:runs/metrics ...
 
 What a tracker is: ``check``, ``open``, ``sink`` (rank 0's ``log(scalars, step)`` and ``close()``),
-``log_model``, ``close`` and ``tune_callback``, on ``raycse.train.tracking.Tracker`` (each but ``sink``
+``log_model``, ``close`` and ``tune_callback``, on ``raycse.api.Tracker`` (each but ``sink``
 has a default). ``sink`` runs in the training worker: the folder must be one every node can write (a
 shared file system), as TensorBoard's is.
 """
@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 
-from raycse.train.tracking import Tracker
+from raycse.api import Tracker
 
 
 def _append(path: str, record: dict) -> None:

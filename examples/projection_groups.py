@@ -20,7 +20,7 @@ or register it under a short name from your own package's pyproject.toml:
     projection = "my_pkg.projection_groups:ProjectionGroups"
 
 What a strategy is: ``features`` (what ``order`` is given: "none", "embeddings" or "shingles") and
-``order`` (-> every row id once, in groups), on ``raycse.grouping.registry.Strategy``. With
+``order`` (-> every row id once, in groups), on ``raycse.api.Strategy``. With
 ``features = "embeddings"`` and ``grouping.regroup_every_epoch`` (the default) every training worker
 regroups before each epoch with its current weights, so the module must import on every node.
 """
@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from raycse.grouping.registry import Strategy
-from raycse.grouping.strategies import GroupOrder
+from raycse.api import GroupOrder, Strategy
 
 
 class ProjectionGroups(Strategy):

@@ -20,15 +20,14 @@ or register it under a short name from your own package's pyproject.toml:
 
 What an objective is: a ``Params`` dataclass (its knobs, checked in ``validate``), ``collate`` (the
 texts of a batch -> tensors) and ``forward`` (encoder + batch -> loss), on
-``raycse.objectives.base.Objective``.
+``raycse.api.Objective``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raycse.objectives.base import LossOutput, Objective, Params, positive, stack_twice
-from raycse.objectives.contrastive import info_nce
+from raycse.api import LossOutput, Objective, Params, info_nce, positive, stack_twice
 
 
 @dataclass

@@ -11,7 +11,24 @@ class RaycseError(Exception):
 
 
 class ConfigError(RaycseError, ValueError):
-    """An invalid configuration value, unknown key or malformed YAML."""
+    """An invalid configuration value, unknown key or malformed YAML: what an extension raises for a setting it
+    cannot take (``raycse: error: MESSAGE`` and exit 2 on the command line).
+
+    Args:
+        message: one line naming the setting, what is wrong, and the fix.
+
+    Returns:
+        An exception to raise.
+
+    Raises:
+        Nothing itself.
+
+    >>> try:
+    ...     raise ConfigError("objective.tau must be > 0, got 0; e.g. --set objective.tau=0.05")
+    ... except RaycseError as err:
+    ...     print(err)
+    objective.tau must be > 0, got 0; e.g. --set objective.tau=0.05
+    """
 
 
 class DataError(RaycseError):

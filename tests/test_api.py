@@ -15,7 +15,7 @@ from raycse.cli import main
 from raycse.errors import ConfigError
 
 # every module whose docstrings hold the API's examples (each must have some, and all must pass)
-EXAMPLE_MODULES = ["raycse", "raycse.train", "raycse.tune", "raycse.evaluation.run", "raycse.grouping.mine",
+EXAMPLE_MODULES = ["raycse", "raycse.api", "raycse.train", "raycse.tune", "raycse.evaluation.run", "raycse.grouping.mine",
                    "raycse.analysis", "raycse.config.run", "raycse.platform.callable_package",
                    "raycse.platform.plugins", "raycse.grouping.registry", "raycse.train.tracking", "raycse.shipping.run",
                    "raycse.model.exported"]
@@ -96,3 +96,27 @@ def test_tune_refuses_a_space_and_a_resume_together(tmp_path):
     with pytest.raises(ConfigError, match="neither a file nor one of raycse's search spaces"):
         raycse.tune(raycse.TuneSettings(space="no_such_space"), str(tmp_path / "exp"))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_every_name_an_extension_uses_says_its_arguments_returns_and_raises_and_runs_an_example():
+    """raycse.api, the one module for extenders: each name's docstring has Args:, Returns: and Raises: sections and
+    a >>> example, which runs and succeeds (a Traceback it shows is one more call that behaves as documented)."""
+    from raycse import api
+
+    lacking, failed = [], []
+    for name in api.__all__:
+        value = getattr(api, name)
+        doc = inspect.getdoc(value) or ""
+        missing = [part for part in ("Args:", "Returns:", "Raises:", ">>>") if part not in doc]
+        if missing:
+            lacking.append(f"{name}: {', '.join(missing)}")
+            continue
+        module = inspect.getmodule(value)
+        tests = doctest.DocTestFinder(recurse=False).find(value, name, module=module, globs=vars(module).copy())
+        runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+        for test in tests:
+            runner.run(test, out=lambda text: None)
+        if runner.summarize(verbose=False).attempted == 0 or runner.summarize(verbose=False).failed:
+            failed.append(f"{name}: {runner.summarize(verbose=False)}")
+    assert not lacking, f"public names without their sections or an example: {lacking}"
+    assert not failed, f"examples that fail: {failed}"

@@ -19,7 +19,23 @@ DECODE_POLICIES = ("replace", "error")
 
 @dataclass
 class DataConfig(Section):
-    """Where the training text comes from and how it is cleaned."""
+    """Where the training text comes from and how it is cleaned: the ``data`` section of a run (``--corpus``,
+    ``--format``, the columns, ``data.sources`` for a mixture); what ``raycse.mine`` reads too.
+
+    Args:
+        corpus: a file, folder, glob or URI; format: auto, text, jsonl, parquet, csv, stsb or hf; text_column,
+            pair_column, label_column, negative_column: the columns; the other fields: ``raycse train --help``.
+
+    Returns:
+        ``is_pairs``, ``is_mixture`` and the other properties say what the data holds.
+
+    Raises:
+        raycse.errors.ConfigError: from ``validate``, a value it cannot take, one line.
+
+    >>> d = DataConfig(corpus="pairs.jsonl", text_column="q", pair_column="a")
+    >>> d.validate(); d.is_pairs, d.is_mixture
+    (True, False)
+    """
 
     @property
     def is_pairs(self) -> bool:

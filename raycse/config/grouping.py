@@ -53,7 +53,23 @@ def strategy_requires(name: str) -> dict:
 
 @dataclass
 class GroupingConfig(Section):
-    """How examples are grouped into batches (hard in-batch negatives); see raycse.grouping."""
+    """How examples are grouped into batches (hard in-batch negatives): the ``grouping`` section of a run, what a
+    :class:`raycse.grouping.registry.Strategy`'s ``order`` is given as ``cfg``.
+
+    Args:
+        strategy: random, knn, shingle, cluster, none, or your own (``my_pkg.module:MyStrategy``); group_size:
+            examples a group; the other fields: ``raycse train --help``.
+
+    Returns:
+        ``needs_embeddings`` and ``regroups_in_fit`` say what the strategy asks of the fit.
+
+    Raises:
+        raycse.errors.ConfigError: from ``validate``: an unknown strategy or a value out of range, one line.
+
+    >>> g = GroupingConfig(strategy="knn", group_size=4)
+    >>> g.validate(); g.needs_embeddings, g.regroups_in_fit
+    (True, True)
+    """
 
     strategy: str = knob("random", '--grouping',
                          'batch order: random (a seeded permutation) | knn (groups of nearest neighbours, BSC; '

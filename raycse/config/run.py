@@ -23,6 +23,32 @@ from raycse.platform.conversion import coerce
 
 @dataclass
 class RunConfig(Section):
+    """One training run's settings, by section (``model``, ``data``, ``grouping``, ``objective``, ``train``,
+    ``eval``, ``output_dir``): what ``raycse train``'s YAML, flags and ``--set KEY=VALUE`` describe, and what
+    ``raycse.train(run)`` takes.
+
+    Args:
+        model, data, grouping, objective, train, eval: each section's settings (their defaults where left out);
+            ``RunConfig.from_dict(mapping)`` reads the YAML's shape.
+        output_dir: where the model, metrics.json and config.yaml go.
+
+    Returns:
+        ``resolved()`` returns the run validated and frozen (what a fit trains); ``source_runs()`` each source of a
+        mixture as its own run.
+
+    Raises:
+        raycse.errors.ConfigError: an unknown key or a value out of range, one line naming it (``validate``,
+            ``resolved``, ``from_dict``).
+
+    >>> run = RunConfig.from_dict({"objective": {"name": "simcse", "tau": 0.1}, "train": {"batch_size": 32}})
+    >>> run.resolved().train.batch_size, run.objective.typed().tau
+    (32, 0.1)
+    >>> RunConfig.from_dict({"train": {"batch_size": 1}}).resolved()
+    Traceback (most recent call last):
+    ...
+    raycse.errors.ConfigError: train.batch_size must be >= 2 (in-batch negatives need a second sentence), got 1
+    """
+
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     grouping: GroupingConfig = field(default_factory=GroupingConfig)

@@ -35,14 +35,39 @@ from raycse.platform import plugins
 
 
 class Strategy:
-    """Which examples share a batch, one epoch at a time.
+    """Which examples share a batch, one epoch at a time. A subclass sets ``features`` and ``requires`` and implements
+    ``order``; it is named by import path (``--grouping my_pkg.mod:Cls``) or an installed package's entry point in
+    ``raycse.groupings``.
 
     ``features``: what :meth:`order` is given as ``features``: ``"none"`` (None), ``"embeddings"`` (the
     corpus's embeddings by row id, ``(n, d)`` float, from the model being trained: the driver embeds
     before the fit, or each worker before every epoch with ``grouping.regroup_every_epoch``) or
     ``"shingles"`` (an int64 content-word key per row, BSC's shingles). ``requires``: the optional packages its
     order imports, each with what pip installs it by (``{"faiss": "raycse[grouping]"}``), checked before a run
-    starts."""
+    starts.
+
+    Args:
+        (to ``order``) cfg: the run's GroupingConfig (``group_size`` and the rest); n: the corpus's rows; seed,
+            epoch: the same pair gives the same order; features: as ``features`` says.
+
+    Returns:
+        (from ``order``) a :class:`~raycse.grouping.strategies.GroupOrder`: every row id in ``range(n)`` once, and
+        the lengths of its consecutive groups (a group is never split across batches where it fits one).
+
+    Raises:
+        raycse.errors.ConfigError: where the order it returns loses or repeats a row, or its ``features`` or
+            ``requires`` are not of the kinds above (one line, before the fit).
+
+    >>> import numpy as np
+    >>> from raycse.config import GroupingConfig
+    >>> from raycse.grouping.strategies import GroupOrder
+    >>> class Pairs(Strategy):
+    ...     "Rows two by two in file order."
+    ...     def order(self, cfg, n, seed, epoch, features):
+    ...         return GroupOrder(np.arange(n), np.full(n // 2, 2))
+    >>> Pairs().order(GroupingConfig(), 4, 0, 0, None).groups()
+    [array([0, 1]), array([2, 3])]
+    """
 
     features: str = "none"
     requires: dict = {}

@@ -35,6 +35,23 @@ WORD = re.compile(r"[^\W\d_]+", re.UNICODE)
 
 @dataclass
 class GroupOrder:
+    """One epoch's grouping: the row ids in order, cut into consecutive groups that are packed into batches whole.
+
+    Args:
+        order: every row id once.
+        sizes: the groups' lengths, in order, summing to ``len(order)``.
+        info: facts the epoch's log reports (e.g. a kNN search's recall).
+
+    Returns:
+        ``groups()`` returns the groups as arrays of row ids.
+
+    Raises:
+        Nothing itself; raycse.grouping.registry refuses a user strategy's order that loses or repeats a row.
+
+    >>> GroupOrder(np.array([2, 0, 1]), np.array([1, 2])).groups()
+    [array([2]), array([0, 1])]
+    """
+
     order: np.ndarray  # row ids, each once
     sizes: np.ndarray  # group lengths, summing to len(order)
     info: dict = field(default_factory=dict)

@@ -20,9 +20,25 @@ from raycse.errors import ConfigError
 
 
 class Pair(NamedTuple):
-    """One paired example as an objective collates it: a query, its positive, the pair's score (a label
-    scaled to [0, 1]; None: unlabelled) and its hard negatives. ``Pair(*row)`` reads a plain
-    ``(q, a[, score[, negatives]])`` tuple too, as a user of the Python API may hand one."""
+    """One paired example as an objective collates it. ``Pair(*row)`` reads a plain ``(q, a[, score[, negatives]])``
+    tuple too, as a user of the Python API may hand one.
+
+    Args:
+        query: the first text (the data's text column).
+        positive: its positive (the pair column).
+        score: the pair's label scaled to [0, 1]; None: unlabelled.
+        negatives: its hard negatives (the negative columns), a tuple of texts.
+
+    Returns:
+        A named tuple; an objective's ``collate`` gets a list of them where the data holds pairs.
+
+    Raises:
+        TypeError: a missing query or positive.
+
+    >>> p = Pair("a cat sits", "a cat is sitting", 0.9)
+    >>> p.positive, p.score, p.negatives
+    ('a cat is sitting', 0.9, ())
+    """
 
     query: str
     positive: str
@@ -32,6 +48,24 @@ class Pair(NamedTuple):
 
 @dataclass
 class LossOutput:
+    """What an objective's ``forward`` returns.
+
+    Args:
+        loss: the 0-d loss the step differentiates.
+        metrics: diagnostics by name (numbers or 0-d tensors), logged with the step's loss.
+
+    Returns:
+        The value of :meth:`Objective.forward`.
+
+    Raises:
+        Nothing of its own; a loss that is not finite stops the run at its step (raycse.errors.LossNotFinite).
+
+    >>> import torch
+    >>> out = LossOutput(torch.tensor(0.5), {"positive_cosine": 0.8})
+    >>> float(out.loss), out.metrics
+    (0.5, {'positive_cosine': 0.8})
+    """
+
     loss: Tensor
     # diagnostics: numbers or 0-d tensors left on the device (read back only at checkpoints: a read
     # per step would make the host wait for the device)
@@ -40,16 +74,90 @@ class LossOutput:
 
 @dataclass
 class Params:
+    """An objective's knobs: a dataclass whose fields are ``objective.KNOB`` (YAML, ``--set objective.KNOB=V``, a
+    search space's knob), each with its default.
+
+    Args:
+        the fields a subclass declares (``tau: float = 0.05``).
+
+    Returns:
+        ``validate()`` returns None when every knob is usable.
+
+    Raises:
+        raycse.errors.ConfigError: from ``validate``, one line naming the knob and its allowed range.
+
+    >>> from dataclasses import dataclass
+    >>> @dataclass
+    ... class TauParams(Params):
+    ...     tau: float = 0.05
+    ...     def validate(self):
+    ...         positive("tau", self.tau)
+    >>> TauParams(tau=0.1).validate()
+    >>> TauParams(tau=0).validate()
+    Traceback (most recent call last):
+    ...
+    raycse.errors.ConfigError: objective.tau must be > 0, got 0
+    """
+
     def validate(self) -> None:  # pragma: no cover - overridden
         pass
 
 
 def positive(key: str, value: float, hint: str = "") -> None:
+    """Check that knob ``objective.KEY`` is above 0 (a ``Params.validate`` helper).
+
+    Args:
+        key: the knob's name; value: its value; hint: more words for the message.
+
+    Returns:
+        None when ``value > 0``.
+
+    Raises:
+        raycse.errors.ConfigError: one line naming the knob and its value.
+
+    >>> positive("tau", 0.05)
+    >>> positive("tau", -1.0, "; e.g. 0.05")
+    Traceback (most recent call last):
+    ...
+    raycse.errors.ConfigError: objective.tau must be > 0, got -1.0; e.g. 0.05
+    """
     if not value > 0:
         raise ConfigError(f"objective.{key} must be > 0, got {value}{hint}")
 
 
 class Objective(nn.Module):
+    """A training objective: texts in, a loss out. A subclass names itself (``name``), its knobs (``Params``), what
+    data it takes (``accepts``: "single" sentences and/or "pairs"), and implements two methods:
+    ``collate(texts, tokenizer, max_length) -> dict of tensors`` (on the CPU, in the data path; ``texts``: strings,
+    or :class:`Pair` s for paired data) and ``forward(encoder, batch) -> LossOutput`` (``encoder(input_ids,
+    attention_mask)`` gives the pooled embeddings). Registered by import path (``--objective my_pkg.mod:Cls``) or
+    an installed package's entry point in ``raycse.objectives``.
+
+    Args:
+        params: its ``Params``, validated.
+
+    Returns:
+        ``forward`` returns a :class:`LossOutput`.
+
+    Raises:
+        raycse.errors.ConfigError: a combination it cannot train, said by its ``*_refusal`` hooks (Matryoshka, LoRA,
+            sharding) before a run starts.
+
+    >>> import torch
+    >>> from raycse.objectives.contrastive import info_nce
+    >>> class TwoViews(Objective):
+    ...     name, Params = "two_views", Params
+    ...     def collate(self, texts, tokenizer, max_length):
+    ...         return self.tokenize(texts + texts, tokenizer, max_length)
+    ...     def forward(self, encoder, batch):
+    ...         z1, z2 = encoder(batch["input_ids"], batch["attention_mask"]).chunk(2)
+    ...         return LossOutput(info_nce(z1, z2, tau=0.05))
+    >>> encoder = lambda ids, mask: torch.nn.functional.one_hot(ids[:, 0], 3).float()  # (an encoder stand-in)
+    >>> batch = {"input_ids": torch.tensor([[0], [1], [2], [0], [1], [2]]), "attention_mask": torch.ones(6, 1)}
+    >>> round(TwoViews(Params()).forward(encoder, batch).loss.item(), 6)
+    0.0
+    """
+
     name: ClassVar[str]
     Params: ClassVar[type[Params]]
     # What the data must hold: "single" sentences and/or "pairs" (q, a, score-or-None).
@@ -140,5 +248,20 @@ class Objective(nn.Module):
 
 
 def stack_twice(batch: dict[str, Tensor]) -> dict[str, Tensor]:
-    """(n, L) -> (2n, L): both dropout views in one encoder call, with identical padding."""
+    """(n, L) -> (2n, L): a batch's rows twice, so both dropout views (SimCSE) come from one encoder call with
+    identical padding.
+
+    Args:
+        batch: the tokenized batch (``input_ids``, ``attention_mask``, ...), each (n, L).
+
+    Returns:
+        The same keys, each (2n, L): the rows, then the rows again.
+
+    Raises:
+        Nothing of its own.
+
+    >>> import torch
+    >>> stack_twice({"input_ids": torch.tensor([[1, 2]])})["input_ids"].tolist()
+    [[1, 2], [1, 2]]
+    """
     return {k: torch.cat([v, v], dim=0) for k, v in batch.items()}

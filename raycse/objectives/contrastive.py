@@ -34,9 +34,21 @@ def world() -> tuple[int, int]:
 
 
 def gather(x: Tensor) -> Tensor:
-    """Concatenate ``x`` from every worker, rank-major, keeping gradients to every source row.
+    """Concatenate ``x`` from every worker, rank-major, keeping gradients to every source row (the in-batch
+    negatives of the whole global batch).
 
-    Requires the same shape on every worker (the train loop gives every worker equal batches).
+    Args:
+        x: (n, ...) this worker's rows; the same shape on every worker (the train loop gives equal batches).
+
+    Returns:
+        (world * n, ...): every worker's rows, this worker's at ``local_offset(n)``; ``x`` itself on one worker.
+
+    Raises:
+        RuntimeError: from torch.distributed, where the workers' shapes differ.
+
+    >>> import torch
+    >>> gather(torch.ones(2, 3)).shape  # (one worker, outside a run: its own rows)
+    torch.Size([2, 3])
     """
     _, size = world()
     if size == 1:
@@ -72,7 +84,23 @@ def local_offset(local_n: int) -> int:
 
 
 def cosine_logits(a: Tensor, b: Tensor, tau: float | Tensor) -> Tensor:
-    """``sim(a_i, b_j) / tau`` for all i, j, computed in float32 for a stable softmax."""
+    """``sim(a_i, b_j) / tau`` for all i, j (cosine similarity), computed in float32 for a stable softmax.
+
+    Args:
+        a: (n, d) rows.
+        b: (m, d) rows.
+        tau: the temperature (a number, or a learned 0-d or 1-element tensor).
+
+    Returns:
+        (n, m) float32 logits.
+
+    Raises:
+        RuntimeError: rows of different widths.
+
+    >>> import torch
+    >>> cosine_logits(torch.tensor([[1.0, 0.0]]), torch.tensor([[2.0, 0.0], [0.0, 1.0]]), 0.5)
+    tensor([[2., 0.]])
+    """
     a = F.normalize(a.float(), dim=-1)
     b = F.normalize(b.float(), dim=-1)
     return a @ b.T / tau
@@ -86,15 +114,31 @@ def info_nce(
     exclude: Optional[Tensor] = None,
     gather_candidates: bool = True,
 ) -> Tensor:
-    """``mean_i CE(sim(anchor_i, candidate_j) / tau, target_i)``.
+    """InfoNCE: ``mean_i CE(sim(anchor_i, candidate_j) / tau, target_i)`` (SimCSE's loss, papers.md section 1),
+    the candidates gathered from every worker; a guide, where the run has one, masks its false negatives.
 
     Args:
         anchors: (n, d) local anchors.
         candidates: (m, d) local candidates; gathered from all workers when ``gather_candidates``.
+        tau: the temperature (> 0).
         targets: index of each anchor's positive in the (gathered) candidates. Default: the
             diagonal, offset by this worker's rank (``rank * m + i``).
         exclude: optional bool (n, M) mask of candidates that are neither positive nor negative
             (removed from the denominator), e.g. HiCL's same-sequence segments.
+        gather_candidates: gather the candidates from every worker (default) or use this worker's alone.
+
+    Returns:
+        The 0-d mean cross-entropy.
+
+    Raises:
+        RuntimeError: shapes that do not match (anchors against candidates, targets against anchors).
+
+    >>> import torch
+    >>> z = torch.eye(3)
+    >>> round(info_nce(z, z, tau=0.05).item(), 6)  # each anchor's own row is the one most like it
+    0.0
+    >>> round(info_nce(z, z.roll(1, 0), tau=1.0).item(), 4)  # (its positive now scores 0 against a 1)
+    1.5514
     """
     local_m = candidates.shape[0]
     if gather_candidates:
@@ -122,7 +166,23 @@ def info_nce_hard(anchors: Tensor, positives: Tensor, negatives: Tensor, tau: fl
 
         -log e^{s(h_i, h_i+)/tau} / sum_j ( e^{s(h_i, h_j+)/tau} + alpha^{1[i=j]} sum_m e^{s(h_i, h_jm-)/tau} )
 
-    ``negatives``: (n, k, d), k hard negatives per row, gathered from all workers like the positives.
+    Args:
+        anchors: (n, d) this worker's anchors.
+        positives: (n, d) their positives, gathered from all workers.
+        negatives: (n, k, d), k hard negatives per row, gathered from all workers like the positives.
+        tau: the temperature (> 0).
+        own_weight: alpha, the weight of a row's own hard negatives (1: as the others; 0: left out).
+
+    Returns:
+        The 0-d mean cross-entropy.
+
+    Raises:
+        RuntimeError: shapes that do not match.
+
+    >>> import torch
+    >>> z = torch.eye(2)
+    >>> round(info_nce_hard(z, z, -z.unsqueeze(1), tau=0.05).item(), 4)  # positives alike, negatives opposite
+    0.0
     """
     n, k = negatives.shape[0], negatives.shape[1]
     pos_all = gather(positives)

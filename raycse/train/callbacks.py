@@ -25,7 +25,27 @@ from raycse.errors import ConfigError
 
 
 class Callback:
-    """The hooks of a fit, each a no-op until overridden (rank 0 calls them)."""
+    """The hooks of a fit, each a no-op until overridden (rank 0 calls them): ``raycse.train(run, callbacks=[...])``.
+
+    Args:
+        (to its hooks) step: the fit's step; metrics: the step's (``loss``, ``lr``, ``examples_per_s``, ``epoch``)
+            or the checkpoint's; score: the model-selection score.
+
+    Returns:
+        Each hook returns None.
+
+    Raises:
+        raycse.errors.ConfigError: ``raycse.train`` refuses, before Ray starts, a callback that is no Callback or
+            does not pickle; a hook that raises fails the run with its error.
+
+    >>> class Best(Callback):
+    ...     best = None
+    ...     def on_eval(self, step, score, metrics):
+    ...         self.best = max(self.best or score, score)
+    >>> b = Best()
+    >>> b.on_eval(4, 80.5, {}); b.on_eval(8, 82.0, {}); b.best
+    82.0
+    """
 
     def on_step(self, step: int, metrics: dict) -> None:
         """Every ``train.log_steps`` steps: ``metrics`` holds ``loss`` (the recent mean), ``lr``,

@@ -9,7 +9,25 @@ from typing import Optional
 
 @dataclass
 class Tracking:
-    """What a run's workers need to log: picklable, travels in the train loop's config."""
+    """What a run's workers need to log to its tracker: picklable, it travels in the train loop's plan.
+
+    Args:
+        kind: the tracker's kind (``--tracking KIND:TARGET``).
+        target: where it logs (a server's address, a folder, a project).
+        run_id: the tracker's own id of the run (MLflow's, W&B's), set by ``Tracker.open``.
+        name: the run's name.
+        config: the resolved config (credentials masked), where the tracker sets it on the run.
+        extra: the tracker's own settings a worker's environment need not have.
+
+    Returns:
+        The value :meth:`Tracker.open` returns and :meth:`Tracker.sink` is given on rank 0.
+
+    Raises:
+        Nothing itself.
+
+    >>> Tracking("jsonl", "runs/log", name="simcse").name
+    'simcse'
+    """
 
     kind: str
     target: str
@@ -20,7 +38,35 @@ class Tracking:
 
 
 class Tracker:
-    """One kind of experiment tracker (``kind``: the name before the colon of ``--tracking KIND:TARGET``)."""
+    """One kind of experiment tracker (``kind``: the name before the colon of ``--tracking KIND:TARGET``). A subclass
+    implements ``sink`` (and where it needs them ``check``, ``open``, ``close``, ``log_model``, ``tune_callback``);
+    it is found by an installed package's entry point in ``raycse.trackers``, as raycse's own (MLflow, TensorBoard,
+    W&B) are found by kind.
+
+    Args:
+        (to its hooks) target: the TARGET of ``--tracking KIND:TARGET``; tracking: the run's :class:`Tracking`.
+
+    Returns:
+        ``open`` a :class:`Tracking`; ``sink`` an object with ``log(scalars: dict, step: int)`` and ``close()``;
+        ``tune_callback`` a Ray Tune callback for ``raycse tune`` (None: not for tune).
+
+    Raises:
+        raycse.errors.RaycseError: from ``check`` (its package missing, its server unreachable), before anything
+            starts: one line.
+
+    >>> class Printed(Tracker):
+    ...     kind = "printed"
+    ...     def sink(self, tracking):
+    ...         class Sink:
+    ...             def log(self, scalars, step):
+    ...                 print(step, scalars)
+    ...             def close(self):
+    ...                 pass
+    ...         return Sink()
+    >>> tracker = Printed()
+    >>> tracker.sink(tracker.open("-", "run", {})).log({"loss": 0.5}, 10)
+    10 {'loss': 0.5}
+    """
 
     kind: str = ""
 
