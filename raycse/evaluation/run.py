@@ -31,7 +31,28 @@ def evaluate(model: Optional[str] = None, settings: Optional[EvalSettings] = Non
     ``settings.model``) on the data ``settings`` names, as ``raycse eval`` does (``raycse.evaluate``); writes
     ``settings.json_out`` where set. ``.text`` of the report is what the CLI prints.
 
-    >>> import raycse
+    Args:
+        model: the model to score; None: ``settings.model``.
+        settings: what to score it on (raycse.evaluation.settings.EvalSettings: STS-B dev, SentEval, BEIR, MTEB,
+            dims, precisions); None: the defaults, which name no data.
+
+    Returns:
+        An :class:`EvalReport`: ``text`` (the tables) and ``scores`` (the JSON).
+
+    Raises:
+        raycse.errors.RaycseError: no data named, or a file, model or setting it cannot use: one line, before the
+            model loads where it can be told then.
+
+    >>> import os, tempfile, raycse
+    >>> dev = os.path.join(tempfile.mkdtemp(), "sts-dev.csv")  # (four scored pairs, STS-B's layout)
+    >>> rows = [("A man is playing a guitar.", "A man plays the guitar.", 4.8),
+    ...         ("A cat sleeps on the sofa.", "The stock market fell today.", 0.2),
+    ...         ("A woman is cooking dinner.", "A woman cooks food.", 4.0),
+    ...         ("Two dogs run in a field.", "Dogs are running outside.", 3.6)]
+    >>> _ = open(dev, "w").write("".join(f"g\\tf\\t2012\\t{i}\\t{g}\\t{a}\\t{b}\\n" for i, (a, b, g) in enumerate(rows)))
+    >>> report = raycse.evaluate("default", raycse.EvalSettings(stsb_dev=dev))  # (all-MiniLM-L6-v2, shipped)
+    >>> report.scores["scores"]["STSB-dev"]
+    100.0
     >>> raycse.evaluate("default", raycse.EvalSettings())
     Traceback (most recent call last):
     ...
