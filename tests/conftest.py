@@ -570,7 +570,7 @@ def lay_out(corpus, plans: list, world_size: int) -> dict:
     order."""
     import ray
 
-    from raycse.grouping import layouts
+    from raycse.grouping.epochs import layouts
     from raycse.grouping.layout import CorpusTable, epoch_rows
 
     table = CorpusTable(ray.get(corpus.blocks))
@@ -590,8 +590,8 @@ class EpochBatches:
 
 def epoch_batches(corpus, grouping, batch_size: int, world_size: int, seed: int, epoch: int, first_step: int,
                   vectors=None, max_steps=None) -> EpochBatches:
-    """One epoch planned (raycse.grouping.plan_epoch) and read as the workers read it."""
-    from raycse.grouping import plan_epoch
+    """One epoch planned (raycse.grouping.epochs.plan_epoch) and read as the workers read it."""
+    from raycse.grouping.epochs import plan_epoch
 
     plan = plan_epoch(corpus, grouping, batch_size, world_size, seed, epoch, first_step, vectors, max_steps)
     return EpochBatches(lay_out(corpus, [plan], world_size), plan.packing.steps(world_size), plan.packing,

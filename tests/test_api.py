@@ -16,7 +16,7 @@ from raycse.errors import ConfigError
 
 # every module whose docstrings hold the API's examples (each must have some, and all must pass)
 EXAMPLE_MODULES = ["raycse", "raycse.api", "raycse.train", "raycse.tune", "raycse.evaluation.run", "raycse.grouping.mine",
-                   "raycse.analysis", "raycse.config.run", "raycse.platform.callable_package",
+                   "raycse.analysis.report", "raycse.config.run", "raycse.platform.callable_package",
                    "raycse.platform.plugins", "raycse.grouping.registry", "raycse.train.tracking", "raycse.shipping.run",
                    "raycse.model.exported"]
 

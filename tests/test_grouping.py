@@ -10,7 +10,7 @@ import pytest
 from raycse.config import DataConfig, GroupingConfig
 from raycse.errors import DataError
 from conftest import epoch_batches, lay_out
-from raycse.grouping import plan_epoch
+from raycse.grouping.epochs import plan_epoch
 from raycse.grouping import knn as knn_mod
 from raycse.grouping.batches import pack
 from raycse.grouping.strategies import GroupOrder, keyed_order, knn_order, random_order

@@ -25,7 +25,7 @@ def _driver_peak(path) -> tuple[int, int, int]:
 
     from raycse.config import DataConfig, GroupingConfig
     from raycse.data.dataset import load_corpus
-    from raycse.grouping import plan_epoch
+    from raycse.grouping.epochs import plan_epoch
 
     pool = pa.default_memory_pool()
     pool.release_unused()

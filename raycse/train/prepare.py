@@ -121,7 +121,7 @@ def read_corpus(run: RunConfig, prepared: Optional[PreparedData], source=None, p
 def lay_out_epochs(run: RunConfig, corpus, spe: int, total: int, embed_from: str) -> tuple[list, list]:
     """The fit's epochs as layouts of row ids (raycse.grouping.layout) and each epoch's grouping log.
     Strategies that group by embeddings embed the corpus once, with ``embed_from``."""
-    from raycse.grouping import layouts
+    from raycse.grouping.epochs import layouts
 
     if run.data.is_mixture:
         from raycse.train.mixture import lay_out_mixture
@@ -135,9 +135,9 @@ def lay_out_epochs(run: RunConfig, corpus, spe: int, total: int, embed_from: str
 
 def epoch_planner(run: RunConfig, corpus, embed_from: str, say: str = ""):
     """``plan(epoch, first_step, max_steps)``: one epoch of ``run``'s grouping on ``corpus`` packed into batches
-    (raycse.grouping.plan_epoch), said in the log (``say``: whose); embeddings, where the grouping needs them, made
+    (raycse.grouping.epochs.plan_epoch), said in the log (``say``: whose); embeddings, where the grouping needs them, made
     once with ``embed_from``."""
-    from raycse.grouping import plan_epoch
+    from raycse.grouping.epochs import plan_epoch
     from raycse.grouping.embed import check_room_to_group, embed_corpus, grouping_prompt_name
     from raycse.model.encoder import embedding_width_of
 

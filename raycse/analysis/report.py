@@ -1,0 +1,104 @@
+"""``raycse analyze``: the table of trials, the best configuration (or a Pareto front), PNG plots, an optional table
+file and export, as one :class:`Report`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from raycse.analysis import pareto
+from raycse.analysis.best_model import check_export_path, export_model, picked
+from raycse.analysis.tables import check_table_path, fmt, format_table, seed_rows, write_table
+from raycse.analysis.trials import TrialRecord, load_trials
+from raycse.errors import ConfigError
+from raycse.platform import object_store
+from raycse.platform.staging import temporary_dir
+
+
+@dataclass
+class Report:
+    trials: list[TrialRecord]
+    table: str
+    best: Optional[TrialRecord]
+    best_text: str
+    plots: list = field(default_factory=list)  # Paths, or URIs when written to object storage
+    front: list = field(default_factory=list)  # a search for several goals: its Pareto front (TrialRecords)
+    exported: Optional[Path | str] = None
+    table_file: Optional[str] = None  # --table: every trial's every rung and seed, for pandas
+
+
+def analyze(exp_dir: str, plots: bool = True, plot_dir: Optional[str] = None, export_best: Optional[str] = None,
+            top: int = 5, table: Optional[str] = None, pick: Optional[str] = None) -> Report:
+    """Table, best configuration, PNG plots (in ``plot_dir``, default EXP_DIR/plots), optional export
+    and, with ``table``, every trial's every rung and seed as a CSV/Parquet/JSON file, as ``raycse
+    analyze`` does (``raycse.analyze``): a :class:`Report` (``.table``, ``.best_text``, ``.plots``...).
+    A search for several goals: its Pareto front (``.front``; its table is ``.best_text``; ``pareto.png``), and
+    ``export_best`` exports the trial ``pick`` names (its Tune id, e.g. ``c33649c4``), one of the front.
+
+    >>> import raycse
+    >>> raycse.analyze("no-such-experiment")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    raycse.errors.ConfigError: experiment directory not found: ...no-such-experiment
+    """
+    from raycse.tune.search import load_settings
+
+    remote = object_store.is_uri(exp_dir)
+    exp = str(exp_dir).rstrip("/") if remote else Path(exp_dir).resolve()
+    if not remote and not exp.is_dir():
+        raise ConfigError(f"experiment directory not found: {exp}")
+    if export_best:
+        check_export_path(export_best)  # before any plot is written
+    if table:
+        check_table_path(table)
+    settings, _ = load_settings(exp)
+    trials = load_trials(exp)
+    if not trials:
+        raise ConfigError(f"{exp} has no trials yet; run or resume the experiment first")
+    knobs = sorted({k for t in trials for k in t.params})
+    finished = all(t.results or t.error for t in trials) and len(trials) >= settings.num_samples
+    goals = settings.goals()
+    members = pareto.front(trials, goals) if goals else []
+    text = format_table(trials, knobs, finished, tuple(members))
+    scored = [t for t in trials if "target" in t.last]
+    complete = [t for t in scored if t.complete] or scored
+    best = max(complete, key=lambda t: t.last["target"]) if complete else None
+    if goals and (export_best or pick):
+        best = picked(members, pick)
+    elif pick:
+        raise ConfigError(f"--pick {pick}: this experiment searched one goal; --export-best exports its best trial")
+    best_text = "no trial has reported a score yet"
+    if best is not None:
+        m = best.last
+        best_text = (f"best: {best.short_name} ({best.location})\n  target ({settings.target}) {m['target']:.2f}  mean {m['mean']:.2f} +- "
+                     f"{m['std']:.2f}  worst {m['worst']:.2f}\n  config: "
+                     + ", ".join(f"{k}={fmt(v)}" for k, v in sorted(best.params.items()))
+                     + "\n  seeds: " + ", ".join(f"{s}: {v:.2f}" for s, v in zip(m["seeds"], m["seed_scores"])))
+    if goals:
+        best_text = (pareto.format_front(members, goals, knobs) + "\n  (* in the table; raycse analyze --export-best "
+                     "DIR --pick TRIAL exports one)") if members else "no trial has completed every goal yet"
+    report = Report(trials, text, best, best_text, front=members)
+    if table:
+        report.table_file = write_table(seed_rows(trials, finished), table)
+    if plots:
+        report.plots = _write_plots(trials, knobs, plot_dir or object_store.join(str(exp), "plots"), settings.target, top,
+                                    (members, goals))
+    if export_best:
+        report.exported = export_model(best, export_best, str(exp).rstrip("/").rsplit("/", 1)[-1], settings.target)
+    return report
+
+
+def _write_plots(trials, knobs, out: str, target: str, top: int, front: tuple = ([], [])) -> list:
+    """PNGs into ``out``; on object storage each is drawn locally, then uploaded (one PUT: whole)."""
+    from raycse.analysis.plots import write_plots
+
+    if not object_store.is_uri(out):
+        Path(out).mkdir(parents=True, exist_ok=True)
+        return write_plots(trials, knobs, Path(out), target, top, front)
+    with temporary_dir("raycse-plots-") as tmp:
+        uploaded = []
+        for png in write_plots(trials, knobs, tmp, target, top, front):
+            object_store.upload_file(png, object_store.join(out, png.name))
+            uploaded.append(object_store.join(out, png.name))
+        return uploaded
