@@ -36,7 +36,7 @@ def model_dir(root: Path, hidden: int, layers: int) -> str:
     """A Qwen3 config (no weights: the run's workers load them; here random ones are saved) with MiniLM's tokenizer."""
     from transformers import AutoModel, Qwen3Config
 
-    from raycse.model.encoder import embedded_model_path
+    from raycse.model.loading import embedded_model_path
 
     path = root / f"qwen3-{hidden}x{layers}"
     if not (path / "config.json").is_file():

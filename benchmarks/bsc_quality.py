@@ -31,7 +31,7 @@ def run_cosent(args, dev) -> dict:
                                        SentenceTransformerTrainingArguments)
     from sentence_transformers.losses import CoSENTLoss
 
-    from raycse.model.encoder import embedded_model_path
+    from raycse.model.loading import embedded_model_path
 
     torch.manual_seed(42)
     model = SentenceTransformer(str(embedded_model_path()), device="cpu")

@@ -34,7 +34,7 @@ from benchmarks.common import WIKI, first_sentences, machine, train_run  # noqa:
 def cheap_model(directory: Path) -> str:
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from raycse.model.encoder import embedded_model_path
+    from raycse.model.loading import embedded_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(str(embedded_model_path()))
     tokenizer.save_pretrained(directory)
@@ -103,7 +103,7 @@ def main() -> None:
         if args.model == "cheap":
             model = cheap_model(Path(tmp) / "cheap")
         else:
-            from raycse.model.encoder import resolve_model
+            from raycse.model.loading import resolve_model
 
             model = resolve_model(args.model)
         rows = {"raycse train (Ray worker)": in_ray(model, args.rounds, args.epochs, tmp)}

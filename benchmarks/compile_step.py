@@ -94,7 +94,7 @@ def main() -> int:
     ap.add_argument("--precision", default="auto")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    from raycse.model.encoder import embedded_model_path
+    from raycse.model.loading import embedded_model_path
 
     model = str(embedded_model_path()) if args.model == "default" else args.model
     texts = first_sentences(args.batch * (args.steps + args.warmup + 1), WIKI)

@@ -33,7 +33,7 @@ def decoder(root) -> str:
     import torch
     from transformers import AutoModel, Qwen3Config
 
-    from raycse.model.encoder import embedded_model_path
+    from raycse.model.loading import embedded_model_path
 
     path = Path(root) / "qwen3-150m"
     if not (path / "config.json").is_file():

@@ -33,7 +33,7 @@ def build_model(path: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from raycse.model.encoder import embedded_model_path
+    from raycse.model.loading import embedded_model_path
 
     torch.manual_seed(0)
     BertModel(BertConfig(**BASE)).save_pretrained(path)

@@ -43,7 +43,7 @@ def main() -> None:
     args = ap.parse_args()
     from raycse.config import DataConfig
     from raycse.grouping.mine import MineSettings, mine
-    from raycse.model.encoder import resolve_model
+    from raycse.model.loading import resolve_model
     from raycse.platform.ray_session import ensure_ray, setup_ray_data
 
     pairs = make_pairs(args.pairs)

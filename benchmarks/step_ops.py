@@ -153,7 +153,7 @@ def main() -> int:
         if args.model == "tiny":
             model = tiny_model(Path(tmp) / "tiny")
         elif args.model == "default":
-            from raycse.model.encoder import embedded_model_path
+            from raycse.model.loading import embedded_model_path
 
             model = str(embedded_model_path())
         else:

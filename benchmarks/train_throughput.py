@@ -34,7 +34,7 @@ def run_peer(texts: list[str], args, precision: str, dev) -> dict:
                                        SentenceTransformerTrainingArguments)
     from sentence_transformers.losses import MultipleNegativesRankingLoss
 
-    from raycse.model.encoder import embedded_model_path
+    from raycse.model.loading import embedded_model_path
 
     torch.manual_seed(42)
     model = SentenceTransformer(str(embedded_model_path()), device="cpu")

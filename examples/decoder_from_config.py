@@ -33,7 +33,7 @@ def main() -> int:
     import torch
     from transformers import AutoModel, LlamaConfig, Qwen3Config
 
-    from raycse.model.encoder import embedded_model_path
+    from raycse.model.loading import embedded_model_path
 
     heads = args.hidden // 64
     common = dict(vocab_size=30522, hidden_size=args.hidden, intermediate_size=4 * args.hidden,

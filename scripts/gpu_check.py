@@ -75,7 +75,7 @@ def default_model() -> str:
     if (ROOT / BUNDLED_MODEL).is_dir():
         return str(widen_bundled_model(ROOT / BUNDLED_MODEL, scratch_dir() / "model"))
     from raycse.errors import ModelError
-    from raycse.model.encoder import embedded_model_path
+    from raycse.model.loading import embedded_model_path
 
     try:
         return str(embedded_model_path())

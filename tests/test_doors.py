@@ -54,7 +54,7 @@ def saved(tiny_model, tmp_path) -> Path:
 
 @pytest.mark.parametrize("name", ["tokenizer_config.json", "model.safetensors", "1_Pooling/config.json"])
 def test_a_fifo_in_a_model_folder_is_refused_at_once_not_read(saved, tmp_path, name):
-    from raycse.model.encoder import resolve_model
+    from raycse.model.loading import resolve_model
 
     fifo = saved / name
     fifo.unlink()
@@ -66,7 +66,8 @@ def test_a_fifo_in_a_model_folder_is_refused_at_once_not_read(saved, tmp_path, n
 
 def test_a_link_out_of_a_model_folder_is_refused_and_links_inside_it_or_into_a_hub_snapshots_blobs_are_read(
         saved, tmp_path):
-    from raycse.model.encoder import Encoder, resolve_model
+    from raycse.model.encoder import Encoder
+    from raycse.model.loading import resolve_model
     from raycse.platform.folders import entries
 
     secret = tmp_path / "credentials"
@@ -173,7 +174,8 @@ def test_a_teacher_or_guide_inside_the_output_is_refused_as_the_model_is(saved, 
 
 
 def test_a_max_length_beyond_the_models_positions_is_refused_before_it_loads(tiny_model):
-    from raycse.model.encoder import Encoder, check_max_length
+    from raycse.model.encoder import Encoder
+    from raycse.model.loading import check_max_length
 
     with pytest.raises(ModelError, match="--max-length 600 is more than the 128 token positions of model .*; lower "
                                          "--max-length to 128 or less"):

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from raycse.errors import ModelError
-from raycse.model.encoder import Encoder, resolve_model
+from raycse.model.encoder import Encoder
+from raycse.model.loading import resolve_model
 
 
 def test_mean_pooling_by_hand(tiny_model):

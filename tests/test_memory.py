@@ -50,7 +50,7 @@ def _measured_saved_bytes(run: RunConfig) -> int:
 def test_the_counted_activations_are_what_a_real_step_keeps(tiny_model):
     """The meta-device count of the backbone against the real step's forward (raycse's module: the backbone, the
     pooling, the MLP head, the loss), HF's padded layers."""
-    from raycse.model.encoder import empty_backbone_of
+    from raycse.model.loading import empty_backbone_of
 
     run = _run(tiny_model, unpad=False)
     counted = memory._saved_bytes(empty_backbone_of(str(tiny_model)), memory.rows_per_worker(run),
@@ -103,7 +103,7 @@ def test_each_part_follows_the_run(tiny_model):
 def test_a_sharded_worker_holds_its_share_and_what_fsdp_gathers(tiny_model):
     """--sharding fsdp: 1/N of the weights, gradients and AdamW a worker, plus the root group (everything outside the
     blocks) and two blocks' weights and one block's gradients held whole; the same activations as DDP's."""
-    from raycse.model.encoder import empty_backbone_of
+    from raycse.model.loading import empty_backbone_of
 
     backbone = empty_backbone_of(str(tiny_model))
     params = sum(p.numel() for p in backbone.parameters())

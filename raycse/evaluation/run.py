@@ -200,7 +200,7 @@ def _mteb_inputs(s: EvalSettings):
 
 def _dims(text: Optional[str], model: str, trust_remote_code: bool) -> list[int]:
     """--dims: the prefix sizes to score besides the whole embedding, widest first."""
-    from raycse.model.encoder import embedding_width_of, resolve_model
+    from raycse.model.loading import embedding_width_of, resolve_model
     from raycse.platform.conversion import coerce
 
     if not text:
@@ -215,7 +215,7 @@ def _dims(text: Optional[str], model: str, trust_remote_code: bool) -> list[int]
 
 def _beir(s: EvalSettings, beir, embed, encoder) -> tuple[str, dict]:
     from raycse.evaluation.beir import QUERY, RAY_THRESHOLD, embed_documents, format_metrics, retrieval_metrics, search
-    from raycse.model.encoder import resolve_model
+    from raycse.model.loading import resolve_model
 
     print(f"[raycse] {s.model}: BEIR {s.beir_dir} ({s.split}): {len(beir.docs)} documents, "
           f"{len(beir.queries)} queries with relevant documents", file=sys.stderr)

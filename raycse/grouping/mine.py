@@ -149,7 +149,7 @@ def mine_triplets(data, output, settings: Optional[MineSettings] = None, model: 
     """
     from raycse.data.dataset import ray_data_errors, resolve_sources
     from raycse.errors import require
-    from raycse.model.encoder import check_max_length, resolve_model
+    from raycse.model.loading import check_max_length, resolve_model
     from raycse.platform.interrupts import interrupted
     from raycse.platform.ray_session import cluster_cpus, ensure_ray, setup_ray_data
     from raycse.platform.staging import check_not_inside, check_writable_file

@@ -143,7 +143,7 @@ def reference_vectors(texts, hashes: np.ndarray, model_path: str, settings: dict
     import time
 
     from raycse.grouping.embed import embed_corpus
-    from raycse.model.encoder import embedding_width_of
+    from raycse.model.loading import embedding_width_of
     from raycse.platform.caches import checked_cache_dir
 
     checked_cache_dir(REFERENCES)

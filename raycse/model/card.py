@@ -314,7 +314,7 @@ def _adapter(run: dict) -> list[str]:
             f"frozen base weights. The weights here are merged (W + alpha/r BA); the adapter alone is in "
             f"`{ADAPTER_DIR}/`:", "",
             "```python", "from peft import PeftModel", "from transformers import AutoModel", "",
-            "from raycse.model.encoder import resolve_model", "",
+            "from raycse.model.loading import resolve_model", "",
             f'base = AutoModel.from_pretrained(resolve_model("{run["model"]["name_or_path"]}"))  # the base model',
             f'model = PeftModel.from_pretrained(base, "{ADAPTER_DIR}")', "```", ""]
 
@@ -324,7 +324,7 @@ def _usage(name: str, pooling: str) -> list[str]:
             "(out.last_hidden_state * mask).sum(1) / mask.sum(1)")
     fetch = []
     if "://" in name:  # on object storage: raycse fetches it once into a local cache (by its manifest)
-        fetch = ["from raycse.model.encoder import resolve_model", "", f'path = resolve_model("{name}")', ""]
+        fetch = ["from raycse.model.loading import resolve_model", "", f'path = resolve_model("{name}")', ""]
         name = "path"
     quoted = name if fetch else f'"{name}"'
     return [

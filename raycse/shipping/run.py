@@ -61,7 +61,7 @@ def export(model: Optional[str] = None, settings: Optional[ExportSettings] = Non
     s = dataclasses.replace(s, model=model) if model is not None else s
     s.validate()
     _require_extras(s)
-    from raycse.model.encoder import resolve_model
+    from raycse.model.loading import resolve_model
 
     source = Path(resolve_model(s.model, s.trust_remote_code))
     dev = _dev(s.stsb_dev)  # (read before the work: a bad file costs no export)
@@ -112,7 +112,8 @@ def _dev(path: Optional[str]):
 def _write(source: Path, out: Path, s: ExportSettings, dev, leave_out: tuple = ()) -> ExportReport:
     """The model copied into ``out``, its files exported, checked and scored, the record, card and digests
     written. ``leave_out``: folders inside the source not to copy (the destination, when it lies there)."""
-    from raycse.model.encoder import Encoder, transformer_folder
+    from raycse.model.encoder import Encoder
+    from raycse.model.loading import transformer_folder
     from raycse.platform.folders import write_manifest
 
     _copy_model(source, out, leave_out)

@@ -74,7 +74,7 @@ def rows_per_worker(run: RunConfig) -> int:
 def estimate(run: RunConfig, model_path: str) -> Optional[MemoryEstimate]:
     """A worker's memory for ``run`` (resolved) on the model at ``model_path``; None where the model cannot be
     built on the meta device here (a hub name not in the cache, a model of its own code)."""
-    from raycse.model.encoder import empty_backbone_of
+    from raycse.model.loading import empty_backbone_of
 
     backbone = empty_backbone_of(model_path)
     if backbone is None:

@@ -10,7 +10,7 @@ from typing import Optional
 
 from raycse.config import RunConfig
 from raycse.errors import ConfigError, RaycseError
-from raycse.model.encoder import check_max_length, probe_tokenizer, resolve_model
+from raycse.model.loading import check_max_length, probe_tokenizer, resolve_model
 
 
 def check_models(run: RunConfig, model_path: str, sample: list[str]) -> RunConfig:
@@ -55,7 +55,7 @@ def resolve_references(run: RunConfig, model_path: str) -> tuple[RunConfig, dict
     and a hub name found in the cache, both kept in the run as given; one line where one does not load), and mse
     refused where the sizes differ. The run, and each reference's local path by role."""
     from raycse.grouping.references import INITIAL
-    from raycse.model.encoder import embedding_width_of
+    from raycse.model.loading import embedding_width_of
 
     changes, resolved = {}, {}
     for key in ("teacher", "guide"):

@@ -12,8 +12,8 @@ from torch import nn
 from raycse.config import RunConfig
 from raycse.errors import ConfigError, ModelError
 from raycse.model.adapters import add_lora, trainable_line
-from raycse.model.encoder import (PROMPT_LEFT_OUT, Encoder, check_checkpointing, default_prompt_of,
-                                  embedding_width_of, empty_backbone_of)
+from raycse.model.encoder import PROMPT_LEFT_OUT, Encoder, check_checkpointing
+from raycse.model.loading import default_prompt_of, embedding_width_of, empty_backbone_of
 from raycse.model.unpad import use_fast_dropout
 from raycse.objectives.base import LossOutput, Objective
 from raycse.objectives.matryoshka import check_fits

@@ -23,7 +23,7 @@ import torch
 from raycse.config import RunConfig
 from raycse.errors import ConfigError, RaycseError
 from raycse.evaluation.selection import load_selection
-from raycse.model.encoder import resolve_model
+from raycse.model.loading import resolve_model
 from raycse.platform import object_store
 from raycse.platform.redact import refuse_credentials
 from raycse.platform.staging import check_not_inside

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from raycse.config import RunConfig
-from raycse.model.encoder import resolve_model
+from raycse.model.loading import resolve_model
 from raycse.objectives import registry
 from raycse.platform.ray_session import ensure_ray, setup_ray_data
 from raycse.train.plan import planned_epochs, plan_steps
@@ -139,7 +139,7 @@ def epoch_planner(run: RunConfig, corpus, embed_from: str, say: str = ""):
     once with ``embed_from``."""
     from raycse.grouping.epochs import plan_epoch
     from raycse.grouping.embed import check_room_to_group, embed_corpus, grouping_prompt_name
-    from raycse.model.encoder import embedding_width_of
+    from raycse.model.loading import embedding_width_of
 
     t, prompts = run.train, run.data.prompts
     check_room_to_group(corpus.num_examples, embedding_width_of(embed_from), run.grouping)  # this driver keeps them

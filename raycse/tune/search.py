@@ -157,7 +157,7 @@ def _checked_run(space: SearchSpace):
     model found)."""
     from raycse.config.sources import check_corpora
     from raycse.data.dataset import resolve_sources
-    from raycse.model.encoder import resolve_model
+    from raycse.model.loading import resolve_model
     from raycse.train.model_checks import check_models, text_sample
     from raycse.train.preflight import check_data_fits_objective
 
