@@ -45,7 +45,8 @@ def _damaged_models(root: Path, base: Path) -> dict:
 
 def _experiment(root: Path, space: Path, damage: str) -> Path:
     """A tune experiment's records as raycse writes them, one of them damaged."""
-    from raycse.tune.search import SETTINGS, TuneSettings
+    from raycse.tune.experiment import SETTINGS
+    from raycse.tune.settings import TuneSettings
 
     exp = root / f"exp-{damage}"
     trial = exp / "trial_0"

@@ -397,10 +397,10 @@ def test_an_installed_packages_tracker_is_a_tracking_kind(on_path, tmp_path, mon
                                           "raycse.train.tracker.Tracker") as got:
         tracking.get("plain")
     assert "\n" not in str(got.value)
-    from raycse.tune.search import _tracking_callback
+    from raycse.tune.callbacks import tracking_callback
 
     with pytest.raises(ConfigError, match="the tracker 'jsonl' gives no Ray Tune callback"):
-        _tracking_callback("jsonl", "runs", "exp")
+        tracking_callback("jsonl", "runs", "exp")
     # a tracker of someone else's is never handed a credential
     (t,) = tracking.open_runs(f"jsonl:{tmp_path / 'logs'}", "run", {"data": {"corpus": "s3://u:SECRET@b/c"}})
     tracking.close_run(t, ok=False)

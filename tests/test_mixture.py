@@ -368,7 +368,7 @@ def test_a_trials_folder_names_each_sources_knob_apart():
     """Two sources' tau in one search: the trial's folder says whose each is."""
     from types import SimpleNamespace
 
-    from raycse.tune.search import trial_dirname
+    from raycse.tune.callbacks import trial_dirname
 
     trial = SimpleNamespace(trial_id="a1", config={"data.sources.wiki.objective.tau": 0.05, "train.lr": 3e-5,
                                                    "data.sources.sts.objective.tau": 0.1,

@@ -163,7 +163,8 @@ def test_the_searcher_tells_optuna_every_goal_and_a_resumed_one_keeps_the_study(
     study, its directions kept."""
     import optuna
 
-    from raycse.tune.search import TuneSettings, _optuna_search, _scheduler
+    from raycse.tune.searcher import optuna_search, scheduler
+    from raycse.tune.settings import TuneSettings
     from raycse.tune.space import load_space
     from raycse.tune.study import place
 
@@ -173,13 +174,13 @@ def test_the_searcher_tells_optuna_every_goal_and_a_resumed_one_keeps_the_study(
     space = load_space(str(path))
     settings = TuneSettings(space=str(path), objectives="sts:max,speed:min", searcher=searcher).validate()
     where = place(tmp_path, "exp")
-    first = _optuna_search(space, settings, where)
-    assert type(first._sampler).__name__ == sampler and _scheduler(settings) is None  # (no --stop-on: no ASHA)
+    first = optuna_search(space, settings, where)
+    assert type(first._sampler).__name__ == sampler and scheduler(settings) is None  # (no --stop-on: no ASHA)
     for trial, final in (("t1", 1), ("t2", 2)):
         assert "tau" in first.suggest(trial)
         first.on_trial_complete(trial, {"t_sts": 80.0, "t_speed": 500.0, "target": 80.0, "rung": 1, "final_rung": final})
     first.save(str(tmp_path / "searcher.pkl"))
-    resumed = _optuna_search(space, settings, where)
+    resumed = optuna_search(space, settings, where)
     resumed.restore(str(tmp_path / "searcher.pkl"))
     assert "tau" in resumed.suggest("t3")
     resumed.on_trial_complete("t3", {"t_sts": 81.0, "t_speed": 900.0, "target": 81.0, "rung": 1, "final_rung": 1})
@@ -188,7 +189,7 @@ def test_the_searcher_tells_optuna_every_goal_and_a_resumed_one_keeps_the_study(
     assert [(t.state.name, t.values) for t in kept.trials] == [("COMPLETE", [80.0, 500.0]), ("PRUNED", None),
                                                                 ("COMPLETE", [81.0, 900.0])]
     stopping = TuneSettings(space=str(path), objectives="sts:max,speed:min", stop_on="speed").validate()
-    asha = _scheduler(stopping)
+    asha = scheduler(stopping)
     assert (asha.metric, asha._mode) == ("t_speed", "min")  # (Ray keeps the mode private)
 
 

@@ -100,10 +100,10 @@ def test_a_wandb_logging_actor_returns_with_its_run_on_disk_and_wandb_s_service_
     from ray.util.queue import Queue
     from ray.util.state import list_actors
 
-    from raycse.tune.search import _tracking_callback
+    from raycse.tune.callbacks import tracking_callback
     from tracked import wandb_runs
 
-    callback = _tracking_callback("wandb", "p", "exp")
+    callback = tracking_callback("wandb", "p", "exp")
     queue = Queue(actor_options={"num_cpus": 0})
     for rung in (1, 2):
         queue.put((_QueueItem.RESULT, {"training_iteration": rung, "rung": rung, "mean": -float(rung)}))
@@ -130,8 +130,8 @@ def test_a_wandb_callback_alive_at_interpreter_exit_prints_nothing(tmp_path):
     import sys
 
     program = ("import os\n"
-               "from raycse.tune.search import _tracking_callback\n"
-               "os._kept_until_exit = _tracking_callback('wandb', 'p', 'exp')\n")
+               "from raycse.tune.callbacks import tracking_callback\n"
+               "os._kept_until_exit = tracking_callback('wandb', 'p', 'exp')\n")
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)})
     assert done.returncode == 0 and "Exception ignored" not in done.stderr, done.stderr

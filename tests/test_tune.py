@@ -505,11 +505,12 @@ def test_two_trials_two_seeds_analysis_plots_and_export(ray_cluster, mlflow_serv
 def test_early_stopped_trials_reach_optuna_as_pruned_not_as_values(tmp_path):
     import optuna
 
-    from raycse.tune.search import TuneSettings, _optuna_search
+    from raycse.tune.searcher import optuna_search
+    from raycse.tune.settings import TuneSettings
 
     space = load_space(_space(tmp_path, {"tau": {"loguniform": [0.01, 0.1]}}))
     for learn, expected in ((False, optuna.trial.TrialState.PRUNED), (True, optuna.trial.TrialState.COMPLETE)):
-        searcher = _optuna_search(space, TuneSettings(space="x", learn_from_truncated=learn))
+        searcher = optuna_search(space, TuneSettings(space="x", learn_from_truncated=learn))
         searcher.set_search_properties("target", "max", {})
         assert "tau" in searcher.suggest("t1")
         searcher.on_trial_complete("t1", {"target": 80.0, "rung": 1, "final_rung": 3})
@@ -526,19 +527,20 @@ def test_resumed_searcher_takes_reports_of_a_trial_the_lost_driver_already_told(
     value the lost driver told it."""
     import optuna
 
-    from raycse.tune.search import TuneSettings, _optuna_search
+    from raycse.tune.searcher import optuna_search
+    from raycse.tune.settings import TuneSettings
     from raycse.tune.study import place
 
     space = load_space(_space(tmp_path, {"tau": {"loguniform": [0.01, 0.1]}}))
     where = place(tmp_path, "exp")
-    searcher = _optuna_search(space, TuneSettings(space="x"), where)
+    searcher = optuna_search(space, TuneSettings(space="x"), where)
     searcher.set_search_properties("target", "max", {})
     assert "tau" in searcher.suggest("t1")
     searcher.save(str(tmp_path / "searcher.pkl"))  # Tune's checkpoint of the searcher: t1 running
     searcher.on_trial_result("t1", {"target": 80.0, "training_iteration": 1})
     searcher.on_trial_complete("t1", {"target": 80.0, "rung": 1, "final_rung": 1})  # then the driver is lost
 
-    resumed = _optuna_search(space, TuneSettings(space="x"), where)
+    resumed = optuna_search(space, TuneSettings(space="x"), where)
     resumed.restore(str(tmp_path / "searcher.pkl"))
     resumed.on_trial_result("t1", {"target": 80.0, "training_iteration": 1})  # raised before: the resume failed
     resumed.on_trial_complete("t1", {"target": 80.0, "rung": 1, "final_rung": 1})
@@ -568,25 +570,27 @@ def test_a_trial_only_asked_by_a_lost_driver_is_closed_when_the_search_ends(tmp_
 
 
 def test_preflight_refuses_a_trial_that_cannot_fit(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path):
-    from raycse.tune.search import TuneSettings, preflight
+    from raycse.tune.capacity import preflight
+    from raycse.tune.settings import TuneSettings
 
     run = {"model": {"name_or_path": str(tiny_model)}, "data": {"corpus": str(corpus)},
            "train": {"num_workers": 2, "cpus_per_worker": 3}, "eval": {"stsb_dev": str(stsb_dev)}}
     space = load_space(_space(tmp_path, {"lr": {"loguniform": [1e-5, 1e-4]}}, run))
     with pytest.raises(ConfigError, match=r"a trial needs 2 worker\(s\) x 3 CPU .* but the cluster can hold 4"):
-        preflight(space, TuneSettings(space=space.path))
-    concurrent, per_worker, parallel = preflight(space, TuneSettings(space=space.path, preflight=False))
+        preflight(space.run_config({}), TuneSettings(space=space.path))
+    concurrent, per_worker, parallel = preflight(space.run_config({}),
+                                                 TuneSettings(space=space.path, preflight=False))
     assert concurrent >= 1
     # the corpus's example count comes with the data laid out once for the experiment
-    from raycse.tune.search import prepare_seeds
+    from raycse.tune.experiment import prepare_seeds
 
     assert prepare_seeds(space, [0])[1] == 256
     # 3 seeds x 1 worker x 1 CPU do not fit 4 CPUs beside each other twice: seeds side by side, 1 trial
     run["train"] = {"num_workers": 1, "cpus_per_worker": 1}
     space = load_space(_space(tmp_path, {"lr": {"loguniform": [1e-5, 1e-4]}}, run, name="fits.yaml"))
-    assert preflight(space, TuneSettings(space=space.path, seeds=[0, 1, 2])) == (1, 1, True)
+    assert preflight(space.run_config({}), TuneSettings(space=space.path, seeds=[0, 1, 2])) == (1, 1, True)
     # 5 seeds do not fit at once: they run in turn, 3 trials at once
-    assert preflight(space, TuneSettings(space=space.path, seeds=[0, 1, 2, 3, 4])) == (3, 1, False)
+    assert preflight(space.run_config({}), TuneSettings(space=space.path, seeds=[0, 1, 2, 3, 4])) == (3, 1, False)
 
 
 def test_data_prepared_once_serves_runs_with_the_same_batches_only(ray_cluster, tiny_model, corpus, stsb_dev,
@@ -629,7 +633,7 @@ def test_data_prepared_once_serves_runs_with_the_same_batches_only(ray_cluster, 
 def test_ended_trial_keeps_only_each_seeds_final_model(tmp_path):
     """Once a trial ended, its Train checkpoints and the staging directories of seed runs that were
     killed mid-run (an ASHA stop) are deleted; each seed's final model stays."""
-    from raycse.tune.search import drop_train_checkpoints
+    from raycse.tune.callbacks import drop_train_checkpoints
 
     trial = tmp_path / "run_trial_1"
     for seed in ("seed0", "seed1"):

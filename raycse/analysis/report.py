@@ -42,7 +42,7 @@ def analyze(exp_dir: str, plots: bool = True, plot_dir: Optional[str] = None, ex
     ...
     raycse.errors.ConfigError: experiment directory not found: ...no-such-experiment
     """
-    from raycse.tune.search import load_settings
+    from raycse.tune.experiment import load_settings
 
     remote = object_store.is_uri(exp_dir)
     exp = str(exp_dir).rstrip("/") if remote else Path(exp_dir).resolve()
