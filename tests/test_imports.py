@@ -112,14 +112,16 @@ def test_the_workers_read_the_corpus_from_its_blocks_not_a_ray_data_dataset(tmp_
 
 def test_the_driver_is_split_by_what_it_does():
     """Issue 69 item 2: pre-flight checks, data preparation, the fit and publishing are modules of their own;
-    Tune's search (its modules; a trial calls the driver's train) takes the shared parts from them, not from the driver; no file in raycse/train/ over ~300 lines
+    Tune's search (its modules; a trial calls the driver's train) takes the shared parts from them, not from the
+    driver; no file in raycse/train/ over ~300 lines
     and no function there over ~60."""
     import ast as ast_
 
     graph = module_imports()
     driver = graph["raycse.train.driver"]
     assert {"raycse.train.preflight", "raycse.train.prepare", "raycse.train.fit", "raycse.train.publishing"} <= driver
-    tune = set().union(*(graph[f"raycse.tune.{m}"] for m in ("search", "searcher", "capacity", "callbacks", "experiment")))
+    parts = ("search", "searcher", "capacity", "callbacks", "experiment")
+    tune = set().union(*(graph[f"raycse.tune.{m}"] for m in parts))
     assert "raycse.train.driver" not in tune
     assert {"raycse.train.preflight", "raycse.train.prepare"} <= tune
     for path in sorted((PACKAGE / "train").glob("*.py")):
