@@ -150,3 +150,25 @@ def test_an_interrupted_mine_is_one_line_naming_its_unwritten_output_and_the_rer
                    f"again"], err
     assert not out.exists()
     assert ray.is_initialized(), "the command shut down the Ray this process had joined before it"
+
+
+def test_a_triplets_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """Through raycse.platform.outputs.written_file: a failed write leaves no hidden file beside the output and the
+    earlier output untouched; a write that completes replaces it in one rename."""
+    import pandas as pd
+
+    from raycse.grouping.mine import write_table
+
+    out = tmp_path / "triplets.jsonl"
+    write_table({"q": ["a"], "a": ["b"]}, out, "jsonl")
+    assert out.read_text().strip() == '{"q":"a","a":"b"}' and sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+
+    def half_then_fail(self, path, **kwargs):
+        open(path, "w").write('{"q":')
+        raise ValueError("a value pandas cannot write")
+
+    monkeypatch.setattr(pd.DataFrame, "to_json", half_then_fail)
+    with pytest.raises(ValueError):
+        write_table({"q": ["c"], "a": ["d"]}, out, "jsonl")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]  # no hidden file left
+    assert out.read_text().strip() == '{"q":"a","a":"b"}'  # the earlier output untouched

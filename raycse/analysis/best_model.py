@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Optional
 
@@ -13,7 +12,7 @@ from raycse.analysis.trials import TrialRecord
 from raycse.errors import ConfigError, RaycseError
 from raycse.platform import object_store
 from raycse.platform.redact import redact, redact_obj
-from raycse.platform.staging import claim_output, publish_claimed, temporary_dir
+from raycse.platform.outputs import written_folder
 
 
 def picked(members: list, pick: Optional[str]) -> TrialRecord:
@@ -77,23 +76,14 @@ def export_model(best: Optional[TrialRecord], dest, experiment: str = "", target
     except RaycseError as err:
         raise ConfigError(f"the best trial's model cannot be exported: {err}") from None
     check_export_path(dest)
-    if object_store.is_uri(dest):
-        with temporary_dir("raycse-export-") as tmp:
-            staging = tmp / "model"
-            copy_folder(src, staging, "trial's model")
-            _export_card(staging, run_dir, str(dest), best, seed, experiment, target)
-            object_store.publish(staging, str(dest))
-        return str(dest)
-    dest = Path(os.path.expanduser(dest)).resolve()
-    claim = claim_output(dest, overwrite=False, flag="--export-best")
-    try:  # (regular files only, nothing that leads out of the trial's folder, not the staging folder itself)
-        copy_folder(src, claim.staging, "trial's model", leave_out=(claim.staging, dest))
-        _export_card(claim.staging, run_dir, dest, best, seed, experiment, target)
-        write_manifest(claim.staging)
-        publish_claimed(claim)
-    except BaseException:
-        shutil.rmtree(claim.staging, ignore_errors=True)
-        raise
+    remote = object_store.is_uri(dest)
+    dest = str(dest) if remote else Path(os.path.expanduser(dest)).resolve()
+    with written_folder(dest, "--export-best") as staging:  # (whole or not at all, a path or a URI)
+        # (regular files only, nothing that leads out of the trial's folder, not the staging folder itself)
+        copy_folder(src, staging, "trial's model", leave_out=() if remote else (staging, dest))
+        _export_card(staging, run_dir, dest, best, seed, experiment, target)
+        if not remote:  # (an upload writes its manifest itself)
+            write_manifest(staging)
     return dest
 
 

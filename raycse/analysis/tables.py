@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 from raycse.analysis.trials import TrialRecord
 from raycse.errors import ConfigError
 from raycse.platform import object_store
-from raycse.platform.staging import temporary_dir
+from raycse.platform.outputs import written_file
 
 
 def fmt(v) -> str:
@@ -71,21 +69,11 @@ def write_table(rows: list[dict], dest: str) -> str:
 
     frame = pd.DataFrame(rows)
     suffix = Path(dest).suffix.lower()
-    with temporary_dir("raycse-table-") as tmp:
-        local = tmp / f"table{suffix}"
+    with written_file(dest) as local:  # (renamed over it from beside it, or uploaded: a reader never sees half)
         if suffix == ".csv":
             frame.to_csv(local, index=False)
         elif suffix == ".parquet":
             frame.to_parquet(local, index=False)
         else:
             frame.to_json(local, orient="records", indent=1)
-        if object_store.is_uri(dest):
-            object_store.upload_file(local, dest)
-        else:  # copied beside the destination, then renamed: a reader never sees half a table
-            beside = Path(dest).with_name(f".{Path(dest).name}.partial-{os.getpid()}")
-            try:
-                shutil.copyfile(local, beside)
-                os.replace(beside, dest)
-            finally:
-                beside.unlink(missing_ok=True)
     return dest

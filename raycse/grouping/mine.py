@@ -239,26 +239,17 @@ def mine(data, model_path: str, output: Path, s: MineSettings, candidates_file: 
 
 
 def write_table(columns: dict, output: Path, fmt: str) -> None:
-    """Whole or not at all: a hidden file beside ``output``, renamed over it when complete."""
-    import uuid
-
+    """Whole or not at all (raycse.platform.outputs.written_file): a hidden file beside ``output``, renamed over it
+    when complete, and nothing left when the write fails."""
     import pandas as pd
 
-    from raycse.platform.staging import staging_prefix
+    from raycse.platform.outputs import written_file
 
     df = pd.DataFrame(columns)
-    tmp = output.parent / f"{staging_prefix(output.name)}{uuid.uuid4().hex[:8]}"
-    try:
+    with written_file(output) as tmp:
         if fmt == "parquet":
             df.to_parquet(tmp, index=False)
         elif fmt == "jsonl":
             df.to_json(tmp, orient="records", lines=True, force_ascii=False)
         else:
             df.to_csv(tmp, index=False, sep="\t" if fmt == "tsv" else ",")
-        tmp.replace(output)
-    except OSError as err:
-        from raycse.errors import named
-
-        raise named(err, output) from None
-    finally:
-        tmp.unlink(missing_ok=True)

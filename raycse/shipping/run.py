@@ -11,16 +11,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from raycse.errors import ConfigError, ModelError, require
+from raycse.errors import ModelError, require
 from raycse.platform import object_store
-from raycse.platform.staging import EXPORT_RECORD, MANIFEST, check_not_inside, claim_output, publish_claimed, temporary_dir
+from raycse.platform.outputs import written_folder
+from raycse.platform.staging import EXPORT_RECORD, MANIFEST, check_not_inside
 from raycse.shipping.settings import ExportSettings
 
 TOLERANCE = 1e-4  # largest |difference| of a float32 file's embedding coordinates from PyTorch's
@@ -65,32 +65,13 @@ def export(model: Optional[str] = None, settings: Optional[ExportSettings] = Non
 
     source = Path(resolve_model(s.model, s.trust_remote_code))
     dev = _dev(s.stsb_dev)  # (read before the work: a bad file costs no export)
-    if object_store.is_uri(s.onnx):
-        return _export_to_store(source, s, dev)
-    dest = Path(os.path.expanduser(s.onnx)).resolve()
-    check_not_inside(dest, "--onnx", {"MODEL": str(source)})
-    claim = claim_output(dest, s.overwrite, "--onnx")
-    try:
-        report = _write(source, claim.staging, s, dev, leave_out=(dest,))
-        publish_claimed(claim)
-    except BaseException:
-        shutil.rmtree(claim.staging, ignore_errors=True)
-        raise
+    remote = object_store.is_uri(s.onnx)
+    dest = s.onnx if remote else Path(os.path.expanduser(s.onnx)).resolve()
+    if not remote:
+        check_not_inside(dest, "--onnx", {"MODEL": str(source)})
+    with written_folder(dest, "--onnx", s.overwrite) as staging:  # (whole or not at all, a path or a URI)
+        report = _write(source, staging, s, dev, leave_out=() if remote else (dest,))
     report.path = dest
-    return report
-
-
-def _export_to_store(source: Path, s: ExportSettings, dev) -> ExportReport:
-    """The export written in a private temporary folder, then published to the URI ``s.onnx`` (files, then its
-    manifest: whole or not at all; ``--overwrite`` replaces only a prefix raycse published)."""
-    if object_store.prefix_exists(s.onnx):  # (before the work, as for a local folder)
-        if not s.overwrite:
-            raise ConfigError(f"--onnx {s.onnx} is not empty; choose another URI or pass --overwrite")
-        object_store.check_replaceable_prefix(s.onnx)
-    with temporary_dir("raycse-export-") as tmp:
-        report = _write(source, tmp / "model", s, dev)
-        object_store.publish(tmp / "model", s.onnx, overwrite=s.overwrite)
-    report.path = s.onnx
     return report
 
 

@@ -12,14 +12,13 @@ to the workers: they regroup before every epoch with the weights they hold, insi
 fit (:mod:`raycse.train.regroup`).
 
 The output directory appears only when a run succeeds: everything is written to a hidden
-staging directory beside it and renamed at the end, so a failed or interrupted run never
-leaves a half-written model behind.
+staging directory beside it and renamed at the end, or uploaded with its manifest last
+(raycse.platform.outputs), so a failed or interrupted run never leaves a half-written model behind.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ from raycse.platform.capacity import cluster_ceiling, default_cpus_per_worker
 from raycse.platform.interrupts import interrupted
 from raycse.platform.ray_session import ensure_ray, setup_ray_data
 from raycse.platform.redact import redact_obj
-from raycse.platform.staging import claim_output, private_tempdir
+from raycse.platform.outputs import written_folder
 from raycse.train import callbacks as user_callbacks
 from raycse.train import identity
 from raycse.train import tracking as tracking_mod
@@ -44,7 +43,7 @@ from raycse.train.plan import FitPlan, TuneHooks, plan_steps
 from raycse.train.preflight import check_inputs, check_local_gpus, check_run_name, resolve_storage_path
 from raycse.train.prepare import (data_key, fit_data, fixed_sources, objective_knobs, prepare_references,
                                   read_corpus, source_specs)
-from raycse.train.publishing import best_checkpoint, close_tracking, log_model, publish, write_output
+from raycse.train.publishing import best_checkpoint, close_tracking, log_model, write_output
 
 
 @dataclass
@@ -74,22 +73,20 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
         run = run.resolved({"data.corpus": f"<{type(source).__name__}>"})
     inputs = checked_inputs(run, overwrite, storage_path, run_name, source is not None, callbacks)
     run = inputs.run  # resolved and frozen: nothing below changes it
-    # an output on object storage is built in a local directory and published at the end
-    local_root = private_tempdir("raycse-output-") if inputs.remote else None
-    out = local_root / "out" if inputs.remote else Path(os.path.expanduser(run.output_dir)).resolve()
-    claim = claim_output(out, overwrite)
-    final = inputs.remote or str(out)
+    final = inputs.remote or str(Path(os.path.expanduser(run.output_dir)).resolve())
     tracking: tuple = ()
     live = (None, None)  # (the registry of live runs, this run's key: known once Ray is up)
     try:
-        tracking = tracking_mod.open_runs(run.train.tracking, out.name, run.to_dict())  # unreachable: fails now
-        live = _start_ray(run, hooks, claim.staging)
-        best, summary = _fit(run, inputs, hooks, source, claim.staging, tracking, live)
-        write_output(claim.staging, run, best, summary, final)
-        log_model(tracking, claim.staging / "model")
-        publish(claim, inputs.remote, overwrite)
+        # whole or not at all (raycse.platform.outputs): staged beside the output, or locally for one on object
+        # storage, and published at the end
+        with written_folder(final, "--output", overwrite, parts=("model",)) as staging:
+            # (a tracking server that cannot be reached fails here, before Ray starts)
+            tracking = tracking_mod.open_runs(run.train.tracking, Path(final).name, run.to_dict())
+            live = _start_ray(run, hooks, staging)
+            best, summary = _fit(run, inputs, hooks, source, staging, tracking, live)
+            write_output(staging, run, best, summary, final)
+            log_model(tracking, staging / "model")
     except BaseException as exc:
-        shutil.rmtree(claim.staging, ignore_errors=True)
         close_tracking(tracking, ok=False)
         if isinstance(exc, KeyboardInterrupt):
             stop = interrupted(exc)
@@ -98,9 +95,6 @@ def train(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] =
             if stop is not exc:
                 raise stop from None
         raise
-    finally:
-        if local_root is not None:
-            shutil.rmtree(local_root, ignore_errors=True)
     close_tracking(tracking, ok=True, final={f"best_{k}": v for k, v in summary["best"].items()
                                              if k == run.eval.score_key()})
     return TrainResult(final, f"{final}/model", redact_obj(summary))

@@ -1,6 +1,6 @@
 """What a finished fit leaves: the best checkpoint's model with its card, metrics.json and config.yaml,
-written into the run's staging directory and published by renames (and, for an output on object
-storage, an upload); the model logged to the run's trackers, which are then closed."""
+written into the run's staging directory (published whole by raycse.platform.outputs); the model logged to the
+run's trackers, which are then closed."""
 
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ import yaml
 
 from raycse.config import RunConfig
 from raycse.model.card import model_card
-from raycse.platform import object_store
 from raycse.platform.redact import redact, redact_obj
-from raycse.platform.staging import OutputClaim, publish_claimed
 from raycse.train import tracking as tracking_mod
 from raycse.train.checkpoints import files as ckpt
 from raycse.train.reporter import SCORE_METRIC
@@ -49,15 +47,6 @@ def write_output(staging: Path, run: RunConfig, best, summary: dict, final: str)
                                                             files=staging / "model"))
     write_manifest(staging / "model")  # last: every file's digest, checked by each later load of the model
     shutil.rmtree(staging / "ray", ignore_errors=True)
-
-
-def publish(claim: OutputClaim, remote: Optional[str], overwrite: bool) -> None:
-    """The staging directory becomes the output by renames that remove nothing this run did not check
-    (raycse.platform.staging.publish_claimed); then, for an output on object storage, it is uploaded (objects
-    under a staging prefix, the manifest last)."""
-    publish_claimed(claim)
-    if remote:
-        object_store.publish(claim.dest, remote, overwrite, parts=("model",))
 
 
 def log_model(tracking: tuple, model_dir: Path) -> None:
