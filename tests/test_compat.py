@@ -315,3 +315,25 @@ def test_the_gather_gives_the_old_gathers_rows_and_gradients_without_its_depreca
         torch.testing.assert_close(got["new"]["grad"], got["old"]["grad"], atol=1e-6, rtol=0)
         assert got["new"]["future"] == []
         assert got["new"]["grad"].abs().sum() > 0
+
+
+def test_rays_per_checkpoint_line_is_quieted_by_its_loggers_names():
+    """A bug fix: `raycse tune` ended with Ray's "Checkpoint successfully created at: ..." in colour, printed by Ray's
+    log deduplication after the command's console had closed (a Tune trial's process logs one per rung). The trial
+    and the Train workers raise the loggers that write it; this Ray's modules still log under those names."""
+    import logging
+
+    import ray.train._internal.storage as v1_storage
+    import ray.train.v2._internal.execution.storage as v2_storage
+
+    from raycse.platform import compat
+
+    names = {v1_storage.logger.name, v2_storage.logger.name}
+    assert names <= set(compat.CHECKPOINT_LOGGERS)
+    levels = {name: logging.getLogger(name).level for name in names}
+    try:
+        compat.quiet_checkpoint_logger()
+        assert all(not logging.getLogger(name).isEnabledFor(logging.INFO) for name in names)
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)

@@ -11,6 +11,7 @@ looked for, never the version compared, and each has a working path when it is g
 - Ray Train's names for "the workers could not start" (:func:`is_worker_start_failure`): compared by
   class name, imported from nowhere; without them Ray's own error is shown.
 - Ray Train's per-report log line (:func:`quiet_train_report_logger`): its logger found by name.
+- Ray's per-checkpoint log line (:func:`quiet_checkpoint_logger`): its storage modules' loggers by name.
 - Ray's record of the autoscaler's node groups (:func:`autoscaler_node_groups`): without it the
   cluster ceiling comes from the autoscaler's config or the nodes up now (raycse.platform.capacity).
 - Ray's W&B logging actor (:func:`wandb_logging_actor`): without it, Ray's plain callback.
@@ -116,6 +117,18 @@ def quiet_train_report_logger() -> int:
     for name in matched:
         logging.getLogger(name).setLevel(logging.WARNING)
     return len(matched)
+
+
+# Ray's storage modules log one INFO line per persisted checkpoint ("Checkpoint successfully created at: ..."): a
+# Tune trial's process after each rung, and Ray's log deduplication prints the last of them, in colour, after the
+# command's own end (Train v1's module, which Tune's function trainables use; Train v2's)
+CHECKPOINT_LOGGERS = ("ray.train._internal.storage", "ray.train.v2._internal.execution.storage")
+
+
+def quiet_checkpoint_logger() -> None:
+    """Raise Ray's per-checkpoint loggers in this process to WARNING (by name: a Ray without them is unchanged)."""
+    for name in CHECKPOINT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def autoscaler_node_groups() -> Optional[list]:

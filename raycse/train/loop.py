@@ -175,6 +175,7 @@ def run_worker(plan: FitPlan, session) -> None:
     # Ray Train's per-report INFO line prints the whole metrics dict of every checkpoint (the loss history
     # and grouping record included, growing with the run) after raycse's own line for the same step
     compat.quiet_train_report_logger()
+    compat.quiet_checkpoint_logger()
     if rank == 0:  # (where Ray Train's controller hooks could not say it)
         release.register_own_group(plan.progress)
     worker = WorkerRun(plan, session)

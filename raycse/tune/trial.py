@@ -172,6 +172,9 @@ def rung_metrics(values: list, setup: TrialSetup, step: int, rung: int, final_ru
 
 def run_trial(params: dict, setup: TrialSetup) -> None:
     """Tune's trial function: ``params`` trained with every seed of ``setup``, rung by rung."""
+    from raycse.platform.compat import quiet_checkpoint_logger
+
+    quiet_checkpoint_logger()  # (raycse says each rung itself)
     TrialRungs(params, setup).run()
 
 
