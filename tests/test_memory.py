@@ -159,3 +159,24 @@ def test_dry_run_prints_the_plan_and_starts_and_writes_nothing(tiny_model, tmp_p
     assert main(["train", "--model", str(tiny_model), "--corpus", "c.txt", "--stsb-dev", "none", "--output", "out",
                  "--num-workers", "2", "--batch-size", "16", "--sharding", "fsdp", "--dry-run"]) == 0
     assert "sharding: FSDP2 over 2 worker(s) (each holds 1/2" in capsys.readouterr().out
+
+
+def test_a_search_whose_runs_will_not_fit_is_refused_before_ray_starts(tiny_model, corpus, stsb_dev, tmp_path, capsys):
+    """raycse tune checks the space's run as raycse train does: each worker's estimate against this machine's
+    memory (a batch of 2M sentences here), one line naming the fixes as a search sets them, exit 2, nothing
+    written, no Ray."""
+    import ray
+    import yaml
+
+    from raycse.cli import main
+
+    space = tmp_path / "space.yaml"
+    run = {"model": {"name_or_path": str(tiny_model), "max_length": 32}, "data": {"corpus": str(corpus)},
+           "train": {"batch_size": 2_000_000}, "eval": {"stsb_dev": str(stsb_dev)}}
+    space.write_text(yaml.safe_dump({"run": run, "search": {"lr": {"loguniform": [1e-5, 1e-4]}}}))
+    before = sorted(tmp_path.iterdir())
+    assert main(["tune", "--space", str(space), "--storage-path", str(tmp_path / "exp")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a trial's run will not fit: each worker needs about" in err[0]
+    assert "--set run.train.sharding=fsdp" in err[0] and "--gradient-checkpointing" in err[0]
+    assert sorted(tmp_path.iterdir()) == before and not ray.is_initialized()

@@ -591,6 +591,16 @@ def test_preflight_refuses_a_trial_that_cannot_fit(ray_cluster, tiny_model, corp
     assert preflight(space.run_config({}), TuneSettings(space=space.path, seeds=[0, 1, 2])) == (1, 1, True)
     # 5 seeds do not fit at once: they run in turn, 3 trials at once
     assert preflight(space.run_config({}), TuneSettings(space=space.path, seeds=[0, 1, 2, 3, 4])) == (3, 1, False)
+    # where a worker's estimate is over half this machine's memory, one run at a time: the seeds in turn, 1 trial
+    from raycse.train.memory import host_memory
+
+    one = space.run_config({})
+    assert preflight(one, TuneSettings(space=space.path, seeds=[0])) == (3, 1, True)  # (the CPUs' bound)
+    over_half = host_memory() // 2 + 1
+    assert preflight(one, TuneSettings(space=space.path, seeds=[0]), over_half) == (1, 1, True)
+    assert preflight(one, TuneSettings(space=space.path, seeds=[0, 1]), over_half) == (1, 1, False)
+    assert preflight(one, TuneSettings(space=space.path, seeds=[0, 1]), host_memory() // 5) == (1, 1, True)
+    assert preflight(one, TuneSettings(space=space.path, seeds=[0]), host_memory() // 5) == (3, 1, True)
 
 
 def test_data_prepared_once_serves_runs_with_the_same_batches_only(ray_cluster, tiny_model, corpus, stsb_dev,
@@ -654,8 +664,8 @@ def test_tune_selects_by_an_mteb_score_and_writes_tensorboard_files(ray_cluster,
     over that BEIR-layout directory (nDCG@10 x100), scored on rank 0 from data the driver read. (Selection
     by raycse's own beir:DIR:METRIC: tests/test_train_cli.py, the SG-OPT run.)
     With --tracking tensorboard:DIR, Ray's TBX logger writes each trial under DIR/EXPERIMENT/<trial
-    directory>. With --time-budget, the trial running when it passes finishes and no other starts (one
-    experiment checks all three: each costs a fit)."""
+    directory>. With --time-budget, the trial running when it passes finishes and no other starts. A trial's
+    run trains on 2 workers sharded with FSDP2 (one experiment checks all four: each costs a fit)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from conftest import make_beir_dir
@@ -666,7 +676,8 @@ def test_tune_selects_by_an_mteb_score_and_writes_tensorboard_files(ray_cluster,
     beir = make_beir_dir(tmp_path / "beir")
     run = {"model": {"name_or_path": str(tiny_model), "max_length": 16}, "data": {"corpus": str(corpus)},
            "objective": {"name": "simcse"},
-           "train": {"batch_size": 16, "max_steps": 4, "cpus_per_worker": 1, "log_steps": 2},
+           "train": {"batch_size": 16, "max_steps": 4, "cpus_per_worker": 1, "log_steps": 2, "num_workers": 2,
+                     "sharding": "fsdp"},
            "eval": {"stsb_dev": "none", "metric": f"mteb:beir:{beir}", "eval_steps": 1000}}
     space = _space(tmp_path, {"lr": {"loguniform": [1e-4, 1e-3]}}, run)
     tb = tmp_path / "tb"
@@ -682,6 +693,12 @@ def test_tune_selects_by_an_mteb_score_and_writes_tensorboard_files(ray_cluster,
     scores = [r["seed_scores"][0] for r in trial.results]
     assert len(scores) == 2 and all(0.0 <= s <= 100.0 for s in scores)
     assert summary["last"]["mteb_local_beir"] == pytest.approx(scores[-1])
+    # the trial's run trained on 2 sharded workers: rank 0 held about half the weights and AdamW's moments
+    from transformers import AutoModel
+
+    whole = 3 * sum(p.numel() * 4 for p in AutoModel.from_pretrained(str(tiny_model)).parameters())
+    assert len(summary["last"]["worker_nodes"]) == 2
+    assert 0.4 * whole < summary["last"]["held_state_mb"] * 2**20 < 0.6 * whole
     (trial_dir,) = [p for p in (tb / "exp").iterdir()]
     assert trial_dir.name == Path(results[0].path).name  # named like the trial's own directory
     acc = EventAccumulator(str(trial_dir))

@@ -205,11 +205,20 @@ def worker_memory(run: RunConfig) -> Optional[tuple[int, str]]:
         share = t.gpu_share or 1.0
         total = torch.cuda.get_device_properties(0).total_memory
         return int(total * min(share, 1.0)), f"{min(share, 1.0):g} of a {total / GB:.0f} GB GPU"
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
+    total = host_memory()
+    if total is None:
         return None
     return total // t.num_workers, f"this machine's {total / GB:.0f} GB shared by {t.num_workers} worker(s)"
+
+
+def host_memory() -> Optional[int]:
+    """This machine's memory in bytes, where its private Ray runs the workers; None on a cluster (RAY_ADDRESS)."""
+    if os.environ.get("RAY_ADDRESS"):
+        return None
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def check_fits(run: RunConfig, model_path: str) -> Optional[MemoryEstimate]:

@@ -101,10 +101,14 @@ class StepEngine:
         return time.perf_counter()
 
     def peak_memory(self) -> dict:
-        """Peak resident memory of this worker (and of its GPU, when there is one), in MB."""
+        """Peak resident memory of this worker (and of its GPU, when there is one), and the bytes of parameters and
+        optimizer state it holds (its shard of them under ``--sharding fsdp``), in MB."""
         import resource
 
-        out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        from raycse.train.sharding import local_bytes
+
+        out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+               "held_state_mb": local_bytes(self.module, self.opt) / 2**20}
         if self.device.type == "cuda":
             out["peak_gpu_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
         return out

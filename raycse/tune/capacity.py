@@ -4,17 +4,20 @@ once, whether a trial's seeds train side by side, and the CPUs each Train worker
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 from raycse.errors import ConfigError
 from raycse.tune.settings import TuneSettings
 
+GB = 1 << 30
 TRIAL_CPU = 0.01  # the trial function only coordinates; the Train workers hold the real CPUs
 
 
-def preflight(run, settings: TuneSettings) -> tuple[int, float, bool]:
+def preflight(run, settings: TuneSettings, need: Optional[int] = None) -> tuple[int, float, bool]:
     """That one trial of ``run`` (the space's base run, checked) fits what the cluster can grow to, before any data
     is read; returns (concurrent trials, CPUs per Train worker, seeds side by side), said in one line with why.
-    Fails with the numbers instead of letting trials wait in PENDING forever."""
+    Fails with the numbers instead of letting trials wait in PENDING forever. ``need``: the bytes one CPU worker of
+    ``run`` needs (estimated), which bounds how many runs this machine's private Ray holds at once."""
     from raycse.platform.capacity import cluster_ceiling
 
     ceiling = cluster_ceiling()
@@ -23,10 +26,12 @@ def preflight(run, settings: TuneSettings) -> tuple[int, float, bool]:
     workers, per_worker, share = t.num_workers, t.cpus_per_worker, t.gpu_share  # (share: 0 without use_gpu)
     if settings.preflight:
         _check_one_trial_fits(t, ceiling, cpus, gpus)
+    held = _runs_memory_holds(need, workers) if not t.use_gpu and settings.preflight else None
     parallel = settings.parallel_seeds
     if parallel is None:  # side by side unless k runs at once cannot fit
         parallel = (gpus + 1e-9 >= k * workers * share if t.use_gpu
-                    else per_worker is None or k * workers * per_worker + TRIAL_CPU <= cpus) or not settings.preflight
+                    else (per_worker is None or k * workers * per_worker + TRIAL_CPU <= cpus)
+                    and (held is None or held[0] >= k)) or not settings.preflight
         if not parallel:
             print(f"[raycse] the {k} seeds run one after another: {k} x {workers} worker(s) do not fit the cluster "
                   f"at once", flush=True)
@@ -39,10 +44,24 @@ def preflight(run, settings: TuneSettings) -> tuple[int, float, bool]:
         else:
             concurrent = _at_most(cpus / (runs * workers * (per_worker or 1.0) + TRIAL_CPU), settings.num_samples)
             why = f"{cpus:g} CPU(s) / ({runs} run(s) x {workers} worker(s) x {per_worker or 1.0:g} CPU) a trial"
+            if held is not None and held[0] // runs < concurrent:  # (the memory holds fewer than the CPUs)
+                concurrent = max(1, held[0] // runs)
+                why = f"{held[1]} / ({runs} run(s) x {workers} worker(s) x {need / GB:.1f} GB) a trial"
     if per_worker is None:
         per_worker = _cpus_per_worker(ceiling, cpus, concurrent, runs * workers, share, settings.preflight)
     print(f"[raycse] {concurrent} trial(s) at once: {why}; the cluster: {ceiling.describe()}", flush=True)
     return concurrent, per_worker, parallel
+
+
+def _runs_memory_holds(need: Optional[int], workers: int) -> Optional[tuple[int, str]]:
+    """(how many runs of ``workers`` CPU workers of ``need`` bytes each this machine's memory holds at once, what
+    that memory is); None where it is not known (a cluster's nodes, or no estimate)."""
+    from raycse.train.memory import host_memory
+
+    total = host_memory()
+    if need is None or not need or total is None:
+        return None
+    return int(total // (need * workers)), f"this machine's {total / GB:.0f} GB"
 
 
 def _most(ceiling, resource: str) -> float:

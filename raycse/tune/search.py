@@ -63,11 +63,11 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
     if (object_store.prefix_exists(str(exp_dir)) if object_store.is_uri(exp_dir) else exp_dir.exists()):
         raise ConfigError(f"experiment directory {exp_dir} exists; continue it with --resume {exp_dir} or pick "
                           f"another --name")
-    check_run(space, run)  # (a missing or untrusted model refused before Ray starts)
+    need = check_run(space, run)  # (a missing or untrusted model, or one that will not fit, refused before Ray starts)
     experiment = Experiment(settings, space, exp_dir, run)
     ensure_ray()
     setup_ray_data()
-    concurrent, per_worker, settings.parallel_seeds = preflight(run, settings)
+    concurrent, per_worker, settings.parallel_seeds = preflight(run, settings, need)
     prepared, num_examples = prepare_seeds(space, list(settings.seeds))  # data errors before any file
     where = study.place(exp_dir, name, settings.optuna_storage)
     settings_dict = {**asdict(settings), "space": object_store.join(str(exp_dir), "space.yaml"),
@@ -121,12 +121,13 @@ def resume(exp_dir: str):
         return exp, experiment.fit(tuner, where)
 
 
-def check_run(space: SearchSpace, run) -> None:
+def check_run(space: SearchSpace, run) -> Optional[int]:
     """The space's run without knobs (``run``) checked as a training run is (corpus named, data fits the objective,
-    model found)."""
+    model found, each worker fits its memory); the bytes a worker of it needs (None: not estimated)."""
     from raycse.config.sources import check_corpora
     from raycse.data.dataset import resolve_sources
     from raycse.model.loading import resolve_model
+    from raycse.train.memory import check_fits
     from raycse.train.model_checks import check_models, text_sample
     from raycse.train.preflight import check_data_fits_objective
 
@@ -141,12 +142,18 @@ def check_run(space: SearchSpace, run) -> None:
     # the teacher and the guide as the student (each trial's own run checks them again, after its knobs)
     sources = [None if each.data.format == "hf" else resolve_sources(each.data.corpus) for each in alone]
     check_models(run, model_path, text_sample(alone[0], sources[0], None))
+    try:
+        need = check_fits(run, model_path)
+    except ConfigError as e:  # (the fixes are train's flags; a search sets them on its run)
+        raise ConfigError(f"{space.path}: a trial's run will not fit: {e}; raycse tune sets them as "
+                          f"--set run.KEY=VALUE (e.g. --set run.train.sharding=fsdp)") from None
     if run.eval.selection()[0] == "stsb_dev":
         from raycse.evaluation.selection import stsb_dev
 
         if stsb_dev(run.eval) is None:  # (else every trial trained, then failed for want of a score)
             raise ConfigError(f"{space.path}: raycse tune scores every trial on STS-B dev, and run.eval.stsb_dev is "
                               f"{run.eval.stsb_dev or 'none'} (none found); name the file: --set run.eval.stsb_dev=FILE")
+    return need.total if need is not None else None
 
 
 def goals_note(settings: TuneSettings) -> str:
