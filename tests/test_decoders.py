@@ -126,3 +126,64 @@ def test_model_dtype_bf16_loads_and_trains_every_weight_in_bf16_and_the_estimate
                                                               full.optimizer // 2)
     with pytest.raises(ConfigError, match="--model-dtype bf16 computes in bf16, not fp32; use --precision bf16"):
         run_of("bf16", "fp32").validate()
+
+
+def test_attention_kernels_are_chosen_eager_equals_sdpa_and_flash_is_refused_where_it_cannot_run(tmp_path,
+                                                                                                 monkeypatch):
+    """Item 4: --attention sdpa | eager | flash_attention_2 | auto loads the model with those kernels; eager (the
+    softmax(QK^T/sqrt(d))V of the paper, written out) gives the loss and gradients of SDPA to 1e-5; auto is SDPA on
+    CPUs and flash attention where flash-attn is installed and the run computes in 16 bits on GPUs; the memory
+    estimate counts eager attention's kept weights; flash attention on CPUs, or without its package, is refused in
+    one line."""
+    import torch
+
+    from raycse.config import RunConfig
+    from raycse.errors import ConfigError, RaycseError
+    from raycse.model.loading import attention_kwargs
+    from raycse.platform.compat import attention_implementation
+    from raycse.train import memory
+    from raycse.train.module import attention_of, build_module
+    from raycse.train.preflight import check_extras
+    from raycse.train.progress import attention_note
+
+    model = str(make_decoder(tmp_path / "qwen3", "qwen3"))
+
+    def run_of(attention: str, **train) -> RunConfig:
+        run = RunConfig()
+        run.model.name_or_path, run.model.pooling, run.model.attention = model, "lasttoken", attention
+        run.model.max_length = 24
+        for key, value in train.items():
+            setattr(run.train, key, value)
+        return run.resolved()
+
+    grads, losses = {}, {}
+    for kind in ("eager", "sdpa", "auto"):
+        module = build_module(run_of(kind))
+        assert attention_implementation(module.encoder.backbone) == ("sdpa" if kind == "auto" else kind)
+        assert attention_note(module.encoder) == f", attention {'sdpa' if kind == 'auto' else kind}"  # (the log's)
+        batch = module.objective.collate(make_sentences(8, seed=3, min_len=3), module.encoder.tokenizer, 24)
+        assert (batch["input_ids"] == 0).any()  # (padded: the mask matters)
+        out = module(batch)
+        out.loss.backward()
+        losses[kind] = out.loss.item()
+        grads[kind] = {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
+    assert losses["eager"] == pytest.approx(losses["sdpa"], abs=1e-5)
+    for name, g in grads["sdpa"].items():
+        torch.testing.assert_close(grads["eager"][name], g, atol=1e-5, rtol=1e-4)
+    # eager keeps each layer's attention probabilities (and their dropout's input): rows x heads x length^2 x 4 bytes
+    eager, sdpa = memory.estimate(run_of("eager"), model), memory.estimate(run_of("sdpa"), model)
+    assert eager.activations - sdpa.activations >= 2 * eager.rows * 4 * 24 * 24 * 4
+    # auto: flash attention only where its package is found and the run computes in 16 bits on GPUs
+    assert attention_of(run_of("auto", use_gpu=True)) == {}  # (no flash-attn on this machine)
+    (tmp_path / "site" / "flash_attn").mkdir(parents=True)
+    (tmp_path / "site" / "flash_attn" / "__init__.py").write_text("")  # (a package by that name: found, not run)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    assert attention_of(run_of("auto", use_gpu=True)) == {"attn_implementation": "flash_attention_2"}
+    assert attention_of(run_of("auto", use_gpu=True, precision="fp32")) == {}
+    assert attention_of(run_of("auto")) == {} and attention_kwargs("eager") == {"attn_implementation": "eager"}
+    monkeypatch.undo()
+    with pytest.raises(ConfigError, match="--attention flash_attention_2 runs on GPUs only; add --use-gpu"):
+        run_of("flash_attention_2").validate()
+    with pytest.raises(RaycseError, match=r"--attention flash_attention_2 needs the 'flash_attn' package.*"
+                                          r"pip install 'flash-attn'"):
+        check_extras(run_of("flash_attention_2", use_gpu=True))

@@ -12,6 +12,7 @@ POOLINGS = ("cls", "cls_before_pooler", "mean", "max", "mean_sqrt_len_tokens", "
 
 MLP_MODES = ("auto", "train_only", "always", "none")
 MODEL_DTYPES = ("fp32", "bf16", "auto")
+ATTENTIONS = ("auto", "sdpa", "eager", "flash_attention_2")
 TRUST_REMOTE_CODE = ("run the model's own Python (its configs' auto_map) to load it; without it such a model is "
                      "refused, since a model from someone else may run anything")
 
@@ -37,6 +38,11 @@ class ModelConfig(Section):
     dtype: str = knob("fp32", '--model-dtype',
                       "fp32 | bf16 | auto: the dtype the model's weights are loaded and trained in (auto: the "
                       "checkpoint's own; --precision sets the compute's)")
+    # the attention kernels (transformers' attn_implementation); raycse's unpadded BERT layers on CPUs run their own
+    attention: str = knob("auto", '--attention',
+                          "auto | sdpa | eager | flash_attention_2: the model's attention kernels (auto: "
+                          "flash_attention_2 where the flash-attn package is installed and the run computes in bf16 "
+                          "or fp16 on GPUs, else PyTorch's SDPA where the model has it)")
     lora: dict = knob({}, '--lora',
                       "LoRA adapters (extra raycse[peft]) instead of training every weight, as YAML: '{r: 8, alpha:"
                       " 16, dropout: 0.0, target_modules: [query, value]}' (any key may be left out: r 8, alpha 2 r, "
@@ -58,6 +64,7 @@ class ModelConfig(Section):
         one_of("model.mlp_head", self.mlp_head, MLP_MODES)
         at_least("model.max_length", self.max_length, 2)
         one_of("model.dtype", self.dtype, MODEL_DTYPES)
+        one_of("model.attention", self.attention, ATTENTIONS)
         if self.lora:
             lora_settings(self.lora)
 

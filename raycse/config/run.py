@@ -74,6 +74,9 @@ class RunConfig(Section):
         if self.model.dtype == "bf16" and self.train.precision in ("fp32", "fp16"):
             raise ConfigError(f"--model-dtype bf16 computes in bf16, not {self.train.precision}; use --precision bf16 "
                               f"(or auto), or --model-dtype fp32")
+        if self.model.attention == "flash_attention_2" and not self.train.use_gpu:
+            raise ConfigError("--attention flash_attention_2 runs on GPUs only; add --use-gpu, or use --attention "
+                              "sdpa (or auto)")
         if self.train.sharding == "fsdp" and self.grouping.regroups_in_fit:
             raise ConfigError(f"--sharding fsdp does not regroup in the fit (grouping.regroup_every_epoch): the workers "
                               f"embed unequal shares of the corpus, and a sharded model must run the same batches on "

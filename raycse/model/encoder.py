@@ -122,7 +122,8 @@ class Encoder(nn.Module):
     def from_pretrained(cls, name_or_path: str, pooling: Optional[str] = None, mlp_head: Optional[str] = None,
                         max_seq_length: Optional[int] = None, trust_remote_code: bool = False,
                         backend: str = "torch", onnx_file: Optional[str] = None,
-                        dtype: Optional[str] = None, weights: bool = True) -> "Encoder":
+                        dtype: Optional[str] = None, weights: bool = True,
+                        attention: Optional[dict] = None) -> "Encoder":
         """Load any HF encoder or sentence-transformers model (its pooling, Dense and Normalize modules);
         a directory saved by raycse restores its MLP head too. A model's own Python (``auto_map``) runs
         only with ``trust_remote_code``; without it such a model is refused (:func:`check_remote_code`).
@@ -131,6 +132,7 @@ class Encoder(nn.Module):
         (:mod:`raycse.model.exported`), for inference only. ``dtype`` (fp32, bf16 or auto: the checkpoint's
         own) loads the weights in it directly; None: the library's default. ``weights`` False: the transformer's
         architecture on the meta device, no weights read (a sharded worker that receives its shards).
+        ``attention``: the attention kernels (:func:`raycse.model.loading.attention_kwargs`; None: the library's).
 
         >>> enc = Encoder.from_pretrained("default")  # the embedded all-MiniLM-L6-v2
         >>> enc.encode(["a sentence"]).shape
@@ -164,10 +166,11 @@ class Encoder(nn.Module):
             try:
                 with quiet_libraries():
                     if weights:
-                        backbone = AutoModel.from_pretrained(body, trust_remote_code=trust, **load_dtype(dtype))
+                        backbone = AutoModel.from_pretrained(body, trust_remote_code=trust, **load_dtype(dtype),
+                                                             **(attention or {}))
                     else:
                         config = AutoConfig.from_pretrained(body, trust_remote_code=trust)
-                        backbone = empty_backbone(config, trust, dtype or "fp32").train(False)
+                        backbone = empty_backbone(config, trust, dtype or "fp32", attention).train(False)
             except Exception as exc:
                 raise ModelError(f"cannot load model from {body}: {load_failure(exc)}") from None
         pooling = pooling or meta.get("pooling") or st_pooling(layout.pooling) or "cls"

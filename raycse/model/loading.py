@@ -155,6 +155,25 @@ def load_dtype(dtype: Optional[str]) -> dict:
     return {"dtype": {"fp32": torch.float32, "bf16": torch.bfloat16, "auto": "auto"}[dtype]}
 
 
+def attention_kwargs(attention: Optional[str], half_on_gpu: bool = False) -> dict:
+    """``from_pretrained``'s ``attn_implementation`` for ``attention`` (sdpa | eager | flash_attention_2 | auto);
+    auto or None: flash_attention_2 where the flash-attn package is installed and the model computes in 16 bits on a
+    GPU (``half_on_gpu``), else none (the library's default: SDPA where the model has it)."""
+    if attention in (None, "auto"):
+        return {"attn_implementation": "flash_attention_2"} if half_on_gpu and has_flash_attention() else {}
+    return {"attn_implementation": attention}
+
+
+def has_flash_attention() -> bool:
+    """Whether the flash-attn package is installed (transformers' flash_attention_2 runs on it)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("flash_attn") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def read_meta(path: Path) -> dict:
     p = path / RAYCSE_META
     return json.loads(p.read_text()) if p.is_file() else {}
@@ -266,9 +285,11 @@ def embedding_width_of(model_path: str) -> Optional[int]:
     return int(config.hidden_size) if config is not None and hasattr(config, "hidden_size") else None
 
 
-def empty_backbone(config, trust_remote_code: bool = False, dtype: Optional[str] = None) -> nn.Module:
+def empty_backbone(config, trust_remote_code: bool = False, dtype: Optional[str] = None,
+                   attention: Optional[dict] = None) -> nn.Module:
     """``config``'s model with no weights (meta tensors: no memory, nothing read), in ``dtype``: fp32 | bf16 | auto
-    (the checkpoint's, as ``from_pretrained`` would load it) | None (the library's default)."""
+    (the checkpoint's, as ``from_pretrained`` would load it) | None (the library's default); ``attention``:
+    :func:`attention_kwargs`."""
     from transformers import AutoModel
 
     chosen = load_dtype(dtype).get("dtype")
@@ -276,19 +297,19 @@ def empty_backbone(config, trust_remote_code: bool = False, dtype: Optional[str]
         chosen = getattr(config, "dtype", None) or torch.float32  # (torch_dtype only warns on transformers 5)
         chosen = getattr(torch, chosen) if isinstance(chosen, str) else chosen
     with torch.device("meta"):
-        return AutoModel.from_config(config, trust_remote_code=trust_remote_code,
+        return AutoModel.from_config(config, trust_remote_code=trust_remote_code, **(attention or {}),
                                      **({"dtype": chosen} if chosen is not None else {}))
 
 
-def empty_backbone_of(model_path: str) -> Optional[nn.Module]:
-    """The model's architecture with no weights (:func:`empty_backbone`), for checks of its module names and the
-    memory estimate on the driver; None where its config cannot be read here, or its classes are its own code
-    (the workers build a trusted one)."""
+def empty_backbone_of(model_path: str, attention: Optional[dict] = None) -> Optional[nn.Module]:
+    """The model's architecture with no weights (:func:`empty_backbone`, its ``attention``), for checks of its
+    module names and the memory estimate on the driver; None where its config cannot be read here, or its classes
+    are its own code (the workers build a trusted one)."""
     config = config_of(model_path) if Path(model_path).is_dir() else None
     if config is None:
         return None
     try:
-        return empty_backbone(config)
+        return empty_backbone(config, attention=attention)
     except ValueError:  # a trusted model of its own classes: the workers build it
         return None
 

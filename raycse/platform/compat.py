@@ -216,3 +216,10 @@ def fake_tensor_mode():
     where this torch has none. For the memory estimate's forward where the meta device is refused."""
     found = _lookup("torch._subclasses.fake_tensor", "FakeTensorMode")
     return found[0](allow_non_fake_inputs=True) if found else None
+
+
+def attention_implementation(model) -> Optional[str]:
+    """The attention kernels a loaded Hugging Face ``model`` runs (sdpa, eager, flash_attention_2, ...): the config's
+    ``_attn_implementation``, where transformers records what ``attn_implementation`` resolved to; None without one."""
+    value = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    return value if isinstance(value, str) else None

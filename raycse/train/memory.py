@@ -76,13 +76,15 @@ def estimate(run: RunConfig, model_path: str) -> Optional[MemoryEstimate]:
     built on the meta device here (a hub name not in the cache, a model of its own code)."""
     from raycse.model.loading import empty_backbone_of
 
-    backbone = empty_backbone_of(model_path)
+    # (eager attention keeps each layer's attention weights, batch x heads x length^2; SDPA and flash attention none)
+    eager = {"attn_implementation": "eager"} if run.model.attention == "eager" else None
+    backbone = empty_backbone_of(model_path, eager)
     if backbone is None:
         return None
     params = sum(p.numel() for p in backbone.parameters())
     layers = int(getattr(backbone.config, "num_hidden_layers", 0) or 0)
     rows, tokens = rows_per_worker(run), run.model.max_length
-    full = _saved_bytes(backbone, rows, tokens)
+    full = _saved_bytes(backbone, rows, tokens, keeps_attention(run, backbone))
     if full is None:
         return None
     per_layer = full // layers if layers else full
@@ -138,19 +140,30 @@ def _trainable(backbone, run: RunConfig) -> int:
     return sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
 
 
-def _saved_bytes(backbone, rows: int, tokens: int) -> Optional[int]:
+def keeps_attention(run: RunConfig, backbone) -> bool:
+    """Whether the run's attention keeps its weights (batch x heads x length^2 a layer) for the backward: eager
+    attention does, and so does attention with dropout on CPUs (PyTorch's SDPA falls back to its plain softmax there,
+    as raycse's unpadded BERT layers draw their dropout on the weights); SDPA's fused kernels and flash attention keep
+    none (the meta device's SDPA, a plain softmax, would count them all the same)."""
+    config = backbone.config
+    dropout = getattr(config, "attention_probs_dropout_prob", None) or getattr(config, "attention_dropout", 0.0)
+    return run.model.attention == "eager" or (not run.train.use_gpu and float(dropout or 0.0) > 0)
+
+
+def _saved_bytes(backbone, rows: int, tokens: int, attention: bool = True) -> Optional[int]:
     """What autograd keeps in one training forward of ``backbone`` (on the meta device) at ``rows`` x ``tokens``:
     each saved tensor once (a tensor, or the tensor it is a view of, saved by several ops is held once), the
-    parameters left out (they are the weights, counted as such). Where the model's own code refuses the meta
-    device (transformers 5.0's rotary embeddings ask autocast about it), the same forward runs on fake CPU
-    tensors (shapes without memory) instead."""
+    parameters left out (they are the weights, counted as such); ``attention`` False: without the attention
+    weights (:func:`keeps_attention`). Where the model's own code refuses the meta device (transformers 5.0's
+    rotary embeddings ask autocast about it), the same forward runs on fake CPU tensors (shapes without memory)
+    instead."""
     import torch
 
-    found = _forward_saved(backbone, torch.zeros(rows, tokens, dtype=torch.long, device="meta"))
-    return found if found is not None else fake_saved_bytes(backbone.config, rows, tokens)
+    found = _forward_saved(backbone, torch.zeros(rows, tokens, dtype=torch.long, device="meta"), attention)
+    return found if found is not None else fake_saved_bytes(backbone.config, rows, tokens, attention)
 
 
-def fake_saved_bytes(config, rows: int, tokens: int) -> Optional[int]:
+def fake_saved_bytes(config, rows: int, tokens: int, attention: bool = True) -> Optional[int]:
     """:func:`_saved_bytes` of the model of ``config`` built and run on fake CPU tensors; None where this torch has
     none or the model cannot be built from its config here."""
     import torch
@@ -166,20 +179,22 @@ def fake_saved_bytes(config, rows: int, tokens: int) -> Optional[int]:
             twin = AutoModel.from_config(config, trust_remote_code=False)
         except Exception:  # noqa: BLE001 - a model of its own classes: no estimate
             return None
-        return _forward_saved(twin, torch.zeros(rows, tokens, dtype=torch.long))
+        return _forward_saved(twin, torch.zeros(rows, tokens, dtype=torch.long), attention)
 
 
-def _forward_saved(backbone, ids) -> Optional[int]:
+def _forward_saved(backbone, ids, attention: bool = True) -> Optional[int]:
     """Bytes autograd saves in ``backbone``'s training forward of ``ids`` (see :func:`_saved_bytes`); None where
     the forward fails on tensors without values."""
     import torch
 
     params = {id(p) for p in backbone.parameters()}
     held: dict = {}
+    tokens = ids.shape[-1]
 
     def pack(t):
         base = t._base if t._base is not None else t
-        if id(base) not in params:
+        weights = base.dim() == 4 and tuple(base.shape[-2:]) == (tokens, tokens)  # (batch, heads, query, key)
+        if id(base) not in params and (attention or not weights):
             held[id(base)] = max(held.get(id(base), 0), base.numel() * base.element_size())
         return t
 

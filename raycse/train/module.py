@@ -13,7 +13,7 @@ from raycse.config import RunConfig
 from raycse.errors import ConfigError, ModelError
 from raycse.model.adapters import add_lora, trainable_line
 from raycse.model.encoder import PROMPT_LEFT_OUT, Encoder, check_checkpointing
-from raycse.model.loading import default_prompt_of, embedding_width_of, empty_backbone_of
+from raycse.model.loading import attention_kwargs, default_prompt_of, embedding_width_of, empty_backbone_of
 from raycse.model.unpad import use_fast_dropout
 from raycse.objectives.base import LossOutput, Objective
 from raycse.objectives.matryoshka import check_fits
@@ -35,6 +35,12 @@ class TrainModule(nn.Module):
         return self.objective(self.encoder, batch)
 
 
+def attention_of(run: RunConfig) -> dict:
+    """The attention kernels the run's model loads with (``--attention``; auto picks flash attention only where the
+    run computes in 16 bits on GPUs, the one place its kernels run)."""
+    return attention_kwargs(run.model.attention, run.train.use_gpu and run.train.precision != "fp32")
+
+
 def build_module(run: RunConfig, weights: bool = True) -> TrainModule:
     """The encoder and objective a worker trains. ``weights`` False: the encoder's transformer on the meta device,
     its weights not read (a sharded worker that receives its shards from rank 0; with LoRA, read all the same: peft
@@ -42,7 +48,7 @@ def build_module(run: RunConfig, weights: bool = True) -> TrainModule:
     encoder = Encoder.from_pretrained(run.model.name_or_path, pooling=run.model.pooling,
                                       mlp_head=run.model.resolved_mlp_head,
                                       trust_remote_code=run.model.trust_remote_code, dtype=run.model.dtype,
-                                      weights=weights or bool(run.model.lora))
+                                      weights=weights or bool(run.model.lora), attention=attention_of(run))
     encoder.length_buckets = length_buckets(run)
     # compiled: the padded forward, PyTorch's dropout and inductor's own CPU kernels; raycse's unpadding
     # (data-dependent row counts), drawn masks (dtype views) and the oneDNN probe (file reads, a Python

@@ -132,6 +132,8 @@ def check_extras(run: RunConfig) -> None:
         require("datasets", "hf", "--format hf")
     if run.model.lora:
         require("peft", "peft", "--lora")
+    if run.model.attention == "flash_attention_2":
+        require_installed("flash_attn", "flash-attn", "--attention flash_attention_2")
     tracking_mod.check(run.train.tracking)
 
 

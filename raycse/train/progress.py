@@ -90,6 +90,14 @@ def run_line(plan: FitPlan, world_size: int, p: Progress, dtype, dev, remembered
                if fresh and p.initial is None and run.eval.before_training == "auto" else ""))
 
 
+def attention_note(encoder) -> str:
+    """", attention KERNELS": what the encoder's attention runs on (raycse's unpadded BERT layers run their own)."""
+    from raycse.platform import compat
+
+    kernels = "raycse's unpadded" if encoder.unpadding() else compat.attention_implementation(encoder.backbone)
+    return f", attention {kernels}" if kernels else ""
+
+
 def start_lines(plan: FitPlan, world_size: int, progress: Progress, engine, eval_dtype, dev, remembered: bool
                 ) -> list[str]:
     """Rank 0's first lines: the machine and the CPU kernels chosen (the detail unmarked: the console keeps it for
@@ -101,6 +109,8 @@ def start_lines(plan: FitPlan, world_size: int, progress: Progress, engine, eval
     chosen = engine.core.encoder.onednn  # (off where the run cannot use it: compiled or sharded)
     kernels = onednn.kernels_note(engine.device, engine.dtype, eval_dtype) if chosen else ""
     detail = onednn.kernels_detail(engine.device, engine.dtype, eval_dtype) if chosen else ""
-    return ([f"[raycse] rank 0 on {machine.describe()}, torch {torch.__version__}{kernels}"] + ([detail] if detail else [])
+    said = attention_note(engine.core.encoder)
+    return ([f"[raycse] rank 0 on {machine.describe()}, torch {torch.__version__}{said}{kernels}"]
+            + ([detail] if detail else [])
             + [run_line(plan, world_size, progress, engine.dtype, dev, remembered)]
             + [f"[raycse] {line}" for line in (shape_bound(plan.run, engine.core.objective), what_trains(engine.core))])
