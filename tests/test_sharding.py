@@ -49,9 +49,11 @@ def _batch(engine, step: int, rank: int, rows: int):
     return objective.collate_source(source, examples, tokenizer, 32)
 
 
-def _worker(rank: int, world: int, port: int, model: str, objective: str, out: str) -> None:
+def _worker(rank: int, world: int, port: int, model: str, objective: str, out: str, from_ddp: bool = False) -> None:
     """DDP, then FSDP, each from the same seed: the losses, the whole weights after 5 and 6 steps, the local bytes;
-    FSDP's sharded checkpoint after 5 steps into ``out/rank{r}`` (each worker's own folder, as Ray's are)."""
+    FSDP's sharded checkpoint after 5 steps into ``out/rank{r}`` (each worker's own folder, as Ray's are).
+    ``from_ddp``: DDP's whole checkpoint after 5 steps too (rank 0's, in ``out/ddp``), loaded into a sharded module
+    that takes step 6 (its loss and whole weights after it)."""
     import os
 
     import torch.distributed as dist
@@ -93,13 +95,27 @@ def _worker(rank: int, world: int, port: int, model: str, objective: str, out: s
                 ckpt.write_sharded(root, engine.core, engine.opt, engine.sched, {"step": step + 1}, rank, world,
                                    export_encoder(run) if rank == 0 else (lambda state: None))
                 ckpt.write_rng(root, rank)
+            if step == STEPS - 2 and mode == "ddp" and from_ddp:  # (rank 0's part, as a DDP run's worker writes it)
+                if rank == 0:
+                    ckpt.write(Path(out) / "ddp", engine.core, engine.opt, engine.sched, {"step": step + 1})
+                ckpt.write_rng(Path(out) / "ddp", rank)
+                dist.barrier()
         got[mode] = {"losses": losses, "weights": weights, "bytes": local_bytes(engine.core, engine.opt)}
+    if from_ddp:  # DDP's checkpoint resumed sharded: step 6 as DDP took it
+        run = _run(model, objective, "fsdp", world)
+        module = shard_from_rank0(lambda weights: build_module(run, weights).train(), cpu, rank, world, torch.float32)
+        engine = StepEngine(run, module, cpu, 10)
+        assert ckpt.load(Path(out) / "ddp", engine.core, engine.opt, engine.sched, rank)["step"] == STEPS - 1
+        seed_everything(1 + rank)  # (no dropout: the masks do not matter; as each mode's steps began)
+        loss = float(engine.step(_batch(engine, STEPS - 1, rank, ROWS), STEPS - 1).loss.detach())
+        got["fsdp_from_ddp"] = {"loss": loss, "weights": get_model_state_dict(engine.core, options=whole),
+                                "bytes": local_bytes(engine.core, engine.opt)}
     if rank == 0:
         torch.save(got, Path(out) / "got.pt")
     dist.destroy_process_group()
 
 
-def _spawn(tmp_path: Path, objective: str, decoder: bool = False) -> tuple[str, dict]:
+def _spawn(tmp_path: Path, objective: str, decoder: bool = False, from_ddp: bool = False) -> tuple[str, dict]:
     import torch.multiprocessing as mp
 
     from conftest import make_tiny_decoder
@@ -110,7 +126,7 @@ def _spawn(tmp_path: Path, objective: str, decoder: bool = False) -> tuple[str, 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(_worker, args=(2, port, model, objective, str(tmp_path)), nprocs=2, join=True,
+    mp.start_processes(_worker, args=(2, port, model, objective, str(tmp_path), from_ddp), nprocs=2, join=True,
                        start_method="spawn")
     return model, torch.load(tmp_path / "got.pt", weights_only=False)
 
@@ -139,9 +155,9 @@ def test_two_sharded_workers_train_what_two_ddp_workers_train_holding_half(tmp_p
 def test_a_two_worker_sharded_checkpoint_resumes_on_one_worker_as_the_run_goes_on(tmp_path, s3_server):
     """Item 2: the checkpoint after step 5 of 2 sharded workers, each worker's files in its own folder as Ray's are,
     merged as Ray Train's storage merges them: whole, on local disk and on S3 (a damaged or missing part is named), its
-    model folder the
-    whole weights (sentence-transformers and AutoModel load it), and loaded into one whole module without any
-    process group (DCP reshards) it takes step 6 on the 8 rows of the global batch as DDP's 2 workers did."""
+    model folder the whole weights (sentence-transformers and AutoModel load it), and loaded into one whole module without any
+    process group (DCP reshards) it takes step 6 on the 8 rows of the global batch as DDP's 2 workers did. And the
+    other way: DDP's whole checkpoint after step 5, loaded by 2 sharded workers, takes step 6 as DDP did."""
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel
 
@@ -150,7 +166,13 @@ def test_a_two_worker_sharded_checkpoint_resumes_on_one_worker_as_the_run_goes_o
     from raycse.train.module import build_module
     from raycse.train.steps import StepEngine
 
-    model, got = _spawn(tmp_path, "simcse")
+    model, got = _spawn(tmp_path, "simcse", from_ddp=True)
+    # a whole (DDP) run's checkpoint resumed by 2 sharded workers: step 6 as DDP took it, each holding its half
+    resumed = got["fsdp_from_ddp"]
+    assert resumed["loss"] == pytest.approx(got["ddp"]["losses"][STEPS - 1], abs=1e-5)
+    for name, value in resumed["weights"].items():
+        torch.testing.assert_close(value, got["ddp"]["weights"][STEPS - 1][name], atol=1e-5, rtol=0, msg=name)
+    assert resumed["bytes"] <= 0.55 * got["ddp"]["bytes"]
     merged = tmp_path / "merged"
     for rank in (0, 1):
         shutil.copytree(tmp_path / f"rank{rank}", merged, dirs_exist_ok=True)

@@ -34,9 +34,9 @@ OPERATIONAL = frozenset({
     "train.checkpoint_upload_timeout_s", "train.collate_ahead", "train.cpus_per_worker", "train.max_failures",
     "train.keep_checkpoints", "train.checkpoint_steps", "eval.eval_steps", "eval.before_training",
     "eval.batch_size", "train.max_steps", "train.epochs",
-    # how the model is held (whole or sharded, offloaded) and whether activations are recomputed: the same
-    # gradients either way, and a sharded checkpoint loads into any of them
-    "train.sharding", "train.fsdp_offload", "train.gradient_checkpointing",
+    # how the model is held (whole or sharded, offloaded), whether activations are recomputed and which attention
+    # kernels run: the same gradients either way, and a checkpoint of either kind loads into any of them
+    "train.sharding", "train.fsdp_offload", "train.gradient_checkpointing", "model.attention",
 })
 # A run may resume on another worker count with the same global batch (workers x batch per worker): its steps
 # take the same rows in the same order (batch b goes to worker b % N at step b // N).

@@ -17,7 +17,8 @@ A sharded run (``--sharding fsdp``) writes, instead of ``module.safetensors`` an
     state/MANIFEST.rank{r}.json   sizes and digests of rank r's shard files (r >= 1; rank 0's are in MANIFEST.json)
 
 and ``model/`` from the whole state, gathered to rank 0 on the CPU. A DCP checkpoint loads into a sharded or a
-whole module on any number of workers (DCP reshards it), so a run can resume on fewer or more workers.
+whole module on any number of workers (DCP reshards it), so a run can resume on fewer or more workers; a whole
+run's checkpoint loads into a sharded module too (each worker keeps its shards of the whole tensors).
 
 Safety: weights are safetensors; ``optim.pt`` and the RNG files load with
 ``torch.load(weights_only=True)``, which refuses to unpickle arbitrary objects. A checkpoint
@@ -157,17 +158,16 @@ def load(root: Path, module, optimizer, scheduler, rank: int) -> dict:
     from raycse.train.sharding import is_sharded
 
     sdir = root / STATE_DIR
+    opt = torch.load(sdir / "optim.pt", weights_only=True, map_location="cpu")
     if (sdir / DCP_DIR).is_dir():
         _load_sharded(sdir / DCP_DIR, module, optimizer)
-    elif is_sharded(module):
-        raise RuntimeError(f"checkpoint {root} was written by a run with --sharding ddp; resume it with --sharding "
-                           f"ddp (a sharded run resumes from sharded checkpoints)")
+    elif is_sharded(module):  # (a whole run's checkpoint, resumed with --sharding fsdp)
+        _load_whole_into_sharded(sdir, module, optimizer, opt.get("optimizer"))
     else:
         load_model(module, str(sdir / "module.safetensors"))
-    opt = torch.load(sdir / "optim.pt", weights_only=True, map_location="cpu")
-    if "optimizer" in opt:
-        optimizer.load_state_dict(opt["optimizer"])
-        shape_state_as_parameters(optimizer)
+        if "optimizer" in opt:
+            optimizer.load_state_dict(opt["optimizer"])
+            shape_state_as_parameters(optimizer)
     scheduler.load_state_dict(opt["scheduler"])
     rng = sdir / f"rng_rank{rank}.pt"
     if rng.is_file():
@@ -189,6 +189,28 @@ def _load_sharded(path: Path, module, optimizer) -> None:
     state = {"model": model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def _load_whole_into_sharded(sdir: Path, module, optimizer, saved: Optional[dict]) -> None:
+    """A whole run's state (``module.safetensors``, the optimizer's ``saved`` state dict) into a sharded module and
+    its optimizer: every rank reads the whole tensors and keeps its shards. The saved optimizer numbers its
+    parameters in the order the same optimizer, built the same way on the same module, holds them in its groups: a
+    number is named by the parameter at its place, as ``set_optimizer_state_dict`` takes whole states."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    whole = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(module, load_file(str(sdir / "module.safetensors")), options=whole)
+    if saved is None:
+        return
+    names = {id(p): name for name, p in module.named_parameters()}
+    named = {}
+    for saved_group, group in zip(saved["param_groups"], optimizer.param_groups, strict=True):
+        named.update({number: names[id(p)] for number, p in zip(saved_group["params"], group["params"], strict=True)})
+    state = {"state": {named[number]: value for number, value in saved["state"].items()},
+             "param_groups": [{**g, "params": [named[n] for n in g["params"]]} for g in saved["param_groups"]]}
+    set_optimizer_state_dict(module, optimizer, state, options=whole)
 
 
 def step_of(root: Path) -> int:
