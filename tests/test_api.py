@@ -21,22 +21,57 @@ EXAMPLE_MODULES = ["raycse", "raycse.api", "raycse.train", "raycse.tune", "raycs
                    "raycse.model.exported"]
 
 
+STARTS_RAY = "(starts Ray)"  # an example's comment: it and the examples after it in its docstring need a Ray
+
+
+def _run_examples(module, with_ray: bool) -> tuple[doctest.TestResults, int]:
+    """``module``'s docstring examples run as doctest runs them (ELLIPSIS); without ``with_ray``, each docstring's
+    examples up to its first that starts Ray. (results, how many examples started Ray)."""
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    started = 0
+    for test in doctest.DocTestFinder().find(module, module.__name__):
+        first = next((i for i, e in enumerate(test.examples) if STARTS_RAY in e.source), len(test.examples))
+        started += len(test.examples) - first > 0 and with_ray
+        if not with_ray:
+            test.examples = test.examples[:first]
+        runner.run(test)
+    return runner.summarize(verbose=False), started
+
+
 @pytest.mark.parametrize("name", EXAMPLE_MODULES)
 def test_the_api_modules_examples_run(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # (an example that reached a write would write here, not in the checkout)
-    module = importlib.import_module(name)
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    result, _ = _run_examples(importlib.import_module(name), with_ray=False)
     assert result.attempted > 0 and result.failed == 0, f"{name}: {result}"
 
 
-def test_every_public_function_has_an_example():
+# the modules whose examples train, search or mine on Ray: run whole on the tests' shared Ray (the full tier)
+RAY_EXAMPLES = ["raycse.train", "raycse.tune", "raycse.analysis.report", "raycse.grouping.mine"]
+
+
+@pytest.mark.parametrize("name", RAY_EXAMPLES)
+def test_the_examples_that_train_search_and_mine_on_ray_run(name, ray_cluster, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result, started = _run_examples(importlib.import_module(name), with_ray=True)
+    assert started >= 1 and result.failed == 0, f"{name}: {result}"
+
+
+def test_every_public_function_says_its_arguments_returns_and_raises_and_shows_a_call_that_succeeds():
+    """raycse.__all__'s functions: Args:, Returns: and Raises: sections, and an example whose call returns (not
+    only a Traceback); the examples run above."""
     functions = {name: getattr(raycse, name) for name in raycse.__all__ if name != "__version__"}
-    missing = []
+    lacking = []
     for name, value in functions.items():
+        if inspect.isclass(value):
+            continue
         doc = (value.__call__.__doc__ if inspect.ismodule(value) else value.__doc__) or ""
-        if not inspect.isclass(value) and ">>>" not in doc:
-            missing.append(name)
-    assert not missing, f"public functions without an example in their docstring: {missing}"
+        examples = doctest.DocTestParser().get_examples(doc)
+        missing = [part for part in ("Args:", "Returns:", "Raises:") if part not in doc]
+        if not any(not e.want.startswith("Traceback") for e in examples if "raycse." in e.source):
+            missing.append("an example of a call that succeeds")
+        if missing:
+            lacking.append(f"{name}: {', '.join(missing)}")
+    assert not lacking, f"public functions without their sections or examples: {lacking}"
 
 
 def test_the_api_is_the_same_callable_before_and_after_its_modules_load():

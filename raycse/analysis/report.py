@@ -30,17 +30,51 @@ class Report:
 
 def analyze(exp_dir: str, plots: bool = True, plot_dir: Optional[str] = None, export_best: Optional[str] = None,
             top: int = 5, table: Optional[str] = None, pick: Optional[str] = None) -> Report:
-    """Table, best configuration, PNG plots (in ``plot_dir``, default EXP_DIR/plots), optional export
-    and, with ``table``, every trial's every rung and seed as a CSV/Parquet/JSON file, as ``raycse
-    analyze`` does (``raycse.analyze``): a :class:`Report` (``.table``, ``.best_text``, ``.plots``...).
-    A search for several goals: its Pareto front (``.front``; its table is ``.best_text``; ``pareto.png``), and
-    ``export_best`` exports the trial ``pick`` names (its Tune id, e.g. ``c33649c4``), one of the front.
+    """An experiment's table, best configuration, PNG plots and optional exports, as ``raycse analyze`` does
+    (``raycse.analyze``). A search for several goals: its Pareto front (``.front``; its table is ``.best_text``;
+    ``pareto.png``).
 
-    >>> import raycse
+    Args:
+        exp_dir: the experiment's folder or URI (what :func:`raycse.tune` returned).
+        plots: write the plots (optimization history, knob importances, score against each knob, the seeds'
+            spread).
+        plot_dir: where the plots go (default: EXP_DIR/plots).
+        export_best: a folder (or URI) to export the best trial's model into, with its card.
+        top: how many trials the table ranks.
+        table: a CSV, Parquet or JSON file to write every trial's every rung and seed into (for pandas).
+        pick: with several goals, the trial of the front to export (its Tune id, e.g. ``c33649c4``).
+
+    Returns:
+        A :class:`Report`: ``trials``, ``table`` (the text the CLI prints), ``best``, ``best_text``, ``plots``,
+        ``front``, ``exported`` and ``table_file``.
+
+    Raises:
+        raycse.errors.ConfigError: no experiment there, no trial yet, or an export or table path it cannot
+            write, in one line, before anything is written.
+
+    >>> import os, pathlib, tempfile, raycse
     >>> raycse.analyze("no-such-experiment")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     raycse.errors.ConfigError: experiment directory not found: ...no-such-experiment
+
+    A search of two configurations (a learning rate each), one step of the shipped all-MiniLM-L6-v2 apiece, read
+    back:
+
+    >>> work = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (work / "wiki.txt").write_text("\\n".join(f"The river {i} flows past town {i % 5}." for i in range(48)))
+    >>> rows = [(4.5, "A dog runs on grass."), (0.5, "Prices rose in May."), (2.5, "A dog sits on grass.")]
+    >>> _ = (work / "dev.tsv").write_text("".join(
+    ...     f"main-captions\\tMSRvid\\t2012test\\t{n:04d}\\t{s}\\tA dog is running on the grass.\\t{b}\\n"
+    ...     for n, (s, b) in enumerate(rows)))
+    >>> _ = (work / "lr.yaml").write_text(f"run:\\n  data: {{corpus: {work / 'wiki.txt'}}}\\n  train: {{batch_size: 8, "
+    ...     f"max_steps: 1}}\\n  eval: {{stsb_dev: {work / 'dev.tsv'}}}\\nsearch:\\n  lr: {{choice: [1.0e-5, 5.0e-5]}}\\n")
+    >>> exp, _ = raycse.tune(raycse.TuneSettings(space=str(work / "lr.yaml"), num_samples=2, seeds=[0], rungs=1),
+    ...                      str(work / "tune"), "lr")  # (starts Ray)
+    [raycse] ...
+    >>> report = raycse.analyze(exp, plots=False)
+    >>> len(report.trials), report.best.last["target"] == max(t.last["target"] for t in report.trials)
+    (2, True)
     """
     from raycse.tune.experiment import load_settings
 

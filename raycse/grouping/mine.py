@@ -136,16 +136,45 @@ def select(scores: np.ndarray, ids: np.ndarray, pos_score: np.ndarray, query: li
 
 def mine_triplets(data, output, settings: Optional[MineSettings] = None, model: str = "default",
                   candidates: Optional[str] = None, seed: int = 0, overwrite: bool = False) -> MineResult:
-    """``raycse mine`` as a function (``raycse.mine``): every input checked before Ray starts, then :func:`mine`.
+    """``raycse mine`` as a function (``raycse.mine``): every input checked before Ray starts, then :func:`mine`:
+    each pair's hardest negatives (the candidates the model ranks closest to its anchor, less those too close to
+    be safe), written as triplets.
 
-    ``data``: a :class:`raycse.config.DataConfig` of the pairs (``corpus`` and ``pair_column`` set);
-    ``output``: the triplets file, in the pairs' format family, replaced only with ``overwrite``.
+    Args:
+        data: a :class:`raycse.config.DataConfig` of the pairs (``corpus`` and ``pair_column`` set).
+        output: the triplets file, in the pairs' format family (JSONL, Parquet, CSV, TSV).
+        settings: :class:`MineSettings` (negatives a pair, the ranks to draw from, the margin below the positive,
+            the faiss search, embedding actors).
+        model: the model that ranks the candidates (a directory, ``"default"``, a hub name or a URI).
+        candidates: a corpus of other sentences to draw the negatives from (default: the pairs' second texts).
+        seed: the seed of the draw among the ranks.
+        overwrite: replace ``output`` where it exists.
 
-        >>> from raycse.config import DataConfig
-        >>> mine_triplets(DataConfig(corpus="pairs.jsonl"), "triplets.jsonl")
-        Traceback (most recent call last):
-        ...
-        raycse.errors.ConfigError: raycse mine needs --pair-column (see raycse mine --help)
+    Returns:
+        A :class:`MineResult`: ``path``, ``triplets`` (rows written), ``dropped`` (anchors with too few usable
+        candidates), ``candidates`` and ``seconds`` (by phase).
+
+    Raises:
+        raycse.errors.ConfigError: a missing or bad input, an output that exists or lies inside an input, in one
+            line, before Ray starts.
+
+    >>> import json, os, tempfile, raycse
+    >>> from raycse.config import DataConfig
+    >>> mine_triplets(DataConfig(corpus="pairs.jsonl"), "triplets.jsonl")
+    Traceback (most recent call last):
+    ...
+    raycse.errors.ConfigError: raycse mine needs --pair-column (see raycse mine --help)
+
+    A negative for each of 32 question-answer pairs, ranked by the shipped all-MiniLM-L6-v2:
+
+    >>> work = tempfile.mkdtemp()
+    >>> pairs = os.path.join(work, "pairs.jsonl")
+    >>> _ = open(pairs, "w").write("".join(json.dumps({"q": f"What is topic {i}?", "p": f"Topic {i} is a subject."})
+    ...                                    + "\\n" for i in range(32)))
+    >>> data = DataConfig(corpus=pairs, text_column="q", pair_column="p")
+    >>> mined = raycse.mine(data, os.path.join(work, "triplets.jsonl"))  # (starts Ray)
+    >>> mined.triplets, mined.path.name, sorted(json.loads(mined.path.read_text().splitlines()[0]))
+    (32, 'triplets.jsonl', ['negative_1', 'p', 'q'])
     """
     from raycse.data.dataset import ray_data_errors, resolve_sources
     from raycse.errors import require

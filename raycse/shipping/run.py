@@ -48,14 +48,36 @@ class ExportReport:
 
 
 def export(model: Optional[str] = None, settings: Optional[ExportSettings] = None) -> ExportReport:
-    """Export ``model`` (a local directory, ``"default"``, a hub name or an object-store URI; default:
-    ``settings.model``) as ``raycse export`` does (``raycse.export``).
+    """Export a model as ``raycse export`` does (``raycse.export``): a new folder holding the model and its
+    transformer as ONNX (and, where asked, int8 ONNX and OpenVINO), each checked against the PyTorch model's
+    embeddings; written whole or not at all.
 
-    >>> import raycse
+    Args:
+        model: a local directory, ``"default"``, a hub name or an object-store URI; None: ``settings.model``.
+        settings: :class:`raycse.shipping.settings.ExportSettings` (``onnx``: the folder to write, a path or URI;
+            ``quantize`` int8 and ``openvino``: the other formats; ``stsb_dev``: a file to score each format on;
+            ``overwrite``).
+
+    Returns:
+        An :class:`ExportReport`: ``path``, ``files`` (format -> the files it added and their bytes), ``checks``
+        (format -> its largest difference and smallest cosine to the PyTorch embeddings), ``scores`` and
+        ``seconds``.
+
+    Raises:
+        raycse.errors.ConfigError: no folder named, one that exists (without ``overwrite``) or lies inside the
+            model, or a bad setting, in one line, before anything is written.
+        raycse.errors.RaycseError: an extra not installed (``pip install 'raycse[onnx]'``), or an exported
+            format whose embeddings differ from the model's.
+
+    >>> import os, tempfile, raycse
     >>> raycse.export("default", raycse.ExportSettings())
     Traceback (most recent call last):
     ...
     raycse.errors.ConfigError: raycse export needs --onnx OUT, the folder to write (e.g. --onnx models/minilm-onnx)
+    >>> out = os.path.join(tempfile.mkdtemp(), "minilm-onnx")
+    >>> report = raycse.export("default", raycse.ExportSettings(onnx=out))  # (the shipped all-MiniLM-L6-v2)
+    >>> list(report.files["onnx"]), report.checks["onnx"]["min_cosine"] > 0.9999
+    (['onnx/model.onnx'], True)
     """
     s = settings or ExportSettings()
     s = dataclasses.replace(s, model=model) if model is not None else s
