@@ -23,6 +23,24 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def spawn_gloo(worker, args: tuple, nprocs: int = 2) -> None:
+    """``worker(rank, *args)`` in ``nprocs`` spawned processes (torch.multiprocessing), each ended by
+    :func:`_then_exit` once its worker returned."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_then_exit, args=(worker, args), nprocs=nprocs, join=True, start_method="spawn")
+
+
+def _then_exit(rank: int, worker, args: tuple) -> None:
+    """``worker``'s process ended at once after it returned (its results written): the interpreter's own exit
+    aborted such processes now and then under load ("terminate called without an active exception", SIGABRT, as
+    gloo's threads were torn down), after everything was done. A worker that raises ends as spawn ends it."""
+    worker(rank, *args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def stop_process_group(proc, grace_s: float) -> None:
     """Stop a server started with ``start_new_session=True`` and its children: SIGTERM to its process
     group, SIGKILL after ``grace_s``; every wait bounded, and nothing left running either way."""

@@ -294,9 +294,6 @@ def _gather_worker(rank: int, world: int, port: int, out: str) -> None:
     torch.save(got, f"{out}.{rank}")
     dist.barrier()
     dist.destroy_process_group()
-    # (the interpreter's own exit once aborted this process, "terminate called without an active exception",
-    # under load, after everything above was done: its result is saved, so it ends here, as a Ray worker is ended)
-    os._exit(0)
 
 
 def test_the_gather_gives_the_old_gathers_rows_and_gradients_without_its_deprecation_warning(tmp_path):
@@ -306,13 +303,13 @@ def test_the_gather_gives_the_old_gathers_rows_and_gradients_without_its_depreca
     import socket
 
     import torch
-    import torch.multiprocessing as mp
+
+    from conftest import spawn_gloo
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(_gather_worker, args=(2, port, str(tmp_path / "got")), nprocs=2, join=True,
-                       start_method="spawn")
+    spawn_gloo(_gather_worker, (2, port, str(tmp_path / "got")))
     for rank in (0, 1):
         got = torch.load(tmp_path / f"got.{rank}")
         assert torch.equal(got["new"]["gathered"], got["old"]["gathered"])

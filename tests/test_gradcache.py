@@ -96,13 +96,10 @@ def _worker(rank, model, out_dir, port):
 
 
 def test_two_workers_cached_equal_one_worker_uncached_double_batch(tiny_model_no_dropout, tmp_path):
-    import torch.multiprocessing as mp
-
-    from conftest import _free_port
+    from conftest import _free_port, spawn_gloo
 
     port = _free_port()
-    mp.start_processes(_worker, args=(str(tiny_model_no_dropout), str(tmp_path), port), nprocs=2,
-                       start_method="spawn", join=True)
+    spawn_gloo(_worker, (str(tiny_model_no_dropout), str(tmp_path), port))
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     module = _module(tiny_model_no_dropout, "simcse").train()
     _, want = _uncached(module, module.objective.collate(TEXTS, module.encoder.tokenizer, 24))

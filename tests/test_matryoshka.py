@@ -161,12 +161,9 @@ def _worker(rank, model, out_dir, port):
 def test_two_workers_gather_every_prefix(tiny_model_no_dropout, tmp_path):
     """Two gloo workers with half the batch each give one worker's gradients on the whole batch: each
     prefix's in-batch negatives come from both workers."""
-    import torch.multiprocessing as mp
+    from conftest import _free_port, spawn_gloo
 
-    from conftest import _free_port
-
-    mp.start_processes(_worker, args=(str(tiny_model_no_dropout), str(tmp_path), _free_port()), nprocs=2,
-                       start_method="spawn", join=True)
+    spawn_gloo(_worker, (str(tiny_model_no_dropout), str(tmp_path), _free_port()))
     module = _module(tiny_model_no_dropout, "simcse")
     module(_batch(module, "simcse")).loss.backward()
     want = _grads(module)

@@ -232,12 +232,9 @@ def _worker(rank, model, out_dir, port):
 def test_two_workers_gather_the_teachers_and_guides_vectors_like_the_students(tiny_model_no_dropout, tmp_path):
     """2 workers x 4 sentences == 1 worker x 8: the teacher's candidates and the guide's are gathered across
     workers as the student's are (same loss, same gradients)."""
-    import torch.multiprocessing as mp
+    from conftest import _free_port, spawn_gloo
 
-    from conftest import _free_port
-
-    mp.start_processes(_worker, args=(str(tiny_model_no_dropout), str(tmp_path), _free_port()), nprocs=2,
-                       start_method="spawn", join=True)
+    spawn_gloo(_worker, (str(tiny_model_no_dropout), str(tmp_path), _free_port()))
     one = _module(tiny_model_no_dropout).train()
     loss = one(_batch(one, TEXTS)).loss
     loss.backward()

@@ -116,9 +116,7 @@ def _worker(rank: int, world: int, port: int, model: str, objective: str, out: s
 
 
 def _spawn(tmp_path: Path, objective: str, decoder: bool = False, from_ddp: bool = False) -> tuple[str, dict]:
-    import torch.multiprocessing as mp
-
-    from conftest import make_tiny_decoder
+    from conftest import make_tiny_decoder, spawn_gloo
 
     # (no dropout: 1 worker draws no 2 workers' masks; the Qwen3's rotary frequencies are a buffer outside the state
     # dict, which rank 1, built on the meta device, receives from rank 0)
@@ -126,8 +124,7 @@ def _spawn(tmp_path: Path, objective: str, decoder: bool = False, from_ddp: bool
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(_worker, args=(2, port, model, objective, str(tmp_path), from_ddp), nprocs=2, join=True,
-                       start_method="spawn")
+    spawn_gloo(_worker, (2, port, model, objective, str(tmp_path), from_ddp))
     return model, torch.load(tmp_path / "got.pt", weights_only=False)
 
 

@@ -82,14 +82,13 @@ def test_two_workers_equal_one_worker_with_double_batch(tmp_path):
     losses and the gradients (all_gather carries them back) equal one worker's on the whole batch."""
     import torch.multiprocessing as mp
 
-    from conftest import _free_port
+    from conftest import _free_port, spawn_gloo
 
     torch.manual_seed(0)
     h, pos, neg = torch.randn(6, 8), torch.randn(6, 8), torch.randn(6, 2, 8)
     port = _free_port()
     try:
-        mp.start_processes(_worker, args=(h, pos, neg, str(tmp_path), port), nprocs=2, start_method="spawn",
-                           join=True)
+        spawn_gloo(_worker, (h, pos, neg, str(tmp_path), port))
     except mp.ProcessExitedException as exc:
         # Seen twice in full runs on one box (never alone): rank 0 aborted in gloo's teardown at exit
         # ("terminate called without an active exception") after saving its results. Only that
