@@ -78,9 +78,8 @@ def analyze(exp_dir: str, plots: bool = True, plot_dir: Optional[str] = None, ex
     """
     from raycse.tune.experiment import load_settings
 
-    remote = object_store.is_uri(exp_dir)
-    exp = str(exp_dir).rstrip("/") if remote else Path(exp_dir).resolve()
-    if not remote and not exp.is_dir():
+    exp = object_store.located(exp_dir)
+    if not object_store.is_uri(exp) and not exp.is_dir():
         raise ConfigError(f"experiment directory not found: {exp}")
     if export_best:
         check_export_path(export_best)  # before any plot is written

@@ -1,5 +1,8 @@
-"""Outputs on object storage: a local directory published to a URI whole or not at all, and a model
-on a URI fetched once into a local cache.
+"""Storage by path or URI: a local directory published to a URI whole or not at all, a model on a URI fetched
+once into a local cache, and the small reads, writes and listings a run or a search keeps beside its checkpoints,
+which take a local path or a URI alike (:func:`read_text`, :func:`write_text`, :func:`list_dir`, :func:`exists`,
+:func:`join`, :func:`parent`, :func:`name`, :func:`located`): a local path through pyarrow's local filesystem, so
+that the callers hold no branch of their own.
 
 Any filesystem pyarrow reaches by URI (``s3://``, ``gs://``, ``abfs://``, ...), configured the
 standard way (for S3: ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
@@ -29,9 +32,17 @@ def is_uri(path) -> bool:
     return "://" in str(path) and not str(path).startswith("file://")
 
 
+def _plain_path(location) -> bool:
+    """A local path without a scheme (a ``file://`` URI goes through pyarrow as every URI does)."""
+    return "://" not in str(location)
+
+
 def _fs(uri: str):
+    """(pyarrow filesystem, path inside it) of a URI, or of a local path (made absolute)."""
     import pyarrow.fs as pafs
 
+    if _plain_path(uri):
+        return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(os.fspath(uri)))
     try:
         return pafs.FileSystem.from_uri(uri)
     except OSError as exc:  # S3 resolves the bucket's region here: no network, no endpoint
@@ -247,13 +258,36 @@ def join(base: str, *parts: str) -> str:
     return str(Path(base, *parts))
 
 
+def located(location) -> "Path | str":
+    """A location as raycse keeps it: a local path made absolute (a ``Path``), or a URI without its trailing
+    slash (a ``str``, which Ray Tune's storage layer takes)."""
+    return str(location).rstrip("/") if is_uri(location) else Path(os.path.expanduser(os.fspath(location))).resolve()
+
+
+def parent(location) -> str:
+    """The folder or prefix that holds ``location`` (a path or a URI)."""
+    return str(location).rstrip("/").rsplit("/", 1)[0] if is_uri(location) else str(Path(location).parent)
+
+
+def name(location) -> str:
+    """The last part of ``location`` (a path or a URI)."""
+    return str(location).rstrip("/").rsplit("/", 1)[1] if is_uri(location) else Path(location).name
+
+
+def exists(location) -> bool:
+    """Whether anything is at ``location``: a local file or folder, or any object under a URI's prefix."""
+    return prefix_exists(str(location)) if is_uri(location) else Path(location).exists()
+
+
 def read_text(uri: str) -> str:
     """One object's text; FileNotFoundError when it is not there."""
     return read_bytes(uri).decode()
 
 
 def read_bytes(uri: str) -> bytes:
-    """One object's bytes; FileNotFoundError when it is not there."""
+    """One object's (or local file's) bytes; FileNotFoundError when it is not there."""
+    if _plain_path(uri):
+        return Path(uri).read_bytes()
     fs, path = _fs(uri)
     try:
         with fs.open_input_stream(path) as fh:
@@ -268,8 +302,9 @@ def read_bytes(uri: str) -> bytes:
 
 def write_text(uri: str, text: str) -> None:
     """One object or local file, written whole (an object store's PUT is atomic; a local file is
-    written beside and renamed over)."""
-    if not is_uri(uri):
+    written beside and renamed over, its folder made where missing)."""
+    if _plain_path(uri):
+        Path(uri).parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(Path(uri), text)
         return
     fs, path = _fs(uri)
@@ -287,7 +322,8 @@ def upload_file(local: Path, uri: str) -> None:
 
 
 def list_dir(uri: str) -> list[tuple[str, bool]]:
-    """(name, is a directory) of the entries right under ``uri``; [] where there is nothing."""
+    """(name, is a directory) of the entries right under ``uri`` (a URI or a local folder); [] where there is
+    nothing."""
     import pyarrow.fs as pafs
 
     fs, path = _fs(uri)

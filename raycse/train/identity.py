@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Optional
 
 from raycse.errors import ConfigError
@@ -76,9 +75,7 @@ def definition(run, sources: Optional[list]) -> dict:
 
 
 def _has_checkpoints(run_dir: str) -> bool:
-    if object_store.is_uri(run_dir):
-        return any(is_dir and name.startswith("checkpoint_") for name, is_dir in object_store.list_dir(run_dir))
-    return any(p.is_dir() for p in Path(run_dir).glob("checkpoint_*"))
+    return any(is_dir and name.startswith("checkpoint_") for name, is_dir in object_store.list_dir(run_dir))
 
 
 def _read(run_dir: str) -> Optional[dict]:
@@ -124,6 +121,4 @@ def _global_batch(definition: dict) -> Optional[int]:
 def record(storage_path: str, run_name: str, current: dict) -> None:
     """Write the run's definition beside its checkpoints (before the first one)."""
     run_dir = object_store.join(storage_path, run_name)
-    if not object_store.is_uri(run_dir):
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
     object_store.write_text(object_store.join(run_dir, RECORD), json.dumps({"definition": current}, indent=1, sort_keys=True))

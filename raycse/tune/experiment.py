@@ -9,7 +9,6 @@ import json
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 from raycse.config import RunConfig
 from raycse.errors import ConfigError
@@ -149,35 +148,28 @@ def _fit_under_signals(tuner, exp_dir):
 def experiment_location(storage_path: str, name: str):
     """Where an experiment lives: a local Path (made absolute), or a URI string (``s3://...``), which
     Tune's own storage layer writes to."""
-    if object_store.is_uri(storage_path):
-        return object_store.join(str(storage_path), name)
-    return Path(storage_path).resolve() / name
+    return object_store.located(object_store.join(str(storage_path), name))
 
 
 def parent_of(exp_dir) -> str:
-    return str(exp_dir).rstrip("/").rsplit("/", 1)[0] if object_store.is_uri(exp_dir) else str(Path(exp_dir).parent)
+    return object_store.parent(exp_dir)
 
 
 def name_of(exp_dir) -> str:
-    return str(exp_dir).rstrip("/").rsplit("/", 1)[1] if object_store.is_uri(exp_dir) else Path(exp_dir).name
+    return object_store.name(exp_dir)
 
 
 def write_records(exp_dir, text: str, settings_dict: dict) -> None:
-    """The search space's text and the settings, beside Tune's own state, before the first trial."""
-    if object_store.is_uri(exp_dir):
-        object_store.write_text(object_store.join(exp_dir, "space.yaml"), text)
-        object_store.write_text(object_store.join(exp_dir, SETTINGS), json.dumps(settings_dict, indent=2))
-        return
-    exp_dir.mkdir(parents=True)
-    (exp_dir / "space.yaml").write_text(text)
-    (exp_dir / SETTINGS).write_text(json.dumps(settings_dict, indent=2))
+    """The search space's text and the settings, beside Tune's own state, before the first trial (a path or a
+    URI)."""
+    object_store.write_text(object_store.join(str(exp_dir), "space.yaml"), text)
+    object_store.write_text(object_store.join(str(exp_dir), SETTINGS), json.dumps(settings_dict, indent=2))
 
 
 def load_settings(exp_dir) -> tuple[TuneSettings, dict]:
     """The experiment's settings; for an experiment on object storage, ``space`` is a local copy."""
     try:
-        raw = json.loads(object_store.read_text(object_store.join(str(exp_dir), SETTINGS)) if object_store.is_uri(exp_dir)
-                         else (Path(exp_dir) / SETTINGS).read_text())
+        raw = json.loads(object_store.read_text(object_store.join(str(exp_dir), SETTINGS)))
     except FileNotFoundError:
         raise ConfigError(f"{exp_dir} is not a raycse tune experiment (no {SETTINGS}); pass the directory "
                           f"'raycse tune' printed") from None

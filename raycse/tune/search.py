@@ -60,7 +60,7 @@ def tune_search(settings: TuneSettings, storage_path: str = "outputs/tune", name
     check_space_extras(space, run)
     name = name or f"{Path(settings.space).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     exp_dir = experiment_location(storage_path, name)
-    if (object_store.prefix_exists(str(exp_dir)) if object_store.is_uri(exp_dir) else exp_dir.exists()):
+    if object_store.exists(exp_dir):
         raise ConfigError(f"experiment directory {exp_dir} exists; continue it with --resume {exp_dir} or pick "
                           f"another --name")
     need = check_run(space, run)  # (a missing or untrusted model, or one that will not fit, refused before Ray starts)
@@ -101,7 +101,7 @@ def resume(exp_dir: str):
     from raycse.platform.ray_session import ensure_ray, setup_ray_data
 
     refuse_credentials("--resume", str(exp_dir))
-    exp = str(exp_dir).rstrip("/") if object_store.is_uri(exp_dir) else Path(exp_dir).resolve()
+    exp = object_store.located(exp_dir)
     settings, extra = load_settings(exp)
     space = load_space(settings.space)
     experiment = Experiment(settings, space, exp, space.run_config({}))
