@@ -607,9 +607,11 @@ def test_data_prepared_once_serves_runs_with_the_same_batches_only(ray_cluster, 
                                                                    tmp_path):
     """Tune lays out each seed's batches once (prepare_data); a run with other knobs (lr) trains on
     exactly the batches it would have laid out itself, and one whose data settings differ (epochs,
-    which leaves these 3 steps' batches alike, or batch size) ignores the prepared data."""
+    which leaves these 3 steps' batches alike, or batch size) ignores the prepared data. (The fits run in this
+    process: tests/local_session.py; the driver's planning is what takes the prepared data or not.)"""
+    from local_session import fit_in_process
+
     from raycse.config import RunConfig
-    from raycse.train.driver import train
     from raycse.train.prepare import data_key, prepare_data
     from raycse.train.plan import TuneHooks
 
@@ -631,10 +633,10 @@ def test_data_prepared_once_serves_runs_with_the_same_batches_only(ray_cluster, 
 
     prepared = prepare_data(run_with("base"))
     assert prepared is not None and prepared.num_examples == 96
-    used = train(run_with("prepared", lr=3e-4), hooks=TuneHooks(prepared=prepared))
+    used = fit_in_process(run_with("prepared", lr=3e-4), tmp_path / "s1", hooks=TuneHooks(prepared=prepared))
     # handed the prepared data, it lays out its own (the key differs), and they are the same batches
-    own = train(run_with("own", lr=3e-4, epochs=2), hooks=TuneHooks(prepared=prepared))
-    assert used.metrics["data_prepared_before"] and not own.metrics["data_prepared_before"]
+    own = fit_in_process(run_with("own", lr=3e-4, epochs=2), tmp_path / "s2", hooks=TuneHooks(prepared=prepared))
+    assert used.planned.prepared and not own.planned.prepared
     assert batches("prepared") == batches("own") and len(batches("own")) == 3
     assert data_key(run_with("other", batch_size=8)) != prepared.key
     assert data_key(run_with("other", lr=1e-3, seed=7)) == prepared.key
