@@ -165,8 +165,11 @@ def test_dry_run_prints_the_plan_and_starts_and_writes_nothing(tiny_model, tmp_p
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
     assert ray.is_initialized() == joined and own() == sessions  # no Ray started, none joined
     assert main(["train", "--model", str(tiny_model), "--corpus", "c.txt", "--stsb-dev", "none", "--output", "out",
-                 "--num-workers", "2", "--batch-size", "16", "--sharding", "fsdp", "--dry-run"]) == 0
-    assert "sharding: FSDP2 over 2 worker(s) (each holds 1/2" in capsys.readouterr().out
+                 "--num-workers", "2", "--batch-size", "16", "--sharding", "fsdp", "--attention", "eager",
+                 "--dry-run"]) == 0
+    said = capsys.readouterr().out
+    assert "sharding: FSDP2 over 2 worker(s) (each holds 1/2" in said and ", attention eager" in said
+    assert "attention the model's default (SDPA" in out  # (auto on CPUs)
 
 
 def test_a_search_whose_runs_will_not_fit_is_refused_before_ray_starts(tiny_model, corpus, stsb_dev, tmp_path, capsys):

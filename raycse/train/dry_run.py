@@ -28,6 +28,15 @@ def count_examples(run: RunConfig, sources: Optional[list]) -> Optional[int]:
     return found
 
 
+def attention_said(run: RunConfig) -> str:
+    """The attention kernels the run's model will load with (``--attention``, auto resolved)."""
+    from raycse.train.module import attention_of
+
+    chosen = attention_of(run).get("attn_implementation")
+    return chosen or ("the model's default (SDPA where it has it; raycse's unpadded layers for BERT-family models on "
+                      "CPUs)")
+
+
 def dry_run(run: RunConfig, overwrite: bool = False, storage_path: Optional[str] = None) -> str:
     """The plan of ``run`` after all of ``raycse train``'s checks, as text (refused in one line as a run would be)."""
     from raycse.platform.staging import check_replaceable
@@ -50,7 +59,7 @@ def dry_run(run: RunConfig, overwrite: bool = False, storage_path: Optional[str]
                  if t.sharding == "fsdp" else "sharding: none, data-parallel (DDP: each worker holds the whole "
                  "model, its gradients and AdamW's moments)"),
              f"model: {run.model.name_or_path}" + (", gradient checkpointing" if t.gradient_checkpointing else "")
-             + (", LoRA" if run.model.lora else "")]
+             + (", LoRA" if run.model.lora else "") + f", attention {attention_said(run)}"]
     found = estimate(run, model_path)
     if found is not None:
         room = worker_memory(run)
