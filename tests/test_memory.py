@@ -179,8 +179,13 @@ def test_a_search_whose_runs_will_not_fit_is_refused_before_ray_starts(tiny_mode
     import ray
     import yaml
 
+    from conftest import ray_sessions
     from raycse.cli import main
 
+    def own():  # (this process's Ray sessions: the suite's other process starts its own meanwhile)
+        return {s for s in ray_sessions() if s[1] == os.getpid()}
+
+    joined, sessions = ray.is_initialized(), own()  # (this process may hold the suite's shared Ray)
     space = tmp_path / "space.yaml"
     run = {"model": {"name_or_path": str(tiny_model), "max_length": 32}, "data": {"corpus": str(corpus)},
            "train": {"batch_size": 2_000_000}, "eval": {"stsb_dev": str(stsb_dev)}}
@@ -190,4 +195,5 @@ def test_a_search_whose_runs_will_not_fit_is_refused_before_ray_starts(tiny_mode
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "a trial's run will not fit: each worker needs about" in err[0]
     assert "--set run.train.sharding=fsdp" in err[0] and "--gradient-checkpointing" in err[0]
-    assert sorted(tmp_path.iterdir()) == before and not ray.is_initialized()
+    assert sorted(tmp_path.iterdir()) == before
+    assert ray.is_initialized() == joined and own() == sessions  # no Ray started, none joined

@@ -9,7 +9,6 @@ from typing import Optional
 from raycse.errors import ConfigError
 from raycse.tune.settings import TuneSettings
 
-GB = 1 << 30
 TRIAL_CPU = 0.01  # the trial function only coordinates; the Train workers hold the real CPUs
 
 
@@ -46,7 +45,7 @@ def preflight(run, settings: TuneSettings, need: Optional[int] = None) -> tuple[
             why = f"{cpus:g} CPU(s) / ({runs} run(s) x {workers} worker(s) x {per_worker or 1.0:g} CPU) a trial"
             if held is not None and held[0] // runs < concurrent:  # (the memory holds fewer than the CPUs)
                 concurrent = max(1, held[0] // runs)
-                why = f"{held[1]} / ({runs} run(s) x {workers} worker(s) x {need / GB:.1f} GB) a trial"
+                why = f"{held[1]} / ({runs} run(s) x {workers} worker(s) x {need / 2**30:.1f} GB) a trial"
     if per_worker is None:
         per_worker = _cpus_per_worker(ceiling, cpus, concurrent, runs * workers, share, settings.preflight)
     print(f"[raycse] {concurrent} trial(s) at once: {why}; the cluster: {ceiling.describe()}", flush=True)
@@ -61,7 +60,7 @@ def _runs_memory_holds(need: Optional[int], workers: int) -> Optional[tuple[int,
     total = host_memory()
     if need is None or not need or total is None:
         return None
-    return int(total // (need * workers)), f"this machine's {total / GB:.0f} GB"
+    return int(total // (need * workers)), f"this machine's {total / 2**30:.0f} GB"
 
 
 def _most(ceiling, resource: str) -> float:
