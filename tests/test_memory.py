@@ -89,7 +89,9 @@ def test_the_fake_tensor_count_is_what_the_same_forward_keeps_on_real_tensors(tm
 
     meta = empty_backbone_of(str(model))
     assert memory._saved_bytes(meta, rows, tokens, attention=False) == pytest.approx(counted, rel=0.05)
-    assert memory._saved_bytes(meta, rows, tokens) > counted
+    on_meta = memory._forward_saved(meta, torch.zeros(rows, tokens, dtype=torch.long, device="meta"))
+    if on_meta is not None:  # (transformers 5.0's decoders refuse the meta device: the fake tensors count then)
+        assert on_meta > counted  # (what the weights left out would add)
 
 
 def test_each_part_follows_the_run(tiny_model):
