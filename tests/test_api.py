@@ -30,9 +30,10 @@ def _run_examples(module, with_ray: bool) -> tuple[doctest.TestResults, int]:
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
     started = 0
     for test in doctest.DocTestFinder().find(module, module.__name__):
-        first = next((i for i, e in enumerate(test.examples) if STARTS_RAY in e.source), len(test.examples))
-        started += len(test.examples) - first > 0 and with_ray
-        if not with_ray:
+        first = next((i for i, e in enumerate(test.examples) if STARTS_RAY in e.source), None)
+        if first is not None and with_ray:
+            started += 1
+        elif first is not None:
             test.examples = test.examples[:first]
         runner.run(test)
     return runner.summarize(verbose=False), started

@@ -35,11 +35,11 @@ class Experiment:
 
     @property
     def name(self) -> str:
-        return name_of(self.location)
+        return object_store.name(self.location)
 
     @property
     def parent(self) -> str:
-        return parent_of(self.location)
+        return object_store.parent(self.location)
 
     @property
     def registry_name(self) -> str:
@@ -149,14 +149,6 @@ def experiment_location(storage_path: str, name: str):
     """Where an experiment lives: a local Path (made absolute), or a URI string (``s3://...``), which
     Tune's own storage layer writes to."""
     return object_store.located(object_store.join(str(storage_path), name))
-
-
-def parent_of(exp_dir) -> str:
-    return object_store.parent(exp_dir)
-
-
-def name_of(exp_dir) -> str:
-    return object_store.name(exp_dir)
 
 
 def write_records(exp_dir, text: str, settings_dict: dict) -> None:

@@ -24,7 +24,7 @@ from raycse.tune import study
 from raycse.tune.callbacks import DropTrainCheckpoints, EndTrialRuns  # noqa: F401
 from raycse.tune.callbacks import trial_dirname
 from raycse.tune.capacity import preflight
-from raycse.tune.experiment import (Experiment, experiment_location, load_settings, name_of, prepare_seeds,
+from raycse.tune.experiment import (Experiment, experiment_location, load_settings, prepare_seeds,
                                     write_records)
 from raycse.tune.searcher import optuna_search, scheduler, scheduler_note
 from raycse.tune.settings import TuneSettings
@@ -112,7 +112,7 @@ def resume(exp_dir: str):
                           f"start it again")
     print(f"[raycse] resuming {exp}", flush=True)
     prepared, _ = prepare_seeds(space, list(settings.seeds))  # the laid-out batches died with the last driver
-    where = study.place(exp, name_of(exp), settings.optuna_storage)
+    where = study.place(exp, object_store.name(exp), settings.optuna_storage)
     study.fetch(where)  # (Tune's restored searcher reopens the study by its URL)
     with experiment.registry() as registry:
         tuner = tune.Tuner.restore(str(exp), experiment.trainable(extra["num_examples"], extra["cpus_per_worker"],
