@@ -33,7 +33,7 @@ from typing import Iterator
 
 from raycse.errors import ConfigError
 from raycse.platform import object_store
-from raycse.platform.staging import claim_output, publish_claimed, staging_prefix, temporary_dir
+from raycse.platform.staging import claim_output, publish_claimed, replaced_whole, temporary_dir
 
 
 @contextmanager
@@ -67,20 +67,11 @@ def written_folder(dest, flag: str, overwrite: bool = False, parts: tuple = ()) 
 def written_file(dest) -> Iterator[Path]:
     """A local path to write, which becomes ``dest`` (a path or a URI) when the block ends without an error: renamed
     over it from beside it, or uploaded in one PUT; on an error nothing is left."""
-    from raycse.errors import named
-
     if object_store.is_uri(str(dest)):
         with temporary_dir("raycse-file-") as tmp:
             local = tmp / Path(str(dest)).name
             yield local
             object_store.upload_file(local, str(dest))
         return
-    dest = Path(dest)
-    tmp = dest.parent / f"{staging_prefix(dest.name)}{uuid.uuid4().hex[:8]}"
-    try:
+    with replaced_whole(Path(dest)) as tmp:
         yield tmp
-        tmp.replace(dest)
-    except OSError as err:
-        raise named(err, dest) from None
-    finally:
-        tmp.unlink(missing_ok=True)

@@ -309,15 +309,24 @@ def check_writable_file(path: str) -> Path:
     return dest
 
 
-def write_text_atomic(dest: Path, text: str) -> None:
-    """Write ``text`` to ``dest`` through a hidden file beside it and one rename: whole or not at all."""
+@contextmanager
+def replaced_whole(dest: Path):
+    """A hidden path beside ``dest`` to write, renamed over ``dest`` when the block ends without an error (one
+    rename on the same filesystem: whole or not at all); on an error nothing is left."""
     from raycse.errors import named
 
+    dest = Path(dest)
     tmp = dest.parent / f"{staging_prefix(dest.name)}{uuid.uuid4().hex[:8]}"
     try:
-        tmp.write_text(text)
+        yield tmp
         tmp.replace(dest)
     except OSError as err:
         raise named(err, dest) from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_text_atomic(dest: Path, text: str) -> None:
+    """Write ``text`` to ``dest`` through a hidden file beside it and one rename: whole or not at all."""
+    with replaced_whole(dest) as tmp:
+        tmp.write_text(text)
