@@ -152,7 +152,5 @@ def ray_analysis(exp_dir, trusted: bool = False):
                           f"author can put there; pass trusted=True for an experiment you trust, or use analyze()")
     from ray.tune import ExperimentAnalysis
 
-    if object_store.is_uri(exp_dir):
-        fs, path = object_store.filesystem(str(exp_dir).rstrip("/"))
-        return ExperimentAnalysis(path, storage_filesystem=fs, default_metric="target", default_mode="max")
-    return ExperimentAnalysis(str(Path(exp_dir).resolve()), default_metric="target", default_mode="max")
+    fs, path = object_store.filesystem(str(object_store.located(exp_dir)))  # (a folder's is pyarrow's local one)
+    return ExperimentAnalysis(path, storage_filesystem=fs, default_metric="target", default_mode="max")
