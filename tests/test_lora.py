@@ -149,8 +149,8 @@ def test_a_checkpoint_restores_the_adapters_and_the_optimizer(tiny_model_no_drop
     seed_everything(0)
     module = build_module(run).train()
     opt, sched = _train(module, run, steps=2)
+    checkpoint.write_rng(tmp_path / "c", 0)  # (first, as the checkpointer writes them)
     checkpoint.write(tmp_path / "c", module, opt, sched, {"step": 2})
-    checkpoint.write_rng(tmp_path / "c", 0)
     _step(module, opt, sched)
     seed_everything(5)  # another start: the checkpoint must bring back everything that matters
     again = build_module(run).train()

@@ -92,13 +92,15 @@ def _worker(rank: int, world: int, port: int, model: str, objective: str, out: s
             weights.append({k: v.clone() for k, v in get_model_state_dict(engine.core, options=whole).items()})
             if step == STEPS - 2 and mode == "fsdp":
                 root = Path(out) / f"rank{rank}"
+                ckpt.write_rng(root, rank)  # (as the checkpointer does: first, so the rank's manifest covers it)
                 ckpt.write_sharded(root, engine.core, engine.opt, engine.sched, {"step": step + 1}, rank, world,
                                    export_encoder(run) if rank == 0 else (lambda state: None))
-                ckpt.write_rng(root, rank)
             if step == STEPS - 2 and mode == "ddp" and from_ddp:  # (rank 0's part, as a DDP run's worker writes it)
+                ckpt.write_rng(Path(out) / "ddp", rank)
                 if rank == 0:
                     ckpt.write(Path(out) / "ddp", engine.core, engine.opt, engine.sched, {"step": step + 1})
-                ckpt.write_rng(Path(out) / "ddp", rank)
+                else:
+                    ckpt.write_rank_part(Path(out) / "ddp", rank)
                 dist.barrier()
         got[mode] = {"losses": losses, "weights": weights, "bytes": local_bytes(engine.core, engine.opt)}
     if from_ddp:  # DDP's checkpoint resumed sharded: step 6 as DDP took it

@@ -8,13 +8,17 @@ Layout of one checkpoint directory (Ray Train merges the files every worker repo
     state/train.json       step, epoch, loss history, scores
     state/rng_rank{r}.pt   each worker's torch RNG state (dropout masks continue, not repeat)
     state/MANIFEST.json    sizes and BLAKE2 digests of rank 0's files, written last
+    state/MANIFEST.rank{r}.json   rank r's (r >= 1): its RNG state, and its shards in a sharded run
+
+``train.json`` names the worker count (``world_size``): a checkpoint is whole only with every rank's part, so a
+run restarted after a worker died mid-checkpoint never resumes from one whose other ranks' random state is missing
+(that worker's dropout masks would not continue as they were).
 
 A sharded run (``--sharding fsdp``) writes, instead of ``module.safetensors`` and the optimizer's state:
 
     state/dcp/             PyTorch Distributed Checkpoint of the module and the optimizer: each worker's shards
                            (``__{r}_0.distcp``, written by rank r) and the plan (``.metadata``, rank 0's)
     state/sharding.json    the worker count that wrote it
-    state/MANIFEST.rank{r}.json   sizes and digests of rank r's shard files (r >= 1; rank 0's are in MANIFEST.json)
 
 and ``model/`` from the whole state, gathered to rank 0 on the CPU. A DCP checkpoint loads into a sharded or a
 whole module on any number of workers (DCP reshards it), so a run can resume on fewer or more workers; a whole
@@ -65,9 +69,8 @@ def write(root: Path, module, optimizer, scheduler, state: dict) -> None:
 
 
 def _write_manifest(root: Path, path: Path) -> None:
-    """Sizes and digests of this process's files under ``root`` (no manifest, no random state), written last."""
-    files = [p for p in sorted(root.rglob("*")) if p.is_file() and not p.name.startswith("MANIFEST")
-             and "rng_rank" not in p.name]
+    """Sizes and digests of this process's files under ``root`` (its random state included: written first), last."""
+    files = [p for p in sorted(root.rglob("*")) if p.is_file() and not p.name.startswith("MANIFEST")]
     manifest = {str(p.relative_to(root)): {"bytes": p.stat().st_size, "blake2b": _digest(p)} for p in files}
     path.write_text(json.dumps(manifest, indent=1))
 
@@ -96,7 +99,13 @@ def write_sharded(root: Path, module, optimizer, scheduler, state: dict, rank: i
     _write_manifest(root, sdir / MANIFEST)
 
 
+def write_rank_part(root: Path, rank: int) -> None:
+    """A whole (unsharded) run's rank ``rank`` >= 1: the manifest of its part (its random state, written before)."""
+    _write_manifest(root, root / STATE_DIR / f"MANIFEST.rank{rank}.json")
+
+
 def write_rng(root: Path, rank: int) -> None:
+    """This rank's torch (and CUDA) random state; written before the rank's manifest, which covers it."""
     sdir = root / STATE_DIR
     sdir.mkdir(parents=True, exist_ok=True)
     state = {"torch": torch.get_rng_state()}
@@ -108,17 +117,21 @@ def write_rng(root: Path, rank: int) -> None:
 def verify(root: Path) -> Optional[str]:
     """None if the checkpoint is whole (a sharded one: every rank's part), else what is wrong with it."""
     problem = _verify_manifest(root, root / STATE_DIR / MANIFEST)
-    if problem is not None or not (root / STATE_DIR / SHARDING).is_file():
+    if problem is not None:
         return problem
-    for r in range(1, _world_size(json.loads((root / STATE_DIR / SHARDING).read_text()))):
+    sharding = root / STATE_DIR / SHARDING
+    train = json.loads((root / STATE_DIR / "train.json").read_text())
+    for r in range(1, _world_size(train, json.loads(sharding.read_text()) if sharding.is_file() else None)):
         problem = _verify_manifest(root, root / STATE_DIR / f"MANIFEST.rank{r}.json", f"rank {r}'s part")
         if problem is not None:
             return problem
     return None
 
 
-def _world_size(sharding: dict) -> int:
-    return int(sharding["world_size"])
+def _world_size(train: dict, sharding: Optional[dict]) -> int:
+    """The workers that wrote a checkpoint: its counters say (since the RNG files joined the ranks' manifests),
+    else a sharded one's sharding.json, else 1 (an older whole run's: rank 0's manifest alone)."""
+    return int(train.get("world_size") or (sharding or {}).get("world_size") or 1)
 
 
 def _verify_manifest(root: Path, mpath: Path, part: str = "the checkpoint") -> Optional[str]:
@@ -240,15 +253,16 @@ def _verify_remote(fs, root: str) -> tuple[Optional[str], Optional[int]]:
         with fs.open_input_stream(f"{root}/{STATE_DIR}/{MANIFEST}") as fh:
             manifest = json.loads(fh.read())
         with fs.open_input_stream(f"{root}/{STATE_DIR}/train.json") as fh:
-            step = int(json.loads(fh.read())["step"])
+            train = json.loads(fh.read())
+        step = int(train["step"])
     except (OSError, ValueError, KeyError):
         return "no readable manifest (the checkpoint was not finished)", None
-    try:  # a sharded checkpoint: every rank's manifest too
+    try:  # every rank's manifest too
         with fs.open_input_stream(f"{root}/{STATE_DIR}/{SHARDING}") as fh:
-            world = _world_size(json.loads(fh.read()))
-    except (OSError, ValueError, KeyError):
-        world = 1
-    for r in range(1, world):
+            sharding = json.loads(fh.read())
+    except (OSError, ValueError):
+        sharding = None
+    for r in range(1, _world_size(train, sharding)):
         try:
             with fs.open_input_stream(f"{root}/{STATE_DIR}/MANIFEST.rank{r}.json") as fh:
                 manifest = {**manifest, **json.loads(fh.read())}

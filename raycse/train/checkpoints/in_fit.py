@@ -76,7 +76,8 @@ class Checkpointer:
         # checkpoint on this machine to remove: it holds the weights and optimizer state
         tmp = private_tempdir("raycse-ckpt-")
         try:
-            state, e = {**metrics, "initial": initial}, self.engine
+            state, e = {**metrics, "initial": initial, "world_size": self.world_size}, self.engine
+            ckpt.write_rng(tmp, self.rank)  # (first: each rank's manifest covers its random state)
             if self.rank == 0 and layout is not None:
                 layout.save(tmp / ckpt.STATE_DIR)
             if is_sharded(e.core):  # (every rank: its shards, and its part of gathering the whole model)
@@ -85,7 +86,8 @@ class Checkpointer:
                 ckpt.write_sharded(tmp, e.core, e.opt, e.sched, state, self.rank, self.world_size, self.export)
             elif self.rank == 0:
                 ckpt.write(tmp, e.core, e.opt, e.sched, state)
-            ckpt.write_rng(tmp, self.rank)
+            else:
+                ckpt.write_rank_part(tmp, self.rank)
             self.session.report({**metrics, "checkpoint_seconds": self.seconds,
                                  "checkpoint_upload": "async" if self.upload_async else "sync"}, str(tmp),
                                 self.upload_async)
