@@ -233,9 +233,14 @@ def tempfile_short() -> str:
 # test_regroup.py (SIGKILL of a worker; the batches replayed equal an uninterrupted run's, weights to
 # the bit) and test_multinode.py (a worker node removed; the default random order, checkpoints on S3).
 def test_truncated_checkpoint_is_skipped_with_a_warning(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path, capsys):
+    """The worker loop in the test process (tests/local_session.py: what this proves is the checkpointer's choice,
+    not Ray Train's start): a checkpoint cut short in storage is passed over, named, and the run resumes from the
+    one before it; the second run copies its checkpoints in the background (async) and waits for each."""
+    from local_session import fit_in_process
+
     from raycse.config import RunConfig
     from raycse.train.checkpoints import files as ckpt
-    from raycse.train.driver import train
+    from raycse.train.fit import report_resume
     from raycse.train.plan import TuneHooks
 
     run = RunConfig()
@@ -245,9 +250,9 @@ def test_truncated_checkpoint_is_skipped_with_a_warning(ray_cluster, tiny_model,
     run.train.max_steps, run.train.checkpoint_steps, run.train.epochs = 6, 2, 3
     run.eval.stsb_dev, run.eval.eval_steps = str(stsb_dev), 1000
     run.output_dir = str(tmp_path / "a")
-    run.train.checkpoint_upload = "sync"  # (the run that resumes below copies them in the background: async)
+    run.train.checkpoint_upload = "sync"
     store = tmp_path / "store"
-    assert train(run, storage_path=str(store), hooks=TuneHooks(stop_at=6)).metrics["last"]["checkpoint_upload"] == "sync"
+    assert fit_in_process(run, store, hooks=TuneHooks(stop_at=6)).last["checkpoint_upload"] == "sync"
     dirs = sorted(d for d in (store / "train").glob("checkpoint_*") if d.is_dir())
     steps = {d: ckpt.step_of(d) for d in dirs}
     latest = max(dirs, key=steps.get)
@@ -258,10 +263,11 @@ def test_truncated_checkpoint_is_skipped_with_a_warning(ray_cluster, tiny_model,
     assert step == 4 and Path(path) != latest
     capsys.readouterr()
     run.output_dir, run.train.max_steps, run.train.checkpoint_upload = str(tmp_path / "b"), 8, "async"
-    result = train(run, storage_path=str(store))
+    fit = fit_in_process(run, store)
+    report_resume(fit.last["resumed"])  # (what the driver says after the fit)
     out = capsys.readouterr().out
     assert f"skipped damaged checkpoint {latest.name}" in out and "resumed from step 4" in out
-    assert result.metrics["last"]["step"] == 8 and result.metrics["last"]["checkpoint_upload"] == "async"
+    assert fit.last["step"] == 8 and fit.last["checkpoint_upload"] == "async"
 
 
 def test_waiting_for_a_checkpoint_upload_is_bounded(tmp_path):
