@@ -16,8 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 
 def whole_checkpoints(s3, bucket: str, prefix: str) -> list:
+    """The checkpoint folders holding both ranks' manifests (a checkpoint is whole with every rank's part)."""
     listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
-    return [o["Key"] for o in listed if o["Key"].endswith("state/MANIFEST.json")]
+    keys = {o["Key"] for o in listed}
+    return [k[: -len("state/MANIFEST.json")] for k in sorted(keys) if k.endswith("state/MANIFEST.json")
+            and k.replace("MANIFEST.json", "MANIFEST.rank1.json") in keys]
 
 
 def private_ray_address() -> str:
