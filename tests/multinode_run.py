@@ -7,12 +7,19 @@ does not.) Prints one JSON line with what the test checks."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def whole_checkpoints(s3, bucket: str, prefix: str) -> list:
@@ -64,7 +71,7 @@ def replace_a_node_mid_run(cluster, workers, s3, tiny_model: str, stsb_dev: str,
         if len(whole_checkpoints(s3, "raycse-multinode", "ckpt-replaced/")) >= 2:
             removed = workers[1]
             cluster.remove_node(removed, allow_graceful=False)
-            replacement = cluster.add_node(num_cpus=1)
+            replacement = cluster.add_node(num_cpus=1, dashboard_agent_listen_port=free_port())
             break
         time.sleep(0.2)
     thread.join(timeout=600)
@@ -121,8 +128,12 @@ def main(tiny_model: str, corpus: str, big_corpus: str, stsb_dev: str, port: int
     import ray
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "dashboard_host": "127.0.0.1"})
-    workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    # ports of its own: Ray's defaults (a dashboard on 8265, agents on 52365) belong to the README head's test,
+    # which is skipped when it finds them taken (it ran beside this one in a whole-suite run)
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "dashboard_host": "127.0.0.1", "dashboard_port": free_port(),
+        "dashboard_agent_listen_port": free_port()})
+    workers = [cluster.add_node(num_cpus=1, dashboard_agent_listen_port=free_port()) for _ in range(2)]
     cluster.wait_for_nodes(timeout=120)
     ray.init(address=cluster.address)
     try:
