@@ -213,7 +213,7 @@ def bare_env(**variables) -> dict:
     Ray Train poll) plus ``variables``."""
     logs = {"RAYCSE_LOG_DIR": os.environ["RAYCSE_LOG_DIR"]} if "RAYCSE_LOG_DIR" in os.environ else {}
     return {"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", RAY_TRAIN_POLL[0]: RAY_TRAIN_POLL[1], **logs,
-            **variables}
+            **census_env(), **variables}
 
 
 @pytest.fixture(scope="session")
@@ -250,16 +250,65 @@ def pytest_configure(config):
     os.environ["RAYCSE_CACHE"] = config._raycse_cache
     config._raycse_logs = str(private_tempdir("raycse-test-logs-"))  # the commands' log files (platform.console)
     os.environ["RAYCSE_LOG_DIR"] = config._raycse_logs
+    start_census(config)
     # Ray Train's controller polls its workers every 2 s (Ray's default), so it sees a fit's end late;
     # every Ray started from here inherits 0.2 s (benchmarks/results/2026-11-30-session48.json)
     os.environ.setdefault(RAY_TRAIN_POLL[0], RAY_TRAIN_POLL[1])
+
+
+# The fit census (RAYCSE_TEST_FITS=FILE): which tests start an end-to-end Ray Train fit or Tune search, found
+# where raycse calls Ray (tests/census/sitecustomize.py, on the PYTHONPATH of every process the tests start);
+# FILE gets {test: the doors it went through}, and the run's summary says how many tests fit end to end.
+FITS_ENV = "RAYCSE_TEST_FITS"
+CENSUS = Path(__file__).with_name("census")
+
+
+def census_env() -> dict:
+    """What a script's environment built from nothing needs for the census (nothing when it is off)."""
+    keys = ("RAYCSE_TEST_FITS_DIR", "PYTHONPATH", "PYTEST_CURRENT_TEST")
+    return {k: os.environ[k] for k in keys if os.environ.get(FITS_ENV) and k in os.environ}
+
+
+def start_census(config) -> None:
+    if not os.environ.get(FITS_ENV):
+        return
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # (the controlling process; its workers inherit the folder)
+        from raycse.platform.staging import private_tempdir
+
+        config._raycse_fits = str(private_tempdir("raycse-test-fits-"))
+        os.environ["RAYCSE_TEST_FITS_DIR"] = config._raycse_fits
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(CENSUS), os.environ.get("PYTHONPATH"))))
+    sys.path.insert(0, str(CENSUS))
+    import sitecustomize  # noqa: F401  (this process: started before the folder was on its PYTHONPATH)
+
+    for name in sitecustomize.DOORS:
+        if name in sys.modules:
+            sitecustomize.wrap(sys.modules[name])
+
+
+def census() -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for part in Path(os.environ["RAYCSE_TEST_FITS_DIR"]).glob("*.txt"):
+        for line in part.read_text().splitlines():
+            test, door = line.split("\t")
+            found.setdefault(plain_nodeid(test), []).append(door)
+    return dict(sorted(found.items()))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if getattr(config, "_raycse_fits", None):
+        found = census()
+        Path(os.environ[FITS_ENV]).write_text(json.dumps(found, indent=1) + "\n")
+        doors = sum(len(v) for v in found.values())
+        terminalreporter.write_line(f"fit census: {len(found)} tests fit or search end to end ({doors} calls), "
+                                    f"listed in {os.environ[FITS_ENV]}")
 
 
 def pytest_unconfigure(config):
     import shutil
 
     for path in (getattr(config, "_raycse_cache", ""), getattr(config, "_raycse_tmp", ""),
-                 getattr(config, "_raycse_logs", "")):
+                 getattr(config, "_raycse_logs", ""), getattr(config, "_raycse_fits", "")):
         if path:
             shutil.rmtree(path, ignore_errors=True)
 
