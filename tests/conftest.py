@@ -256,17 +256,25 @@ def pytest_configure(config):
     os.environ.setdefault(RAY_TRAIN_POLL[0], RAY_TRAIN_POLL[1])
 
 
-# The fit census (RAYCSE_TEST_FITS=FILE): which tests start an end-to-end Ray Train fit or Tune search, found
-# where raycse calls Ray (tests/census/sitecustomize.py, on the PYTHONPATH of every process the tests start);
-# FILE gets {test: the doors it went through}, and the run's summary says how many tests fit end to end.
+# The fit census (RAYCSE_TEST_FITS=FILE): which tests start an end-to-end Ray Train fit or Tune search, seen at
+# Ray's trainer and Tuner by tests/census/fit_census.py, which every Python process of the suite's environment
+# imports while the census is on (a .pth file in site-packages for the run); FILE gets {test: its fits}, and the
+# run's summary says how many tests fit end to end.
 FITS_ENV = "RAYCSE_TEST_FITS"
 CENSUS = Path(__file__).with_name("census")
+CENSUS_PTH = "zz_raycse_test_fit_census.pth"
 
 
 def census_env() -> dict:
     """What a script's environment built from nothing needs for the census (nothing when it is off)."""
-    keys = ("RAYCSE_TEST_FITS_DIR", "PYTHONPATH", "PYTEST_CURRENT_TEST")
+    keys = ("RAYCSE_TEST_FITS_DIR", "PYTEST_CURRENT_TEST")
     return {k: os.environ[k] for k in keys if os.environ.get(FITS_ENV) and k in os.environ}
+
+
+def _census_pth() -> Path:
+    import sysconfig
+
+    return Path(sysconfig.get_paths()["purelib"]) / CENSUS_PTH
 
 
 def start_census(config) -> None:
@@ -277,21 +285,31 @@ def start_census(config) -> None:
 
         config._raycse_fits = str(private_tempdir("raycse-test-fits-"))
         os.environ["RAYCSE_TEST_FITS_DIR"] = config._raycse_fits
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(CENSUS), os.environ.get("PYTHONPATH"))))
-    sys.path.insert(0, str(CENSUS))
-    import sitecustomize  # noqa: F401  (this process: started before the folder was on its PYTHONPATH)
+        _census_pth().write_text(f"{CENSUS}\nimport fit_census\n")
+    import importlib
 
-    for name in sitecustomize.DOORS:
-        if name in sys.modules:
-            sitecustomize.wrap(sys.modules[name])
+    sys.path.insert(0, str(CENSUS))
+    importlib.import_module("fit_census")  # (this process started before the .pth was there)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """The census's record of the test this process runs (tests/census/fit_census.py: a fit's nearest pytest)."""
+    if os.environ.get(FITS_ENV) and os.environ.get("RAYCSE_TEST_FITS_DIR"):
+        Path(os.environ["RAYCSE_TEST_FITS_DIR"], f"current-{os.getpid()}").write_text(plain_nodeid(item.nodeid))
 
 
 def census() -> dict[str, list[str]]:
+    """test -> its fits and searches, each "Class.fit on the shared Ray" or "... on a Ray of its own" (a raycse
+    command's private Ray, a cluster the test started, a job's)."""
+    folder = Path(os.environ["RAYCSE_TEST_FITS_DIR"])
+    shared = {p.read_text() for p in folder.glob("shared-*.addr")}
     found: dict[str, list[str]] = {}
-    for part in Path(os.environ["RAYCSE_TEST_FITS_DIR"]).glob("*.txt"):
+    for part in folder.glob("*.txt"):
         for line in part.read_text().splitlines():
-            test, door = line.split("\t")
-            found.setdefault(plain_nodeid(test), []).append(door)
+            test, door, address = line.split("\t")
+            where = "the shared Ray" if address in shared else "a Ray of its own"
+            found.setdefault(plain_nodeid(test), []).append(f"{door} on {where}")
     return dict(sorted(found.items()))
 
 
@@ -299,14 +317,17 @@ def pytest_terminal_summary(terminalreporter, config):
     if getattr(config, "_raycse_fits", None):
         found = census()
         Path(os.environ[FITS_ENV]).write_text(json.dumps(found, indent=1) + "\n")
-        doors = sum(len(v) for v in found.values())
-        terminalreporter.write_line(f"fit census: {len(found)} tests fit or search end to end ({doors} calls), "
-                                    f"listed in {os.environ[FITS_ENV]}")
+        own = [t for t, fits in found.items() if any(f.endswith("of its own") for f in fits)]
+        terminalreporter.write_line(
+            f"fit census: {len(found)} tests fit or search end to end ({sum(map(len, found.values()))} fits and "
+            f"searches), {len(own)} of them on a Ray of their own; listed in {os.environ[FITS_ENV]}")
 
 
 def pytest_unconfigure(config):
     import shutil
 
+    if getattr(config, "_raycse_fits", ""):
+        _census_pth().unlink(missing_ok=True)
     for path in (getattr(config, "_raycse_cache", ""), getattr(config, "_raycse_tmp", ""),
                  getattr(config, "_raycse_logs", ""), getattr(config, "_raycse_fits", "")):
         if path:
@@ -500,6 +521,9 @@ def ray_cluster():
 
         # the product's own local cluster (raycse.platform.ray_session.ensure_ray), with a smaller object store
         start_local_ray(4, object_store_memory=512 * 2**20, log_to_driver=True, configure_logging=False)
+    if os.environ.get("RAYCSE_TEST_FITS_DIR"):  # (the census tells fits on this Ray from fits on a Ray of their own)
+        Path(os.environ["RAYCSE_TEST_FITS_DIR"], f"shared-{os.getpid()}.addr").write_text(
+            ray.get_runtime_context().gcs_address)
     yield ray
     ray.shutdown()
 

@@ -80,18 +80,20 @@ class LocalFit:
         return out
 
 
-def fit_in_process(run, storage: Path, run_name: str = "train", hooks=None, callbacks=()) -> LocalFit:
+def fit_in_process(run, storage: Path, run_name: str = "train", hooks=None, callbacks=(), source=None) -> LocalFit:
     """``run`` checked, planned and trained as `raycse train` does, its one worker in this process (checkpoints under
-    ``storage/run_name``)."""
+    ``storage/run_name``); ``source``: the corpus as an object, as ``raycse.train(run, corpus=...)`` hands it."""
     from raycse.platform.ray_session import ensure_ray
     from raycse.train.driver import checked_inputs, plan_fit
     from raycse.train.loop import run_worker
     from raycse.train.plan import TuneHooks
 
-    inputs = checked_inputs(run, False, str(storage), run_name, False, callbacks)
+    if source is not None and not run.data.corpus:  # (as raycse.train.driver.train names it)
+        run = run.resolved({"data.corpus": f"<{type(source).__name__}>"})
+    inputs = checked_inputs(run, False, str(storage), run_name, source is not None, callbacks)
     assert inputs.run.train.num_workers == 1, "a session in this process is one worker"
     ensure_ray()
-    planned = plan_fit(inputs.run, inputs, hooks or TuneHooks(), None, storage, (), None)
+    planned = plan_fit(inputs.run, inputs, hooks or TuneHooks(), source, storage, (), None)
     session, threads = LocalSession(planned.plan.checkpoint_dir), torch.get_num_threads()
     try:
         run_worker(planned.plan, session)

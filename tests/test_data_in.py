@@ -103,17 +103,21 @@ def test_objects_handed_to_the_python_api(ray_cluster, tmp_path):
 
 
 def test_raycse_train_takes_a_datasets_dataset(ray_cluster, tiny_model, stsb_dev, tmp_path):
-    import raycse
+    """A ``datasets.Dataset`` handed over as the corpus (``raycse.train(run, corpus=...)``) is read by the driver's plan
+    and trained on by the worker loop (both in this process: tests/local_session.py); the published output holds the
+    model."""
+    from local_session import fit_in_process
 
     run = RunConfig()
     run.model.name_or_path, run.model.max_length = str(tiny_model), 16
     run.train.batch_size, run.train.max_steps, run.train.cpus_per_worker = 8, 2, 1
     run.eval.stsb_dev = str(stsb_dev)
     run.output_dir = str(tmp_path / "out")
-    result = raycse.train(run, corpus=datasets.Dataset.from_dict({"text": SENTENCES}))
-    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
-    assert metrics["num_examples"] == 40 and metrics["last"]["step"] == 2
-    assert (tmp_path / "out" / "model" / "config.json").is_file() and result.model_dir.endswith("model")
+    fit = fit_in_process(run, tmp_path / "ckpt", source=datasets.Dataset.from_dict({"text": SENTENCES}))
+    assert fit.planned.num_examples == 40 and fit.last["step"] == 2
+    out = fit.publish(tmp_path / "out")
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["num_examples"] == 40 and metrics["last"]["step"] == 2 and (out / "model" / "config.json").is_file()
 
 
 def test_the_sample_corpus_is_found_through_its_setting_then_the_hub_cache(tmp_path):

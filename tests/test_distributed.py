@@ -1,7 +1,5 @@
 """2 workers x batch b == 1 worker x batch 2b: same loss and gradients (gathered negatives with grad)."""
 
-import sys
-
 import pytest
 import torch
 
@@ -29,39 +27,41 @@ def _loss_and_grads(module, texts, max_length=32):
     return loss.detach(), {n: p.grad.detach().clone() for n, p in core.named_parameters() if p.grad is not None}
 
 
-def probe_loop(config):
-    """Runs on each Ray Train worker: one forward/backward on this rank's slice of the global batch."""
-    import ray.train
-    import ray.train.torch
+def probe_worker(rank: int, world: int, port: int, run_dict: dict, out: str) -> None:
+    """One of 2 gloo processes, as a Ray Train worker is (DDP, which Ray Train's ``prepare_model`` wraps): one
+    forward/backward on this rank's slice of the global batch."""
+    import os
+
     import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
 
     from raycse.platform.process_state import seed_everything
 
-    ctx = ray.train.get_context()
-    rank = ctx.get_world_rank()
-    run = RunConfig.from_dict(config["run"])
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
     seed_everything(0)
-    module = ray.train.torch.prepare_model(build_module(run))
-    loss, grads = _loss_and_grads(module, config["texts"][rank * B:(rank + 1) * B])  # DDP averages grads
+    module = DistributedDataParallel(build_module(RunConfig.from_dict(run_dict)))
+    loss, grads = _loss_and_grads(module, TEXTS[rank * B:(rank + 1) * B])  # DDP averages grads
     dist.all_reduce(loss)
     if rank == 0:
-        torch.save({"loss": loss / ctx.get_world_size(), "grads": grads}, config["out"])
-    ray.train.report({"done": 1})
+        torch.save({"loss": loss / world, "grads": grads}, out)
+    dist.destroy_process_group()
 
 
-def test_two_workers_match_one_worker_with_double_batch(ray_cluster, tiny_model_no_dropout, tmp_path):
-    import ray.cloudpickle
-    from ray.train import RunConfig as TrainRunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+@pytest.mark.full_tier  # (two spawned torch processes)
+def test_two_workers_match_one_worker_with_double_batch(tiny_model_no_dropout, tmp_path):
+    import socket
 
+    from conftest import spawn_gloo
     from raycse.platform.process_state import seed_everything
 
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     run = _run_config(str(tiny_model_no_dropout))
     out = tmp_path / "probe.pt"
-    TorchTrainer(probe_loop, train_loop_config={"run": run.to_dict(), "texts": TEXTS, "out": str(out)},
-                 scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
-                 run_config=TrainRunConfig(name="probe", storage_path=str(tmp_path / "ray"))).fit()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    spawn_gloo(probe_worker, (2, port, run.to_dict(), str(out)))
     two = torch.load(out)
 
     seed_everything(0)

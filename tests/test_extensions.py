@@ -198,24 +198,31 @@ def _recorder_class():
 
 
 def test_user_callbacks_run_at_each_step_evaluation_and_checkpoint(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path):
-    import raycse
+    """The worker loop (in this process, tests/local_session.py) calls a run's callbacks at each logged step,
+    evaluation and checkpoint, the evaluation before its checkpoint; a rank other than 0 calls none."""
+    from local_session import fit_in_process
     from raycse.config import RunConfig
+    from raycse.train.callbacks import Callbacks
 
     run = RunConfig.from_dict({"model": {"name_or_path": str(tiny_model), "max_length": 16},
                                "data": {"corpus": str(corpus)}, "output_dir": str(tmp_path / "out"),
-                               "train": {"num_workers": 2, "cpus_per_worker": 1, "batch_size": 8, "max_steps": 8,
-                                         "log_steps": 2},
+                               "train": {"batch_size": 8, "max_steps": 8, "log_steps": 2},
                                "eval": {"stsb_dev": str(stsb_dev), "eval_steps": 4}})
     calls = tmp_path / "calls.jsonl"
-    result = raycse.train(run, callbacks=[_recorder_class()(calls)])
+    fit = fit_in_process(run, tmp_path / "ckpt", callbacks=[_recorder_class()(calls)])
     seen = [json.loads(line) for line in calls.read_text().splitlines()]
-    assert [c["step"] for c in seen if c["hook"] == "step"] == [2, 4, 6, 8]  # rank 0 only: once each
+    assert [c["step"] for c in seen if c["hook"] == "step"] == [2, 4, 6, 8]
     assert all(c["keys"] == ["epoch", "examples_per_s", "loss", "lr"] for c in seen if c["hook"] == "step")
     evals = {c["step"]: c["score"] for c in seen if c["hook"] == "eval"}
-    assert sorted(evals) == [4, 8] and evals[8] == pytest.approx(result.metrics["last"]["stsb_dev_spearman"])
+    assert sorted(evals) == [4, 8] and evals[8] == pytest.approx(fit.last["stsb_dev_spearman"])
     assert [c["step"] for c in seen if c["hook"] == "checkpoint"] == [4, 8]
     order = [(c["hook"], c["step"]) for c in seen]
     assert order.index(("eval", 4)) < order.index(("checkpoint", 4))
+    other = Callbacks([_recorder_class()(tmp_path / "rank1.jsonl")], rank=1)
+    other.on_step(2, {"loss": 1.0})
+    other.on_eval(4, 0.5, {})
+    other.on_checkpoint(4, {})
+    assert not (tmp_path / "rank1.jsonl").exists()
 
 
 def test_a_callback_that_is_no_callback_or_does_not_pickle_is_refused_before_ray_starts(tiny_model, corpus, tmp_path):

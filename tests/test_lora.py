@@ -2,7 +2,7 @@
 frozen weights stay bit for bit; the adapted layer is W x + (alpha / r) B A x (Hu et al. 2021, Sec. 4.1),
 written here as its own loop over the formula, on raycse's unpadded path too; the saved model is the
 merged one sentence-transformers loads, with the adapter beside it for peft; a checkpoint restores
-the adapters and the optimizer; two Ray Train workers train and resume it."""
+the adapters and the optimizer; a run (its worker loop in the test process) trains, publishes and resumes it."""
 
 from __future__ import annotations
 
@@ -205,23 +205,25 @@ def test_set_reads_numbers_and_lists_and_sgopt_with_its_regularizer_is_refused(t
     assert not any("lora_" in n for n, _ in module.objective.frozen.named_parameters())  # F: the plain copy
 
 
-def test_two_workers_train_the_adapters_checkpoint_and_resume(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path,
-                                                              capsys):
-    """Ray Train with 2 workers (gloo): the output is the merged model and its adapter, the run says
-    what trains, and the same command again resumes from its last checkpoint."""
+def test_a_run_trains_the_adapters_publishes_the_merged_model_and_resumes(ray_cluster, tiny_model, corpus, stsb_dev,
+                                                                          tmp_path, capsys, caplog):
+    """`raycse train --lora ...` as its worker loop runs it (in this process: tests/local_session.py): the run says
+    what trains, the published output is the merged model and its adapter, and the same run again resumes from its
+    last checkpoint."""
     from sentence_transformers import SentenceTransformer
     from safetensors.torch import load_file
 
+    from local_session import fit_in_process, run_of
+    from raycse.train.fit import report_resume
+
     out, store = tmp_path / "out", tmp_path / "store"
-    argv = ["train", "--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", str(stsb_dev),
-            "--output", str(out), "--storage-path", str(store), "--num-workers", "2", "--batch-size", "8",
-            "--max-length", "16", "--max-steps", "4", "--eval-steps", "2", "--log-steps", "2",
+    argv = ["--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", str(stsb_dev), "--output", str(out),
+            "--batch-size", "8", "--max-length", "16", "--max-steps", "4", "--eval-steps", "2", "--log-steps", "2",
             "--lora", "{r: 4, alpha: 8}", "--set", "train.lr=1e-2"]
-    assert main(argv) == 0
-    printed = capsys.readouterr()
-    said = [line for line in (printed.out + printed.err).splitlines() if "trainable parameters:" in line]
-    # (any of them: a worker of an earlier fit on the shared Ray may forward its own line late, seen in a suite run)
-    assert any("LoRA r=4 alpha=8 on query, value" in line for line in said), said
+    fit = fit_in_process(run_of(argv), store)
+    said = [r.getMessage() for r in caplog.records if "trainable parameters:" in r.getMessage()]  # (rank 0's log)
+    assert len(said) == 1 and "LoRA r=4 alpha=8 on query, value" in said[0], said
+    fit.publish(out)
     base = load_file(str(tiny_model / "model.safetensors"))
     saved = load_file(str(out / "model" / "model.safetensors"))
     assert saved.keys() == base.keys()
@@ -233,9 +235,11 @@ def test_two_workers_train_the_adapters_checkpoint_and_resume(ray_cluster, tiny_
     card = (out / "model" / "README.md").read_text()
     assert "## LoRA adapter" in card and "r=4, alpha=8" in card
     assert json.loads((out / "metrics.json").read_text())["last"]["step"] == 4
-    assert main([*argv, "--overwrite"]) == 0
+    capsys.readouterr()
+    again = fit_in_process(run_of(argv), store)
+    report_resume(again.last["resumed"])  # (what the driver says after the fit)
     assert "resumed from step 4" in capsys.readouterr().out
-    assert load_file(str(out / "model" / "model.safetensors")).keys() == saved.keys()
+    assert again.last["step"] == 4 and load_file(str(again.model_dir() / "model.safetensors")).keys() == saved.keys()
 
 
 def test_targets_the_model_lacks_are_refused_before_anything_starts(tiny_model, corpus, tmp_path, capsys):
