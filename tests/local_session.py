@@ -85,7 +85,6 @@ def fit_in_process(run, storage: Path, run_name: str = "train", hooks=None, call
     ``storage/run_name``); ``source``: the corpus as an object, as ``raycse.train(run, corpus=...)`` hands it."""
     from raycse.platform.ray_session import ensure_ray
     from raycse.train.driver import checked_inputs, plan_fit
-    from raycse.train.loop import run_worker
     from raycse.train.plan import TuneHooks
 
     if source is not None and not run.data.corpus:  # (as raycse.train.driver.train names it)
@@ -93,13 +92,48 @@ def fit_in_process(run, storage: Path, run_name: str = "train", hooks=None, call
     inputs = checked_inputs(run, False, str(storage), run_name, source is not None, callbacks)
     assert inputs.run.train.num_workers == 1, "a session in this process is one worker"
     ensure_ray()
-    planned = plan_fit(inputs.run, inputs, hooks or TuneHooks(), source, storage, (), None)
+    return run_here(plan_fit(inputs.run, inputs, hooks or TuneHooks(), source, storage, (), None))
+
+
+def run_here(planned) -> LocalFit:
+    """The planned fit's one worker, in this process."""
+    from raycse.train.loop import run_worker
+
     session, threads = LocalSession(planned.plan.checkpoint_dir), torch.get_num_threads()
     try:
         run_worker(planned.plan, session)
     finally:
         torch.set_num_threads(threads)  # (the worker sets its own: this process goes on with its tests)
     return LocalFit(planned, session.reports)
+
+
+def in_process_fits(monkeypatch) -> list:
+    """`raycse train` (raycse.train.driver.train, the CLI's and the API's) with its fit run by one worker in this
+    process instead of Ray Train's: the driver's checks, output claim, tracking, best-checkpoint choice, publish and
+    summary run as they are. Returns the list each fit's :class:`LocalFit` is appended to."""
+    from types import SimpleNamespace
+
+    import ray.train
+
+    from raycse.train import driver
+    from raycse.train.fit import report_resume
+    from raycse.train.publishing import best_checkpoint
+
+    fits = []
+
+    def fit_here(run, inputs, hooks, source, staging, tracking, live):  # (raycse.train.driver._fit's signature)
+        assert run.train.num_workers == 1, "a session in this process is one worker"
+        fit = run_here(driver.plan_fit(run, inputs, hooks, source, staging, tracking, live))
+        fits.append(fit)
+        reported = [(ray.train.Checkpoint(str(path)), metrics) for metrics, path in fit.reports]
+        result = SimpleNamespace(checkpoint=reported[-1][0] if reported else None, metrics=fit.last,
+                                 best_checkpoints=reported)  # (what Ray Train's Result gives the driver)
+        report_resume(fit.last.get("resumed"))
+        best, best_metrics = best_checkpoint(result, inputs.dev)
+        return best, fit.planned.summary(fit.last, best_metrics, [0.0])
+
+    monkeypatch.setattr(driver, "_fit", fit_here)
+    return fits
 
 
 def run_of(argv: list) -> object:

@@ -114,44 +114,83 @@ def _tree_text(root: Path) -> str:
     return "\n".join(p.read_bytes().decode("latin-1") for p in root.rglob("*") if p.is_file())
 
 
-def test_train_with_corpus_checkpoints_and_output_on_s3_then_eval(ray_cluster, s3_server, tiny_model, corpus,
-                                                                    stsb_dev, tmp_path, capsys):
-    """Also issue 41: credentials inside the corpus, model and output URIs (and eval's and mine's) work
-    and appear in no object, local file or printed line."""
+def test_train_on_s3_killed_resumes_publishes_whole_then_eval_and_mine(ray_cluster, s3_server, tiny_model, stsb_dev,
+                                                                         tmp_path, capsys):
+    """`raycse train` with its model, corpus, checkpoints and output on S3 on 2 workers: the driver killed mid-run
+    (a lost session) leaves no half output; the same command again resumes from a checkpoint there, ends with the
+    planned steps and publishes the output whole; eval and mine then read the model there. Also issue 41:
+    credentials inside the model, corpus and output URIs (and eval's and mine's) work and appear in no object,
+    local file or printed line."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
     import boto3
+
+    from conftest import make_sentences
 
     bucket = s3_server()
     s3 = boto3.client("s3")
-    s3.upload_file(str(corpus), bucket, "data/corpus.txt")
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(make_sentences(600, seed=4)) + "\n")
+    s3.upload_file(str(corpus), bucket, "data/c.txt")
     publish(tiny_model, f"s3://{bucket}/base")  # the starting model, on S3 too
-    out = f"s3://{bucket}/runs/simcse"
-    argv = ["train", "--model", _secret_uri(f"s3://{bucket}/base"), "--corpus",
-            _secret_uri(f"s3://{bucket}/data/corpus.txt"), "--output", _secret_uri(out),
-            "--storage-path", f"s3://{bucket}/checkpoints", "--stsb-dev", str(stsb_dev), "--num-workers", "2",
-            "--cpus-per-worker", "1", "--batch-size", "16", "--max-length", "16", "--max-steps", "6",
-            "--eval-steps", "3"]
+    out = f"s3://{bucket}/out"
+    argv = ["train", "--model", _secret_uri(f"s3://{bucket}/base"), "--corpus", _secret_uri(f"s3://{bucket}/data/c.txt"),
+            "--output", _secret_uri(out), "--storage-path", f"s3://{bucket}/ckpt", "--stsb-dev", str(stsb_dev),
+            "--num-workers", "2", "--cpus-per-worker", "1", "--batch-size", "8", "--max-length", "16",
+            "--epochs", "2", "--max-steps", "40", "--eval-steps", "1000", "--log-steps", "5",
+            "--set", "train.checkpoint_steps=4"]
     before = set(p.name for p in tmp_path.iterdir())
-    scratch = lambda: set(Path(tempfile.gettempdir()).glob("raycse-ckpt-*"))  # noqa: E731 - workers' local copies
-    scratch_before = scratch()
-    assert main(argv) == 0
+    output_builds = lambda: set(Path(tempfile.gettempdir()).glob("raycse-output-*"))  # noqa: E731 - local builds
+    builds_before = output_builds()
+    proc = subprocess.Popen([sys.executable, "-m", "raycse", *argv], env=joining(ray_cluster), start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def whole_checkpoints():
+        listed = s3.list_objects_v2(Bucket=bucket, Prefix="ckpt/train/").get("Contents", [])
+        return [o["Key"] for o in listed if o["Key"].endswith("state/MANIFEST.json")]
+
+    deadline = time.time() + 300
+    try:
+        while len(whole_checkpoints()) < 2:
+            assert proc.poll() is None, "the run ended before it was killed"
+            assert time.time() < deadline, "no checkpoint reached S3 in time"
+            time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver dies mid-run, like a lost session
+        proc.wait()
+    assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="out/")  # no half-published output
+    left = output_builds() - builds_before
+    assert left  # the killed driver's local build of the output
+    time.sleep(3)  # Ray notices the dead driver and ends its Train run
+    capsys.readouterr()
+    worker_copies = lambda: set(Path(tempfile.gettempdir()).glob("raycse-ckpt-*"))  # noqa: E731 - workers' copies
+    copies_before = worker_copies()
+    assert main(argv) == 0  # the same command again
     printed = capsys.readouterr()
+    resumed = [line for line in printed.out.splitlines() if "resumed from step" in line]
+    assert resumed and int(resumed[0].split("resumed from step ")[1].split()[0]) >= 4, printed.out[-2000:]
     assert f"model saved to {out.replace('s3://', 's3://***@')}/model" in printed.out
     streams = printed.out + printed.err
-    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="runs/simcse/")["Contents"]}
-    assert {f"runs/simcse/{MANIFEST}", f"runs/simcse/model/{MANIFEST}", "runs/simcse/metrics.json",
-            "runs/simcse/model/config.json", "runs/simcse/model/README.md"} <= keys
-    # Ray Train copied each checkpoint (steps 3 and 6) to S3 in the background, whole: rank 0's
-    # manifest and both ranks' RNG states; then it removed the workers' local copies
-    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="checkpoints/", MaxKeys=5000)["Contents"]]
-    ckpts = sorted({k.split("/")[2] for k in keys if "/state/" in k})
-    assert len(ckpts) == 2, ckpts
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="out/")["Contents"]}
+    assert {f"out/{MANIFEST}", f"out/model/{MANIFEST}", "out/metrics.json", "out/model/config.json",
+            "out/model/README.md"} <= keys
+    # Ray Train copied each checkpoint to S3 in the background, whole: both ranks' manifests and RNG states; then
+    # it removed the workers' local copies
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="ckpt/", MaxKeys=5000)["Contents"]]
+    ckpts = sorted({k.split("/")[2] for k in keys if k.endswith("state/MANIFEST.json")})
+    assert len(ckpts) >= 2, ckpts
     for c in ckpts:
-        assert {f"checkpoints/train/{c}/state/{n}" for n in ("MANIFEST.json", "rng_rank0.pt", "rng_rank1.pt")} \
-            <= set(keys), c
-    assert not scratch() - scratch_before
+        assert {f"ckpt/train/{c}/state/{n}" for n in ("MANIFEST.json", "MANIFEST.rank1.json", "rng_rank0.pt",
+                                                      "rng_rank1.pt")} <= set(keys), c
+    assert not worker_copies() - copies_before
+    assert not any(p.exists() for p in left)  # the killed driver's build, removed by the run after it
     assert set(p.name for p in tmp_path.iterdir()) == before  # nothing but S3 received the run
-    metrics = json.loads(s3.get_object(Bucket=bucket, Key="runs/simcse/metrics.json")["Body"].read())
-    assert metrics["last"]["step"] == 6 and metrics["last"]["checkpoint_seconds"] > 0
+    metrics = json.loads(s3.get_object(Bucket=bucket, Key="out/metrics.json")["Body"].read())
+    assert metrics["last"]["step"] == 40 and metrics["last"]["checkpoint_seconds"] > 0
     assert metrics["last"]["checkpoint_upload"] == "async"  # auto: in the background to object storage
     # eval and mine by URIs with credentials; the same train again (the output exists) is refused in one line
     assert main(["eval", _secret_uri(f"{out}/model"), "--stsb-dev", str(stsb_dev)]) == 0
@@ -174,61 +213,6 @@ def test_train_with_corpus_checkpoints_and_output_on_s3_then_eval(ray_cluster, s
     assert "s3://***@" in streams and SECRET not in streams and "AKIDraycse41" not in streams
     assert SECRET not in _bucket_text(s3, bucket)  # config.yaml, metrics.json, the card, checkpoints
     assert SECRET not in _tree_text(tmp_path)
-
-
-def test_killed_driver_resumes_from_s3_and_ends_with_the_planned_steps(ray_cluster, s3_server, tiny_model,
-                                                                         stsb_dev, tmp_path, capsys):
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    import boto3
-
-    from conftest import make_sentences
-
-    bucket = s3_server()
-    s3 = boto3.client("s3")
-    corpus = tmp_path / "c.txt"
-    corpus.write_text("\n".join(make_sentences(600, seed=4)) + "\n")
-    s3.upload_file(str(corpus), bucket, "data/c.txt")
-    argv = ["train", "--model", str(tiny_model), "--corpus", f"s3://{bucket}/data/c.txt",
-            "--output", f"s3://{bucket}/out", "--storage-path", f"s3://{bucket}/ckpt", "--stsb-dev", str(stsb_dev),
-            "--num-workers", "2", "--cpus-per-worker", "1", "--batch-size", "8", "--max-length", "16",
-            "--epochs", "2", "--max-steps", "40", "--eval-steps", "1000", "--log-steps", "5",
-            "--set", "train.checkpoint_steps=4"]
-    env = joining(ray_cluster)
-    scratch = lambda: set(Path(tempfile.gettempdir()).glob("raycse-output-*"))  # noqa: E731 - local builds
-    before = scratch()
-    proc = subprocess.Popen([sys.executable, "-m", "raycse", *argv], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def whole_checkpoints():
-        listed = s3.list_objects_v2(Bucket=bucket, Prefix="ckpt/train/").get("Contents", [])
-        return [o["Key"] for o in listed if o["Key"].endswith("state/MANIFEST.json")]
-
-    deadline = time.time() + 300
-    try:
-        while len(whole_checkpoints()) < 2:
-            assert proc.poll() is None, "the run ended before it was killed"
-            assert time.time() < deadline, "no checkpoint reached S3 in time"
-            time.sleep(0.5)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver dies mid-run, like a lost session
-        proc.wait()
-    assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="out/")  # no half-published output
-    left = scratch() - before
-    assert left  # the killed driver's local build of the output
-    time.sleep(3)  # Ray notices the dead driver and ends its Train run
-    capsys.readouterr()
-    assert main(argv) == 0  # the same command again
-    out = capsys.readouterr().out
-    resumed = [line for line in out.splitlines() if "resumed from step" in line]
-    assert resumed and int(resumed[0].split("resumed from step ")[1].split()[0]) >= 4, out[-2000:]
-    metrics = json.loads(s3.get_object(Bucket=bucket, Key="out/metrics.json")["Body"].read())
-    assert metrics["last"]["step"] == 40
-    assert not any(p.exists() for p in left)  # removed by the run after it
 
 
 def test_tune_on_s3_interrupted_resumed_analyzed_and_exported(ray_cluster, s3_server, tiny_model, corpus, stsb_dev,

@@ -14,8 +14,9 @@ import pytest
 from raycse.cli import main
 from raycse.errors import DataError
 from raycse.platform.object_store import MANIFEST, fetch
+from raycse.train.callbacks import Callback
 
-from conftest import joining, own_lines, write_stsb
+from conftest import own_lines, write_stsb
 
 
 def _entry(data: bytes) -> dict:
@@ -611,29 +612,47 @@ def test_a_disk_that_fills_during_a_write_is_one_line_and_leaves_nothing(small_d
     assert [p.name for p in disk.iterdir()] == ["filler.bin"]
 
 
-def test_an_output_disk_filled_during_training_is_one_line_and_leaves_nothing(small_disk, tiny_model, corpus,
-                                                                             tmp_path, ray_cluster):
-    import time
+class _AtStep(Callback):
+    """``action(*args)`` once, at the logged step ``at``: something done to the output while the run trains (the fit's
+    worker runs in the test process here: tests/local_session.py)."""
 
-    from conftest import make_sentences
+    def __init__(self, at: int, action, *args):
+        self.at, self.action, self.args = at, action, args
+
+    def on_step(self, step: int, metrics: dict) -> None:
+        if step == self.at:
+            self.action(*self.args)
+
+
+def _put_notes(out: str) -> None:
+    Path(out).mkdir()
+    (Path(out) / "notes.txt").write_text("my notes")
+
+
+def _ten_steps(tiny_model, corpus, out):
+    """`raycse train`'s run of 10 steps, logged every 5."""
+    from local_session import run_of
+
+    return run_of(["--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", "none", "--batch-size", "8",
+                   "--max-length", "16", "--max-steps", "10", "--log-steps", "5", "--output", str(out)])
+
+
+def test_an_output_disk_filled_during_training_is_one_line_and_leaves_nothing(small_disk, tiny_model, corpus,
+                                                                             tmp_path, ray_cluster, monkeypatch):
+    """The output's disk fills while the run trains: the publish fails with the one line the CLI prints for a full
+    disk (exit 1), and the disk holds nothing of the run (no staging directory, no half model)."""
+    import raycse
+    from local_session import in_process_fits
+    from raycse.errors import disk_error_line
 
     disk = small_disk("out-disk", "8m")
-    corpus.write_text("\n".join(make_sentences(2000)) + "\n")
-    argv = ["train", "--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", "none", "--batch-size", "8",
-            "--max-length", "16", "--max-steps", "200", "--log-steps", "5", "--output", str(disk / "out"),
-            "--storage-path", str(tmp_path / "ck")]
-    proc = _start(argv, tmp_path, joining(ray_cluster))
-    _read_until(proc, r"\[raycse\] step \d+/200")
-    _fill(disk)  # the model is published to this disk at the end
-    tail = _rest(proc, 300)
-    assert proc.wait(timeout=10) == 1
-    own = [line for line in tail if line.startswith("raycse:")]
-    assert len(own) == 1 and own[0].startswith("raycse: error: No space left on device at ") and str(disk) in own[0], \
-        tail[-10:]
-    deadline = time.monotonic() + 10
-    while [p.name for p in disk.iterdir()] != ["filler.bin"] and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert [p.name for p in disk.iterdir()] == ["filler.bin"]  # no staging directory, no half model
+    in_process_fits(monkeypatch)
+    with pytest.raises(OSError) as err:
+        raycse.train(_ten_steps(tiny_model, corpus, disk / "out"), storage_path=str(tmp_path / "ck"),
+                     callbacks=[_AtStep(5, _fill, disk)])  # (the model is published to this disk at the end)
+    line = disk_error_line(err.value)
+    assert line and line.startswith("No space left on device at ") and str(disk) in line, line
+    assert [p.name for p in disk.iterdir()] == ["filler.bin"]
 
 
 def test_tilde_is_expanded_in_every_path_argument(tmp_path, monkeypatch, capsys):
@@ -685,29 +704,24 @@ def test_a_text_file_is_decoded_by_its_byte_order_mark(tmp_path, encoding):
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the run's lines as they come")
 def test_files_put_into_the_output_during_a_run_are_kept_and_the_run_says_where_its_model_is(tmp_path, tiny_model,
-                                                                                             ray_cluster):
+                                                                                             corpus, ray_cluster,
+                                                                                             monkeypatch):
     """The publish used to remove --output and rename the staged one in its place, rc 0: a file a user
-    (or another run) put there during the run was lost."""
+    (or another run) put there during the run was lost. Now the run ends with one line (a RaycseError: the CLI's
+    exit 2) naming where its output is kept."""
     import re
 
-    from conftest import make_sentences
+    import raycse
+    from local_session import in_process_fits
+    from raycse.platform.staging import OutputConflict
 
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(make_sentences(2000)) + "\n")
     out = tmp_path / "out"
-    proc = _start(["train", "--model", str(tiny_model), "--corpus", str(corpus), "--stsb-dev", "none",
-                   "--batch-size", "8", "--max-length", "16", "--max-steps", "200", "--log-steps", "5", "--output",
-                   str(out)], tmp_path, joining(ray_cluster))
-    _read_until(proc, r"\[raycse\] step \d+/200")
-    out.mkdir()
-    (out / "notes.txt").write_text("my notes")  # put there while the run trains
-    tail = _rest(proc, 300)
-    assert proc.wait(timeout=10) == 2
-    own = [line for line in tail if line.startswith("raycse:")]
-    assert len(own) == 1, tail[-10:]
-    found = re.fullmatch(rf"raycse: error: --output {re.escape(str(out))} changed since this run checked it, so "
-                         rf"nothing there was replaced; this run's output is kept at (\S+)\n", own[0])
-    assert found, own[0]
+    in_process_fits(monkeypatch)
+    with pytest.raises(OutputConflict) as err:
+        raycse.train(_ten_steps(tiny_model, corpus, out), callbacks=[_AtStep(5, _put_notes, str(out))])
+    found = re.fullmatch(rf"--output {re.escape(str(out))} changed since this run checked it, so nothing there was "
+                         rf"replaced; this run's output is kept at (\S+)", str(err.value))
+    assert found, str(err.value)
     assert (out / "notes.txt").read_text() == "my notes" and [p.name for p in out.iterdir()] == ["notes.txt"]
     kept = Path(found.group(1))
     assert (kept / "model" / "config.json").is_file() and (kept / "metrics.json").is_file()
