@@ -37,26 +37,26 @@ def test_starting_score_is_remembered_and_keyed_by_what_it_depends_on(ray_cluste
     registry = driver_registry()  # (started here if no earlier test trained in this process)
     started = len(run_registries())
     cache_file = tmp_path / "cache" / "initial_scores.json"
-    # Two fits carry the key from the driver to rank 0 and the score back (what auto, true and false
+    # A Ray Train fit carries the key from the driver to rank 0 and the score back (what auto, true and false
     # decide, with and without a remembered score: the fast test below)
     first = _run(tiny_model, corpus, dev, tmp_path / "a", before_training="true")  # (value: tested elsewhere)
     stored = json.loads(cache_file.read_text())
     assert list(stored.values()) == [first] and isinstance(first, float)
-    # a later run reads the number back instead of scoring (auto too): plant another value and see it
-    cache_file.write_text(json.dumps({k: 12.345 for k in stored}))
-    assert _run(tiny_model, corpus, dev, tmp_path / "b") == 12.345
     # the train() calls of this driver recorded their fits in its one registry: none started another
     assert len(run_registries()) == started and driver_registry() == registry
-    # the tests' worker loop in their own process (local_session) trains what the Ray Train worker trained
+    # a later run reads the number back instead of scoring (auto too): plant another value and see it; that run's
+    # worker in this process (tests/local_session.py), whose fit is the Ray Train worker's, weight for weight
     import torch
     from safetensors.torch import load_file
 
-    from local_session import fit_in_process
+    from local_session import in_process_fits
 
-    local = fit_in_process(_config(tiny_model, corpus, dev, tmp_path / "c"), tmp_path / "c-ckpt")
-    fitted = json.loads((tmp_path / "b" / "metrics.json").read_text())["last"]
-    assert local.last["loss_history"] == fitted["loss_history"] and local.last["step"] == fitted["step"] == 2
-    ours, theirs = (load_file(str(d / "model.safetensors")) for d in (local.model_dir(), tmp_path / "b" / "model"))
+    cache_file.write_text(json.dumps({k: 12.345 for k in stored}))
+    in_process_fits(monkeypatch)
+    assert _run(tiny_model, corpus, dev, tmp_path / "b") == 12.345
+    fitted, local = (json.loads((tmp_path / d / "metrics.json").read_text())["last"] for d in ("a", "b"))
+    assert local["loss_history"] == fitted["loss_history"] and local["step"] == fitted["step"] == 2
+    ours, theirs = (load_file(str(tmp_path / d / "model" / "model.safetensors")) for d in ("b", "a"))
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
     # the key follows the data, the model's files, the evaluation settings, and refuses a random head

@@ -223,11 +223,12 @@ def test_a_two_worker_sharded_checkpoint_resumes_on_one_worker_as_the_run_goes_o
 
 
 def test_a_sharded_fit_of_a_decoder_publishes_a_whole_model_and_resumes_on_one_worker(ray_cluster, corpus, stsb_dev,
-                                                                                     tmp_path, capsys):
+                                                                                     tmp_path, capsys, monkeypatch):
     """Items 1-3 through Ray Train: a tiny Qwen3 on 2 workers with --sharding fsdp --gradient-checkpointing, scored
     on STS-B dev (every worker encodes, rank 0 scores), checkpointed by every worker (DCP) into the run's storage;
     the published model is whole (sentence-transformers and AutoModel load it; its weights moved). The same run
-    again on 1 unsharded worker with the same global batch resumes from the sharded checkpoint."""
+    again on 1 unsharded worker with the same global batch resumes from the sharded checkpoint (that worker in the
+    test process: tests/local_session.py, what is proven there is the checkpoint's load)."""
     from safetensors.torch import load_file
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel
@@ -253,6 +254,9 @@ def test_a_sharded_fit_of_a_decoder_publishes_a_whole_model_and_resumes_on_one_w
     assert SentenceTransformer(str(out / "model"), device="cpu").encode(["the city river"]).shape == (1, 32)
     assert json.loads((out / "metrics.json").read_text())["last"]["step"] == 4
 
+    from local_session import in_process_fits
+
+    in_process_fits(monkeypatch)
     assert main([*argv, "--max-steps", "6", "--num-workers", "1", "--batch-size", "8",
                  "--overwrite"]) == 0
     assert "resumed from step 4" in capsys.readouterr().out
