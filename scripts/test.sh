@@ -4,6 +4,7 @@
 #   bash scripts/test.sh tests/test_x.py -k name  only what is named (any pytest arguments)
 #   bash scripts/test.sh --fast                   the fast tier: the tests that start no Ray and no server
 #   RAYCSE_TEST_WORKERS=1 bash scripts/test.sh    the suite in one process (default: 2)
+#   RAYCSE_TEST_FITS=FILE bash scripts/test.sh    and which tests fit or search end to end on Ray, into FILE
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
