@@ -47,7 +47,7 @@ RAY_FULL_TIER=(
   tests/test_release.py::test_a_run_on_rays_public_callbacks_alone_is_registered_and_released
   tests/test_grouping.py::test_exact_knn_matches_brute_force_and_shards_merge_identically
   tests/test_grouping.py::test_bad_corpora_give_one_clear_line
-  tests/test_storage.py::test_train_with_corpus_checkpoints_and_output_on_s3_then_eval
+  tests/test_storage.py::test_train_on_s3_killed_resumes_publishes_whole_then_eval_and_mine
   tests/test_autoscaling.py::test_a_training_job_grows_the_cluster_and_the_cluster_shrinks_after_it
   tests/test_autoscaling.py::test_tune_runs_as_many_trials_as_the_cluster_can_grow_to
   tests/test_data_in.py::test_objects_handed_to_the_python_api

@@ -157,7 +157,7 @@ _seconds: dict[str, float] = {}
 
 def pytest_sessionfinish(session):
     """Write the added-up seconds to RAYCSE_TEST_DURATIONS (from the controlling process alone), over the
-    file's earlier figures for the same tests; tests whose file is gone are dropped."""
+    file's earlier figures for the same tests; tests that are gone (their file, or their function) are dropped."""
     target = os.environ.get(DURATIONS_ENV)
     if not target or not _seconds or os.environ.get("PYTEST_XDIST_WORKER"):
         return
@@ -165,10 +165,17 @@ def pytest_sessionfinish(session):
     merged = json.loads(path.read_text()) if path.is_file() else {}
     merged.update({nodeid: round(s, 2) for nodeid, s in _seconds.items()})
     root = Path(session.config.rootpath)
-    merged = {k: v for k, v in sorted(merged.items()) if (root / k.split("::")[0]).is_file()}
+    merged = {k: v for k, v in sorted(merged.items()) if names_a_test(root, k)}
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(merged, indent=0) + "\n")
     tmp.replace(path)
+
+
+def names_a_test(root: Path, nodeid: str) -> bool:
+    """``file::test[params]`` names a test function still defined in that file (a renamed test's figure goes)."""
+    path, _, name = nodeid.partition("::")
+    name = name.split("[", 1)[0]
+    return (root / path).is_file() and f"\ndef {name}(" in (root / path).read_text()
 
 
 def private_env() -> dict:
