@@ -60,23 +60,34 @@ class LocalFit:
 
         return self.reports[index][1] / MODEL_DIR
 
-    def best(self) -> int:
-        """The index of the report the driver publishes: the best scored (a tie to the earlier step), else the last."""
-        key = self.planned.plan.run.eval.score_key()
-        scored = [i for i, (m, _) in enumerate(self.reports) if m.get(key) is not None]
-        return max(scored, key=lambda i: (self.reports[i][0][key], -self.reports[i][0]["step"])) if scored else -1
+    def result(self):
+        """What Ray Train's Result gives the driver of this fit: the last checkpoint and its metrics, and each reported
+        checkpoint with its metrics (all of them: nothing here evicts one)."""
+        from types import SimpleNamespace
 
-    def publish(self, out: Path, index: Optional[int] = None) -> Path:
-        """The driver's output of a reported checkpoint (the best by default): the model, its card, metrics.json and
-        config.yaml in ``out``."""
         import ray.train
+
+        reported = [(ray.train.Checkpoint(str(path)), metrics) for metrics, path in self.reports]
+        return SimpleNamespace(checkpoint=reported[-1][0] if reported else None, metrics=self.last,
+                               best_checkpoints=reported)
+
+    def best(self, dev) -> tuple:
+        """(checkpoint, its metrics) the driver publishes (raycse.train.publishing.best_checkpoint's choice), for the
+        model-selection data ``dev``."""
+        from raycse.train.publishing import best_checkpoint
+
+        return best_checkpoint(self.result(), dev)
+
+    def publish(self, out: Path) -> Path:
+        """The driver's output of the best checkpoint: the model, its card, metrics.json and config.yaml in ``out``."""
+        import ray
 
         from raycse.train.publishing import write_output
 
-        metrics, path = self.reports[self.best() if index is None else index]
+        plan = self.planned.plan
+        best, metrics = self.best(ray.get(plan.dev) if plan.dev is not None else None)
         out.mkdir(parents=True)
-        write_output(out, self.planned.plan.run, ray.train.Checkpoint(str(path)),
-                     self.planned.summary(self.last, metrics, [0.0]), str(out))
+        write_output(out, plan.run, best, self.planned.summary(self.last, metrics, [0.0]), str(out))
         return out
 
 
@@ -107,33 +118,21 @@ def run_here(planned) -> LocalFit:
     return LocalFit(planned, session.reports)
 
 
-def in_process_fits(monkeypatch) -> list:
+def in_process_fits(monkeypatch) -> None:
     """`raycse train` (raycse.train.driver.train, the CLI's and the API's) with its fit run by one worker in this
     process instead of Ray Train's: the driver's checks, output claim, tracking, best-checkpoint choice, publish and
-    summary run as they are. Returns the list each fit's :class:`LocalFit` is appended to."""
-    from types import SimpleNamespace
-
-    import ray.train
-
+    summary run as they are."""
     from raycse.train import driver
     from raycse.train.fit import report_resume
-    from raycse.train.publishing import best_checkpoint
-
-    fits = []
 
     def fit_here(run, inputs, hooks, source, staging, tracking, live):  # (raycse.train.driver._fit's signature)
         assert run.train.num_workers == 1, "a session in this process is one worker"
         fit = run_here(driver.plan_fit(run, inputs, hooks, source, staging, tracking, live))
-        fits.append(fit)
-        reported = [(ray.train.Checkpoint(str(path)), metrics) for metrics, path in fit.reports]
-        result = SimpleNamespace(checkpoint=reported[-1][0] if reported else None, metrics=fit.last,
-                                 best_checkpoints=reported)  # (what Ray Train's Result gives the driver)
         report_resume(fit.last.get("resumed"))
-        best, best_metrics = best_checkpoint(result, inputs.dev)
+        best, best_metrics = fit.best(inputs.dev)
         return best, fit.planned.summary(fit.last, best_metrics, [0.0])
 
     monkeypatch.setattr(driver, "_fit", fit_here)
-    return fits
 
 
 def run_of(argv: list) -> object:

@@ -51,17 +51,12 @@ def probe_worker(rank: int, world: int, port: int, run_dict: dict, out: str) -> 
 
 @pytest.mark.full_tier  # (two spawned torch processes)
 def test_two_workers_match_one_worker_with_double_batch(tiny_model_no_dropout, tmp_path):
-    import socket
-
-    from conftest import spawn_gloo
+    from conftest import _free_port, spawn_gloo
     from raycse.platform.process_state import seed_everything
 
     run = _run_config(str(tiny_model_no_dropout))
     out = tmp_path / "probe.pt"
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    spawn_gloo(probe_worker, (2, port, run.to_dict(), str(out)))
+    spawn_gloo(probe_worker, (2, _free_port(), run.to_dict(), str(out)))
     two = torch.load(out)
 
     seed_everything(0)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
@@ -118,15 +117,12 @@ def _worker(rank: int, world: int, port: int, model: str, objective: str, out: s
 
 
 def _spawn(tmp_path: Path, objective: str, decoder: bool = False, from_ddp: bool = False) -> tuple[str, dict]:
-    from conftest import make_tiny_decoder, spawn_gloo
+    from conftest import _free_port, make_tiny_decoder, spawn_gloo
 
     # (no dropout: 1 worker draws no 2 workers' masks; the Qwen3's rotary frequencies are a buffer outside the state
     # dict, which rank 1, built on the meta device, receives from rank 0)
     model = str(make_tiny_decoder(tmp_path / "qwen3") if decoder else make_tiny_model(tmp_path / "tiny", dropout=0.0))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    spawn_gloo(_worker, (2, port, model, objective, str(tmp_path), from_ddp))
+    spawn_gloo(_worker, (2, _free_port(), model, objective, str(tmp_path), from_ddp))
     return model, torch.load(tmp_path / "got.pt", weights_only=False)
 
 
