@@ -52,7 +52,14 @@ RAY_EXAMPLES = ["raycse.train", "raycse.tune", "raycse.analysis.report", "raycse
 
 @pytest.mark.parametrize("name", RAY_EXAMPLES)
 def test_the_examples_that_train_search_and_mine_on_ray_run(name, ray_cluster, tmp_path, monkeypatch):
+    """The train example's call runs as written (the driver's checks, Ray Data's read, the publish), its one worker in
+    this process (tests/local_session.py): Ray Train's start of it is proven by `raycse train`'s own fits
+    (tests/test_train_cli.py) and costs ~35 CPU-seconds. The search examples' trials run on Ray Tune and Ray Train."""
     monkeypatch.chdir(tmp_path)
+    if name == "raycse.train":
+        from local_session import in_process_fits
+
+        in_process_fits(monkeypatch)
     result, started = _run_examples(importlib.import_module(name), with_ray=True)
     assert started >= 1 and result.failed == 0, f"{name}: {result}"
 
