@@ -51,19 +51,6 @@ class LocalHead:
         self.address = f"http://127.0.0.1:{self.dash}"
         self.client = self._client()
 
-    @classmethod
-    def started(cls, head: subprocess.Popen, address: str, temp_dir: str) -> "LocalHead":
-        """A head started elsewhere (``head``: its `ray start --head --block`, leader of its process group; ``address``:
-        its dashboard), with this class's job submission, waits and stop."""
-        self = cls.__new__(cls)
-        self.head, self.address, self.temp_dir = head, address, temp_dir
-        try:
-            self.client = self._client()
-        except BaseException:
-            self.stop()  # (a head that never answered is not left running)
-            raise
-        return self
-
     def _client(self):
         from ray.job_submission import JobSubmissionClient
 
