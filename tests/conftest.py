@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -175,7 +176,13 @@ def names_a_test(root: Path, nodeid: str) -> bool:
     """``file::test[params]`` names a test function still defined in that file (a renamed test's figure goes)."""
     path, _, name = nodeid.partition("::")
     name = name.split("[", 1)[0]
-    return (root / path).is_file() and f"\ndef {name}(" in (root / path).read_text()
+    return f"\ndef {name}(" in _test_file_text(root / path)
+
+
+@functools.lru_cache(maxsize=None)
+def _test_file_text(path: Path) -> str:
+    """A test file's text, read once for all its tests' names ("" where there is no such file)."""
+    return path.read_text() if path.is_file() else ""
 
 
 def private_env() -> dict:
