@@ -13,6 +13,7 @@ PY=.venv/bin/python
 # the sample data of this project's machines (a user's own: RAYCSE_DATA=DIR), as scripts/test.sh finds it
 [ -z "${RAYCSE_DATA:-}" ] && [ -d ../shared/data ] && export RAYCSE_DATA="$(cd ../shared/data && pwd)"
 SCRATCH=$(mktemp -d)
+PAR="-n 2 --dist loadgroup --no-loadscope-reorder"  # as scripts/test.sh: a file's tests in one process, heavy ones apart
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$SCRATCH"' EXIT
 
 floor() {  # the lower bound pyproject.toml declares for package $1
@@ -38,17 +39,18 @@ overlay() {  # overlay DIR PKG==VER ...: those releases alone, without their dep
 
 # The full-tier tests the floor Ray runs beside the fast tier (issue 92): a 2-worker fit that resumes, a
 # search whose ASHA stops release their groups (issue 18) and a run on Ray's public callbacks alone, kNN
-# grouping, a bad corpus's one line out of Ray Data's tasks, a corpus, checkpoints and model on S3 (moto), a job that pip installs raycse beside a local head's Ray (train, then tune), and train and tune
-# jobs on the fake autoscaling cluster (its head, and so the jobs, on the floor Ray).
+# grouping, a bad corpus's one line out of Ray Data's tasks, a corpus, checkpoints and model on S3 (moto), and a
+# tune job on the fake autoscaling cluster (its head, the job submitted to it and the nodes it grows, on the floor
+# Ray). On the newest Ray only (the suite): the job that pip installs raycse and the autoscaled train job, the
+# group's two costliest, whose job submission and autoscaler the tune job takes on the floor Ray too (with them,
+# on a 2-core box ~2x slower than most, the suite plus the floors would pass CI's 90 minutes).
 RAY_FULL_TIER=(
   tests/test_cluster.py::test_truncated_checkpoint_is_skipped_with_a_warning
-  tests/test_cluster.py::test_a_job_that_pip_installs_raycse_keeps_the_clusters_ray_and_trains_and_tunes
   tests/test_release.py::test_asha_stops_under_cpu_load_leave_no_placement_group
   tests/test_release.py::test_a_run_on_rays_public_callbacks_alone_is_registered_and_released
   tests/test_grouping.py::test_exact_knn_matches_brute_force_and_shards_merge_identically
   tests/test_grouping.py::test_bad_corpora_give_one_clear_line
   tests/test_storage.py::test_train_on_s3_killed_resumes_publishes_whole_then_eval_and_mine
-  tests/test_autoscaling.py::test_a_training_job_grows_the_cluster_and_the_cluster_shrinks_after_it
   tests/test_autoscaling.py::test_tune_runs_as_many_trials_as_the_cluster_can_grow_to
   tests/test_data_in.py::test_objects_handed_to_the_python_api
 )
@@ -73,12 +75,12 @@ group_hf() {
   overlay "$dir" "transformers==$(floor transformers)" "sentence-transformers==$(floor sentence-transformers)" \
     "tokenizers==0.22.1" "huggingface-hub==1.31.0"
   echo "== transformers $(floor transformers), sentence-transformers $(floor sentence-transformers)"
-  PYTHONPATH=$dir timeout 1800 "$PY" -m pytest -q -p no:cacheprovider tests/test_encoder.py tests/test_unpad.py \
+  PYTHONPATH=$dir timeout 1800 "$PY" -m pytest -q -p no:cacheprovider $PAR tests/test_encoder.py tests/test_unpad.py \
     tests/test_st_roundtrip.py tests/test_prompts.py tests/test_matryoshka.py tests/test_checkpointing.py tests/test_decoders.py \
     tests/test_memory.py
   # the exported files and quantized scores against the floor's transformers and sentence-transformers (their
   # tests that need Ray or S3 run on the newest set)
-  PYTHONPATH=$dir timeout 900 "$PY" -m pytest -q -p no:cacheprovider tests/test_export.py tests/test_quantized.py \
+  PYTHONPATH=$dir timeout 900 "$PY" -m pytest -q -p no:cacheprovider $PAR tests/test_export.py tests/test_quantized.py \
     -k "not object_storage and not train_selects"
 }
 
@@ -86,7 +88,7 @@ group_search() {
   local dir=$SCRATCH/search
   overlay "$dir" "faiss-cpu==$(floor faiss-cpu)" "optuna==$(floor optuna)"
   echo "== faiss-cpu $(floor faiss-cpu), optuna $(floor optuna)"
-  PYTHONPATH=$dir timeout 1800 "$PY" -m pytest -q -p no:cacheprovider tests/test_grouping.py tests/test_beir.py \
+  PYTHONPATH=$dir timeout 1800 "$PY" -m pytest -q -p no:cacheprovider $PAR tests/test_grouping.py tests/test_beir.py \
     tests/test_tune.py -k "knn or ivf or cell or auto or greedy or every_strategy or conditional or bad_space or searcher or faiss or agrees or large_corpora"
 }
 

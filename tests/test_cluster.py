@@ -164,6 +164,7 @@ def _readme_head_command() -> list[str]:
     return shlex.split(line.group(1))
 
 
+@pytest.mark.xdist_group("heavy")  # (two Rays, one with an autoscaler: beside a heavy test in CI, its head took no job)
 def test_the_readme_head_beside_a_running_raycse_command_takes_jobs(tiny_model, tmp_path, own_ray):
     """Issue 86: a raycse command's private Ray held Ray's default agent port (52365), so the README's
     head started beside it came up without a job agent ("No available agent to submit job"). The head is
@@ -194,18 +195,21 @@ def test_the_readme_head_beside_a_running_raycse_command_takes_jobs(tiny_model, 
         env, argv = {**own_ray, **dict(a.split("=", 1) for a in argv[:first])}, argv[first:]
         assert argv[:3] == ["ray", "start", "--head"] and "--port=6379" in argv, argv
         temp = tempfile_short()
-        head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), *argv[1:], "--block", f"--temp-dir={temp}",
-                                 "--disable-usage-stats"], cwd=ROOT, env={**env, "RAY_AUTH_MODE": "disabled"},
-                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(tmp_path / "head.log", "wb") as log:  # (what `ray start` says, for a failure's message)
+            head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), *argv[1:], "--block",
+                                     f"--temp-dir={temp}", "--disable-usage-stats"], cwd=ROOT,
+                                    env={**env, "RAY_AUTH_MODE": "disabled"}, start_new_session=True, stdout=log,
+                                    stderr=subprocess.STDOUT)
         from ray.job_submission import JobStatus, JobSubmissionClient
 
-        deadline, client, job = time.time() + 120, None, None
+        deadline, client, job = time.time() + 180, None, None  # (a head and its autoscaler beside a fit, 2 cores)
         while job is None:
             try:
                 client = client or JobSubmissionClient("http://127.0.0.1:8265")
                 job = client.submit_job(entrypoint=f"{sys.executable} -c \"print('the job ran')\"")
             except Exception as exc:  # noqa: BLE001 - the head still starting; its agent comes after the dashboard
-                assert time.time() < deadline, f"the README's head took no job in 120 s: {exc}"
+                assert head.poll() is None and time.time() < deadline, \
+                    f"the README's head took no job in 180 s: {exc}\n{_head_logs(head, tmp_path / 'head.log', temp)}"
                 time.sleep(1)
         while client.get_job_status(job) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
             assert time.time() < deadline + 60, client.get_job_logs(job)
@@ -226,6 +230,18 @@ def test_the_readme_head_beside_a_running_raycse_command_takes_jobs(tiny_model, 
         if head is not None:
             stop_process_group(head, 3)
             shutil.rmtree(temp, ignore_errors=True)
+
+
+def _head_logs(head, log: Path, temp: str) -> str:
+    """Why a head started by a test took no job: `ray start`'s exit code and output, and the ends of the logs
+    of the processes the dashboard needs (a CI box's log is all there is to read)."""
+    parts = [f"ray start: {'running' if head.poll() is None else f'ended {head.returncode}'}",
+             *log.read_text(errors="replace").splitlines()[-15:]]
+    for name in ("gcs_server.out", "raylet.out", "dashboard.log", "dashboard.err", "dashboard_agent.log"):
+        path = Path(temp, "session_latest", "logs", name)
+        if path.exists():
+            parts += [f"--- {name}", *path.read_text(errors="replace").splitlines()[-8:]]
+    return "\n".join(parts)
 
 
 def tempfile_short() -> str:
