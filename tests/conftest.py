@@ -173,10 +173,13 @@ def pytest_sessionfinish(session):
 
 
 def names_a_test(root: Path, nodeid: str) -> bool:
-    """``file::test[params]`` names a test function still defined in that file (a renamed test's figure goes)."""
+    """``file::test[params]`` or ``file::Class::test[params]`` names a test still defined in that file (a renamed
+    test's figure goes)."""
+    import re
+
     path, _, name = nodeid.partition("::")
-    name = name.split("[", 1)[0]
-    return f"\ndef {name}(" in _test_file_text(root / path)
+    name = name.split("[", 1)[0].rsplit("::", 1)[-1]
+    return re.search(rf"^[ \t]*(?:async[ \t]+)?def {re.escape(name)}\(", _test_file_text(root / path), re.M) is not None
 
 
 @functools.lru_cache(maxsize=None)

@@ -64,6 +64,14 @@ def test_the_recorded_durations_name_collected_tests_with_seconds():
     assert all(isinstance(v, float | int) and v >= 0 for v in durations.values())
 
 
+def test_a_test_is_named_in_its_file_as_a_function_or_a_class_method(tmp_path):
+    (tmp_path / "test_x.py").write_text("def test_a():\n    pass\n\n\nclass TestB:\n    async def test_c(self):\n"
+                                        "        pass\n# def test_gone(\n")
+    assert names_a_test(tmp_path, "test_x.py::test_a[1-2]") and names_a_test(tmp_path, "test_x.py::TestB::test_c")
+    assert not names_a_test(tmp_path, "test_x.py::test_gone") and not names_a_test(tmp_path, "test_x.py::test_c_d")
+    assert not names_a_test(tmp_path, "test_y.py::test_a")
+
+
 def test_the_tests_scripts_name_are_the_suites():
     """scripts/floors.sh runs full-tier tests by name: a renamed one made its Ray group run no test (exit 5)."""
     import re
