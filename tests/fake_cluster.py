@@ -13,6 +13,7 @@ import requests
 import yaml
 
 from conftest import _free_port, stop_process_group
+from raycse.platform import private_ray
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL = ROOT / "cluster" / "local.yaml"
@@ -34,7 +35,8 @@ class LocalHead:
         self.temp_dir = tempfile.mkdtemp(prefix="rf", dir="/tmp")  # short: Ray's socket paths < 108 chars
         self.env = {**env, "RAY_AUTH_MODE": "disabled"}
         args = [f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}",
-                f"--runtime-env-agent-port={_free_port()}", f"--metrics-export-port={_free_port()}"]
+                f"--runtime-env-agent-port={_free_port()}", f"--metrics-export-port={_free_port()}",
+                *private_ray.WORKER_PORTS]  # (not Ray's 10002...: the README head's, beside it in the suite)
         if autoscaling is not None:
             config = workdir / "local.yaml"
             config.write_text(yaml.safe_dump({**autoscaling, "provider": {

@@ -364,6 +364,30 @@ def test_the_private_ray_start_line_names_every_port_free_and_none_of_rays_defau
     assert given["--dashboard-host"] == "127.0.0.1" and given["--temp-dir"] == str(tmp_path)
     assert given["--num-cpus"] == "2" and given["--object-store-memory"] == str(1 << 30)
     assert "start" in command and "--head" in command and "--block" in command
+    assert given["--min-worker-port"] == given["--max-worker-port"] == "0"  # (the system's choice: the test below)
+
+
+def test_a_private_rays_driver_and_workers_listen_on_ports_the_system_chose(ray_cluster):
+    """Ray's raylet hands its workers and drivers ports 10002, 10003, ... in turn (after a check that each is free, then
+    the bind): two private Rays started at once (two raycse commands on one machine, or the suite's two processes)
+    handed both their drivers 10002, and the second to bind it died in Ray's own check (Ray 2.55, scripts/floors.sh).
+    The suite's Ray is the product's private Ray (tests/conftest.py): its driver, this process, and a worker of it
+    listen only on ports the system chose (its ephemeral range here, far above Ray's 10002-19999)."""
+    import psutil
+
+    @ray_cluster.remote(num_cpus=0)
+    class Listener:
+        def ports(self) -> list:
+            return [c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+
+    actor = Listener.remote()
+    try:
+        worker = ray_cluster.get(actor.ports.remote(), timeout=120)
+    finally:
+        ray_cluster.kill(actor)
+    driver = [c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert worker and driver and min(worker + driver) >= low, (driver, worker)
 
 
 def test_the_private_ray_root_leaves_room_for_rays_socket_paths(monkeypatch):

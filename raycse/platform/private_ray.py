@@ -44,6 +44,10 @@ LOG_PREFIX = "raycse-start-"  # {raycse pid}-{keeper pid}.log, beside the sessio
 PORT_OPTIONS = ("--port", "--dashboard-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
                 "--runtime-env-agent-port", "--metrics-export-port", "--ray-client-server-port")
 PORT_VARIABLES = ("DASHBOARD_METRIC_PORT", "AUTOSCALER_METRIC_PORT")
+# Each worker's and the driver's own port: left to the system when they bind (Ray's "random ports"). By default
+# every raylet hands out 10002, 10003, ... after checking each is free: two Rays started at once both handed
+# 10002 to their drivers, and the one that bound it second died in Ray's check ("Failed to start the grpc server").
+WORKER_PORTS = ("--min-worker-port=0", "--max-worker-port=0")
 
 
 class StartTimedOut(RuntimeError):
@@ -123,7 +127,7 @@ def start_command(ports: list[int], root: Path, num_cpus: Optional[int], system_
     ray = [str(script)] if script.is_file() else [sys.executable, "-m", "ray.scripts.scripts"]
     command = [*ray, "start", "--head", "--block",
                "--dashboard-host=127.0.0.1", f"--temp-dir={root}",
-               f"--system-config={json.dumps(system_config)}"]
+               f"--system-config={json.dumps(system_config)}", *WORKER_PORTS]
     command += [f"{option}={port}" for option, port in zip(PORT_OPTIONS, ports)]
     if num_cpus is not None:
         command.append(f"--num-cpus={num_cpus}")
