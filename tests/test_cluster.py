@@ -164,7 +164,7 @@ def _readme_head_command() -> list[str]:
     return shlex.split(line.group(1))
 
 
-@pytest.mark.xdist_group("heavy")  # (two Rays, one with an autoscaler: beside a heavy test in CI, its head took no job)
+@pytest.mark.xdist_group("heavy")  # (two Rays, one with an autoscaler; in CI, beside other tests, its head took no job)
 def test_the_readme_head_beside_a_running_raycse_command_takes_jobs(tiny_model, tmp_path, own_ray):
     """Issue 86: a raycse command's private Ray held Ray's default agent port (52365), so the README's
     head started beside it came up without a job agent ("No available agent to submit job"). The head is
