@@ -443,8 +443,9 @@ def test_a_private_ray_root_that_is_a_symlink_or_a_bad_bound_is_refused_before_a
 
 
 STOP_PROBE = """
-import time, ray
+import sys, time, ray
 from raycse.platform import private_ray, processes, ray_session
+processes.END_GRACE_S = float(sys.argv[1])  # (the keeper's grace, read as the private Ray starts)
 ray_session.ensure_ray(1)
 assert ray.data.range(100).map_batches(lambda b: b).count() == 100  # (as a corpus is prepared)
 log = private_ray._current["ray"].log
@@ -457,10 +458,12 @@ print("stopped in", round(time.monotonic() - started, 2), "left", left, "log", l
 def test_a_private_ray_stops_in_order_within_the_grace_not_by_sigkill(tmp_path, own_ray):
     """Ray 2.60's node drains on SIGTERM for up to 30 s, until its leases come back; after a Ray Data
     execution it never got them back, so every command's private Ray waited out the keeper's 5 s grace
-    and was SIGKILLed (each command 3-4 s longer than it needed, and Ray never stopped in order)."""
-    from raycse.platform.processes import END_GRACE_S
-
-    done = subprocess.run([sys.executable, "-c", STOP_PROBE], cwd=tmp_path, env=own_ray, text=True,
+    and was SIGKILLed (each command 3-4 s longer than it needed, and Ray never stopped in order).
+    The keeper's grace is 12 s here: beside the suite's other process on a 2-core AVX2 box, Ray's ordered
+    stop itself took past 5 s (SIGKILLed in the whole suite of sessions 75 and 76), while a drain waiting
+    for its leases still outlasts it."""
+    grace = 12.0  # (within stop()'s own wait for the keeper, processes.END_BOUND_S: 15 s)
+    done = subprocess.run([sys.executable, "-c", STOP_PROBE, str(grace)], cwd=tmp_path, env=own_ray, text=True,
                           capture_output=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("stopped in"))
@@ -468,6 +471,5 @@ def test_a_private_ray_stops_in_order_within_the_grace_not_by_sigkill(tmp_path, 
     ended = [x for x in Path(log).read_text().splitlines() if x.startswith("ray start ended:")]
     assert ended == ["ray start ended: 1"], ended  # (Ray's SIGTERM handler ends its node, then exits 1; -9: killed)
     # In order is the line above (the keeper SIGKILLs only once its grace is out). The whole stop also
-    # counts the keeper's noticing (a 1 s poll) and the sweep after it: a loaded box took 5.4 s (CI-like
-    # suite run, session 66), so the bound here is twice the grace, not the grace.
-    assert seconds < 2 * END_GRACE_S and left == "[]", line
+    # counts the keeper's noticing (a 1 s poll) and the sweep after it.
+    assert seconds < grace + 5 and left == "[]", line
