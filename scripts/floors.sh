@@ -127,7 +127,7 @@ EOF
 # Each group's time on 2 AVX2 cores (session 76, the slowest box seen), for the deadline: a group starts only if
 # that much time is left. The order puts each floor's costliest check first: the named full-tier tests on the
 # floor Ray, then the other floors, then the fast tier again on the floor Ray (~9 of the floors' ~28 minutes
-# there, most of it tests that call no Ray).
+# there; the newest Ray's suite runs it first).
 declare -A USUAL_S=([ray-full]=600 [ray-fast]=560 [hf]=260 [search]=140 [mlflow]=100)
 steps=()
 for g in ${@:-ray-full hf search mlflow ray-fast}; do
