@@ -25,6 +25,18 @@ AGENT_NOT_READY = ("No available agent", "Server disconnected", "ServerDisconnec
 JOB_ENV = {"HF_HUB_OFFLINE": "1", "RAYCSE_GPU_STAND_IN": "cpu", "TOKENIZERS_PARALLELISM": "false"}
 
 
+def session_log_tails(temp_dir: str, names: tuple, chars: int = 2500) -> str:
+    """The ends of the logs ``names`` of the Ray started with ``--temp-dir=temp_dir`` (its latest session), for a
+    failure's message."""
+    logs = Path(temp_dir) / "session_latest" / "logs"
+    tails = []
+    for name in names:
+        path = logs / name
+        text = path.read_text(errors="replace")[-chars:] if path.exists() else "(absent)"
+        tails.append(f"--- {name}:\n{text}")
+    return "\n".join(tails)
+
+
 class LocalHead:
     """A `ray start --head --block` on ports of its own (the session's Ray holds the defaults), with the
     autoscaler of ``autoscaling`` (a cluster launcher config) where one is given. Stopped as a process group:
@@ -101,13 +113,7 @@ class LocalHead:
 
     def log_tails(self, names=("dashboard_agent.log", "raylet.out", "dashboard.log"), chars: int = 2500) -> str:
         """The ends of the head's own logs (its session directory), for a failure's message."""
-        logs = Path(self.temp_dir) / "session_latest" / "logs"
-        tails = []
-        for name in names:
-            path = logs / name
-            text = path.read_text(errors="replace")[-chars:] if path.exists() else "(absent)"
-            tails.append(f"--- {name}:\n{text}")
-        return "\n".join(tails)
+        return session_log_tails(self.temp_dir, names, chars)
 
     def wait_job(self, job: str, bound_s: float, on_poll=None) -> str:
         from ray.job_submission import JobStatus

@@ -235,13 +235,11 @@ def test_the_readme_head_beside_a_running_raycse_command_takes_jobs(tiny_model, 
 def _head_logs(head, log: Path, temp: str) -> str:
     """Why a head started by a test took no job: `ray start`'s exit code and output, and the ends of the logs
     of the processes the dashboard needs (a CI box's log is all there is to read)."""
-    parts = [f"ray start: {'running' if head.poll() is None else f'ended {head.returncode}'}",
-             *log.read_text(errors="replace").splitlines()[-15:]]
-    for name in ("gcs_server.out", "raylet.out", "dashboard.log", "dashboard.err", "dashboard_agent.log"):
-        path = Path(temp, "session_latest", "logs", name)
-        if path.exists():
-            parts += [f"--- {name}", *path.read_text(errors="replace").splitlines()[-8:]]
-    return "\n".join(parts)
+    from fake_cluster import session_log_tails
+
+    status = f"ray start: {'running' if head.poll() is None else f'ended {head.returncode}'}"
+    return "\n".join([status, *log.read_text(errors="replace").splitlines()[-15:], session_log_tails(
+        temp, ("gcs_server.out", "raylet.out", "dashboard.log", "dashboard.err", "dashboard_agent.log"), 1500)])
 
 
 def tempfile_short() -> str:

@@ -375,17 +375,20 @@ def test_a_private_rays_driver_and_workers_listen_on_ports_the_system_chose(ray_
     listen only on ports the system chose (its ephemeral range here, far above Ray's 10002-19999)."""
     import psutil
 
+    def listening() -> list:  # (this process's: the driver's here, the actor's there)
+        return [c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+
     @ray_cluster.remote(num_cpus=0)
     class Listener:
         def ports(self) -> list:
-            return [c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+            return listening()
 
     actor = Listener.remote()
     try:
         worker = ray_cluster.get(actor.ports.remote(), timeout=120)
     finally:
         ray_cluster.kill(actor)
-    driver = [c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+    driver = listening()
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     assert worker and driver and min(worker + driver) >= low, (driver, worker)
 
