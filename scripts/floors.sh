@@ -128,6 +128,10 @@ EOF
 # that much time is left. The order puts each floor's costliest check first: the named full-tier tests on the
 # floor Ray, then the other floors, then the fast tier again on the floor Ray (~9 of the floors' ~28 minutes
 # there; the newest Ray's suite runs it first).
+if [ -n "${RAYCSE_FLOORS_DEADLINE:-}" ] && ! [[ $RAYCSE_FLOORS_DEADLINE =~ ^[0-9]+$ ]]; then  # (read as a number below)
+  echo "floors.sh: RAYCSE_FLOORS_DEADLINE must be whole seconds since the epoch (date +%s), got '$RAYCSE_FLOORS_DEADLINE'" >&2
+  exit 2
+fi
 declare -A USUAL_S=([ray-full]=600 [ray-fast]=560 [hf]=260 [search]=140 [mlflow]=100)
 steps=()
 for g in ${@:-ray-full hf search mlflow ray-fast}; do
