@@ -246,6 +246,19 @@ def joining(ray_cluster) -> dict:
     return {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
 
 
+def share_the_cores(config) -> None:
+    """With N processes running the tests, each (and what it starts) gets its share of the cores as
+    OpenMP threads, unless the user set OMP_NUM_THREADS. torch and faiss otherwise start a thread per core
+    in every process, and their OpenMP threads spin at each barrier while another process holds the core:
+    the fast tier's kNN and cell-join tests took 15-30x their time alone in the whole suite
+    (benchmarks/results/2026-12-07-session77-test-threads.json). Set in the controlling process, before
+    xdist starts its workers, so they inherit it before torch is imported."""
+    workers = getattr(config.option, "numprocesses", None) or 0
+    if os.environ.get("PYTEST_XDIST_WORKER") or not isinstance(workers, int) or workers < 2:
+        return
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // workers)))
+
+
 def pytest_configure(config):
     """raycse's per-machine caches (kernel probe, starting scores) in a directory of this session's own,
     so no run of the tests reads what an earlier one left in the home directory. A hook, not module
@@ -268,6 +281,7 @@ def pytest_configure(config):
     config._raycse_logs = str(private_tempdir("raycse-test-logs-"))  # the commands' log files (platform.console)
     os.environ["RAYCSE_LOG_DIR"] = config._raycse_logs
     start_census(config)
+    share_the_cores(config)
     # Ray Train's controller polls its workers every 2 s (Ray's default), so it sees a fit's end late;
     # every Ray started from here inherits 0.2 s (benchmarks/results/2026-11-30-session48.json)
     os.environ.setdefault(RAY_TRAIN_POLL[0], RAY_TRAIN_POLL[1])

@@ -133,3 +133,25 @@ def test_the_preloaded_interpreter_reads_two_answers_that_came_in_one_write(tmp_
         assert time.monotonic() - start < 5
     finally:
         server.close()
+
+
+def test_each_of_the_suites_processes_gets_its_share_of_the_cores_unless_the_user_chose(monkeypatch):
+    """-n 2 on this project's 2-core machines: one OpenMP thread a process (torch's and faiss's threads otherwise
+    spin beside the other process); a user's OMP_NUM_THREADS and a run in one process keep theirs."""
+    import os
+    from types import SimpleNamespace
+
+    from conftest import share_the_cores
+
+    def config(n):
+        return SimpleNamespace(option=SimpleNamespace(numprocesses=n))
+
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    for n, want in ((2, str(max(1, cores // 2))), (cores * 4, "1"), (1, None), (None, None)):
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        share_the_cores(config(n))
+        assert os.environ.get("OMP_NUM_THREADS") == want, n
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    share_the_cores(config(2))
+    assert os.environ["OMP_NUM_THREADS"] == "3"
