@@ -375,8 +375,8 @@ WORDS = (
 ).split()
 
 
-def make_tiny_model(path: Path, dropout: float = 0.1, seed: int = 0) -> Path:
-    """A 2-layer, 32-wide BERT with random weights and a vocab written here: offline, seconds."""
+def make_tiny_model(path: Path, dropout: float = 0.1, seed: int = 0, hidden: int = 32) -> Path:
+    """A 2-layer, 32-wide (``hidden``) BERT with random weights and a vocab written here: offline, seconds."""
     import torch
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
@@ -387,8 +387,8 @@ def make_tiny_model(path: Path, dropout: float = 0.1, seed: int = 0) -> Path:
     # transformers 5 ignores ``vocab_file=``: a tokenizer that knows no word makes every test text [UNK]s
     assert tokenizer.unk_token_id not in tokenizer("the city river")["input_ids"], "tiny tokenizer lost its vocab"
     torch.manual_seed(seed)
-    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=dropout,
+    config = BertConfig(vocab_size=len(vocab), hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=2 * hidden, max_position_embeddings=128, hidden_dropout_prob=dropout,
                         attention_probs_dropout_prob=dropout)
     BertModel(config).save_pretrained(path)
     tokenizer.save_pretrained(path)

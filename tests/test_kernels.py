@@ -73,3 +73,58 @@ def test_the_log_line_names_the_kernels_only_where_fp32_cpu_linears_run_and_only
     forced = subprocess.run([sys.executable, "-c", code], env={**env, "RAYCSE_ONEDNN": "1"}, capture_output=True,
                             text=True, check=True)
     assert json.loads(forced.stdout.strip().splitlines()[-1])[0][2] == "; fp32 CPU linears on oneDNN (RAYCSE_ONEDNN=1)"
+
+
+def test_a_resumed_fit_trains_on_the_kernels_its_checkpoint_was_trained_on(ray_cluster, corpus, tmp_path, monkeypatch):
+    """The probe's verdict can change between a run and its restart (a busy machine's is not cached: each process
+    measures again; seen in tests/test_regroup.py's restarted worker): the resumed fit keeps the kernels its
+    checkpoint records and ends with the uninterrupted run's weights to the bit. The model is 256 wide: there the
+    two kernels' sums differ in their last bits (32 wide, as the other tests' model, they agree to the bit). Its fits
+    run in this process (tests/local_session.py); the machine's verdict is set through the probe's cache file."""
+    import shutil
+
+    import pytest
+
+    from conftest import make_tiny_model
+    from local_session import fit_in_process, run_of
+    from raycse.model import onednn
+    from raycse.train import kernels
+    from raycse.train.checkpoints import files as ckpt
+
+    if not onednn.op_works():
+        pytest.skip("this PyTorch has no oneDNN linear: the kernels never change")
+    monkeypatch.delenv("RAYCSE_ONEDNN", raising=False)
+    monkeypatch.setenv("RAYCSE_CACHE", str(tmp_path / "cache"))
+
+    import torch
+
+    def machine_says(ratio: float) -> None:  # oneDNN's speed over PyTorch's default, as this machine's cache holds it
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # (the key names the worker's threads: one, the run's one CPU)
+        try:
+            key = onednn._probe_key()
+        finally:
+            torch.set_num_threads(threads)
+        (tmp_path / "cache").mkdir(exist_ok=True)
+        (tmp_path / "cache" / "kernels.json").write_text(json.dumps({key: {
+            "default_s": 1.0, "onednn_s": 1.0 / ratio, "ratio": ratio, "rounds": 7, "spread": 0.0}}))
+        onednn._probed.cache_clear()
+
+    model = make_tiny_model(tmp_path / "bert-256", hidden=256)
+    run = run_of(["--model", str(model), "--corpus", str(corpus), "--stsb-dev", "none", "--batch-size", "8",
+                  "--max-length", "16", "--max-steps", "4", "--set", "train.checkpoint_steps=2",
+                  "--set", "train.cpus_per_worker=1"])
+    machine_says(0.5)  # PyTorch's default kernels
+    whole = fit_in_process(run, tmp_path / "store")
+    assert [m["step"] for m, _ in whole.reports] == [2, 4]
+    recorded = json.loads((whole.reports[0][1] / ckpt.STATE_DIR / "train.json").read_text())[kernels.KEY]
+    assert recorded["onednn"] is False and "0.50x" in recorded["why"], recorded
+    uninterrupted = (whole.model_dir() / "model.safetensors").read_bytes()
+    shutil.rmtree(whole.reports[-1][1])  # the run stopped after its checkpoint of step 2
+    machine_says(2.0)  # and this machine's probe now says oneDNN
+    resumed = fit_in_process(run, tmp_path / "store")
+    assert resumed.last["resumed"]["step"] == 2
+    assert (resumed.model_dir() / "model.safetensors").read_bytes() == uninterrupted
+    state = json.loads((resumed.reports[-1][1] / ckpt.STATE_DIR / "train.json").read_text())
+    assert state[kernels.KEY]["onednn"] is False and state[kernels.KEY]["why"].endswith(kernels.KEPT)
+    assert onednn.pinned() is None  # (the fit's choice ended with it)

@@ -62,9 +62,7 @@ def kernels_detail(device: torch.device, *dtypes) -> str:
 
 def _choice_for(device: torch.device, dtypes) -> Optional[dict]:
     """:func:`choice` where float32 linears run on this CPU; None where no choice is made (no probe)."""
-    if device.type != "cpu" or None not in dtypes:
-        return None
-    return choice()
+    return choice() if applies(device, *dtypes) else None
 
 
 def _cache_file() -> Path:
@@ -120,9 +118,12 @@ def _probe(rounds: int = PROBE_ROUNDS) -> dict:
             "rounds": rounds}
 
 
+_PINNED: Optional[dict] = None  # a fit's one choice, while it runs (:func:`pin`)
+
+
 def choice() -> dict:
     """Whether float32 CPU linears go to oneDNN here: {"onednn": bool, "why": str}; the environment's
-    RAYCSE_ONEDNN is read at every call, the probe runs once per machine."""
+    RAYCSE_ONEDNN is read at every call, then the choice :func:`pin` set, else the probe's (once per machine)."""
     forced = os.environ.get("RAYCSE_ONEDNN", "").strip()
     if forced == "0":
         return {"onednn": False, "why": "RAYCSE_ONEDNN=0"}
@@ -130,7 +131,28 @@ def choice() -> dict:
         return {"onednn": False, "why": "oneDNN's linear op is not available in this PyTorch"}
     if forced == "1":
         return {"onednn": True, "why": "RAYCSE_ONEDNN=1"}
+    if _PINNED is not None:
+        return dict(_PINNED)
     return _probed(_probe_key())
+
+
+def applies(device: torch.device, *dtypes) -> bool:
+    """Whether a choice is made for a model on ``device`` run in the autocast ``dtypes`` (None: float32): float32
+    linears on the CPU."""
+    return device.type == "cpu" and None in dtypes
+
+
+def pin(verdict: Optional[dict]) -> None:
+    """:func:`choice` answers ``verdict`` in this process (None: the probe's again) until pinned anew; the
+    environment's RAYCSE_ONEDNN still comes first. A fit pins one choice for all its ranks
+    (raycse.train.kernels)."""
+    global _PINNED
+    _PINNED = dict(verdict) if verdict is not None else None
+
+
+def pinned() -> Optional[dict]:
+    """The choice :func:`pin` set, or None."""
+    return dict(_PINNED) if _PINNED is not None else None
 
 
 @functools.lru_cache(maxsize=4)

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Optional
 
 from raycse.grouping.layout import Layout
+from raycse.model import onednn
 from raycse.platform import object_store
 from raycse.platform.staging import private_tempdir
 from raycse.train.checkpoints import files as ckpt
+from raycse.train import kernels
 from raycse.train.checkpoints.choice import choose_checkpoint
 from raycse.train.module import export_encoder
 from raycse.train.plan import FitPlan
@@ -76,7 +78,8 @@ class Checkpointer:
         # checkpoint on this machine to remove: it holds the weights and optimizer state
         tmp = private_tempdir("raycse-ckpt-")
         try:
-            state, e = {**metrics, "initial": initial, "world_size": self.world_size}, self.engine
+            state, e = {**metrics, "initial": initial, "world_size": self.world_size,
+                        kernels.KEY: onednn.pinned()}, self.engine
             ckpt.write_rng(tmp, self.rank)  # (first: each rank's manifest covers its random state)
             if self.rank == 0 and layout is not None:
                 layout.save(tmp / ckpt.STATE_DIR)
