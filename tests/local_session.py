@@ -140,3 +140,94 @@ def run_of(argv: list) -> object:
     from raycse.cli import build_parser, resolve_train_config
 
     return resolve_train_config(build_parser().parse_args(["train", *argv]))
+
+
+class RankSession(LocalSession):
+    """Rank ``rank`` of ``world``, in a process that joined the others' gloo process group: its module under DDP as
+    Ray Train wraps it on the CPU, and each report's checkpoint merged into ``CHECKPOINTS/checkpoint_NNNNNN`` beside
+    the other ranks' parts of it (the k-th report of every rank into the k-th folder), as Ray Train's storage
+    merges its workers' checkpoints."""
+
+    def __init__(self, checkpoints: str, rank: int, world: int):
+        super().__init__(checkpoints)
+        self.rank, self.world = rank, world
+
+    def rank_and_world(self) -> tuple[int, int]:
+        return self.rank, self.world
+
+    def prepare_model(self, module, device, ddp_kwargs):
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(module.to(device), **(ddp_kwargs or {}))  # (ray.train.torch.prepare_model's)
+
+    def report(self, metrics: dict, directory: str, upload_async: bool) -> None:
+        dest = self.root / f"checkpoint_{len(self.reports):06d}"
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(directory, dest, dirs_exist_ok=True)  # (each rank's files have names of their own)
+        shutil.rmtree(directory)
+        self.reports.append((dict(metrics), dest))
+
+
+def fit_ranks(run, storage: Path, run_name: str = "train", timeout_s: float = 600.0) -> LocalFit:
+    """``run`` checked and planned as `raycse train` does, its ``train.num_workers`` ranks each a process spawned here
+    that joins the suite's Ray (the plan's data are in its object store) and the others' gloo group: the fit Ray
+    Train runs, without its controller and worker actors. Rank 0's reports come back; bounded by ``timeout_s``."""
+    import pickle
+    import tempfile
+
+    import ray
+    import torch.multiprocessing as mp
+
+    from conftest import _free_port
+    from raycse.platform.ray_session import ensure_ray
+    from raycse.train.driver import checked_inputs, plan_fit
+    from raycse.train.plan import TuneHooks
+
+    inputs = checked_inputs(run, False, str(storage), run_name, False, ())
+    ensure_ray()
+    planned = plan_fit(inputs.run, inputs, TuneHooks(), None, storage, (), None)
+    world = inputs.run.train.num_workers
+    blob = ray.cloudpickle.dumps(planned.plan)  # (its ObjectRefs stay this driver's: it outlives the ranks)
+    with tempfile.TemporaryDirectory() as held:
+        reports = Path(held) / "rank0.pkl"
+        ranks = mp.start_processes(_rank, args=(world, _free_port(), ray.get_runtime_context().gcs_address, blob,
+                                                str(reports)), nprocs=world, join=False, start_method="spawn")
+        _join_within(ranks, timeout_s)
+        return LocalFit(planned, pickle.loads(reports.read_bytes()))
+
+
+def _join_within(ranks, timeout_s: float) -> None:
+    """Every rank ended (a rank's error raised as torch's spawn raises it) within ``timeout_s``, else all of them
+    stopped and the wait fails."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not ranks.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ranks.processes:
+                p.kill()
+            raise TimeoutError(f"the fit's {len(ranks.processes)} ranks did not end in {timeout_s:.0f} s")
+
+
+def _rank(rank: int, world: int, port: int, address: str, blob: bytes, reports: str) -> None:
+    """One rank of :func:`fit_ranks`, then this process ended at once (see conftest._then_exit)."""
+    import os
+    import pickle
+    import sys
+
+    import ray
+    import torch.distributed as dist
+
+    from raycse.train.loop import run_worker
+
+    ray.init(address=address, log_to_driver=False, configure_logging=False)
+    plan = ray.cloudpickle.loads(blob)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    session = RankSession(plan.checkpoint_dir, rank, world)
+    run_worker(plan, session)
+    dist.barrier()  # (every rank's part of the last checkpoint is in place before rank 0 says it is done)
+    if rank == 0:
+        Path(reports).write_bytes(pickle.dumps(session.reports))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

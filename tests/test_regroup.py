@@ -1,7 +1,7 @@
 """kNN regrouping inside the running fit: the training workers regroup before every epoch with the
 weights they hold, in one fit, and a run restarted mid-run trains on exactly the batches an
 uninterrupted run trains on (and, its batches collated ahead on a helper thread, ends with the same
-weights to the bit)."""
+weights to the bit); each fit gives back every CPU and its placement group."""
 
 import collections
 import json
@@ -42,10 +42,14 @@ def test_knn_regroups_in_one_fit_and_a_restart_replays_the_same_batches(ray_clus
     corpus = tmp_path / "c.txt"
     sentences = make_sentences(320, seed=21)
     corpus.write_text("\n".join(sentences) + "\n")
-    result = train(_run(tiny_model, corpus, tmp_path / "a", tmp_path / "rec-a"), storage_path=str(tmp_path / "sa"))
-    m = result.metrics
+    # the uninterrupted run: its 2 ranks in processes of this machine (tests/local_session.py: the worker loop as Ray
+    # Train runs it, under DDP over gloo, without Train's actors), published as the driver publishes
+    from local_session import fit_ranks
+
+    fit_ranks(_run(tiny_model, corpus, tmp_path / "a", tmp_path / "rec-a"), tmp_path / "sa").publish(tmp_path / "a")
+    m = json.loads((tmp_path / "a" / "metrics.json").read_text())
     spe = m["steps_per_epoch"]
-    assert spe == 20 and m["last"]["step"] == 60 and len(m["fit_seconds"]) == 1  # one fit for three epochs
+    assert spe == 20 and m["last"]["step"] == 60  # three epochs in one fit
     assert [g["epoch"] for g in m["grouping"]] == [0, 1, 2] and all(g["in_fit"] for g in m["grouping"])
     uninterrupted = _batches(tmp_path / "rec-a")
     assert len(uninterrupted) == 2 * 60
@@ -78,6 +82,22 @@ def test_knn_regroups_in_one_fit_and_a_restart_replays_the_same_batches(ray_clus
     assert _batches(tmp_path / "rec-b") == uninterrupted
     weights = [(tmp_path / run / "model" / "model.safetensors").read_bytes() for run in ("a", "b")]
     assert weights[0] == weights[1]  # and the same model, to the bit
+    assert len(box["result"].metrics["fit_seconds"]) == 1  # (one fit, restarted inside it)
+    _released_everything(ray_cluster)  # (the fit's workers, restarted or not, and its placement group)
+
+
+def _released_everything(ray_cluster, within_s: float = 30.0) -> None:
+    """No placement group outlives the fit, and every CPU of the suite's Ray is free again within ``within_s``
+    (Ray returns a finished actor's CPUs a moment after it ends): a fit after this one gets them all."""
+    import time
+
+    from test_release import live_groups
+
+    total = ray_cluster.cluster_resources()["CPU"]
+    deadline = time.monotonic() + within_s
+    while ray_cluster.available_resources().get("CPU", 0) < total or live_groups():
+        assert time.monotonic() < deadline, (ray_cluster.available_resources(), live_groups())
+        time.sleep(0.2)
 
 
 GATHER_SCRIPT = """
