@@ -191,22 +191,11 @@ def test_a_corpus_read_on_a_full_cluster_fails_within_its_bound(ray_cluster, tin
 
 
 def test_fits_one_after_another_release_their_cpus(ray_cluster, tiny_model, corpus, stsb_dev, tmp_path):
-    """A knn run (regrouped inside its one fit, then the model saved) and --seeds-in-turn (a fit per
-    seed and rung): each worker needs 3 of the 4 CPUs, so a fit whose placement group outlived it
-    would leave the next one waiting; with one 20 s attempt to start, any leak fails the run."""
+    """--seeds-in-turn (a fit per seed and rung): each worker needs 3 of the 4 CPUs, so a fit whose placement
+    group outlived it would leave the next one waiting; with one 20 s attempt to start, any leak fails the run.
+    (A kNN run's one fit, regrouped inside it, gives back every CPU: tests/test_regroup.py.)"""
     from raycse.analysis import load_trials
-    from raycse.config import RunConfig
-    from raycse.train.driver import train
     from raycse.tune import TuneSettings, tune_search
-
-    run = RunConfig()
-    run.model.name_or_path, run.model.max_length = str(tiny_model), 16
-    run.data.corpus, run.train.batch_size, run.train.epochs, run.train.log_steps = str(corpus), 16, 2, 50
-    run.grouping.strategy, run.grouping.group_size, run.grouping.neighbours = "knn", 4, 8
-    run.train.cpus_per_worker, run.train.worker_start_timeout_s, run.train.worker_start_attempts = 3, 20, 1
-    run.eval.stsb_dev, run.output_dir = "none", str(tmp_path / "knn")
-    result = train(run)
-    assert len(result.metrics["fit_seconds"]) == 1 and not live_groups()
 
     space = _space(tmp_path, tiny_model, corpus, stsb_dev, cpus_per_worker=3, worker_start_timeout_s=20,
                    worker_start_attempts=1)
