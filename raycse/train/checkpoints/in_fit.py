@@ -14,8 +14,8 @@ from raycse.grouping.layout import Layout
 from raycse.model import onednn
 from raycse.platform import object_store
 from raycse.platform.staging import private_tempdir
-from raycse.train.checkpoints import files as ckpt
 from raycse.train import kernels
+from raycse.train.checkpoints import files as ckpt
 from raycse.train.checkpoints.choice import choose_checkpoint
 from raycse.train.module import export_encoder
 from raycse.train.plan import FitPlan
