@@ -8,6 +8,7 @@ one ends with (seen: a restarted worker's probe chose oneDNN where the first wor
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 from raycse.model import onednn
@@ -34,3 +35,17 @@ def settle(device, dtypes: tuple, recorded: Optional[dict], rank: int, world: in
         verdict = box[0]
     onednn.pin(verdict)
     return verdict
+
+
+@contextlib.contextmanager
+def settled(worker):
+    """:func:`settle` for ``worker`` (raycse.train.loop.WorkerRun: its engine, scoring type, resumed checkpoint's
+    record, rank and world) while the block runs; nothing stays pinned after it (a worker in a process that goes on,
+    as the tests' own do)."""
+    e = worker.engine
+    dtypes = (e.dtype, worker.reporter.eval_dtype) if e.core.encoder.onednn else ()
+    settle(e.device, dtypes, (worker.progress.resumed or {}).get(KEY), worker.rank, worker.world_size)
+    try:
+        yield
+    finally:
+        onednn.pin(None)

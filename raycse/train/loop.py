@@ -18,7 +18,6 @@ from concurrent import futures
 import torch
 
 from raycse.evaluation.targets import GOALS
-from raycse.model import onednn
 from raycse.model.precision import resolve_precision
 from raycse.platform import compat
 from raycse.platform import release
@@ -63,7 +62,6 @@ class WorkerRun:
         self.reporter = Reporter(plan, self.rank, self.world_size, self.engine, self.progress)
         self.checkpointer = Checkpointer(plan, self.rank, self.world_size, self.engine, session)
         self.profiler = StepProfiler(fit_window(run, plan.stop_at, self.rank), self.rank, device)
-        self.recorded_kernels = None  # the float32 CPU kernels the checkpoint resumed from was trained on
 
     def resume(self) -> None:
         """Continue from the furthest whole checkpoint, if there is one (every rank loads the same)."""
@@ -73,17 +71,9 @@ class WorkerRun:
         state, path, skipped = found
         p, key = self.progress, self.reporter.key
         p.step, p.history, p.initial = int(state["step"]), list(state["loss_history"]), state.get("initial")
-        p.resumed = {"step": p.step, "path": path, "skipped": skipped}  # (the driver says it after the fit)
+        p.resumed = {"step": p.step, "path": path, "skipped": skipped, kernels.KEY: state.get(kernels.KEY)}
         p.source_steps = dict(state.get("source_steps") or {})  # (a mixture's)
-        self.recorded_kernels = state.get(kernels.KEY)
         self.reporter.post(p.step, state.get(key), state.get(GOALS, {}))  # scored before the restart; maybe unread
-
-    def settle_kernels(self) -> None:
-        """Every rank's float32 CPU kernels for the fit: rank 0's choice, or the one the resumed checkpoint records
-        (raycse.train.kernels); before the first forward pass."""
-        e = self.engine
-        dtypes = (e.dtype, self.reporter.eval_dtype) if e.core.encoder.onednn else ()
-        kernels.settle(e.device, dtypes, self.recorded_kernels, self.rank, self.world_size)
 
     def due(self, step: int) -> tuple[bool, bool]:
         """(scored, saved) after ``step`` steps: each fit's end is scored, and every scored step saved."""
@@ -190,18 +180,16 @@ def run_worker(plan: FitPlan, session) -> None:
         release.register_own_group(plan.progress)
     worker = WorkerRun(plan, session)
     worker.resume()
-    try:
-        worker.settle_kernels()  # (a collective, as is the next line: every rank, in the same order)
+    with kernels.settled(worker):  # (a collective, as worker_places is: every rank, in the same order)
         worker.progress.places = worker_places(worker.world_size)
         worker.reporter.log_start(worker.reporter.score_before_training())
         if worker.progress.step >= plan.stop_at:
             worker.report_again()
             return
-        worker.fit()
-    except torch.OutOfMemoryError:
-        raise RuntimeError(out_of_memory_line(plan.run.train, worker.progress.step)) from None
-    finally:
-        onednn.pin(None)  # (a worker in a process that goes on: the tests' own)
+        try:
+            worker.fit()
+        except torch.OutOfMemoryError:
+            raise RuntimeError(out_of_memory_line(plan.run.train, worker.progress.step)) from None
 
 
 def out_of_memory_line(t, step: int) -> str:
