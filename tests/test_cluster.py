@@ -149,7 +149,8 @@ def test_a_job_that_pip_installs_raycse_keeps_the_clusters_ray_and_trains_and_tu
                                     for s in scores), scores  # each trial trained and was scored on STS-B dev
 
 
-README_HEAD_PORTS = (6379, 8265, 52365)  # cluster/README.md's head: GCS, dashboard, and Ray's default agent port
+README_HEAD_PORTS = (6379, 8265, 52365)
+NODE_WAIT = "Timed out waiting for node info"  # (Ray's client server, when its raylet registered after 30 s)  # cluster/README.md's head: GCS, dashboard, and Ray's default agent port
 
 
 def _readme_head_command() -> list[str]:
@@ -194,20 +195,31 @@ def test_the_readme_head_beside_a_running_raycse_command_takes_jobs(tiny_model, 
         first = argv.index("ray")  # (the variables set before it)
         env, argv = {**own_ray, **dict(a.split("=", 1) for a in argv[:first])}, argv[first:]
         assert argv[:3] == ["ray", "start", "--head"] and "--port=6379" in argv, argv
-        temp = tempfile_short()
-        with open(tmp_path / "head.log", "wb") as log:  # (what `ray start` says, for a failure's message)
-            head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), *argv[1:], "--block",
-                                     f"--temp-dir={temp}", "--disable-usage-stats"], cwd=ROOT,
-                                    env={**env, "RAY_AUTH_MODE": "disabled"}, start_new_session=True, stdout=log,
-                                    stderr=subprocess.STDOUT)
+        def start_head():
+            temp = tempfile_short()
+            with open(tmp_path / "head.log", "wb") as log:  # (what `ray start` says, for a failure's message)
+                return temp, subprocess.Popen([str(Path(sys.executable).parent / "ray"), *argv[1:], "--block",
+                                               f"--temp-dir={temp}", "--disable-usage-stats"], cwd=ROOT,
+                                              env={**env, "RAY_AUTH_MODE": "disabled"}, start_new_session=True,
+                                              stdout=log, stderr=subprocess.STDOUT)
+
+        temp, head = start_head()
         from ray.job_submission import JobStatus, JobSubmissionClient
 
-        deadline, client, job = time.time() + 180, None, None  # (a head and its autoscaler beside a fit, 2 cores)
-        while job is None:
+        deadline, client, job, retried = time.time() + 180, None, None, False  # (a head and its autoscaler beside a
+        while job is None:  # fit, 2 cores)
             try:
                 client = client or JobSubmissionClient("http://127.0.0.1:8265")
                 job = client.submit_job(entrypoint=f"{sys.executable} -c \"print('the job ran')\"")
             except Exception as exc:  # noqa: BLE001 - the head still starting; its agent comes after the dashboard
+                if head.poll() is not None and NODE_WAIT in (tmp_path / "head.log").read_text(errors="replace") \
+                        and time.time() < deadline - 60 and not retried:
+                    # Ray's own start gave up: its client server waits a fixed 30 s for the raylet's registration,
+                    # which a loaded 2-core box can take longer to make (seen: 56 s); once more, as a user would
+                    stop_process_group(head, 3)
+                    shutil.rmtree(temp, ignore_errors=True)
+                    (temp, head), retried = start_head(), True
+                    continue
                 assert head.poll() is None and time.time() < deadline, \
                     f"the README's head took no job in 180 s: {exc}\n{_head_logs(head, tmp_path / 'head.log', temp)}"
                 time.sleep(1)
