@@ -31,11 +31,15 @@ class LocalSession:
         return module.to(device)  # (one worker: no DDP, as Ray Train's prepare_model does for one)
 
     def report(self, metrics: dict, directory: str, upload_async: bool) -> None:
-        dest = self.root / f"checkpoint_{len(list(self.root.glob('checkpoint_*'))):06d}"
-        self.root.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(directory, dest)
+        dest = self.next_folder()
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(directory, dest, dirs_exist_ok=True)  # (several ranks' parts: files of names of their own)
         shutil.rmtree(directory)
         self.reports.append((dict(metrics), dest))
+
+    def next_folder(self) -> Path:
+        """The next checkpoint's folder: after those already there (a resumed fit's go on from its run's)."""
+        return self.root / f"checkpoint_{len(list(self.root.glob('checkpoint_*'))):06d}"
 
     def handed_checkpoint(self):
         import ray.train
@@ -160,12 +164,8 @@ class RankSession(LocalSession):
 
         return DistributedDataParallel(module.to(device), **(ddp_kwargs or {}))  # (ray.train.torch.prepare_model's)
 
-    def report(self, metrics: dict, directory: str, upload_async: bool) -> None:
-        dest = self.root / f"checkpoint_{len(self.reports):06d}"
-        dest.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(directory, dest, dirs_exist_ok=True)  # (each rank's files have names of their own)
-        shutil.rmtree(directory)
-        self.reports.append((dict(metrics), dest))
+    def next_folder(self) -> Path:
+        return self.root / f"checkpoint_{len(self.reports):06d}"  # (every rank's k-th report: the k-th folder)
 
 
 def fit_ranks(run, storage: Path, run_name: str = "train", timeout_s: float = 600.0) -> LocalFit:

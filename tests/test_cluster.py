@@ -149,8 +149,8 @@ def test_a_job_that_pip_installs_raycse_keeps_the_clusters_ray_and_trains_and_tu
                                     for s in scores), scores  # each trial trained and was scored on STS-B dev
 
 
-README_HEAD_PORTS = (6379, 8265, 52365)
-NODE_WAIT = "Timed out waiting for node info"  # (Ray's client server, when its raylet registered after 30 s)  # cluster/README.md's head: GCS, dashboard, and Ray's default agent port
+README_HEAD_PORTS = (6379, 8265, 52365)  # cluster/README.md's head: GCS, dashboard, and Ray's default agent port
+NODE_WAIT = "Timed out waiting for node info"  # (Ray's client server, when its raylet registered after 30 s)
 
 
 def _readme_head_command() -> list[str]:
@@ -195,6 +195,7 @@ def test_the_readme_head_beside_a_running_raycse_command_takes_jobs(tiny_model, 
         first = argv.index("ray")  # (the variables set before it)
         env, argv = {**own_ray, **dict(a.split("=", 1) for a in argv[:first])}, argv[first:]
         assert argv[:3] == ["ray", "start", "--head"] and "--port=6379" in argv, argv
+
         def start_head():
             temp = tempfile_short()
             with open(tmp_path / "head.log", "wb") as log:  # (what `ray start` says, for a failure's message)
@@ -206,8 +207,9 @@ def test_the_readme_head_beside_a_running_raycse_command_takes_jobs(tiny_model, 
         temp, head = start_head()
         from ray.job_submission import JobStatus, JobSubmissionClient
 
-        deadline, client, job, retried = time.time() + 180, None, None, False  # (a head and its autoscaler beside a
-        while job is None:  # fit, 2 cores)
+        # (180 s: a head and its autoscaler beside a fit, on 2 cores)
+        deadline, client, job, retried = time.time() + 180, None, None, False
+        while job is None:
             try:
                 client = client or JobSubmissionClient("http://127.0.0.1:8265")
                 job = client.submit_job(entrypoint=f"{sys.executable} -c \"print('the job ran')\"")
